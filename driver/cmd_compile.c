@@ -1,0 +1,65 @@
+/* cmd_compile.c - `kiln compile`: today it emits the IR text; code
+ * generation comes with the codegen issue. */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "driver.h"
+
+static const char compile_help[] =
+    "usage: kiln compile MODEL --emit=ir [-o FILE] [options]\n"
+    "Compile MODEL (.kl).\n"
+    "  --emit=ir             print the verified IR as text (.kl syntax)\n"
+    "  -o, --output FILE     write to FILE instead of standard output\n"
+    KILN_MODEL_HELP
+    "  -h, --help            show this help\n";
+
+enum { OPT_EMIT = 2100 };
+
+int kiln_cmd_compile(int argc, char **argv) {
+  static const struct option longopts[] = {
+      {"emit", required_argument, NULL, OPT_EMIT},
+      {"output", required_argument, NULL, 'o'},
+      {"help", no_argument, NULL, 'h'},
+      KILN_MODEL_LONGOPTS,
+      {0}};
+  kiln_model_opts mo = {0};
+  const char *emit = NULL, *out_path = NULL;
+  int c;
+  while ((c = getopt_long(argc, argv, "ho:", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'h': fputs(compile_help, stdout); return KILN_EXIT_OK;
+    case 'o': out_path = optarg; break;
+    case OPT_EMIT: emit = optarg; break;
+    case OPT_DIM:
+    case OPT_WEIGHTS:
+      if (kiln_model_opt(&mo, c, optarg)) return KILN_EXIT_USAGE;
+      break;
+    default: fputs(compile_help, stderr); return KILN_EXIT_USAGE;
+    }
+  }
+  if (optind != argc - 1) {
+    fprintf(stderr, "kiln compile: expected one MODEL file\n%s", compile_help);
+    return KILN_EXIT_USAGE;
+  }
+  if (!emit || strcmp(emit, "ir") != 0) {
+    fprintf(stderr, "kiln compile: --emit=%s: only --emit=ir is available so far\n",
+            emit ? emit : "(none)");
+    return KILN_EXIT_USAGE;
+  }
+  kl_graph *g = kiln_load_model(argv[optind], &mo);
+  int rc = KILN_EXIT_ERROR;
+  if (g) {
+    FILE *f = out_path ? fopen(out_path, "w") : stdout;
+    if (!f) {
+      perror(out_path);
+    } else {
+      kl_print_graph(f, g);
+      rc = (ferror(f) | (out_path ? fclose(f) : fflush(f))) ? KILN_EXIT_ERROR : KILN_EXIT_OK;
+      if (rc) fprintf(stderr, "kiln: error: writing %s failed\n", out_path ? out_path : "stdout");
+    }
+  }
+  kl_graph_free(g);
+  for (int i = 0; i < mo.ndims; i++) free((char *)mo.dims[i].name);
+  return rc;
+}

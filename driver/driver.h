@@ -1,0 +1,48 @@
+/* driver.h - pieces shared by the kiln subcommands (internal to driver/). */
+#ifndef KILN_DRIVER_H
+#define KILN_DRIVER_H
+
+#include "../frontend/frontend.h"
+#include "../ir/ir.h"
+
+/* Exit codes (docs/CLI.md): */
+enum {
+  KILN_EXIT_OK = 0,
+  KILN_EXIT_ERROR = 1, /* bad model, bad input file, run-time error */
+  KILN_EXIT_USAGE = 2, /* bad command line */
+  KILN_EXIT_INTERNAL = 3
+};
+
+/* Options every subcommand that reads a model accepts. */
+typedef struct {
+  kl_dim_override dims[32];
+  int ndims;
+  const char *weights; /* --weights FILE.safetensors */
+} kiln_model_opts;
+
+/* getopt_long values for the shared options. */
+enum { OPT_DIM = 1000, OPT_WEIGHTS };
+#define KILN_MODEL_LONGOPTS                                                    \
+  {"dim", required_argument, NULL, OPT_DIM},                                   \
+  {"weights", required_argument, NULL, OPT_WEIGHTS}
+#define KILN_MODEL_HELP                                                        \
+  "  --dim NAME=V          set a `dim` of the model (repeatable)\n"            \
+  "  --weights FILE        replace params/consts with the tensors of a "       \
+  ".safetensors file\n"
+
+/* Handle a shared option; -1 (message printed) on a bad value. */
+int kiln_model_opt(kiln_model_opts *o, int opt, const char *arg);
+/* Read a model (.kl), apply --weights; NULL after printing the error. */
+kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o);
+
+/* Tensor files <-> interpreter tensors; errors printed, NULL returned. */
+kl_tensor *kiln_read_tensor(const char *path);
+int kiln_write_tensor(const char *path, const kl_tensor *t);
+kl_tensor *kiln_random_tensor(const kl_value *decl, uint64_t seed);
+void kiln_print_summary(FILE *f, const char *label, const kl_tensor *t);
+
+int kiln_cmd_run(int argc, char **argv);
+int kiln_cmd_compile(int argc, char **argv);
+int kiln_cmd_inspect(int argc, char **argv);
+
+#endif

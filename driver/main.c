@@ -1,0 +1,39 @@
+/* main.c - the kiln command: dispatch to subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "driver.h"
+
+static const char main_help[] =
+    "usage: kiln COMMAND [options]\n"
+    "Kiln, an ahead-of-time graph compiler.\n"
+    "commands:\n"
+    "  run MODEL        evaluate a model (reference interpreter)\n"
+    "  compile MODEL    compile a model (--emit=ir prints the IR)\n"
+    "  inspect MODEL    inputs, outputs, parameters and op counts\n"
+    "  help             show this help\n"
+    "`kiln COMMAND --help` describes each command.\n"
+    "exit codes: 0 success, 1 error in the model or its inputs, 2 bad command\n"
+    "line, 3 internal error or out of memory.\n";
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fputs(main_help, stderr);
+    return KILN_EXIT_USAGE;
+  }
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+    fputs(main_help, stdout);
+    return KILN_EXIT_OK;
+  }
+  if (!strcmp(cmd, "--version")) {
+    printf("kiln %s\n", KILN_VERSION);
+    return KILN_EXIT_OK;
+  }
+  /* Each subcommand parses argv[1..] so getopt sees its name as argv[0]. */
+  if (!strcmp(cmd, "run")) return kiln_cmd_run(argc - 1, argv + 1);
+  if (!strcmp(cmd, "compile")) return kiln_cmd_compile(argc - 1, argv + 1);
+  if (!strcmp(cmd, "inspect")) return kiln_cmd_inspect(argc - 1, argv + 1);
+  fprintf(stderr, "kiln: unknown command '%s'\n%s", cmd, main_help);
+  return KILN_EXIT_USAGE;
+}

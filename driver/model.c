@@ -1,0 +1,94 @@
+/* model.c - reading a model and applying the shared options. */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../runtime/kilnrt.h"
+#include "driver.h"
+
+int kiln_model_opt(kiln_model_opts *o, int opt, const char *arg) {
+  if (opt == OPT_WEIGHTS) {
+    o->weights = arg;
+    return 0;
+  }
+  const char *eq = strchr(arg, '=');
+  char *end;
+  if (!eq || eq == arg) {
+    fprintf(stderr, "kiln: --dim takes NAME=VALUE, got '%s'\n", arg);
+    return -1;
+  }
+  long long v = strtoll(eq + 1, &end, 10);
+  if (*end || end == eq + 1 || v < 0 || v > KL_MAX_NUMEL) {
+    fprintf(stderr, "kiln: --dim %s: the value must be a non-negative integer\n", arg);
+    return -1;
+  }
+  if (o->ndims == (int)(sizeof o->dims / sizeof o->dims[0])) {
+    fprintf(stderr, "kiln: too many --dim options\n");
+    return -1;
+  }
+  size_t n = (size_t)(eq - arg);
+  char *name = malloc(n + 1);
+  if (!name) abort();
+  memcpy(name, arg, n);
+  name[n] = 0;
+  o->dims[o->ndims++] = (kl_dim_override){name, v};
+  return 0;
+}
+
+/* Every tensor in the file must name a param or const of the model: a
+ * silently ignored weight is a bug that is hard to find later. */
+static int apply_weights(kl_graph *g, const char *path) {
+  krt_tensor_set set = {0};
+  char msg[512];
+  if (krt_safetensors_read(path, &set, msg, sizeof msg)) {
+    fprintf(stderr, "kiln: error: %s\n", msg);
+    return -1;
+  }
+  int rc = 0;
+  for (int i = 0; i < set.count && !rc; i++) {
+    const krt_named_tensor *nt = &set.items[i];
+    kl_value *v = kl_graph_find_value(g, nt->name);
+    if (!v || (v->kind != KL_VAL_PARAM && v->kind != KL_VAL_CONST)) {
+      fprintf(stderr, "kiln: error: %s: tensor '%s' is not a param or const of the model\n",
+              path, nt->name);
+      rc = -1;
+      break;
+    }
+    kl_shape s = {.rank = nt->tensor.rank};
+    for (int d = 0; d < s.rank; d++) s.dims[d] = nt->tensor.dims[d];
+    if ((int)nt->tensor.dtype != (int)v->dtype || !kl_shape_equal(&s, &v->shape)) {
+      char a[128], b[128];
+      fprintf(stderr, "kiln: error: %s: tensor '%s' is %s%s, but the model declares %s%s\n",
+              path, nt->name, krt_dtype_name(nt->tensor.dtype), kl_shape_str(&s, a, sizeof a),
+              kl_dtype_name(v->dtype), kl_shape_str(&v->shape, b, sizeof b));
+      rc = -1;
+      break;
+    }
+    size_t bytes = (size_t)krt_tensor_numel(&nt->tensor) * krt_dtype_size(nt->tensor.dtype);
+    v->data = kl_arena_alloc(&g->arena, bytes ? bytes : 1);
+    if (bytes) memcpy(v->data, nt->tensor.data, bytes);
+    v->init = (kl_init){.kind = KL_INIT_DATA};
+  }
+  krt_tensor_set_free(&set);
+  return rc;
+}
+
+kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o) {
+  size_t n = strlen(path);
+  if (n >= 5 && strcmp(path + n - 5, ".onnx") == 0) {
+    fprintf(stderr, "kiln: error: %s: ONNX models are not supported yet\n", path);
+    return NULL;
+  }
+  kl_parse_options popt = {.dims = o->dims, .ndims = o->ndims};
+  kl_error err;
+  kl_graph *g = kl_parse_file(path, &popt, &err);
+  if (!g) {
+    kl_error_print(stderr, &err);
+    return NULL;
+  }
+  if (o->weights && apply_weights(g, o->weights)) {
+    kl_graph_free(g);
+    return NULL;
+  }
+  return g;
+}

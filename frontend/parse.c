@@ -1,0 +1,147 @@
+/* parse.c - entry points of the .kl frontend: run the parser, then finish
+ * the graph (load weights, check outputs, verify). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../runtime/kilnrt.h"
+#include "parse_state.h"
+#include "parser.h"
+#define YYSTYPE KL_YYSTYPE
+#define YYLTYPE KL_YYLTYPE
+#include "lexer.h"
+
+/* Resolve load("file") against the model's folder. */
+static char *resolve_path(const char *model, const char *path) {
+  const char *slash = strrchr(model, '/');
+  size_t dir = (path[0] == '/' || !slash) ? 0 : (size_t)(slash - model + 1);
+  char *out = malloc(dir + strlen(path) + 1);
+  if (!out) abort();
+  memcpy(out, model, dir);
+  strcpy(out + dir, path);
+  return out;
+}
+
+static int load_params(kl_parser *P) {
+  kl_graph *g = P->g;
+  for (int i = 0; i < g->params.len; i++) {
+    kl_value *v = g->params.items[i];
+    if (v->init.kind != KL_INIT_LOAD) continue;
+    char *path = resolve_path(P->file, v->init.path);
+    krt_tensor_set set = {0};
+    char msg[512];
+    int rc = 0;
+    if (krt_safetensors_read(path, &set, msg, sizeof msg)) {
+      rc = kl_fail(P->err, v->loc, "cannot load '%s': %s", v->name, msg);
+    } else {
+      const char *key = v->init.key ? v->init.key : v->name;
+      const krt_tensor *t = krt_tensor_set_find(&set, key);
+      kl_shape s = {.rank = t ? t->rank : 0};
+      for (int d = 0; t && d < t->rank; d++) s.dims[d] = t->dims[d];
+      char a[128], b[128];
+      if (!t)
+        rc = kl_fail(P->err, v->loc, "'%s' has no tensor named '%s'", path, key);
+      else if ((int)t->dtype != (int)v->dtype || !kl_shape_equal(&s, &v->shape))
+        rc = kl_fail(P->err, v->loc, "'%s' in '%s' is %s%s, but '%s' is declared %s%s",
+                     key, path, krt_dtype_name(t->dtype), kl_shape_str(&s, a, sizeof a),
+                     v->name, kl_dtype_name(v->dtype), kl_shape_str(&v->shape, b, sizeof b));
+      else {
+        size_t bytes = (size_t)krt_tensor_numel(t) * krt_dtype_size(t->dtype);
+        v->data = kl_arena_alloc(&g->arena, bytes ? bytes : 1);
+        if (bytes) memcpy(v->data, t->data, bytes);
+      }
+    }
+    krt_tensor_set_free(&set);
+    free(path);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static void cleanup(kl_parser *P) {
+  while (P->nframes > 0) {
+    kl_frame *f = &P->frames[--P->nframes];
+    free(f->pos); free(f->posattr); free(f->kw); free(f->kwloc);
+  }
+  free(P->frames); free(P->syms); free(P->names); free(P->name_locs); free(P->list);
+  kl_arena_free(&P->tmp);
+}
+
+kl_graph *kl_parse_string(const char *text, size_t len, const char *filename,
+                          const kl_parse_options *opt, kl_error *err) {
+  kl_parser P = {.file = filename, .opt = opt, .err = err, .line = 1, .col = 1};
+  P.g = kl_graph_new(NULL);
+  memset(err, 0, sizeof *err);
+  yyscan_t scanner;
+  if (kl_yylex_init_extra(&P, &scanner)) abort();
+  YY_BUFFER_STATE buf = kl_yy_scan_bytes(text, (int)len, scanner);
+  int rc = kl_yyparse(scanner, &P);
+  kl_yy_delete_buffer(buf, scanner);
+  kl_yylex_destroy(scanner);
+  if (rc == 2 && !P.failed) /* bison's stack limit */
+    kl_parser_fail(&P, P.line, P.col, "the model is nested too deeply");
+  else if (rc && !P.failed)
+    kl_parser_fail(&P, P.line, P.col, "syntax error");
+  if (!P.failed) {
+    for (int i = 0; opt && i < opt->ndims; i++) {
+      bool found = false;
+      for (int s = 0; s < P.nsyms; s++)
+        found |= P.syms[s].is_dim && strcmp(P.syms[s].name, opt->dims[i].name) == 0;
+      if (!found) {
+        kl_fail(err, (kl_loc){filename, 0, 0}, "--dim %s: the model has no dim named '%s'",
+                opt->dims[i].name, opt->dims[i].name);
+        P.failed = true;
+        break;
+      }
+    }
+  }
+  if (!P.failed && P.g->outputs.len == 0) {
+    kl_fail(err, (kl_loc){filename, P.line, P.col},
+            "the model has no outputs (add `output NAME`)");
+    P.failed = true;
+  }
+  if (!P.failed && (load_params(&P) || kl_verify(P.g, err))) P.failed = true;
+  cleanup(&P);
+  if (P.failed) {
+    kl_graph_free(P.g);
+    return NULL;
+  }
+  return P.g;
+}
+
+kl_graph *kl_parse_file(const char *path, const kl_parse_options *opt,
+                        kl_error *err) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    kl_fail(err, (kl_loc){0}, "cannot open '%s': %s", path, strerror(errno));
+    return NULL;
+  }
+  size_t cap = 1 << 16, len = 0;
+  char *text = malloc(cap);
+  if (!text) abort();
+  size_t got;
+  while ((got = fread(text + len, 1, cap - len, f)) > 0) {
+    len += got;
+    if (len == cap) {
+      if (cap > ((size_t)1 << 30)) {
+        fclose(f);
+        free(text);
+        kl_fail(err, (kl_loc){path, 0, 0}, "the file is larger than 1 GiB");
+        return NULL;
+      }
+      char *grown = realloc(text, cap *= 2);
+      if (!grown) abort();
+      text = grown;
+    }
+  }
+  bool bad = ferror(f);
+  fclose(f);
+  if (bad) {
+    free(text);
+    kl_fail(err, (kl_loc){path, 0, 0}, "read error");
+    return NULL;
+  }
+  kl_graph *g = kl_parse_string(text, len, path, opt, err);
+  free(text);
+  return g;
+}

@@ -1,0 +1,339 @@
+/* graph.c - building graphs: values, nodes, attributes, outputs. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "op_impl.h"
+
+#define VEC_PUSH(v, x)                                                         \
+  do {                                                                         \
+    if ((v).len == (v).cap) {                                                  \
+      (v).cap = (v).cap ? 2 * (v).cap : 16;                                    \
+      void *grown = realloc((v).items, (size_t)(v).cap * sizeof *(v).items);   \
+      if (!grown) abort(); /* out of memory is not user input */               \
+      (v).items = grown;                                                       \
+    }                                                                          \
+    (v).items[(v).len++] = (x);                                                \
+  } while (0)
+
+kl_graph *kl_graph_new(const char *name) {
+  kl_graph *g = calloc(1, sizeof *g);
+  if (!g) abort();
+  g->name = kl_arena_strdup(&g->arena, name ? name : "model");
+  return g;
+}
+
+void kl_graph_free(kl_graph *g) {
+  if (!g) return;
+  free(g->values.items);
+  free(g->nodes.items);
+  free(g->inputs.items);
+  free(g->params.items);
+  free(g->outputs.items);
+  kl_arena_free(&g->arena);
+  free(g);
+}
+
+static kl_value *new_value(kl_graph *g, const char *name, kl_dtype t,
+                           const kl_shape *s, kl_value_kind kind, kl_loc loc) {
+  kl_value *v = kl_arena_alloc(&g->arena, sizeof *v);
+  v->name = kl_arena_strdup(&g->arena, name);
+  v->dtype = t;
+  if (s) v->shape = *s;
+  v->kind = kind;
+  v->loc = loc;
+  v->id = g->values.len;
+  VEC_PUSH(g->values, v);
+  return v;
+}
+
+kl_value *kl_graph_add_input(kl_graph *g, const char *name, kl_dtype t,
+                             const kl_shape *s, kl_loc loc) {
+  kl_value *v = new_value(g, name, t, s, KL_VAL_INPUT, loc);
+  VEC_PUSH(g->inputs, v);
+  return v;
+}
+
+kl_value *kl_graph_add_param(kl_graph *g, const char *name, kl_dtype t,
+                             const kl_shape *s, kl_value_kind kind,
+                             kl_init init, kl_loc loc) {
+  kl_value *v = new_value(g, name, t, s, kind, loc);
+  if (init.path) init.path = kl_arena_strdup(&g->arena, init.path);
+  if (init.key) init.key = kl_arena_strdup(&g->arena, init.key);
+  v->init = init;
+  VEC_PUSH(g->params, v);
+  return v;
+}
+
+kl_value *kl_graph_add_const_data(kl_graph *g, const char *name, kl_dtype t,
+                                  const kl_shape *s, const void *data,
+                                  kl_loc loc) {
+  kl_value *v = kl_graph_add_param(g, name, t, s, KL_VAL_CONST,
+                                   (kl_init){.kind = KL_INIT_DATA}, loc);
+  size_t bytes = (size_t)kl_shape_numel(s) * kl_dtype_size(t);
+  v->data = kl_arena_alloc(&g->arena, bytes ? bytes : 1);
+  if (bytes) memcpy(v->data, data, bytes);
+  return v;
+}
+
+int kl_graph_mark_output(kl_graph *g, kl_value *v, kl_error *err) {
+  if (v->is_output)
+    return kl_fail(err, v->loc, "'%s' is already an output", v->name);
+  v->is_output = true;
+  VEC_PUSH(g->outputs, v);
+  return 0;
+}
+
+kl_value *kl_graph_find_value(const kl_graph *g, const char *name) {
+  for (int i = 0; i < g->values.len; i++)
+    if (strcmp(g->values.items[i]->name, name) == 0) return g->values.items[i];
+  return NULL;
+}
+
+static bool name_taken(const kl_graph *g, const char *name) {
+  if (kl_graph_find_value(g, name)) return true;
+  for (int i = 0; i < g->nodes.len; i++)
+    if (strcmp(g->nodes.items[i]->name, name) == 0) return true;
+  return false;
+}
+
+const char *kl_graph_fresh_name(kl_graph *g, const char *base) {
+  if (!name_taken(g, base)) return kl_arena_strdup(&g->arena, base);
+  char buf[256];
+  for (int i = 1;; i++) {
+    snprintf(buf, sizeof buf, "%.200s_%d", base, i);
+    if (!name_taken(g, buf)) return kl_arena_strdup(&g->arena, buf);
+  }
+}
+
+/* ---- attributes ------------------------------------------------------ */
+static const char *const attr_kind_names[] = {"int",    "float",  "ints",
+                                              "floats", "string", "dtype"};
+
+/* Find `name` in an op's "a:kind b:kind" spec; returns the kind or -1. */
+static int spec_kind(const char *spec, const char *name) {
+  size_t nlen = strlen(name);
+  for (const char *p = spec; *p;) {
+    while (*p == ' ') p++;
+    const char *colon = strchr(p, ':');
+    if (!colon) break;
+    const char *end = colon + 1;
+    while (*end && *end != ' ') end++;
+    if ((size_t)(colon - p) == nlen && strncmp(p, name, nlen) == 0) {
+      for (int k = 0; k < 6; k++)
+        if (strlen(attr_kind_names[k]) == (size_t)(end - colon - 1) &&
+            strncmp(colon + 1, attr_kind_names[k], (size_t)(end - colon - 1)) == 0)
+          return k;
+    }
+    p = end;
+  }
+  return -1;
+}
+
+/* Check an attribute against the op's spec, converting the kinds a user
+ * can't tell apart in the text (an int written where a float goes, a single
+ * number where a list goes). */
+static int check_attr(kl_graph *g, kl_op op, kl_attr *a, kl_loc loc,
+                      kl_error *err) {
+  int want = spec_kind(kl_ops[op].attrs, a->name);
+  if (want < 0)
+    return kl_fail(err, loc, "%s: unknown attribute '%s' (accepted: %s)",
+                   kl_ops[op].name, a->name,
+                   kl_ops[op].attrs[0] ? kl_ops[op].attrs : "none");
+  if ((int)a->kind == want) return 0;
+  if (want == KL_ATTR_FLOAT && a->kind == KL_ATTR_INT) {
+    a->kind = KL_ATTR_FLOAT;
+    a->f = (double)a->i;
+    return 0;
+  }
+  if (want == KL_ATTR_INTS && a->kind == KL_ATTR_INT) {
+    a->kind = KL_ATTR_INTS;
+    a->ints = kl_arena_alloc(&g->arena, sizeof(int64_t));
+    a->ints[0] = a->i;
+    a->n = 1;
+    return 0;
+  }
+  if (want == KL_ATTR_FLOATS &&
+      (a->kind == KL_ATTR_INT || a->kind == KL_ATTR_FLOAT ||
+       a->kind == KL_ATTR_INTS)) {
+    int n = a->kind == KL_ATTR_INTS ? a->n : 1;
+    double *f = kl_arena_alloc(&g->arena, (size_t)(n ? n : 1) * sizeof *f);
+    for (int i = 0; i < n; i++)
+      f[i] = a->kind == KL_ATTR_INTS ? (double)a->ints[i]
+             : a->kind == KL_ATTR_INT ? (double)a->i
+                                      : a->f;
+    a->kind = KL_ATTR_FLOATS;
+    a->floats = f;
+    a->n = n;
+    return 0;
+  }
+  if (want == KL_ATTR_INTS && a->kind == KL_ATTR_FLOATS && a->n == 0) {
+    a->kind = KL_ATTR_INTS; /* an empty list has no element type */
+    return 0;
+  }
+  return kl_fail(err, loc, "%s: attribute '%s' must be %s, not %s",
+                 kl_ops[op].name, a->name, attr_kind_names[want],
+                 attr_kind_names[a->kind]);
+}
+
+static void copy_attr(kl_graph *g, kl_attr *dst, const kl_attr *src) {
+  *dst = *src;
+  dst->name = kl_arena_strdup(&g->arena, src->name);
+  if (src->s) dst->s = kl_arena_strdup(&g->arena, src->s);
+  if (src->kind == KL_ATTR_INTS) {
+    dst->ints = kl_arena_alloc(&g->arena, (size_t)(src->n + 1) * sizeof(int64_t));
+    if (src->n) memcpy(dst->ints, src->ints, (size_t)src->n * sizeof(int64_t));
+  }
+  if (src->kind == KL_ATTR_FLOATS) {
+    dst->floats = kl_arena_alloc(&g->arena, (size_t)(src->n + 1) * sizeof(double));
+    if (src->n) memcpy(dst->floats, src->floats, (size_t)src->n * sizeof(double));
+  }
+}
+
+const kl_attr *kl_node_attr(const kl_node *n, const char *name) {
+  for (int i = 0; i < n->nattrs; i++)
+    if (strcmp(n->attrs[i].name, name) == 0) return &n->attrs[i];
+  return NULL;
+}
+
+int64_t kl_attr_int(const kl_node *n, const char *name, int64_t dflt) {
+  const kl_attr *a = kl_node_attr(n, name);
+  return a && (a->kind == KL_ATTR_INT || a->kind == KL_ATTR_DTYPE) ? a->i : dflt;
+}
+
+double kl_attr_float(const kl_node *n, const char *name, double dflt) {
+  const kl_attr *a = kl_node_attr(n, name);
+  if (!a) return dflt;
+  return a->kind == KL_ATTR_FLOAT ? a->f : a->kind == KL_ATTR_INT ? (double)a->i : dflt;
+}
+
+const char *kl_attr_string(const kl_node *n, const char *name,
+                           const char *dflt) {
+  const kl_attr *a = kl_node_attr(n, name);
+  return a && a->kind == KL_ATTR_STRING ? a->s : dflt;
+}
+
+int kl_attr_ints(const kl_node *n, const char *name, const int64_t **out) {
+  const kl_attr *a = kl_node_attr(n, name);
+  if (!a || a->kind != KL_ATTR_INTS) return -1;
+  *out = a->ints;
+  return a->n;
+}
+
+void kl_set_output(kl_node *n, int k, kl_dtype t, const kl_shape *s) {
+  n->outputs[k]->dtype = t;
+  n->outputs[k]->shape = *s;
+}
+
+/* ---- nodes ----------------------------------------------------------- */
+kl_node *kl_graph_add_node(kl_graph *g, kl_op op, const char *name,
+                           kl_value **inputs, int ninputs,
+                           const kl_attr *attrs, int nattrs,
+                           const char **out_names, int nouts_named,
+                           kl_loc loc, kl_error *err) {
+  const kl_op_info *info = &kl_ops[op];
+  if (ninputs < info->min_inputs ||
+      (info->max_inputs >= 0 && ninputs > info->max_inputs)) {
+    if (info->min_inputs == info->max_inputs)
+      kl_fail(err, loc, "%s takes %d input%s, got %d", info->name,
+              info->min_inputs, info->min_inputs == 1 ? "" : "s", ninputs);
+    else if (info->max_inputs < 0)
+      kl_fail(err, loc, "%s takes at least %d inputs, got %d", info->name,
+              info->min_inputs, ninputs);
+    else
+      kl_fail(err, loc, "%s takes %d to %d inputs, got %d", info->name,
+              info->min_inputs, info->max_inputs, ninputs);
+    return NULL;
+  }
+  for (int i = 0; i < ninputs; i++)
+    if (!inputs[i]) {
+      kl_fail(err, loc, "%s: input %d is missing", info->name, i);
+      return NULL;
+    }
+  kl_node *n = kl_arena_alloc(&g->arena, sizeof *n);
+  n->op = op;
+  n->loc = loc;
+  n->graph = g;
+  n->attrs = kl_arena_alloc(&g->arena, (size_t)(nattrs + 1) * sizeof *n->attrs);
+  for (int i = 0; i < nattrs; i++) {
+    for (int j = 0; j < i; j++)
+      if (strcmp(attrs[i].name, attrs[j].name) == 0) {
+        kl_fail(err, loc, "%s: attribute '%s' given twice", info->name,
+                attrs[i].name);
+        return NULL;
+      }
+    copy_attr(g, &n->attrs[i], &attrs[i]);
+    if (check_attr(g, op, &n->attrs[i], loc, err)) return NULL;
+  }
+  n->nattrs = nattrs;
+
+  int nout = info->noutputs;
+  if (nout < 0) { /* split: one output per size */
+    const int64_t *sizes;
+    nout = kl_attr_ints(n, "sizes", &sizes);
+    if (nout < 1) {
+      kl_fail(err, loc, "%s: attribute 'sizes' (a non-empty list) is required",
+              info->name);
+      return NULL;
+    }
+  }
+  if (nouts_named && nouts_named != nout) {
+    kl_fail(err, loc, "%s gives %d output%s, but %d name%s bound", info->name,
+            nout, nout == 1 ? "" : "s", nouts_named,
+            nouts_named == 1 ? " is" : "s are");
+    return NULL;
+  }
+  if (name) {
+    n->name = kl_graph_fresh_name(g, name);
+  } else { /* "<op>_<k>": never an op name or a keyword, so it parses back */
+    char buf[64];
+    for (int k = 1;; k++) {
+      snprintf(buf, sizeof buf, "%s_%d", info->name, k);
+      if (!name_taken(g, buf)) break;
+    }
+    n->name = kl_arena_strdup(&g->arena, buf);
+  }
+  n->inputs = kl_arena_alloc(&g->arena, (size_t)(ninputs + 1) * sizeof *n->inputs);
+  if (ninputs) memcpy(n->inputs, inputs, (size_t)ninputs * sizeof *inputs);
+  n->ninputs = ninputs;
+  n->outputs = kl_arena_alloc(&g->arena, (size_t)nout * sizeof *n->outputs);
+  n->noutputs = nout;
+
+  /* Outputs exist before inference so infer can fill them; on failure they
+   * are dropped again. */
+  int nvalues_before = g->values.len;
+  for (int k = 0; k < nout; k++) {
+    char buf[300];
+    const char *vname;
+    if (out_names && k < nouts_named && out_names[k])
+      vname = out_names[k];
+    else if (nout == 1)
+      vname = kl_graph_fresh_name(g, n->name);
+    else {
+      snprintf(buf, sizeof buf, "%.250s_%d", n->name, k);
+      vname = kl_graph_fresh_name(g, buf);
+    }
+    kl_value *v = new_value(g, vname, KL_F32, NULL, KL_VAL_NODE, loc);
+    v->producer = n;
+    v->producer_output = k;
+    n->outputs[k] = v;
+  }
+  if (info->infer(n, err)) {
+    g->values.len = nvalues_before;
+    return NULL;
+  }
+  for (int k = 0; k < nout; k++) {
+    const kl_shape *s = &n->outputs[k]->shape;
+    int64_t numel = 1;
+    for (int d = 0; d < s->rank; d++) {
+      if (s->dims[d] < 0 || (s->dims[d] && numel > KL_MAX_NUMEL / s->dims[d])) {
+        g->values.len = nvalues_before;
+        kl_node_fail(n, err, "output shape is negative or too large");
+        return NULL;
+      }
+      numel *= s->dims[d];
+    }
+  }
+  n->id = g->nodes.len;
+  VEC_PUSH(g->nodes, n);
+  return n;
+}

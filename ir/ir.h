@@ -1,0 +1,284 @@
+/* ir.h - Kiln's intermediate representation: graphs of nodes over typed values,
+ * the op table, shape inference, the verifier, the printer and the reference
+ * interpreter.  One public header for the ir/ folder. */
+#ifndef KILN_IR_H
+#define KILN_IR_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---- dtypes ---------------------------------------------------------- */
+typedef enum {
+  KL_F32, KL_F16, KL_BF16, KL_F64, KL_I8, KL_I32, KL_I64, KL_BOOL,
+  KL_DTYPE_COUNT
+} kl_dtype;
+
+const char *kl_dtype_name(kl_dtype t);          /* "f32", "bf16", ... */
+int kl_dtype_from_name(const char *s, kl_dtype *out); /* 0 on success */
+size_t kl_dtype_size(kl_dtype t);               /* bytes per element */
+bool kl_dtype_is_float(kl_dtype t);
+bool kl_dtype_is_int(kl_dtype t);               /* i8, i32, i64 (not bool) */
+/* Round a double to what `t` can hold (f32/f16/bf16 rounding, integer
+ * truncation toward zero with wrap-around, bool to 0/1). */
+double kl_dtype_round(kl_dtype t, double v);
+
+/* ---- shapes ---------------------------------------------------------- */
+#define KL_MAX_RANK 8
+typedef struct {
+  int rank;
+  int64_t dims[KL_MAX_RANK];
+} kl_shape;
+
+int64_t kl_shape_numel(const kl_shape *s);
+bool kl_shape_equal(const kl_shape *a, const kl_shape *b);
+/* Writes "[2, 3, 4]" into buf. */
+const char *kl_shape_str(const kl_shape *s, char *buf, size_t n);
+/* Largest element count we accept for one tensor (2^31 - 1): keeps every
+ * index in 64-bit arithmetic far from overflow and catches absurd dims. */
+#define KL_MAX_NUMEL ((int64_t)0x7fffffff)
+
+/* ---- errors ---------------------------------------------------------- */
+typedef struct {
+  const char *file; /* NULL when unknown */
+  int line, col;    /* 1-based; 0 when unknown */
+} kl_loc;
+
+typedef struct {
+  kl_loc loc;
+  char msg[1024];
+} kl_error;
+
+/* Fill err and return -1, so callers can `return kl_fail(err, loc, ...)`. */
+int kl_fail(kl_error *err, kl_loc loc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Print "file:line:col: error: msg", then the source line and a caret when
+ * the file can be read. */
+void kl_error_print(FILE *f, const kl_error *err);
+
+/* ---- memory ---------------------------------------------------------- */
+/* Bump allocator: everything a graph owns lives in its arena. */
+typedef struct kl_arena_block kl_arena_block;
+typedef struct {
+  kl_arena_block *head;
+} kl_arena;
+void *kl_arena_alloc(kl_arena *a, size_t n);    /* zeroed; aborts only on OOM */
+char *kl_arena_strdup(kl_arena *a, const char *s);
+void kl_arena_free(kl_arena *a);
+
+/* ---- attributes ------------------------------------------------------ */
+typedef enum {
+  KL_ATTR_INT, KL_ATTR_FLOAT, KL_ATTR_INTS, KL_ATTR_FLOATS, KL_ATTR_STRING,
+  KL_ATTR_DTYPE
+} kl_attr_kind;
+
+typedef struct {
+  const char *name;
+  kl_attr_kind kind;
+  int64_t i;          /* INT, DTYPE (a kl_dtype), and bools (0/1) */
+  double f;           /* FLOAT */
+  const char *s;      /* STRING */
+  int64_t *ints;      /* INTS */
+  double *floats;     /* FLOATS */
+  int n;              /* length of ints/floats */
+} kl_attr;
+
+/* ---- the op table ---------------------------------------------------- */
+typedef enum {
+  KL_KIND_ELEMENTWISE, KL_KIND_REDUCTION, KL_KIND_NORMALIZATION,
+  KL_KIND_CONTRACTION, KL_KIND_DATA_MOVEMENT, KL_KIND_SOURCE, KL_KIND_OPAQUE
+} kl_op_kind;
+
+typedef enum {
+#define KL_OP(id, name, onnx, kind, min_in, max_in, nout, attrs) KL_OP_##id,
+#include "ops.def"
+#undef KL_OP
+  KL_OP_COUNT
+} kl_op;
+
+typedef struct kl_graph kl_graph;
+typedef struct kl_node kl_node;
+typedef struct kl_value kl_value;
+
+/* Interpreter tensors hold float64 whatever the dtype; results are rounded
+ * to the value's dtype after each op, so arithmetic matches the dtype while
+ * accumulation stays exact enough to serve as the oracle. */
+typedef struct {
+  kl_dtype dtype;
+  kl_shape shape;
+  int64_t numel;
+  double *data;
+} kl_tensor;
+
+typedef int (*kl_infer_fn)(kl_node *n, kl_error *err);
+typedef int (*kl_eval_fn)(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                          kl_error *err);
+
+typedef struct {
+  const char *name;       /* DSL / IR text name */
+  const char *onnx;       /* ONNX op type, or NULL */
+  kl_op_kind kind;
+  int min_inputs, max_inputs; /* max -1: variadic */
+  int noutputs;           /* -1: decided by attributes (split) */
+  kl_infer_fn infer;
+  kl_eval_fn eval;
+  const char *attrs;      /* "name:kind ..." accepted attributes */
+} kl_op_info;
+
+extern const kl_op_info kl_ops[KL_OP_COUNT];
+int kl_op_lookup(const char *name, kl_op *out); /* 0 on success */
+
+/* ---- values, nodes, graphs ------------------------------------------- */
+typedef enum {
+  KL_VAL_NODE,   /* produced by a node */
+  KL_VAL_INPUT,  /* graph input, fed at run time */
+  KL_VAL_PARAM,  /* trainable weight */
+  KL_VAL_CONST   /* constant (not trained) */
+} kl_value_kind;
+
+typedef enum {
+  KL_INIT_NONE, KL_INIT_ZEROS, KL_INIT_ONES, KL_INIT_FULL, KL_INIT_RANDN,
+  KL_INIT_UNIFORM, KL_INIT_LOAD, KL_INIT_DATA
+} kl_init_kind;
+
+/* How a param or const gets its contents. */
+typedef struct {
+  kl_init_kind kind;
+  double a, b;        /* FULL: a = value; RANDN: a = std, b = mean;
+                         UNIFORM: [a, b) */
+  uint64_t seed;
+  const char *path;   /* LOAD: .safetensors file (as written in the source) */
+  const char *key;    /* LOAD: tensor name in the file */
+} kl_init;
+
+struct kl_value {
+  const char *name;
+  kl_dtype dtype;
+  kl_shape shape;
+  kl_value_kind kind;
+  kl_node *producer;  /* KL_VAL_NODE only */
+  int producer_output;
+  kl_init init;       /* PARAM and CONST */
+  void *data;         /* raw little-endian contents in `dtype`, or NULL */
+  bool is_output;
+  int id;             /* index in graph->values */
+  kl_loc loc;
+};
+
+struct kl_node {
+  kl_op op;
+  const char *name;
+  kl_value **inputs;
+  int ninputs;
+  kl_value **outputs;
+  int noutputs;
+  kl_attr *attrs;
+  int nattrs;
+  int id;             /* index in graph->nodes */
+  kl_loc loc;
+  kl_graph *graph;
+};
+
+typedef struct {
+  const char *loss;      /* name of the loss value */
+  const char *optimizer; /* "sgd", "adam", "adamw" */
+  kl_attr *attrs;        /* optimizer hyper-parameters */
+  int nattrs;
+  kl_loc loc;
+} kl_train;
+
+#define KL_VEC(T) struct { T *items; int len, cap; }
+
+struct kl_graph {
+  kl_arena arena;
+  const char *name;
+  KL_VEC(kl_value *) values;   /* every value, in creation order */
+  KL_VEC(kl_node *) nodes;     /* every node, in creation order */
+  KL_VEC(kl_value *) inputs;   /* graph inputs, in declaration order */
+  KL_VEC(kl_value *) params;   /* params and consts */
+  KL_VEC(kl_value *) outputs;  /* graph outputs, in declaration order */
+  kl_train *train;             /* NULL unless a train block was given */
+};
+
+kl_graph *kl_graph_new(const char *name);
+void kl_graph_free(kl_graph *g);
+
+/* Values: names must be unique within a graph (checked by the verifier). */
+kl_value *kl_graph_add_input(kl_graph *g, const char *name, kl_dtype t,
+                             const kl_shape *s, kl_loc loc);
+kl_value *kl_graph_add_param(kl_graph *g, const char *name, kl_dtype t,
+                             const kl_shape *s, kl_value_kind kind,
+                             kl_init init, kl_loc loc);
+/* A constant with the given raw contents (copied). */
+kl_value *kl_graph_add_const_data(kl_graph *g, const char *name, kl_dtype t,
+                                  const kl_shape *s, const void *data,
+                                  kl_loc loc);
+int kl_graph_mark_output(kl_graph *g, kl_value *v, kl_error *err);
+kl_value *kl_graph_find_value(const kl_graph *g, const char *name);
+
+/* Add a node; runs shape inference, creating its outputs (named from
+ * `out_names` when given, else "<name>" / "<name>.K").  Returns NULL and
+ * fills err (located at `loc`) when the op rejects its inputs. */
+kl_node *kl_graph_add_node(kl_graph *g, kl_op op, const char *name,
+                           kl_value **inputs, int ninputs,
+                           const kl_attr *attrs, int nattrs,
+                           const char **out_names, int nouts_named,
+                           kl_loc loc, kl_error *err);
+/* A name not yet used in g, made from `base`. */
+const char *kl_graph_fresh_name(kl_graph *g, const char *base);
+
+/* Attribute accessors used by op rows.  get_* return the default when the
+ * attribute is absent; kind mismatches are caught by kl_attrs_check. */
+const kl_attr *kl_node_attr(const kl_node *n, const char *name);
+int64_t kl_attr_int(const kl_node *n, const char *name, int64_t dflt);
+double kl_attr_float(const kl_node *n, const char *name, double dflt);
+const char *kl_attr_string(const kl_node *n, const char *name,
+                           const char *dflt);
+/* Returns the list length (or -1 when absent) and points *out at it. */
+int kl_attr_ints(const kl_node *n, const char *name, const int64_t **out);
+
+/* Output helpers for infer functions. */
+void kl_set_output(kl_node *n, int k, kl_dtype t, const kl_shape *s);
+/* NumPy broadcasting of two shapes; -1 and err on mismatch. */
+int kl_broadcast_shapes(const kl_shape *a, const kl_shape *b, kl_shape *out,
+                        kl_error *err, kl_loc loc);
+/* Normalise an axis in [-rank, rank) to [0, rank); -1 and err if out. */
+int kl_norm_axis(int64_t axis, int rank, int *out, const kl_node *n,
+                 kl_error *err);
+
+/* ---- passes over the whole graph ------------------------------------ */
+/* Types, shapes (re-inferred and compared), names, dangling inputs,
+ * outputs, cycles.  0 when the graph is well formed. */
+int kl_verify(const kl_graph *g, kl_error *err);
+/* Nodes in an order where every producer precedes its readers; -1 on a
+ * cycle.  `order` must hold g->nodes.len entries. */
+int kl_topo_order(const kl_graph *g, kl_node **order, kl_error *err);
+/* Stable IR text, in the syntax the .kl parser reads back. */
+void kl_print_graph(FILE *f, const kl_graph *g);
+
+/* ---- reference interpreter ------------------------------------------ */
+kl_tensor *kl_tensor_new(kl_dtype t, const kl_shape *s);
+void kl_tensor_free(kl_tensor *t);
+/* Convert between a tensor and raw little-endian contents in its dtype. */
+void kl_tensor_from_raw(kl_tensor *t, const void *raw);
+void kl_tensor_to_raw(const kl_tensor *t, void *raw);
+/* Contents of a param/const as a tensor (fills from its init; LOAD must have
+ * been resolved into `data` first). */
+int kl_value_materialize(const kl_value *v, kl_tensor **out, kl_error *err);
+
+/* Evaluate g.  `inputs` are in g->inputs order; `outputs` receives
+ * g->outputs.len new tensors that the caller frees. */
+int kl_interpret(const kl_graph *g, kl_tensor **inputs, kl_tensor **outputs,
+                 kl_error *err);
+
+/* Deterministic random numbers (splitmix64 + Box-Muller) shared by param
+ * initialisation and `kiln run`'s fill-in inputs. */
+typedef struct { uint64_t state; } kl_rng;
+void kl_rng_seed(kl_rng *r, uint64_t seed);
+uint64_t kl_rng_next(kl_rng *r);
+double kl_rng_uniform(kl_rng *r);  /* [0, 1) */
+double kl_rng_normal(kl_rng *r);   /* mean 0, std 1 */
+
+#endif

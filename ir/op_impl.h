@@ -1,0 +1,27 @@
+/* op_impl.h - prototypes of the per-op functions named by ops.def, shared by
+ * the files that implement op rows (internal to ir/). */
+#ifndef KILN_OP_IMPL_H
+#define KILN_OP_IMPL_H
+#include "ir.h"
+
+#define KL_OP(id, name, onnx, kind, min_in, max_in, nout, attrs)            \
+  int kl_infer_##id(kl_node *n, kl_error *err);                              \
+  int kl_eval_##id(const kl_node *n, kl_tensor **in, kl_tensor **out,        \
+                   kl_error *err);
+#include "ops.def"
+#undef KL_OP
+
+/* Error at the node's source location, prefixed with its op name. */
+#define KL_NODE_FAIL(n, err, ...) kl_node_fail((n), (err), __VA_ARGS__)
+int kl_node_fail(const kl_node *n, kl_error *err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Strides of a row-major shape, in elements. */
+void kl_shape_strides(const kl_shape *s, int64_t *strides);
+/* Flat index into a tensor of shape `src` for output multi-index `idx` of
+ * shape `dst`, under NumPy broadcasting (src right-aligned against dst). */
+int64_t kl_broadcast_index(const kl_shape *src, const kl_shape *dst,
+                           const int64_t *idx);
+/* Advance a multi-index over `s` in row-major order; false after the end. */
+bool kl_index_next(const kl_shape *s, int64_t *idx);
+#endif

@@ -1,0 +1,526 @@
+/* ops_contract.c - shape inference and reference evaluation of the
+ * contraction rows (matmul, gemm, conv2d) and the 2-D pools. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "op_impl.h"
+
+/* ---- shared helpers -------------------------------------------------- */
+
+/* "f32[2, 3]" for error messages. */
+static const char *vstr(const kl_value *v, char *buf, size_t n) {
+  char s[256];
+  snprintf(buf, n, "%s%s", kl_dtype_name(v->dtype),
+           kl_shape_str(&v->shape, s, sizeof s));
+  return buf;
+}
+
+/* Element count of s, or -1 when a dim is negative or the count exceeds
+ * KL_MAX_NUMEL.  Divides before multiplying so nothing overflows. */
+static int64_t safe_numel(const kl_shape *s) {
+  bool zero = false;
+  for (int i = 0; i < s->rank; i++) {
+    if (s->dims[i] < 0) return -1;
+    if (s->dims[i] == 0) zero = true;
+  }
+  if (zero) return 0;
+  int64_t p = 1;
+  for (int i = 0; i < s->rank; i++) {
+    if (s->dims[i] > KL_MAX_NUMEL / p) return -1;
+    p *= s->dims[i];
+  }
+  return p;
+}
+
+/* kl_set_output after checking the shape is one we can hold. */
+static int set_out(kl_node *n, kl_error *err, int k, kl_dtype t,
+                   const kl_shape *s) {
+  if (safe_numel(s) < 0) {
+    char b[256];
+    return KL_NODE_FAIL(n, err, "output shape %s is too large (limit %lld "
+                        "elements)", kl_shape_str(s, b, sizeof b),
+                        (long long)KL_MAX_NUMEL);
+  }
+  kl_set_output(n, k, t, s);
+  return 0;
+}
+
+/* Contractions and pools work on float operands that share one dtype. */
+static int check_float_operands(kl_node *n, kl_error *err) {
+  char a[300], b[300];
+  for (int i = 0; i < n->ninputs; i++) {
+    const kl_value *v = n->inputs[i];
+    if (!v) continue;
+    if (!kl_dtype_is_float(v->dtype))
+      return KL_NODE_FAIL(n, err, "operand %d must be a float tensor, got %s",
+                          i, vstr(v, a, sizeof a));
+    if (v->dtype != n->inputs[0]->dtype)
+      return KL_NODE_FAIL(n, err, "operands must share a dtype: %s and %s",
+                          vstr(n->inputs[0], a, sizeof a),
+                          vstr(v, b, sizeof b));
+  }
+  return 0;
+}
+
+static int check_rank(kl_node *n, kl_error *err, int i, int rank,
+                      const char *what) {
+  char a[300];
+  if (n->inputs[i]->shape.rank != rank)
+    return KL_NODE_FAIL(n, err, "%s must have rank %d, got %s", what, rank,
+                        vstr(n->inputs[i], a, sizeof a));
+  return 0;
+}
+
+/* A 0/1 flag attribute. */
+static int get_flag(const kl_node *n, kl_error *err, const char *name,
+                    int64_t dflt, bool *out) {
+  int64_t v = kl_attr_int(n, name, dflt);
+  if (v != 0 && v != 1)
+    return KL_NODE_FAIL(n, err, "%s must be 0 or 1, got %lld", name,
+                        (long long)v);
+  *out = v == 1;
+  return 0;
+}
+
+/* Sum over p < k of a[p*sa] * b[p*sb]; strides make transposes free. */
+static double dot(const double *a, int64_t sa, const double *b, int64_t sb,
+                  int64_t k) {
+  double acc = 0.0;
+  for (int64_t p = 0; p < k; p++) acc += a[p * sa] * b[p * sb];
+  return acc;
+}
+
+/* ---- matmul ---------------------------------------------------------- */
+
+/* Operands split into batch dims and matrix dims after NumPy's 1-D
+ * promotion: a 1-D a is a [1, K] row, a 1-D b is a [K, 1] column. */
+typedef struct {
+  kl_shape abatch, bbatch, obatch;
+  int64_t m, k, kb, ncols;
+  bool a_vec, b_vec;
+} mm_dims;
+
+static void mm_split(const kl_shape *a, const kl_shape *b, mm_dims *d) {
+  memset(d, 0, sizeof *d);
+  d->a_vec = a->rank == 1;
+  d->b_vec = b->rank == 1;
+  d->k = a->dims[a->rank - 1];
+  d->m = d->a_vec ? 1 : a->dims[a->rank - 2];
+  d->kb = d->b_vec ? b->dims[0] : b->dims[b->rank - 2];
+  d->ncols = d->b_vec ? 1 : b->dims[b->rank - 1];
+  d->abatch.rank = d->a_vec ? 0 : a->rank - 2;
+  d->bbatch.rank = d->b_vec ? 0 : b->rank - 2;
+  memcpy(d->abatch.dims, a->dims, sizeof(int64_t) * (size_t)d->abatch.rank);
+  memcpy(d->bbatch.dims, b->dims, sizeof(int64_t) * (size_t)d->bbatch.rank);
+}
+
+int kl_infer_MATMUL(kl_node *n, kl_error *err) {
+  const kl_value *a = n->inputs[0], *b = n->inputs[1];
+  char sa[300], sb[300];
+  if (check_float_operands(n, err)) return -1;
+  if (a->shape.rank < 1 || b->shape.rank < 1)
+    return KL_NODE_FAIL(n, err, "operands must have rank >= 1: %s @ %s",
+                        vstr(a, sa, sizeof sa), vstr(b, sb, sizeof sb));
+  mm_dims d;
+  mm_split(&a->shape, &b->shape, &d);
+  if (d.k != d.kb)
+    return KL_NODE_FAIL(n, err, "inner dimensions differ: %s @ %s",
+                        vstr(a, sa, sizeof sa), vstr(b, sb, sizeof sb));
+  kl_error scratch;
+  if (kl_broadcast_shapes(&d.abatch, &d.bbatch, &d.obatch, &scratch,
+                          n->loc))
+    return KL_NODE_FAIL(n, err, "batch dimensions do not broadcast: %s @ %s",
+                        vstr(a, sa, sizeof sa), vstr(b, sb, sizeof sb));
+  kl_shape out = d.obatch;
+  if (!d.a_vec) out.dims[out.rank++] = d.m;
+  if (!d.b_vec) out.dims[out.rank++] = d.ncols;
+  return set_out(n, err, 0, a->dtype, &out);
+}
+
+int kl_eval_MATMUL(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                   kl_error *err) {
+  if (out[0]->numel == 0) return 0;
+  mm_dims d;
+  mm_split(&in[0]->shape, &in[1]->shape, &d);
+  if (kl_broadcast_shapes(&d.abatch, &d.bbatch, &d.obatch, err, n->loc))
+    return -1;
+  int64_t idx[KL_MAX_RANK] = {0};
+  double *o = out[0]->data;
+  do {
+    const double *pa = in[0]->data +
+        kl_broadcast_index(&d.abatch, &d.obatch, idx) * d.m * d.k;
+    const double *pb = in[1]->data +
+        kl_broadcast_index(&d.bbatch, &d.obatch, idx) * d.k * d.ncols;
+    for (int64_t i = 0; i < d.m; i++)
+      for (int64_t j = 0; j < d.ncols; j++)
+        *o++ = dot(pa + i * d.k, 1, pb + j, d.ncols, d.k);
+  } while (kl_index_next(&d.obatch, idx));
+  return 0;
+}
+
+/* ---- gemm ------------------------------------------------------------ */
+
+/* M, K, N of op(A) @ op(B), and whether A and B are transposed. */
+typedef struct {
+  int64_t m, k, kb, ncols;
+  bool ta, tb;
+} gemm_dims;
+
+static int gemm_split(const kl_node *n, kl_error *err, const kl_shape *a,
+                      const kl_shape *b, gemm_dims *d) {
+  if (get_flag(n, err, "trans_a", 0, &d->ta) ||
+      get_flag(n, err, "trans_b", 0, &d->tb))
+    return -1;
+  d->m = a->dims[d->ta ? 1 : 0];
+  d->k = a->dims[d->ta ? 0 : 1];
+  d->kb = b->dims[d->tb ? 1 : 0];
+  d->ncols = b->dims[d->tb ? 0 : 1];
+  return 0;
+}
+
+int kl_infer_GEMM(kl_node *n, kl_error *err) {
+  const kl_value *a = n->inputs[0], *b = n->inputs[1];
+  const kl_value *c = n->ninputs > 2 ? n->inputs[2] : NULL;
+  char sa[300], sb[300];
+  if (check_float_operands(n, err) || check_rank(n, err, 0, 2, "a") ||
+      check_rank(n, err, 1, 2, "b"))
+    return -1;
+  gemm_dims d;
+  if (gemm_split(n, err, &a->shape, &b->shape, &d)) return -1;
+  if (d.k != d.kb)
+    return KL_NODE_FAIL(n, err, "inner dimensions differ: op(%s) @ op(%s) "
+                        "with trans_a=%d trans_b=%d", vstr(a, sa, sizeof sa),
+                        vstr(b, sb, sizeof sb), d.ta, d.tb);
+  kl_shape out = {2, {d.m, d.ncols}};
+  if (c) {
+    /* c broadcasts to [M, N], never the other way round. */
+    kl_shape bc;
+    kl_error scratch;
+    if (kl_broadcast_shapes(&c->shape, &out, &bc, &scratch, n->loc) ||
+        !kl_shape_equal(&bc, &out))
+      return KL_NODE_FAIL(n, err, "c %s does not broadcast to [%lld, %lld]",
+                          vstr(c, sa, sizeof sa), (long long)d.m,
+                          (long long)d.ncols);
+  }
+  return set_out(n, err, 0, a->dtype, &out);
+}
+
+int kl_eval_GEMM(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                 kl_error *err) {
+  gemm_dims d;
+  if (gemm_split(n, err, &in[0]->shape, &in[1]->shape, &d)) return -1;
+  double alpha = kl_attr_float(n, "alpha", 1.0);
+  double beta = kl_attr_float(n, "beta", 1.0);
+  const kl_tensor *c = n->ninputs > 2 ? in[2] : NULL;
+  /* Element (i, p) of op(A) is at i*ars + p*acs; likewise for B. */
+  int64_t ars = d.ta ? 1 : d.k, acs = d.ta ? d.m : 1;
+  int64_t brs = d.tb ? 1 : d.ncols, bcs = d.tb ? d.k : 1;
+  int64_t idx[2];
+  for (idx[0] = 0; idx[0] < d.m; idx[0]++)
+    for (idx[1] = 0; idx[1] < d.ncols; idx[1]++) {
+      double v = alpha * dot(in[0]->data + idx[0] * ars, acs,
+                             in[1]->data + idx[1] * bcs, brs, d.k);
+      if (c)
+        v += beta * c->data[kl_broadcast_index(&c->shape, &out[0]->shape,
+                                               idx)];
+      out[0]->data[idx[0] * d.ncols + idx[1]] = v;
+    }
+  return 0;
+}
+
+/* ---- sliding windows (conv2d and pools) ------------------------------ */
+
+/* Geometry of a 2-D window over NCHW; pad is [top, left, bottom, right]. */
+typedef struct {
+  int64_t k[2], stride[2], dil[2], pad[4], out[2];
+} window;
+
+/* Reads an ints attribute of `len` entries, each in [lo, KL_MAX_NUMEL]
+ * (the cap keeps window arithmetic far from overflow); `dflt` when absent,
+ * required when dflt is NULL. */
+static int ints_attr(const kl_node *n, kl_error *err, const char *name,
+                     int len, int64_t lo, const int64_t *dflt, int64_t *out) {
+  const int64_t *v;
+  int got = kl_attr_ints(n, name, &v);
+  if (got < 0) {
+    if (!dflt) return KL_NODE_FAIL(n, err, "%s is required", name);
+    memcpy(out, dflt, sizeof(int64_t) * (size_t)len);
+    return 0;
+  }
+  if (got != len)
+    return KL_NODE_FAIL(n, err, "%s must have %d entries, got %d", name, len,
+                        got);
+  for (int i = 0; i < len; i++) {
+    if (v[i] < lo || v[i] > KL_MAX_NUMEL)
+      return KL_NODE_FAIL(n, err, "%s[%d] = %lld is out of range [%lld, %lld]",
+                          name, i, (long long)v[i], (long long)lo,
+                          (long long)KL_MAX_NUMEL);
+    out[i] = v[i];
+  }
+  return 0;
+}
+
+/* Output length along one axis, or -1 when the numbers overflow.  In ceil
+ * mode a last window that starts in the right padding is dropped (ONNX). */
+static int64_t window_len(int64_t in, int64_t p0, int64_t p1, int64_t k,
+                          int64_t s, int64_t d, bool ceil_mode) {
+  int64_t span, ext = d * (k - 1) + 1;
+  if (__builtin_add_overflow(in, p0 + p1, &span)) return -1;
+  if (span < ext) return 0;
+  int64_t len = (span - ext) / s + 1;
+  if (ceil_mode && (span - ext) % s != 0) len++;
+  if (ceil_mode && in + p0 >= 1 && len - 1 > (in + p0 - 1) / s) len--;
+  return len;
+}
+
+/* Fills w from the strides/pads/dilations attributes (w->k and the
+ * default strides already set) and the spatial dims of x. */
+static int window_setup(const kl_node *n, kl_error *err, const kl_value *x,
+                        bool has_dil, bool ceil_mode, window *w) {
+  static const int64_t zeros[4] = {0, 0, 0, 0}, ones[2] = {1, 1};
+  int64_t dstride[2] = {w->stride[0], w->stride[1]};
+  if (ints_attr(n, err, "strides", 2, 1, dstride, w->stride) ||
+      ints_attr(n, err, "pads", 4, 0, zeros, w->pad))
+    return -1;
+  if (has_dil) {
+    if (ints_attr(n, err, "dilations", 2, 1, ones, w->dil)) return -1;
+  } else {
+    w->dil[0] = w->dil[1] = 1;
+  }
+  for (int a = 0; a < 2; a++) {
+    int64_t len = window_len(x->shape.dims[2 + a], w->pad[a], w->pad[2 + a],
+                             w->k[a], w->stride[a], w->dil[a], ceil_mode);
+    if (len < 1) {
+      char s[300];
+      return KL_NODE_FAIL(n, err, "window %lldx%lld (dilations %lldx%lld, "
+                          "pads [%lld, %lld, %lld, %lld]) does not fit input "
+                          "%s", (long long)w->k[0], (long long)w->k[1],
+                          (long long)w->dil[0], (long long)w->dil[1],
+                          (long long)w->pad[0], (long long)w->pad[1],
+                          (long long)w->pad[2], (long long)w->pad[3],
+                          vstr(x, s, sizeof s));
+    }
+    w->out[a] = len;
+  }
+  return 0;
+}
+
+/* ---- conv2d ---------------------------------------------------------- */
+
+static int conv_setup(const kl_node *n, kl_error *err, window *w,
+                      int64_t *groups) {
+  const kl_value *x = n->inputs[0], *wt = n->inputs[1];
+  const kl_value *b = n->ninputs > 2 ? n->inputs[2] : NULL;
+  char sx[300], sw[300];
+  int64_t c = x->shape.dims[1], m = wt->shape.dims[0];
+  *groups = kl_attr_int(n, "groups", 1);
+  if (*groups < 1)
+    return KL_NODE_FAIL(n, err, "groups must be >= 1, got %lld",
+                        (long long)*groups);
+  if (c % *groups != 0 || c / *groups != wt->shape.dims[1])
+    return KL_NODE_FAIL(n, err, "input channels %lld != weight channels "
+                        "%lld * groups %lld: x %s, w %s", (long long)c,
+                        (long long)wt->shape.dims[1], (long long)*groups,
+                        vstr(x, sx, sizeof sx), vstr(wt, sw, sizeof sw));
+  if (m % *groups != 0)
+    return KL_NODE_FAIL(n, err, "output channels %lld of w %s are not a "
+                        "multiple of groups %lld", (long long)m,
+                        vstr(wt, sw, sizeof sw), (long long)*groups);
+  if (b && (b->shape.rank != 1 || b->shape.dims[0] != m))
+    return KL_NODE_FAIL(n, err, "bias must have shape [%lld], got %s",
+                        (long long)m, vstr(b, sx, sizeof sx));
+  for (int a = 0; a < 2; a++) {
+    w->k[a] = wt->shape.dims[2 + a];
+    if (w->k[a] < 1 || w->k[a] > KL_MAX_NUMEL)
+      return KL_NODE_FAIL(n, err, "kernel dims of w %s must be >= 1",
+                          vstr(wt, sw, sizeof sw));
+    w->stride[a] = 1;
+  }
+  return window_setup(n, err, x, true, false, w);
+}
+
+int kl_infer_CONV2D(kl_node *n, kl_error *err) {
+  if (check_float_operands(n, err) || check_rank(n, err, 0, 4, "x") ||
+      check_rank(n, err, 1, 4, "w"))
+    return -1;
+  window w;
+  int64_t groups;
+  if (conv_setup(n, err, &w, &groups)) return -1;
+  const kl_shape *x = &n->inputs[0]->shape;
+  kl_shape out = {4, {x->dims[0], n->inputs[1]->shape.dims[0], w.out[0],
+                      w.out[1]}};
+  return set_out(n, err, 0, n->inputs[0]->dtype, &out);
+}
+
+int kl_eval_CONV2D(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                   kl_error *err) {
+  window w;
+  int64_t groups;
+  if (conv_setup(n, err, &w, &groups)) return -1;
+  const int64_t *xd = in[0]->shape.dims, *wd = in[1]->shape.dims;
+  int64_t nb = xd[0], c = xd[1], h = xd[2], wi = xd[3], m = wd[0];
+  int64_t cpg = c / groups, mpg = m / groups;
+  const double *x = in[0]->data, *wt = in[1]->data;
+  const double *bias = n->ninputs > 2 ? in[2]->data : NULL;
+  double *o = out[0]->data;
+  for (int64_t b = 0; b < nb; b++)
+    for (int64_t oc = 0; oc < m; oc++) {
+      int64_t c0 = oc / mpg * cpg; /* first input channel of the group */
+      for (int64_t oy = 0; oy < w.out[0]; oy++)
+        for (int64_t ox = 0; ox < w.out[1]; ox++) {
+          double acc = bias ? bias[oc] : 0.0;
+          for (int64_t ic = 0; ic < cpg; ic++)
+            for (int64_t ky = 0; ky < w.k[0]; ky++) {
+              int64_t iy = oy * w.stride[0] - w.pad[0] + ky * w.dil[0];
+              if (iy < 0 || iy >= h) continue;
+              for (int64_t kx = 0; kx < w.k[1]; kx++) {
+                int64_t ix = ox * w.stride[1] - w.pad[1] + kx * w.dil[1];
+                if (ix < 0 || ix >= wi) continue;
+                acc += x[((b * c + c0 + ic) * h + iy) * wi + ix] *
+                       wt[((oc * cpg + ic) * w.k[0] + ky) * w.k[1] + kx];
+              }
+            }
+          *o++ = acc;
+        }
+    }
+  return 0;
+}
+
+/* ---- pools ----------------------------------------------------------- */
+
+typedef struct {
+  window w;
+  bool ceil_mode, include_pad;
+} pool_cfg;
+
+static int pool_setup(const kl_node *n, kl_error *err, bool is_max,
+                      pool_cfg *p) {
+  const kl_value *x = n->inputs[0];
+  char sx[300];
+  memset(p, 0, sizeof *p);
+  if (get_flag(n, err, "ceil_mode", 0, &p->ceil_mode)) return -1;
+  if (!is_max && get_flag(n, err, "count_include_pad", 0, &p->include_pad))
+    return -1;
+  if (ints_attr(n, err, "kernel", 2, 1, NULL, p->w.k)) return -1;
+  if (x->shape.dims[2] < 1 || x->shape.dims[3] < 1)
+    return KL_NODE_FAIL(n, err, "spatial dims of %s must be >= 1",
+                        vstr(x, sx, sizeof sx));
+  p->w.stride[0] = p->w.k[0];
+  p->w.stride[1] = p->w.k[1];
+  if (window_setup(n, err, x, is_max, p->ceil_mode, &p->w)) return -1;
+  /* As ONNX Runtime: a pad as wide as the kernel would make windows that
+   * see only padding. */
+  for (int i = 0; i < 4; i++)
+    if (p->w.pad[i] >= p->w.k[i % 2])
+      return KL_NODE_FAIL(n, err, "pads[%d] = %lld must be smaller than the "
+                          "kernel (%lld)", i, (long long)p->w.pad[i],
+                          (long long)p->w.k[i % 2]);
+  return 0;
+}
+
+static int pool_infer(kl_node *n, kl_error *err, bool is_max) {
+  pool_cfg p;
+  if (check_float_operands(n, err) || check_rank(n, err, 0, 4, "x") ||
+      pool_setup(n, err, is_max, &p))
+    return -1;
+  const kl_shape *x = &n->inputs[0]->shape;
+  kl_shape out = {4, {x->dims[0], x->dims[1], p.w.out[0], p.w.out[1]}};
+  return set_out(n, err, 0, n->inputs[0]->dtype, &out);
+}
+
+/* Max of an empty window (possible only with dilation) is -inf. */
+static int pool_eval(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                     kl_error *err, bool is_max) {
+  pool_cfg p;
+  if (pool_setup(n, err, is_max, &p)) return -1;
+  const window *w = &p.w;
+  int64_t h = in[0]->shape.dims[2], wi = in[0]->shape.dims[3];
+  int64_t planes = in[0]->shape.dims[0] * in[0]->shape.dims[1];
+  double *o = out[0]->data;
+  for (int64_t pl = 0; pl < planes; pl++) {
+    const double *x = in[0]->data + pl * h * wi;
+    for (int64_t oy = 0; oy < w->out[0]; oy++)
+      for (int64_t ox = 0; ox < w->out[1]; ox++) {
+        int64_t y0 = oy * w->stride[0] - w->pad[0];
+        int64_t x0 = ox * w->stride[1] - w->pad[1];
+        double acc = is_max ? -INFINITY : 0.0;
+        int64_t count = 0;
+        for (int64_t ky = 0; ky < w->k[0]; ky++) {
+          int64_t iy = y0 + ky * w->dil[0];
+          if (iy < 0 || iy >= h) continue;
+          for (int64_t kx = 0; kx < w->k[1]; kx++) {
+            int64_t ix = x0 + kx * w->dil[1];
+            if (ix < 0 || ix >= wi) continue;
+            double v = x[iy * wi + ix];
+            if (!is_max) acc += v;
+            else if (v > acc || isnan(v)) acc = v; /* NaN propagates */
+            count++;
+          }
+        }
+        if (!is_max) {
+          if (p.include_pad) {
+            /* Positions inside the padded input, not beyond it (ceil
+             * mode's overhang is never counted). */
+            int64_t ny = (y0 + w->k[0] < h + w->pad[2] ? y0 + w->k[0]
+                                                       : h + w->pad[2]) - y0;
+            int64_t nx = (x0 + w->k[1] < wi + w->pad[3] ? x0 + w->k[1]
+                                                        : wi + w->pad[3]) - x0;
+            count = ny * nx;
+          }
+          acc /= (double)count;
+        }
+        *o++ = acc;
+      }
+  }
+  return 0;
+}
+
+int kl_infer_MAX_POOL2D(kl_node *n, kl_error *err) {
+  return pool_infer(n, err, true);
+}
+int kl_eval_MAX_POOL2D(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                       kl_error *err) {
+  return pool_eval(n, in, out, err, true);
+}
+int kl_infer_AVG_POOL2D(kl_node *n, kl_error *err) {
+  return pool_infer(n, err, false);
+}
+int kl_eval_AVG_POOL2D(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                       kl_error *err) {
+  return pool_eval(n, in, out, err, false);
+}
+
+/* ---- global_avg_pool ------------------------------------------------- */
+
+int kl_infer_GLOBAL_AVG_POOL(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0];
+  char sx[300];
+  if (check_float_operands(n, err)) return -1;
+  if (x->shape.rank < 3)
+    return KL_NODE_FAIL(n, err, "input must be [N, C, spatial...], got %s",
+                        vstr(x, sx, sizeof sx));
+  kl_shape out = x->shape;
+  for (int i = 2; i < out.rank; i++) {
+    if (out.dims[i] < 1)
+      return KL_NODE_FAIL(n, err, "spatial dims of %s must be >= 1",
+                          vstr(x, sx, sizeof sx));
+    out.dims[i] = 1;
+  }
+  return set_out(n, err, 0, x->dtype, &out);
+}
+
+int kl_eval_GLOBAL_AVG_POOL(const kl_node *n, kl_tensor **in,
+                            kl_tensor **out, kl_error *err) {
+  (void)n;
+  (void)err;
+  int64_t planes = out[0]->numel;
+  if (planes == 0) return 0;
+  int64_t size = in[0]->numel / planes;
+  for (int64_t p = 0; p < planes; p++) {
+    double acc = 0.0;
+    for (int64_t i = 0; i < size; i++) acc += in[0]->data[p * size + i];
+    out[0]->data[p] = acc / (double)size;
+  }
+  return 0;
+}

@@ -1,0 +1,713 @@
+/* ops_movement.c - shape inference and reference evaluation of the data
+ * movement rows (reshape ... trilu) and the constant source. */
+#include <stdio.h>
+#include <string.h>
+
+#include "op_impl.h"
+
+/* ---- shared helpers -------------------------------------------------- */
+
+/* "f32[2, 3]" for error messages. */
+static const char *vstr(const kl_value *v, char *buf, size_t n) {
+  char s[256];
+  snprintf(buf, n, "%s%s", kl_dtype_name(v->dtype),
+           kl_shape_str(&v->shape, s, sizeof s));
+  return buf;
+}
+
+/* Element count of s, or -1 when a dim is negative or the count exceeds
+ * KL_MAX_NUMEL.  Divides before multiplying so nothing overflows. */
+static int64_t safe_numel(const kl_shape *s) {
+  bool zero = false;
+  for (int i = 0; i < s->rank; i++) {
+    if (s->dims[i] < 0) return -1;
+    if (s->dims[i] == 0) zero = true;
+  }
+  if (zero) return 0;
+  int64_t p = 1;
+  for (int i = 0; i < s->rank; i++) {
+    if (s->dims[i] > KL_MAX_NUMEL / p) return -1;
+    p *= s->dims[i];
+  }
+  return p;
+}
+
+/* kl_set_output after checking the shape is one we can hold. */
+static int set_out(kl_node *n, kl_error *err, int k, kl_dtype t,
+                   const kl_shape *s) {
+  if (safe_numel(s) < 0) {
+    char b[256];
+    return KL_NODE_FAIL(n, err, "output shape %s is too large (limit %lld "
+                        "elements)", kl_shape_str(s, b, sizeof b),
+                        (long long)KL_MAX_NUMEL);
+  }
+  kl_set_output(n, k, t, s);
+  return 0;
+}
+
+/* An ints attribute that must be present. */
+static int req_ints(const kl_node *n, kl_error *err, const char *name,
+                    const int64_t **out) {
+  int len = kl_attr_ints(n, name, out);
+  if (len < 0) return KL_NODE_FAIL(n, err, "%s is required", name);
+  return len;
+}
+
+/* Turns a list of axes into a mask over `rank` axes; rejects repeats. */
+static int axes_mask(const kl_node *n, kl_error *err, const int64_t *axes,
+                     int len, int rank, bool *mask) {
+  memset(mask, 0, sizeof(bool) * KL_MAX_RANK);
+  for (int i = 0; i < len; i++) {
+    int a;
+    if (kl_norm_axis(axes[i], rank, &a, n, err)) return -1;
+    if (mask[a])
+      return KL_NODE_FAIL(n, err, "axis %lld is repeated", (long long)axes[i]);
+    mask[a] = true;
+  }
+  return 0;
+}
+
+/* Product of dims [from, to) of s. */
+static int64_t dims_prod(const kl_shape *s, int from, int to) {
+  int64_t p = 1;
+  for (int i = from; i < to; i++) p *= s->dims[i];
+  return p;
+}
+
+static int copy_eval(kl_tensor **in, kl_tensor **out) {
+  if (out[0]->numel > 0)
+    memcpy(out[0]->data, in[0]->data, sizeof(double) * (size_t)out[0]->numel);
+  return 0;
+}
+
+/* y[idx] = x[base + sum idx[k] * coef[k]] over every index of y: the one
+ * loop behind transpose, slice and expand. */
+static void affine_copy(const kl_tensor *x, kl_tensor *y, int64_t base,
+                        const int64_t *coef) {
+  if (y->numel == 0) return;
+  int64_t idx[KL_MAX_RANK] = {0}, i = 0;
+  do {
+    int64_t off = base;
+    for (int k = 0; k < y->shape.rank; k++) off += idx[k] * coef[k];
+    y->data[i++] = x->data[off];
+  } while (kl_index_next(&y->shape, idx));
+}
+
+/* Copies `outer` runs of len*inner elements between tensors viewed as
+ * [outer, axis, inner]: from position src_at of an axis of src_len to
+ * dst_at of an axis of dst_len.  Concat, split and gather. */
+static void copy_slab(const double *src, int64_t src_len, int64_t src_at,
+                      double *dst, int64_t dst_len, int64_t dst_at,
+                      int64_t outer, int64_t len, int64_t inner) {
+  for (int64_t o = 0; o < outer; o++)
+    memcpy(dst + (o * dst_len + dst_at) * inner,
+           src + (o * src_len + src_at) * inner,
+           sizeof(double) * (size_t)(len * inner));
+}
+
+/* ---- reshape --------------------------------------------------------- */
+
+int kl_infer_RESHAPE(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0];
+  const int64_t *sh;
+  char sx[300];
+  int len = req_ints(n, err, "shape", &sh);
+  if (len < 0) return -1;
+  if (len > KL_MAX_RANK)
+    return KL_NODE_FAIL(n, err, "shape has %d entries; rank is at most %d",
+                        len, KL_MAX_RANK);
+  kl_shape out = {len, {0}};
+  int infer_at = -1;
+  for (int i = 0; i < len; i++) {
+    if (sh[i] == -1) {
+      if (infer_at >= 0)
+        return KL_NODE_FAIL(n, err, "shape has more than one -1");
+      infer_at = i;
+      out.dims[i] = 1; /* placeholder so the product below skips it */
+    } else if (sh[i] < 0) {
+      return KL_NODE_FAIL(n, err, "shape[%d] = %lld is negative", i,
+                          (long long)sh[i]);
+    } else {
+      out.dims[i] = sh[i];
+    }
+  }
+  int64_t known = safe_numel(&out), numel = kl_shape_numel(&x->shape);
+  char so[256];
+  if (known < 0)
+    return KL_NODE_FAIL(n, err, "shape %s is too large",
+                        kl_shape_str(&out, so, sizeof so));
+  if (infer_at >= 0) {
+    if (known == 0 || numel % known != 0) {
+      out.dims[infer_at] = -1;
+      return KL_NODE_FAIL(n, err, "cannot reshape %s (%lld elements) to %s",
+                          vstr(x, sx, sizeof sx), (long long)numel,
+                          kl_shape_str(&out, so, sizeof so));
+    }
+    out.dims[infer_at] = numel / known;
+  } else if (known != numel) {
+    return KL_NODE_FAIL(n, err, "cannot reshape %s (%lld elements) to %s "
+                        "(%lld elements)", vstr(x, sx, sizeof sx),
+                        (long long)numel, kl_shape_str(&out, so, sizeof so),
+                        (long long)known);
+  }
+  return set_out(n, err, 0, x->dtype, &out);
+}
+
+int kl_eval_RESHAPE(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                    kl_error *err) {
+  (void)n;
+  (void)err;
+  return copy_eval(in, out);
+}
+
+/* ---- transpose ------------------------------------------------------- */
+
+static int get_perm(const kl_node *n, kl_error *err, int rank, int *perm) {
+  const int64_t *p;
+  int len = kl_attr_ints(n, "perm", &p);
+  if (len < 0) {
+    for (int i = 0; i < rank; i++) perm[i] = rank - 1 - i;
+    return 0;
+  }
+  bool seen[KL_MAX_RANK] = {false};
+  if (len != rank)
+    return KL_NODE_FAIL(n, err, "perm has %d entries for an input of rank %d",
+                        len, rank);
+  for (int i = 0; i < len; i++) {
+    if (p[i] < 0 || p[i] >= rank || seen[p[i]])
+      return KL_NODE_FAIL(n, err, "perm is not a permutation of 0..%d "
+                          "(entry %d is %lld)", rank - 1, i, (long long)p[i]);
+    seen[p[i]] = true;
+    perm[i] = (int)p[i];
+  }
+  return 0;
+}
+
+int kl_infer_TRANSPOSE(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0];
+  int perm[KL_MAX_RANK];
+  if (get_perm(n, err, x->shape.rank, perm)) return -1;
+  kl_shape out = {x->shape.rank, {0}};
+  for (int i = 0; i < out.rank; i++) out.dims[i] = x->shape.dims[perm[i]];
+  return set_out(n, err, 0, x->dtype, &out);
+}
+
+int kl_eval_TRANSPOSE(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                      kl_error *err) {
+  int perm[KL_MAX_RANK];
+  int64_t st[KL_MAX_RANK], coef[KL_MAX_RANK];
+  if (out[0]->numel == 0) return 0;
+  if (get_perm(n, err, in[0]->shape.rank, perm)) return -1;
+  kl_shape_strides(&in[0]->shape, st);
+  for (int i = 0; i < in[0]->shape.rank; i++) coef[i] = st[perm[i]];
+  affine_copy(in[0], out[0], 0, coef);
+  return 0;
+}
+
+/* ---- concat and split ------------------------------------------------ */
+
+int kl_infer_CONCAT(kl_node *n, kl_error *err) {
+  const kl_value *x0 = n->inputs[0];
+  char s0[300], si[300];
+  if (!kl_node_attr(n, "axis"))
+    return KL_NODE_FAIL(n, err, "axis is required");
+  if (x0->shape.rank < 1)
+    return KL_NODE_FAIL(n, err, "inputs must have rank >= 1, got %s",
+                        vstr(x0, s0, sizeof s0));
+  int axis;
+  if (kl_norm_axis(kl_attr_int(n, "axis", 0), x0->shape.rank, &axis, n, err))
+    return -1;
+  kl_shape out = x0->shape;
+  for (int i = 1; i < n->ninputs; i++) {
+    const kl_value *xi = n->inputs[i];
+    bool ok = xi->dtype == x0->dtype && xi->shape.rank == x0->shape.rank;
+    for (int d = 0; ok && d < out.rank; d++)
+      ok = d == axis || xi->shape.dims[d] == x0->shape.dims[d];
+    if (!ok)
+      return KL_NODE_FAIL(n, err, "input %d %s does not match input 0 %s "
+                          "outside axis %d", i, vstr(xi, si, sizeof si),
+                          vstr(x0, s0, sizeof s0), axis);
+    if (__builtin_add_overflow(out.dims[axis], xi->shape.dims[axis],
+                               &out.dims[axis]))
+      return KL_NODE_FAIL(n, err, "concatenated axis %d overflows", axis);
+  }
+  return set_out(n, err, 0, x0->dtype, &out);
+}
+
+int kl_eval_CONCAT(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                   kl_error *err) {
+  const kl_shape *os = &out[0]->shape;
+  if (out[0]->numel == 0) return 0;
+  int axis;
+  if (kl_norm_axis(kl_attr_int(n, "axis", 0), os->rank, &axis, n, err))
+    return -1;
+  int64_t outer = dims_prod(os, 0, axis), inner = dims_prod(os, axis + 1,
+                                                            os->rank);
+  int64_t at = 0;
+  for (int i = 0; i < n->ninputs; i++) {
+    int64_t len = in[i]->shape.dims[axis];
+    if (len > 0)
+      copy_slab(in[i]->data, len, 0, out[0]->data, os->dims[axis], at, outer,
+                len, inner);
+    at += len;
+  }
+  return 0;
+}
+
+int kl_infer_SPLIT(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0];
+  const int64_t *sizes;
+  char sx[300];
+  int len = req_ints(n, err, "sizes", &sizes);
+  if (len < 0) return -1;
+  if (len != n->noutputs)
+    return KL_NODE_FAIL(n, err, "%d sizes for %d outputs", len, n->noutputs);
+  if (x->shape.rank < 1)
+    return KL_NODE_FAIL(n, err, "input must have rank >= 1, got %s",
+                        vstr(x, sx, sizeof sx));
+  int axis;
+  if (kl_norm_axis(kl_attr_int(n, "axis", 0), x->shape.rank, &axis, n, err))
+    return -1;
+  int64_t total = 0;
+  for (int i = 0; i < len; i++) {
+    if (sizes[i] < 0)
+      return KL_NODE_FAIL(n, err, "sizes[%d] = %lld is negative", i,
+                          (long long)sizes[i]);
+    if (__builtin_add_overflow(total, sizes[i], &total)) break;
+  }
+  if (total != x->shape.dims[axis])
+    return KL_NODE_FAIL(n, err, "sizes do not sum to %lld, the length of "
+                        "axis %d of %s", (long long)x->shape.dims[axis], axis,
+                        vstr(x, sx, sizeof sx));
+  for (int i = 0; i < len; i++) {
+    kl_shape out = x->shape;
+    out.dims[axis] = sizes[i];
+    if (set_out(n, err, i, x->dtype, &out)) return -1;
+  }
+  return 0;
+}
+
+int kl_eval_SPLIT(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                  kl_error *err) {
+  const kl_shape *xs = &in[0]->shape;
+  if (in[0]->numel == 0) return 0;
+  int axis;
+  if (kl_norm_axis(kl_attr_int(n, "axis", 0), xs->rank, &axis, n, err))
+    return -1;
+  int64_t outer = dims_prod(xs, 0, axis), inner = dims_prod(xs, axis + 1,
+                                                            xs->rank);
+  int64_t at = 0;
+  for (int i = 0; i < n->noutputs; i++) {
+    int64_t len = out[i]->shape.dims[axis];
+    if (len > 0)
+      copy_slab(in[0]->data, xs->dims[axis], at, out[i]->data, len, 0, outer,
+                len, inner);
+    at += len;
+  }
+  return 0;
+}
+
+/* ---- slice ----------------------------------------------------------- */
+
+/* Per input axis: first element and step of the slice; out gets the
+ * result shape.  Axes not named keep start 0, step 1. */
+static int slice_setup(const kl_node *n, kl_error *err, const kl_shape *x,
+                       int64_t *start, int64_t *step, kl_shape *out) {
+  const int64_t *st, *en, *ax = NULL, *sp = NULL;
+  int ns = req_ints(n, err, "starts", &st);
+  if (ns < 0) return -1;
+  int ne = req_ints(n, err, "ends", &en);
+  if (ne < 0) return -1;
+  int na = kl_attr_ints(n, "axes", &ax), np = kl_attr_ints(n, "steps", &sp);
+  if (ne != ns || (na >= 0 && na != ns) || (np >= 0 && np != ns))
+    return KL_NODE_FAIL(n, err, "starts, ends, axes and steps must have the "
+                        "same length (%d, %d, %d, %d)", ns, ne, na, np);
+  if (ns > x->rank)
+    return KL_NODE_FAIL(n, err, "%d starts for an input of rank %d", ns,
+                        x->rank);
+  *out = *x;
+  for (int i = 0; i < x->rank; i++) start[i] = 0, step[i] = 1;
+  bool seen[KL_MAX_RANK] = {false};
+  for (int i = 0; i < ns; i++) {
+    int a = i;
+    if (ax && kl_norm_axis(ax[i], x->rank, &a, n, err)) return -1;
+    if (seen[a])
+      return KL_NODE_FAIL(n, err, "axis %d is sliced twice", a);
+    seen[a] = true;
+    int64_t d = x->dims[a], s = st[i], e = en[i], k = sp ? sp[i] : 1;
+    if (k == 0) return KL_NODE_FAIL(n, err, "steps[%d] is 0", i);
+    /* ONNX: negative positions count from the end, then clamp; a negative
+     * step may end at -1, i.e. before element 0. */
+    if (s < 0) s += d;
+    if (e < 0) e += d;
+    int64_t lo = k > 0 ? 0 : -1, hi_s = k > 0 ? d : d - 1;
+    s = s < 0 ? 0 : s > hi_s ? hi_s : s;
+    e = e < lo ? lo : e > hi_s ? hi_s : e;
+    int64_t span = k > 0 ? e - s : s - e;
+    /* |step| without negating INT64_MIN. */
+    uint64_t mag = k > 0 ? (uint64_t)k : (uint64_t)(-(k + 1)) + 1;
+    out->dims[a] = span <= 0 ? 0 : (int64_t)((uint64_t)(span - 1) / mag) + 1;
+    start[a] = s;
+    step[a] = k;
+  }
+  return 0;
+}
+
+int kl_infer_SLICE(kl_node *n, kl_error *err) {
+  int64_t start[KL_MAX_RANK], step[KL_MAX_RANK];
+  kl_shape out;
+  if (slice_setup(n, err, &n->inputs[0]->shape, start, step, &out)) return -1;
+  return set_out(n, err, 0, n->inputs[0]->dtype, &out);
+}
+
+int kl_eval_SLICE(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                  kl_error *err) {
+  int64_t start[KL_MAX_RANK], step[KL_MAX_RANK], st[KL_MAX_RANK];
+  kl_shape shape;
+  if (out[0]->numel == 0) return 0;
+  if (slice_setup(n, err, &in[0]->shape, start, step, &shape)) return -1;
+  kl_shape_strides(&in[0]->shape, st);
+  int64_t base = 0;
+  for (int i = 0; i < shape.rank; i++) {
+    base += start[i] * st[i];
+    /* A huge step only ever selects one element; skip the product. */
+    step[i] = shape.dims[i] > 1 ? step[i] * st[i] : 0;
+  }
+  affine_copy(in[0], out[0], base, step);
+  return 0;
+}
+
+/* ---- gather ---------------------------------------------------------- */
+
+int kl_infer_GATHER(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0], *ix = n->inputs[1];
+  char sx[300], si[300];
+  if (ix->dtype != KL_I32 && ix->dtype != KL_I64)
+    return KL_NODE_FAIL(n, err, "indices must be i32 or i64, got %s",
+                        vstr(ix, si, sizeof si));
+  if (x->shape.rank < 1)
+    return KL_NODE_FAIL(n, err, "data must have rank >= 1, got %s",
+                        vstr(x, sx, sizeof sx));
+  int axis;
+  if (kl_norm_axis(kl_attr_int(n, "axis", 0), x->shape.rank, &axis, n, err))
+    return -1;
+  int rank = x->shape.rank - 1 + ix->shape.rank;
+  if (rank > KL_MAX_RANK)
+    return KL_NODE_FAIL(n, err, "result of gathering %s from %s would have "
+                        "rank %d (at most %d)", vstr(ix, si, sizeof si),
+                        vstr(x, sx, sizeof sx), rank, KL_MAX_RANK);
+  kl_shape out = {0, {0}};
+  for (int i = 0; i < axis; i++) out.dims[out.rank++] = x->shape.dims[i];
+  for (int i = 0; i < ix->shape.rank; i++)
+    out.dims[out.rank++] = ix->shape.dims[i];
+  for (int i = axis + 1; i < x->shape.rank; i++)
+    out.dims[out.rank++] = x->shape.dims[i];
+  return set_out(n, err, 0, x->dtype, &out);
+}
+
+int kl_eval_GATHER(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                   kl_error *err) {
+  const kl_shape *xs = &in[0]->shape;
+  if (out[0]->numel == 0) return 0;
+  int axis;
+  if (kl_norm_axis(kl_attr_int(n, "axis", 0), xs->rank, &axis, n, err))
+    return -1;
+  int64_t dim = xs->dims[axis], nidx = in[1]->numel;
+  int64_t outer = dims_prod(xs, 0, axis), inner = dims_prod(xs, axis + 1,
+                                                            xs->rank);
+  for (int64_t j = 0; j < nidx; j++) {
+    double v = in[1]->data[j];
+    /* Compare as doubles first so a huge i64 never converts out of range. */
+    if (!(v >= -(double)dim && v < (double)dim))
+      return KL_NODE_FAIL(n, err, "index %.0f (indices element %lld) is out "
+                          "of range for axis %d of size %lld", v,
+                          (long long)j, axis, (long long)dim);
+    int64_t k = (int64_t)v;
+    if (k < 0) k += dim;
+    copy_slab(in[0]->data, dim, k, out[0]->data, nidx, j, outer, 1, inner);
+  }
+  return 0;
+}
+
+/* ---- expand ---------------------------------------------------------- */
+
+int kl_infer_EXPAND(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0];
+  const int64_t *sh;
+  char sx[300], st[256];
+  int len = req_ints(n, err, "shape", &sh);
+  if (len < 0) return -1;
+  if (len > KL_MAX_RANK)
+    return KL_NODE_FAIL(n, err, "shape has %d entries; rank is at most %d",
+                        len, KL_MAX_RANK);
+  kl_shape target = {len, {0}}, out;
+  for (int i = 0; i < len; i++) {
+    if (sh[i] < 0)
+      return KL_NODE_FAIL(n, err, "shape[%d] = %lld is negative", i,
+                          (long long)sh[i]);
+    target.dims[i] = sh[i];
+  }
+  kl_error scratch;
+  if (kl_broadcast_shapes(&x->shape, &target, &out, &scratch, n->loc))
+    return KL_NODE_FAIL(n, err, "cannot broadcast %s to %s",
+                        vstr(x, sx, sizeof sx),
+                        kl_shape_str(&target, st, sizeof st));
+  return set_out(n, err, 0, x->dtype, &out);
+}
+
+int kl_eval_EXPAND(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                   kl_error *err) {
+  (void)n;
+  (void)err;
+  const kl_shape *xs = &in[0]->shape;
+  int64_t st[KL_MAX_RANK], coef[KL_MAX_RANK];
+  if (out[0]->numel == 0) return 0;
+  kl_shape_strides(xs, st);
+  /* Axes x lacks or has as 1 repeat the same element: stride 0. */
+  int lead = out[0]->shape.rank - xs->rank;
+  for (int k = 0; k < out[0]->shape.rank; k++)
+    coef[k] = k < lead || xs->dims[k - lead] == 1 ? 0 : st[k - lead];
+  affine_copy(in[0], out[0], 0, coef);
+  return 0;
+}
+
+/* ---- squeeze, unsqueeze, flatten ------------------------------------- */
+
+int kl_infer_SQUEEZE(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0];
+  const int64_t *axes;
+  bool mask[KL_MAX_RANK];
+  char sx[300];
+  int len = kl_attr_ints(n, "axes", &axes);
+  if (len < 0) {
+    for (int i = 0; i < x->shape.rank; i++) mask[i] = x->shape.dims[i] == 1;
+  } else {
+    if (axes_mask(n, err, axes, len, x->shape.rank, mask)) return -1;
+    for (int i = 0; i < x->shape.rank; i++)
+      if (mask[i] && x->shape.dims[i] != 1)
+        return KL_NODE_FAIL(n, err, "cannot squeeze axis %d of %s: size is "
+                            "not 1", i, vstr(x, sx, sizeof sx));
+  }
+  kl_shape out = {0, {0}};
+  for (int i = 0; i < x->shape.rank; i++)
+    if (!mask[i]) out.dims[out.rank++] = x->shape.dims[i];
+  return set_out(n, err, 0, x->dtype, &out);
+}
+
+int kl_eval_SQUEEZE(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                    kl_error *err) {
+  (void)n;
+  (void)err;
+  return copy_eval(in, out);
+}
+
+int kl_infer_UNSQUEEZE(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0];
+  const int64_t *axes;
+  bool mask[KL_MAX_RANK];
+  int len = req_ints(n, err, "axes", &axes);
+  if (len < 0) return -1;
+  int rank = x->shape.rank + len;
+  if (rank > KL_MAX_RANK)
+    return KL_NODE_FAIL(n, err, "result would have rank %d (at most %d)",
+                        rank, KL_MAX_RANK);
+  if (axes_mask(n, err, axes, len, rank, mask)) return -1;
+  kl_shape out = {rank, {0}};
+  for (int i = 0, j = 0; i < rank; i++)
+    out.dims[i] = mask[i] ? 1 : x->shape.dims[j++];
+  return set_out(n, err, 0, x->dtype, &out);
+}
+
+int kl_eval_UNSQUEEZE(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                      kl_error *err) {
+  (void)n;
+  (void)err;
+  return copy_eval(in, out);
+}
+
+int kl_infer_FLATTEN(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0];
+  int rank = x->shape.rank;
+  int64_t axis = kl_attr_int(n, "axis", 1);
+  /* ONNX allows axis == rank (everything in the first dim). */
+  if (axis < -rank || axis > rank)
+    return KL_NODE_FAIL(n, err, "axis %lld is out of range [%d, %d]",
+                        (long long)axis, -rank, rank);
+  if (axis < 0) axis += rank;
+  kl_shape head = x->shape, tail = x->shape;
+  head.rank = (int)axis;
+  tail.rank = rank - (int)axis;
+  memmove(tail.dims, x->shape.dims + axis, sizeof(int64_t) * (size_t)tail.rank);
+  kl_shape out = {2, {safe_numel(&head), safe_numel(&tail)}};
+  return set_out(n, err, 0, x->dtype, &out);
+}
+
+int kl_eval_FLATTEN(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                    kl_error *err) {
+  (void)n;
+  (void)err;
+  return copy_eval(in, out);
+}
+
+/* ---- pad ------------------------------------------------------------- */
+
+enum { PAD_CONSTANT, PAD_REFLECT, PAD_EDGE };
+
+/* Negative pads crop first; reflect and edge then work on the cropped
+ * extent (as ONNX Runtime).  Per axis: crop[a] elements dropped at the
+ * start, before[a] added at the start, keep[a] elements kept. */
+typedef struct {
+  int mode;
+  int64_t crop[KL_MAX_RANK], before[KL_MAX_RANK], keep[KL_MAX_RANK];
+} pad_cfg;
+
+static int pad_setup(const kl_node *n, kl_error *err, const kl_value *x,
+                     pad_cfg *p, kl_shape *out) {
+  const int64_t *pads;
+  char sx[300];
+  int rank = x->shape.rank;
+  const char *mode = kl_attr_string(n, "mode", "constant");
+  if (strcmp(mode, "constant") == 0) p->mode = PAD_CONSTANT;
+  else if (strcmp(mode, "reflect") == 0) p->mode = PAD_REFLECT;
+  else if (strcmp(mode, "edge") == 0) p->mode = PAD_EDGE;
+  else
+    return KL_NODE_FAIL(n, err, "mode must be constant, reflect or edge, "
+                        "got \"%s\"", mode);
+  int len = req_ints(n, err, "pads", &pads);
+  if (len < 0) return -1;
+  if (len != 2 * rank)
+    return KL_NODE_FAIL(n, err, "pads must have %d entries (2 * rank of %s), "
+                        "got %d", 2 * rank, vstr(x, sx, sizeof sx), len);
+  *out = x->shape;
+  for (int a = 0; a < rank; a++) {
+    int64_t d = x->shape.dims[a], b = pads[a], e = pads[rank + a];
+    /* Compare before negating so INT64_MIN never overflows. */
+    if ((b < 0 && b < -d) || (e < 0 && e < -(d - (b < 0 ? -b : 0))))
+      return KL_NODE_FAIL(n, err, "pads [%lld, %lld] crop more than axis %d "
+                          "of %s holds", (long long)b, (long long)e, a,
+                          vstr(x, sx, sizeof sx));
+    p->crop[a] = b < 0 ? -b : 0;
+    p->keep[a] = d - p->crop[a] - (e < 0 ? -e : 0);
+    p->before[a] = b > 0 ? b : 0;
+    int64_t after = e > 0 ? e : 0;
+    if (p->mode == PAD_REFLECT &&
+        (p->before[a] >= p->keep[a] || after >= p->keep[a]) &&
+        (p->before[a] > 0 || after > 0))
+      return KL_NODE_FAIL(n, err, "reflect pads [%lld, %lld] of axis %d must "
+                          "be smaller than its length %lld (after cropping) "
+                          "in %s", (long long)b, (long long)e, a,
+                          (long long)p->keep[a], vstr(x, sx, sizeof sx));
+    if (p->mode == PAD_EDGE && p->keep[a] == 0 &&
+        (p->before[a] > 0 || after > 0))
+      return KL_NODE_FAIL(n, err, "edge padding of empty axis %d of %s", a,
+                          vstr(x, sx, sizeof sx));
+    if (__builtin_add_overflow(p->keep[a], p->before[a], &out->dims[a]) ||
+        __builtin_add_overflow(out->dims[a], after, &out->dims[a]))
+      return KL_NODE_FAIL(n, err, "padded axis %d overflows", a);
+  }
+  return 0;
+}
+
+int kl_infer_PAD(kl_node *n, kl_error *err) {
+  pad_cfg p;
+  kl_shape out;
+  if (pad_setup(n, err, n->inputs[0], &p, &out)) return -1;
+  return set_out(n, err, 0, n->inputs[0]->dtype, &out);
+}
+
+int kl_eval_PAD(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                kl_error *err) {
+  pad_cfg p;
+  kl_shape shape;
+  int64_t st[KL_MAX_RANK], idx[KL_MAX_RANK] = {0}, i = 0;
+  if (out[0]->numel == 0) return 0;
+  if (pad_setup(n, err, n->inputs[0], &p, &shape)) return -1; /* as in[0] */
+  double value = kl_attr_float(n, "value", 0.0);
+  kl_shape_strides(&in[0]->shape, st);
+  do {
+    int64_t off = 0;
+    bool fill = false;
+    for (int a = 0; a < shape.rank && !fill; a++) {
+      int64_t c = idx[a] - p.before[a], d = p.keep[a];
+      if (c < 0 || c >= d) {
+        if (p.mode == PAD_CONSTANT) fill = true;
+        else if (p.mode == PAD_EDGE) c = c < 0 ? 0 : d - 1;
+        else c = c < 0 ? -c : 2 * (d - 1) - c; /* one bounce: pad < d */
+      }
+      off += (p.crop[a] + c) * st[a];
+    }
+    out[0]->data[i++] = fill ? value : in[0]->data[off];
+  } while (kl_index_next(&shape, idx));
+  return 0;
+}
+
+/* ---- trilu ----------------------------------------------------------- */
+
+int kl_infer_TRILU(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0];
+  char sx[300];
+  int64_t upper = kl_attr_int(n, "upper", 1);
+  if (upper != 0 && upper != 1)
+    return KL_NODE_FAIL(n, err, "upper must be 0 or 1, got %lld",
+                        (long long)upper);
+  if (x->shape.rank < 2)
+    return KL_NODE_FAIL(n, err, "input must have rank >= 2, got %s",
+                        vstr(x, sx, sizeof sx));
+  return set_out(n, err, 0, x->dtype, &x->shape);
+}
+
+int kl_eval_TRILU(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                  kl_error *err) {
+  (void)err;
+  const kl_shape *s = &in[0]->shape;
+  if (out[0]->numel == 0) return 0;
+  bool upper = kl_attr_int(n, "upper", 1) != 0;
+  int64_t k = kl_attr_int(n, "k", 0);
+  int64_t rows = s->dims[s->rank - 2], cols = s->dims[s->rank - 1];
+  for (int64_t f = 0; f < out[0]->numel; f++) {
+    int64_t i = f / cols % rows, j = f % cols;
+    bool keep = upper ? j - i >= k : j - i <= k;
+    out[0]->data[f] = keep ? in[0]->data[f] : 0.0;
+  }
+  return 0;
+}
+
+/* ---- constant -------------------------------------------------------- */
+
+int kl_infer_CONSTANT(kl_node *n, kl_error *err) {
+  const kl_attr *value = kl_node_attr(n, "value");
+  const kl_attr *dt = kl_node_attr(n, "dtype");
+  const int64_t *sh;
+  char so[256];
+  if (!value) return KL_NODE_FAIL(n, err, "value is required");
+  kl_dtype t = dt ? (kl_dtype)dt->i : KL_F32;
+  int len = kl_attr_ints(n, "shape", &sh);
+  kl_shape out = {1, {value->n}};
+  if (len >= 0) {
+    if (len > KL_MAX_RANK)
+      return KL_NODE_FAIL(n, err, "shape has %d entries; rank is at most %d",
+                          len, KL_MAX_RANK);
+    out.rank = len;
+    memcpy(out.dims, sh, sizeof(int64_t) * (size_t)len);
+  }
+  int64_t numel = safe_numel(&out);
+  if (numel < 0)
+    return KL_NODE_FAIL(n, err, "shape %s is negative or too large",
+                        kl_shape_str(&out, so, sizeof so));
+  if (value->n != 1 && value->n != numel)
+    return KL_NODE_FAIL(n, err, "%d values for shape %s (%lld elements); "
+                        "give 1 or %lld", value->n,
+                        kl_shape_str(&out, so, sizeof so), (long long)numel,
+                        (long long)numel);
+  return set_out(n, err, 0, t, &out);
+}
+
+int kl_eval_CONSTANT(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                     kl_error *err) {
+  (void)in;
+  (void)err;
+  const kl_attr *value = kl_node_attr(n, "value");
+  for (int64_t i = 0; i < out[0]->numel; i++)
+    out[0]->data[i] = value->floats[value->n == 1 ? 0 : i];
+  return 0;
+}

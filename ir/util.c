@@ -1,0 +1,263 @@
+/* util.c - dtypes, shapes, errors, the arena and the random generator. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../runtime/kilnrt.h"
+#include "op_impl.h"
+
+_Static_assert((int)KL_F32 == (int)KRT_F32 && (int)KL_BOOL == (int)KRT_BOOL &&
+                   (int)KL_DTYPE_COUNT == (int)KRT_DTYPE_COUNT,
+               "kl_dtype and krt_dtype must agree");
+
+static const char *const dtype_names[KL_DTYPE_COUNT] = {
+    "f32", "f16", "bf16", "f64", "i8", "i32", "i64", "bool"};
+static const size_t dtype_sizes[KL_DTYPE_COUNT] = {4, 2, 2, 8, 1, 4, 8, 1};
+
+const char *kl_dtype_name(kl_dtype t) {
+  return (unsigned)t < KL_DTYPE_COUNT ? dtype_names[t] : "?";
+}
+
+int kl_dtype_from_name(const char *s, kl_dtype *out) {
+  for (int i = 0; i < KL_DTYPE_COUNT; i++)
+    if (strcmp(s, dtype_names[i]) == 0) {
+      *out = (kl_dtype)i;
+      return 0;
+    }
+  return -1;
+}
+
+size_t kl_dtype_size(kl_dtype t) { return dtype_sizes[t]; }
+
+bool kl_dtype_is_float(kl_dtype t) {
+  return t == KL_F32 || t == KL_F16 || t == KL_BF16 || t == KL_F64;
+}
+
+bool kl_dtype_is_int(kl_dtype t) {
+  return t == KL_I8 || t == KL_I32 || t == KL_I64;
+}
+
+/* Integer conversion as C does it for in-range values, and wrap-around
+ * (two's complement) instead of undefined behaviour for the rest. */
+static double wrap_int(double v, int bits) {
+  if (isnan(v)) return 0;
+  v = trunc(v);
+  double span = ldexp(1.0, bits);
+  if (v >= -span / 2 && v < span / 2) return v;
+  if (bits == 64) return v < 0 ? -span / 2 : span / 2 - 1; /* saturate */
+  v = fmod(v, span);
+  if (v < -span / 2) v += span;
+  if (v >= span / 2) v -= span;
+  return v;
+}
+
+double kl_dtype_round(kl_dtype t, double v) {
+  switch (t) {
+  case KL_F32: return (double)(float)v;
+  case KL_F16: return krt_f16_to_f32(krt_f32_to_f16((float)v));
+  case KL_BF16: return krt_bf16_to_f32(krt_f32_to_bf16((float)v));
+  case KL_F64: return v;
+  case KL_I8: return wrap_int(v, 8);
+  case KL_I32: return wrap_int(v, 32);
+  case KL_I64: return wrap_int(v, 64);
+  case KL_BOOL: return v != 0 ? 1 : 0;
+  default: return v;
+  }
+}
+
+int64_t kl_shape_numel(const kl_shape *s) {
+  int64_t n = 1;
+  for (int i = 0; i < s->rank; i++) n *= s->dims[i];
+  return n;
+}
+
+bool kl_shape_equal(const kl_shape *a, const kl_shape *b) {
+  if (a->rank != b->rank) return false;
+  for (int i = 0; i < a->rank; i++)
+    if (a->dims[i] != b->dims[i]) return false;
+  return true;
+}
+
+const char *kl_shape_str(const kl_shape *s, char *buf, size_t n) {
+  size_t used = 0;
+  used += (size_t)snprintf(buf, n, "[");
+  for (int i = 0; i < s->rank && used < n; i++)
+    used += (size_t)snprintf(buf + used, n - used, "%s%lld", i ? ", " : "",
+                             (long long)s->dims[i]);
+  if (used < n) snprintf(buf + used, n - used, "]");
+  return buf;
+}
+
+void kl_shape_strides(const kl_shape *s, int64_t *strides) {
+  int64_t st = 1;
+  for (int i = s->rank - 1; i >= 0; i--) {
+    strides[i] = st;
+    st *= s->dims[i];
+  }
+}
+
+int64_t kl_broadcast_index(const kl_shape *src, const kl_shape *dst,
+                           const int64_t *idx) {
+  int64_t flat = 0, st = 1;
+  int off = dst->rank - src->rank;
+  for (int i = src->rank - 1; i >= 0; i--) {
+    if (src->dims[i] != 1) flat += idx[i + off] * st;
+    st *= src->dims[i];
+  }
+  return flat;
+}
+
+bool kl_index_next(const kl_shape *s, int64_t *idx) {
+  for (int i = s->rank - 1; i >= 0; i--) {
+    if (++idx[i] < s->dims[i]) return true;
+    idx[i] = 0;
+  }
+  return false;
+}
+
+int kl_broadcast_shapes(const kl_shape *a, const kl_shape *b, kl_shape *out,
+                        kl_error *err, kl_loc loc) {
+  int r = a->rank > b->rank ? a->rank : b->rank;
+  kl_shape s = {.rank = r};
+  for (int i = 0; i < r; i++) {
+    int ia = i - (r - a->rank), ib = i - (r - b->rank);
+    int64_t da = ia >= 0 ? a->dims[ia] : 1, db = ib >= 0 ? b->dims[ib] : 1;
+    if (da != db && da != 1 && db != 1) {
+      char sa[128], sb[128];
+      return kl_fail(err, loc, "cannot broadcast %s with %s (axis %d: %lld vs %lld)",
+                     kl_shape_str(a, sa, sizeof sa), kl_shape_str(b, sb, sizeof sb),
+                     i, (long long)da, (long long)db);
+    }
+    s.dims[i] = da == 1 ? db : da;
+  }
+  *out = s;
+  return 0;
+}
+
+int kl_fail(kl_error *err, kl_loc loc, const char *fmt, ...) {
+  if (!err) return -1;
+  va_list ap;
+  va_start(ap, fmt);
+  err->loc = loc;
+  vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+int kl_node_fail(const kl_node *n, kl_error *err, const char *fmt, ...) {
+  if (!err) return -1;
+  char body[900];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(body, sizeof body, fmt, ap);
+  va_end(ap);
+  return kl_fail(err, n->loc, "%s (node '%s'): %s", kl_ops[n->op].name,
+                 n->name ? n->name : "?", body);
+}
+
+int kl_norm_axis(int64_t axis, int rank, int *out, const kl_node *n,
+                 kl_error *err) {
+  if (axis < -rank || axis >= rank || (rank == 0 && axis != 0))
+    return kl_node_fail(n, err, "axis %lld is out of range for rank %d",
+                        (long long)axis, rank);
+  *out = (int)(axis < 0 ? axis + rank : axis);
+  return 0;
+}
+
+/* Print the offending source line with a caret under the column. */
+void kl_error_print(FILE *f, const kl_error *err) {
+  const kl_loc *l = &err->loc;
+  if (!l->file) {
+    fprintf(f, "kiln: error: %s\n", err->msg);
+    return;
+  }
+  if (l->line <= 0) {
+    fprintf(f, "%s: error: %s\n", l->file, err->msg);
+    return;
+  }
+  fprintf(f, "%s:%d:%d: error: %s\n", l->file, l->line, l->col, err->msg);
+  FILE *src = fopen(l->file, "r");
+  if (!src) return;
+  char buf[512];
+  int line = 1;
+  while (fgets(buf, sizeof buf, src)) {
+    size_t len = strlen(buf);
+    bool whole = len > 0 && buf[len - 1] == '\n';
+    if (line == l->line) {
+      if (whole) buf[--len] = 0;
+      fprintf(f, "  %s\n  ", buf);
+      for (int i = 1; i < l->col && (size_t)(i - 1) < len; i++)
+        fputc(buf[i - 1] == '\t' ? '\t' : ' ', f);
+      fputs("^\n", f);
+      break;
+    }
+    if (whole) line++;
+  }
+  fclose(src);
+}
+
+/* ---- arena ----------------------------------------------------------- */
+struct kl_arena_block {
+  kl_arena_block *next;
+  size_t used, cap;
+  max_align_t data[];
+};
+
+void *kl_arena_alloc(kl_arena *a, size_t n) {
+  n = (n + 15) & ~(size_t)15;
+  kl_arena_block *b = a->head;
+  if (!b || b->cap - b->used < n) {
+    size_t cap = n > 65536 ? n : 65536;
+    b = malloc(sizeof *b + cap);
+    if (!b) {
+      fprintf(stderr, "kiln: out of memory (%zu bytes)\n", n);
+      exit(3);
+    }
+    b->next = a->head;
+    b->used = 0;
+    b->cap = cap;
+    a->head = b;
+  }
+  void *p = (char *)b->data + b->used;
+  b->used += n;
+  memset(p, 0, n);
+  return p;
+}
+
+char *kl_arena_strdup(kl_arena *a, const char *s) {
+  size_t n = strlen(s) + 1;
+  char *p = kl_arena_alloc(a, n);
+  memcpy(p, s, n);
+  return p;
+}
+
+void kl_arena_free(kl_arena *a) {
+  for (kl_arena_block *b = a->head, *next; b; b = next) {
+    next = b->next;
+    free(b);
+  }
+  a->head = NULL;
+}
+
+/* ---- random numbers -------------------------------------------------- */
+/* splitmix64: tiny, fast and good enough for weights and test inputs; kept
+ * here so the same seed gives the same numbers on every platform. */
+void kl_rng_seed(kl_rng *r, uint64_t seed) { r->state = seed; }
+
+uint64_t kl_rng_next(kl_rng *r) {
+  uint64_t z = (r->state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+double kl_rng_uniform(kl_rng *r) {
+  return (double)(kl_rng_next(r) >> 11) * 0x1.0p-53;
+}
+
+double kl_rng_normal(kl_rng *r) {
+  double u1 = kl_rng_uniform(r), u2 = kl_rng_uniform(r);
+  if (u1 < 1e-300) u1 = 1e-300;
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
