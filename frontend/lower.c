@@ -72,6 +72,16 @@ char *kl_parser_unescape(kl_parser *P, const char *s, int len) {
   return out;
 }
 
+bool kl_is_keyword(const char *s) {
+  static const char *const words[] = {"model", "dim", "input", "param", "const",
+                                      "let", "output", "train", "true", "false",
+                                      "inf", "nan"};
+  kl_dtype t;
+  for (size_t i = 0; i < sizeof words / sizeof *words; i++)
+    if (strcmp(words[i], s) == 0) return true;
+  return kl_dtype_from_name(s, &t) == 0;
+}
+
 /* ---- symbols --------------------------------------------------------- */
 static kl_symbol *lookup(kl_parser *P, const char *name) {
   for (int i = P->nsyms - 1; i >= 0; i--)

@@ -1,5 +1,6 @@
 /* parse.c - entry points of the .kl frontend: run the parser, then finish
  * the graph (load weights, check outputs, verify). */
+#include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,21 @@ static int load_params(kl_parser *P) {
   return 0;
 }
 
+/* A model without `model NAME` is named after its file ("mlp.kl" -> mlp),
+ * made into an identifier so the printed IR parses back. */
+static void set_default_name(kl_graph *g, const char *filename) {
+  const char *base = strrchr(filename, '/');
+  base = base ? base + 1 : filename;
+  char buf[128];
+  size_t n = 0;
+  for (const char *p = base; *p && *p != '.' && n < sizeof buf - 1; p++)
+    buf[n++] = (isalnum((unsigned char)*p) || *p == '_') ? *p : '_';
+  buf[n] = 0;
+  if (n == 0 || isdigit((unsigned char)buf[0]) || kl_is_keyword(buf))
+    snprintf(buf, sizeof buf, "%s", "main");
+  g->name = kl_arena_strdup(&g->arena, buf);
+}
+
 static void cleanup(kl_parser *P) {
   while (P->nframes > 0) {
     kl_frame *f = &P->frames[--P->nframes];
@@ -95,6 +111,7 @@ kl_graph *kl_parse_string(const char *text, size_t len, const char *filename,
       }
     }
   }
+  if (!P.failed && !P.seen_model) set_default_name(P.g, filename);
   if (!P.failed && P.g->outputs.len == 0) {
     kl_fail(err, (kl_loc){filename, P.line, P.col},
             "the model has no outputs (add `output NAME`)");

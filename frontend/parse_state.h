@@ -53,5 +53,7 @@ typedef struct kl_parser {
 void kl_parser_fail(kl_parser *P, int line, int col, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 char *kl_parser_strdup(kl_parser *P, const char *s);
+/* True for the words the lexer reserves (keywords, dtypes, true, ...). */
+bool kl_is_keyword(const char *s);
 char *kl_parser_unescape(kl_parser *P, const char *s, int len);
 #endif

@@ -325,7 +325,8 @@ kl_node *kl_graph_add_node(kl_graph *g, kl_op op, const char *name,
     const kl_shape *s = &n->outputs[k]->shape;
     int64_t numel = 1;
     for (int d = 0; d < s->rank; d++) {
-      if (s->dims[d] < 0 || (s->dims[d] && numel > KL_MAX_NUMEL / s->dims[d])) {
+      if (s->dims[d] < 0 || s->dims[d] > KL_MAX_NUMEL ||
+          (s->dims[d] && numel > KL_MAX_NUMEL / s->dims[d])) {
         g->values.len = nvalues_before;
         kl_node_fail(n, err, "output shape is negative or too large");
         return NULL;

@@ -621,7 +621,8 @@ int kl_eval_PAD(const kl_node *n, kl_tensor **in, kl_tensor **out,
   kl_shape shape;
   int64_t st[KL_MAX_RANK], idx[KL_MAX_RANK] = {0}, i = 0;
   if (out[0]->numel == 0) return 0;
-  if (pad_setup(n, err, n->inputs[0], &p, &shape)) return -1; /* as in[0] */
+  /* n->inputs[0] is the value behind in[0]; it names it in messages. */
+  if (pad_setup(n, err, n->inputs[0], &p, &shape)) return -1;
   double value = kl_attr_float(n, "value", 0.0);
   kl_shape_strides(&in[0]->shape, st);
   do {

@@ -67,7 +67,7 @@ static int check_value(const kl_graph *g, const kl_value *v, kl_error *err) {
   int64_t numel = 1;
   for (int d = 0; d < v->shape.rank; d++) {
     int64_t dim = v->shape.dims[d];
-    if (dim < 0 || (dim && numel > KL_MAX_NUMEL / dim))
+    if (dim < 0 || dim > KL_MAX_NUMEL || (dim && numel > KL_MAX_NUMEL / dim))
       return kl_fail(err, v->loc, "value '%s' has a negative or too large shape",
                      v->name);
     numel *= dim;

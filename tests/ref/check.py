@@ -57,7 +57,7 @@ def compare(got, exp, rtol, atol):
             return None
         i = np.unravel_index(np.argmax(bad), bad.shape)
         return "%d of %d elements differ; first at %s: got %s, expected %s" % (
-            int(bad.sum()), bad.size, list(i), got[i], exp[i])
+            int(bad.sum()), bad.size, [int(t) for t in i], got[i], exp[i])
     g = got.astype(np.float64)
     e = exp.astype(np.float64)
     nan_g, nan_e = np.isnan(g), np.isnan(e)
@@ -75,7 +75,7 @@ def compare(got, exp, rtol, atol):
         rel = np.abs(g[i] - e[i]) / np.abs(e[i]) if e[i] != 0 else np.inf
     return ("%d of %d elements differ (rtol %g, atol %g); worst at %s: "
             "got %r, expected %r (abs err %.3g, rel err %.3g)" % (
-                int(bad.sum()), bad.size, rtol, atol, list(i), g[i].item(),
+                int(bad.sum()), bad.size, rtol, atol, [int(t) for t in i], g[i].item(),
                 e[i].item(), abs(g[i] - e[i]), rel))
 
 

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import shutil
+import struct
 import sys
 import zlib
 
@@ -44,11 +45,15 @@ def decl(name, a):
                                   ", ".join(str(d) for d in a.shape))
 
 
-def case(name, inputs, body, outputs, tol=None, header=""):
+def case(name, inputs, body, outputs, tol=None, header="", files=None,
+         args=None, error=None):
     """inputs: list of (name, ndarray); body: the .kl statements after the
-    input declarations; outputs: list of expected ndarrays (output order)."""
+    input declarations; outputs: list of expected ndarrays (output order).
+    files: {filename: dict of tensors} written as .safetensors beside the
+    model; args: extra `kiln run` arguments; error: the run must fail with
+    exit status 1 and this text in its message (outputs then unused)."""
     assert all(c.isalnum() or c == "_" for c in name), name
-    assert name not in [c[0] for c in CASES], "duplicate case " + name
+    assert name not in [c["name"] for c in CASES], "duplicate case " + name
     inputs = [(n, np.asarray(a)) for n, a in inputs]
     outputs = [np.asarray(o) for o in outputs]
     for a in [a for _, a in inputs] + outputs:
@@ -57,7 +62,9 @@ def case(name, inputs, body, outputs, tol=None, header=""):
     src += header
     src += "".join(decl(n, a) + "\n" for n, a in inputs)
     src += body.strip() + "\n"
-    CASES.append((name, src, [a for _, a in inputs], outputs, tol))
+    CASES.append(dict(name=name, src=src, inputs=[a for _, a in inputs],
+                      outputs=outputs, tol=tol, files=files or {},
+                      args=args, error=error))
 
 
 def rng_for(name):
@@ -66,6 +73,37 @@ def rng_for(name):
 
 # --------------------------------------------------------------------------
 # helpers
+
+ST_DT = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64",
+         np.dtype(np.float16): "F16", np.dtype(np.int8): "I8",
+         np.dtype(np.int32): "I32", np.dtype(np.int64): "I64",
+         np.dtype(np.bool_): "BOOL"}
+
+
+def write_safetensors(path, tensors):
+    """tensors: dict name -> ndarray, or name -> ("BF16", uint16 ndarray)
+    for bfloat16 bits.  Header: 8-byte little-endian length, JSON padded
+    with spaces to a multiple of 8, then the raw little-endian data."""
+    header, blobs, off = {}, [], 0
+    for name, a in tensors.items():
+        if isinstance(a, tuple):
+            st, a = a
+        else:
+            st = ST_DT[np.asarray(a).dtype]
+        a = np.ascontiguousarray(a)
+        raw = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": st, "shape": list(a.shape),
+                        "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
 
 def f32(x):
     return np.asarray(x, dtype=np.float64).astype(np.float32)
@@ -1256,20 +1294,26 @@ def main():
               gen_contract, gen_pool, gen_movement, gen_sources, gen_loss]:
         g()
     os.makedirs(out, exist_ok=True)
-    for name, src, ins, outs, tol in CASES:
-        d = os.path.join(out, name)
+    for c in CASES:
+        d = os.path.join(out, c["name"])
         if os.path.isdir(d):
             shutil.rmtree(d)
         os.makedirs(d)
         with open(os.path.join(d, "model.kl"), "w") as f:
-            f.write(src)
-        for k, a in enumerate(ins):
+            f.write(c["src"])
+        for k, a in enumerate(c["inputs"]):
             np.save(os.path.join(d, "input_%d.npy" % k), a)
-        for k, a in enumerate(outs):
+        for k, a in enumerate(c["outputs"]):
             np.save(os.path.join(d, "expected_%d.npy" % k), a)
-        if tol:
-            with open(os.path.join(d, "tol.json"), "w") as f:
-                json.dump(tol, f)
+        for fn, tensors in c["files"].items():
+            write_safetensors(os.path.join(d, fn), tensors)
+        for fn, obj in [("tol.json", c["tol"]), ("args.json", c["args"])]:
+            if obj:
+                with open(os.path.join(d, fn), "w") as f:
+                    json.dump(obj, f)
+        if c["error"] is not None:
+            with open(os.path.join(d, "expect_error.txt"), "w") as f:
+                f.write(c["error"] + "\n")
     print("wrote %d cases to %s" % (len(CASES), out))
 
 

@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "kilnrt.h"
+#include "../../runtime/kilnrt.h"
 
 static char tmpdir[64];
 

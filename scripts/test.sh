@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Set up, then run every test: the normal build, the whole suite again under
+# AddressSanitizer + UndefinedBehaviorSanitizer, and a bounded fuzzing run.
+# Ends with one line "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh || exit 1
+
+jobs=$(nproc)
+fuzz_seconds=${KILN_FUZZ_SECONDS:-60}
+
+[ -f build-asan/build.ninja ] ||
+  meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
+    -Dbuildtype=debug >/dev/null
+[ -f build-fuzz/build.ninja ] ||
+  CC=clang meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined \
+    -Db_lundef=false -Dbuildtype=debugoptimized >/dev/null
+ninja -C build-asan >/dev/null || exit 1
+ninja -C build-fuzz fuzz_dsl >/dev/null || exit 1
+
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
+
+# The two suites and the fuzzer run side by side.
+meson test -C build --num-processes "$jobs" --print-errorlogs >build/test.out 2>&1 &
+p1=$!
+meson test -C build-asan --num-processes "$jobs" --print-errorlogs >build-asan/test.out 2>&1 &
+p2=$!
+scripts/fuzz.sh "$fuzz_seconds" >build-fuzz/fuzz.out 2>&1
+fuzz_rc=$?
+wait $p1; wait $p2
+
+tail -n 25 build/test.out
+echo "--- under ASan + UBSan"
+tail -n 12 build-asan/test.out
+echo "--- fuzzing (${fuzz_seconds}s)"
+tail -n 5 build-fuzz/fuzz.out
+python3 scripts/count_tests.py build/meson-logs/testlog.json \
+  build-asan/meson-logs/testlog.json --extra fuzz_dsl="$fuzz_rc"

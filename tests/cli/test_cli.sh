@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Command-line behaviour of kiln: help, exit codes, input/output files and
+# the errors a user meets with bad files.  Usage: test_cli.sh KILN
+set -u
+kiln=$(realpath "$1")
+root=$(cd "$(dirname "$0")/../.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+passed=0 failed=0
+
+# expect NAME CODE PATTERN -- CMD...: exit code CODE and PATTERN in stdout+stderr
+expect() {
+  local name=$1 code=$2 pattern=$3
+  shift 4
+  local out rc
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ "$rc" -eq "$code" ] && grep -qE -- "$pattern" <<<"$out"; then
+    passed=$((passed + 1)); echo "PASS $name"
+  else
+    failed=$((failed + 1)); echo "FAIL $name: exit $rc (want $code), output:"; sed 's/^/  /' <<<"$out" | head -8
+  fi
+}
+
+cat >m.kl <<'KL'
+dim B = 2
+input x: f32[B, 3]
+input i: i64[B]
+param w: f32[3, 4] = randn(0.5, seed=1)
+output y = relu(x @ w)
+output z = i + 1
+KL
+python3 - <<'PY'
+import numpy as np, json, struct
+np.save("x.npy", np.arange(6, dtype=np.float32).reshape(2, 3))
+np.save("i.npy", np.array([5, -2], dtype=np.int64))
+np.save("x_bad_shape.npy", np.zeros((3, 3), np.float32))
+np.save("x_f64.npy", np.zeros((2, 3), np.float64))
+np.save("x_fortran.npy", np.asfortranarray(np.zeros((2, 3), np.float32)))
+open("garbage.npy", "wb").write(b"this is not an npy file at all")
+open("truncated.npy", "wb").write(open("x.npy", "rb").read()[:-5])
+w = np.ones((3, 4), np.float32)
+def st(path, tensors):
+    hdr, blobs, off = {}, b"", 0
+    for name, a in tensors.items():
+        b = a.tobytes(); hdr[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b); blobs += b
+    h = json.dumps(hdr).encode(); h += b" " * (-len(h) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(h)) + h + blobs)
+st("w.safetensors", {"w": w})
+st("w_bad.safetensors", {"w": np.ones((4, 3), np.float32)})
+st("w_extra.safetensors", {"w": w, "nope": w})
+PY
+mkdir in && cp x.npy in/input_0.npy && cp i.npy in/input_1.npy
+
+expect help_main 0 "usage: kiln COMMAND" -- "$kiln" --help
+for c in run compile inspect; do
+  expect "help_$c" 0 "usage: kiln $c" -- "$kiln" $c --help
+done
+expect no_args 2 "usage" -- "$kiln"
+expect unknown_command 2 "unknown command 'frobnicate'" -- "$kiln" frobnicate
+expect bad_option 2 "usage: kiln run" -- "$kiln" run --bogus m.kl
+expect missing_model 1 "cannot open 'nope.kl'" -- "$kiln" run nope.kl
+expect onnx_not_yet 1 "ONNX" -- "$kiln" run model.onnx
+expect run_random 0 "not given: using seeded random values" -- "$kiln" run m.kl
+expect run_files 0 "output 1 'z': i64\[2\]" -- "$kiln" run m.kl --input x=x.npy --input i=i.npy --output-dir out
+python3 -c "
+import numpy as np
+x = np.arange(6, dtype=np.float32).reshape(2, 3); w = np.ones((3, 4), np.float32)
+z = np.load('out/output_1.npy'); assert z.dtype == np.int64 and list(z) == [6, -1], z
+y = np.load('out/output_0.npy'); assert y.shape == (2, 4) and y.dtype == np.float32
+" && { passed=$((passed + 1)); echo "PASS outputs_readable_by_numpy"; } || { failed=$((failed + 1)); echo "FAIL outputs_readable_by_numpy"; }
+expect run_weights 0 "min 3  max 12" -- "$kiln" run m.kl --inputs-dir in --weights w.safetensors
+expect inputs_dir 0 "output 0 'y'" -- "$kiln" run m.kl --inputs-dir in
+expect inputs_dir_missing 1 "cannot open|No such file" -- "$kiln" run m.kl --inputs-dir nowhere
+expect input_missing_file 1 "nope.npy" -- "$kiln" run m.kl --input x=nope.npy
+expect input_bad_shape 1 "input 'x' must be f32\[2, 3\], the file holds f32\[3, 3\]" -- "$kiln" run m.kl --input x=x_bad_shape.npy
+expect input_wrong_dtype 1 "input 'x' must be f32\[2, 3\], the file holds f64\[2, 3\]" -- "$kiln" run m.kl --input x=x_f64.npy
+expect input_fortran 1 "Fortran" -- "$kiln" run m.kl --input x=x_fortran.npy
+expect input_garbage 1 "garbage.npy" -- "$kiln" run m.kl --input x=garbage.npy
+expect input_truncated 1 "truncated.npy" -- "$kiln" run m.kl --input x=truncated.npy
+expect input_unknown_name 1 "no input named 'q'" -- "$kiln" run m.kl --input q=x.npy
+expect input_no_equals 2 "NAME=FILE" -- "$kiln" run m.kl --input x.npy
+expect output_dir_unwritable 1 "output-dir" -- "$kiln" run m.kl --output-dir /dev/null/sub
+expect weights_bad_shape 1 "tensor 'w' is f32\[4, 3\], but the model declares f32\[3, 4\]" -- "$kiln" run m.kl --weights w_bad.safetensors
+expect weights_unknown_tensor 1 "'nope' is not a param" -- "$kiln" run m.kl --weights w_extra.safetensors
+expect weights_missing_file 1 "nope.safetensors" -- "$kiln" run m.kl --weights nope.safetensors
+expect dim_override 0 "x +f32\[5, 3\]" -- "$kiln" inspect m.kl --dim B=5
+expect dim_unknown 1 "no dim named 'Q'" -- "$kiln" inspect m.kl --dim Q=5
+expect dim_malformed 2 "NAME=VALUE" -- "$kiln" inspect m.kl --dim B
+expect device_unknown 2 "only 'interp'" -- "$kiln" run m.kl --device=tpu
+expect inspect_counts 0 "params: 1 tensors, 12 elements, 48 bytes" -- "$kiln" inspect m.kl
+expect compile_ir 0 "^let y = relu" -- "$kiln" compile m.kl --emit=ir
+expect compile_ir_file 0 "" -- "$kiln" compile m.kl --emit=ir -o m.ir
+expect compile_ir_reparses 0 "^let y = relu" -- "$kiln" compile m.ir --emit=ir
+expect compile_no_emit 2 "--emit" -- "$kiln" compile m.kl
+expect syntax_error 1 "m_bad.kl:1:9: error" -- bash -c "printf 'input x f32[2]\n' > m_bad.kl; '$kiln' run m_bad.kl"
+for ex in mlp cnn transformer; do
+  expect "example_$ex" 0 "device: interp" -- "$kiln" run "$root/examples/$ex.kl"
+done
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
