@@ -46,14 +46,22 @@ static int set_out(kl_node *n, kl_error *err, int k, kl_dtype t,
   return 0;
 }
 
-/* Contractions and pools work on float operands that share one dtype. */
-static int check_float_operands(kl_node *n, kl_error *err) {
+/* Contractions and pools work on operands that share one dtype: float, or
+ * for matmul also integer (ONNX MatMul takes int32/int64). */
+static int check_operands(kl_node *n, kl_error *err, bool allow_int) {
   char a[300], b[300];
   for (int i = 0; i < n->ninputs; i++) {
     const kl_value *v = n->inputs[i];
     if (!v) continue;
+    if (allow_int && kl_dtype_is_int(v->dtype)) {
+      if (v->dtype != n->inputs[0]->dtype)
+        return KL_NODE_FAIL(n, err, "operands must share a dtype: %s and %s",
+                            vstr(n->inputs[0], a, sizeof a), vstr(v, b, sizeof b));
+      continue;
+    }
     if (!kl_dtype_is_float(v->dtype))
-      return KL_NODE_FAIL(n, err, "operand %d must be a float tensor, got %s",
+      return KL_NODE_FAIL(n, err, allow_int ? "operand %d must be a float or integer tensor, got %s"
+                                    : "operand %d must be a float tensor, got %s",
                           i, vstr(v, a, sizeof a));
     if (v->dtype != n->inputs[0]->dtype)
       return KL_NODE_FAIL(n, err, "operands must share a dtype: %s and %s",
@@ -118,7 +126,7 @@ static void mm_split(const kl_shape *a, const kl_shape *b, mm_dims *d) {
 int kl_infer_MATMUL(kl_node *n, kl_error *err) {
   const kl_value *a = n->inputs[0], *b = n->inputs[1];
   char sa[300], sb[300];
-  if (check_float_operands(n, err)) return -1;
+  if (check_operands(n, err, true)) return -1;
   if (a->shape.rank < 1 || b->shape.rank < 1)
     return KL_NODE_FAIL(n, err, "operands must have rank >= 1: %s @ %s",
                         vstr(a, sa, sizeof sa), vstr(b, sb, sizeof sb));
@@ -183,7 +191,7 @@ int kl_infer_GEMM(kl_node *n, kl_error *err) {
   const kl_value *a = n->inputs[0], *b = n->inputs[1];
   const kl_value *c = n->ninputs > 2 ? n->inputs[2] : NULL;
   char sa[300], sb[300];
-  if (check_float_operands(n, err) || check_rank(n, err, 0, 2, "a") ||
+  if (check_operands(n, err, false) || check_rank(n, err, 0, 2, "a") ||
       check_rank(n, err, 1, 2, "b"))
     return -1;
   gemm_dims d;
@@ -341,7 +349,7 @@ static int conv_setup(const kl_node *n, kl_error *err, window *w,
 }
 
 int kl_infer_CONV2D(kl_node *n, kl_error *err) {
-  if (check_float_operands(n, err) || check_rank(n, err, 0, 4, "x") ||
+  if (check_operands(n, err, false) || check_rank(n, err, 0, 4, "x") ||
       check_rank(n, err, 1, 4, "w"))
     return -1;
   window w;
@@ -421,7 +429,7 @@ static int pool_setup(const kl_node *n, kl_error *err, bool is_max,
 
 static int pool_infer(kl_node *n, kl_error *err, bool is_max) {
   pool_cfg p;
-  if (check_float_operands(n, err) || check_rank(n, err, 0, 4, "x") ||
+  if (check_operands(n, err, false) || check_rank(n, err, 0, 4, "x") ||
       pool_setup(n, err, is_max, &p))
     return -1;
   const kl_shape *x = &n->inputs[0]->shape;
@@ -496,7 +504,7 @@ int kl_eval_AVG_POOL2D(const kl_node *n, kl_tensor **in, kl_tensor **out,
 int kl_infer_GLOBAL_AVG_POOL(kl_node *n, kl_error *err) {
   const kl_value *x = n->inputs[0];
   char sx[300];
-  if (check_float_operands(n, err)) return -1;
+  if (check_operands(n, err, false)) return -1;
   if (x->shape.rank < 3)
     return KL_NODE_FAIL(n, err, "input must be [N, C, spatial...], got %s",
                         vstr(x, sx, sizeof sx));

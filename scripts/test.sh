@@ -16,7 +16,7 @@ fuzz_seconds=${KILN_FUZZ_SECONDS:-60}
   CC=clang meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined \
     -Db_lundef=false -Dbuildtype=debugoptimized >/dev/null
 ninja -C build-asan >/dev/null || exit 1
-ninja -C build-fuzz fuzz_dsl >/dev/null || exit 1
+ninja -C build-fuzz tests/fuzz_dsl >/dev/null || exit 1
 
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0

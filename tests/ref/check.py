@@ -8,9 +8,11 @@
 CASESDIR holds one folder per case (written by ops_cases.py or
 examples_ref.py).  A case folder has the model as model.kl (or a file
 model_path.txt naming it, relative to the case folder or absolute),
-input_K.npy, expected_K.npy, optionally weights.safetensors and tol.json
+input_K.npy, expected_K.npy, and optionally weights.safetensors, tol.json
 ({"rtol": r, "atol": a}: the case's tolerance, used where looser than the
-command line's).  For each case it runs
+command line's), args.json (a list of extra `kiln run` arguments) and
+expect_error.txt (the run must exit with status 1, its message containing
+the file's text).  For each case it runs
 
     KILN run MODEL --inputs-dir CASE --output-dir TMP [--weights W] [ARGS]
 
@@ -91,6 +93,11 @@ def run_case(kiln, case, args):
             t = json.load(f)
         rtol = max(rtol, t.get("rtol", rtol))
         atol = max(atol, t.get("atol", atol))
+    expect_error = None
+    ep = os.path.join(case, "expect_error.txt")
+    if os.path.exists(ep):
+        with open(ep) as f:
+            expect_error = f.read().strip()
     nexp = 0
     while os.path.exists(os.path.join(case, "expected_%d.npy" % nexp)):
         nexp += 1
@@ -99,14 +106,27 @@ def run_case(kiln, case, args):
         w = os.path.join(case, "weights.safetensors")
         if os.path.exists(w):
             cmd += ["--weights", w]
+        ap = os.path.join(case, "args.json")
+        if os.path.exists(ap):
+            with open(ap) as f:
+                cmd += json.load(f)
         cmd += args.kiln_arg
         try:
             p = subprocess.run(cmd, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, timeout=args.timeout)
         except subprocess.TimeoutExpired:
             return False, "timed out after %gs" % args.timeout
+        msg = (p.stderr or p.stdout).decode(errors="replace").strip()
+        if expect_error is not None:
+            if p.returncode != 1:
+                return False, "expected exit status 1 (an error%s), got %d" % (
+                    " mentioning '%s'" % expect_error if expect_error else "",
+                    p.returncode)
+            if expect_error not in msg:
+                return False, "error message lacks '%s': %s" % (
+                    expect_error, msg.splitlines()[0] if msg else "")
+            return True, ""
         if p.returncode != 0:
-            msg = (p.stderr or p.stdout).decode(errors="replace").strip()
             msg = msg.splitlines()[0] if msg else ""
             return False, "kiln exited %d: %s" % (p.returncode, msg)
         for k in range(nexp):

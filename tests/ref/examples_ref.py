@@ -6,6 +6,8 @@
 For each of examples/{mlp,cnn,transformer}.kl writes OUTDIR/<example>/ with
 
     model.kl              a copy of the example
+    args.json             (the *_B<N>... cases) ["--dim", "B=N", ...]:
+                          the same model at other sizes
     weights.safetensors   every param and const, random, of the declared
                           shape (variances positive)
     input_K.npy           the K-th `input` of the model
@@ -36,12 +38,13 @@ TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 NP_DT = {"f32": np.float32, "f64": np.float64, "f16": np.float16,
          "i8": np.int8, "i32": np.int32, "i64": np.int64, "bool": np.bool_}
-def declarations(path):
+def declarations(path, overrides=None):
     """(inputs, weights): lists of (name, dtype, shape) in source order;
-    weights are the params and consts."""
+    weights are the params and consts.  overrides: {dim: value}."""
     src = re.sub(r"#[^\n]*", "", open(path).read())
     dims = {m.group(1): int(m.group(2))
             for m in re.finditer(r"\bdim\s+(\w+)\s*=\s*(\d+)", src)}
+    dims.update(overrides or {})
     ins, ws = [], []
     for m in re.finditer(r"\b(input|param|const)\s+(\w+)\s*:\s*(\w+)\s*"
                          r"\[([^\]]*)\]", src):
@@ -64,9 +67,9 @@ def f32(x):
 # --------------------------------------------------------------------------
 # the models
 
-def mlp_inputs(r):
-    x = r.uniform(0.0, 1.0, (32, 784)).astype(np.float32)
-    labels = r.integers(0, 10, (32,)).astype(np.int64)
+def mlp_inputs(r, B=32):
+    x = r.uniform(0.0, 1.0, (B, 784)).astype(np.float32)
+    labels = r.integers(0, 10, (B,)).astype(np.int64)
     return [("x", x), ("labels", labels)]
 
 
@@ -78,8 +81,8 @@ def mlp_forward(w, inp):
     return [f32(softmax(logits, axis=-1))]
 
 
-def cnn_inputs(r):
-    return [("x", r.standard_normal((8, 3, 32, 32)).astype(np.float32))]
+def cnn_inputs(r, B=8):
+    return [("x", r.standard_normal((B, 3, 32, 32)).astype(np.float32))]
 
 
 def cnn_forward(w, inp):
@@ -105,8 +108,8 @@ def cnn_forward(w, inp):
     return [f32(pooled @ w["fc_w"] + w["fc_b"])]
 
 
-def transformer_inputs(r):
-    return [("x", r.standard_normal((2, 16, 64)).astype(np.float32))]
+def transformer_inputs(r, B=2, T=16):
+    return [("x", r.standard_normal((B, T, 64)).astype(np.float32))]
 
 
 def transformer_forward(w, inp):
@@ -149,21 +152,28 @@ def random_weight(r, name, shape, dt):
     return a.astype(np.float32)
 
 
-EXAMPLES = [("mlp", mlp_inputs, mlp_forward, 11),
-            ("cnn", cnn_inputs, cnn_forward, 12),
-            ("transformer", transformer_inputs, transformer_forward, 13)]
+# (case, example, inputs, forward, seed, {dim: override})
+EXAMPLES = [("mlp", "mlp", mlp_inputs, mlp_forward, 11, {}),
+            ("cnn", "cnn", cnn_inputs, cnn_forward, 12, {}),
+            ("transformer", "transformer", transformer_inputs,
+             transformer_forward, 13, {}),
+            # the same models at other sizes, via --dim NAME=N
+            ("mlp_B5", "mlp", mlp_inputs, mlp_forward, 21, {"B": 5}),
+            ("cnn_B2", "cnn", cnn_inputs, cnn_forward, 22, {"B": 2}),
+            ("transformer_B3_T8", "transformer", transformer_inputs,
+             transformer_forward, 23, {"B": 3, "T": 8})]
 
 
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: examples_ref.py OUTDIR")
     out = sys.argv[1]
-    for name, mk_inputs, forward, seed in EXAMPLES:
-        kl = os.path.join(ROOT, "examples", name + ".kl")
-        decl_in, decl_w = declarations(kl)
+    for name, example, mk_inputs, forward, seed, dims in EXAMPLES:
+        kl = os.path.join(ROOT, "examples", example + ".kl")
+        decl_in, decl_w = declarations(kl, dims)
         r = np.random.default_rng(seed)
         weights = {n: random_weight(r, n, s, dt) for n, dt, s in decl_w}
-        inputs = mk_inputs(r)
+        inputs = mk_inputs(r, **dims)
         got = [(n, dt_name(a), a.shape) for n, a in inputs]
         want = [(n, dt, s) for n, dt, s in decl_in]
         if got != want:
@@ -195,6 +205,10 @@ def main():
             np.save(os.path.join(d, "expected_%d.npy" % k), a)
         with open(os.path.join(d, "tol.json"), "w") as f:
             json.dump(TOL, f)
+        if dims:
+            with open(os.path.join(d, "args.json"), "w") as f:
+                json.dump([a for k, v in sorted(dims.items())
+                           for a in ("--dim", "%s=%d" % (k, v))], f)
         print("%s: %d weights, outputs %s" % (
             name, len(weights), [list(a.shape) for a in outs]))
 

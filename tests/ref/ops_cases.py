@@ -23,6 +23,7 @@ import os
 import shutil
 import struct
 import sys
+import warnings
 import zlib
 
 import numpy as np
@@ -1285,13 +1286,233 @@ def gen_loss():
 
 
 # --------------------------------------------------------------------------
+# edge cases: inf/NaN, overflow, extreme values, empty tensors, big ranks,
+# weights files, --dim, run-time errors
+
+def gen_edge():
+    inf, nan = np.inf, np.nan
+    with np.errstate(all="ignore"):
+        x = np.array([0.0, -0.0, 1.0, inf, -inf, nan, -1.0, 4.0], np.float32)
+        xd = x.astype(np.float64)
+        for op, fn in [("exp", np.exp), ("log", np.log), ("sqrt", np.sqrt),
+                       ("abs", np.abs), ("neg", np.negative),
+                       ("tanh", np.tanh), ("sigmoid", sigmoid),
+                       ("erf", erf), ("reciprocal", lambda t: 1.0 / t),
+                       ("rsqrt", lambda t: 1.0 / np.sqrt(t))]:
+            case(op + "_special", [("x", x)], "output y = %s(x)" % op,
+                 [f32(fn(xd))])
+        a = np.array([1.0, -1.0, 0.0, inf, inf, 2.0, -8.0, 0.0], np.float32)
+        b = np.array([0.0, 0.0, 0.0, inf, 1.0, -inf, 1 / 3, -1.0],
+                     np.float32)
+        ad, bd = a.astype(np.float64), b.astype(np.float64)
+        case("div_special", [("a", a), ("b", b)], "output y = a / b",
+             [f32(ad / bd)])
+        case("sub_special", [("a", a), ("b", b)], "output y = a - b",
+             [f32(ad - bd)])
+        case("pow_special", [("a", a), ("b", b)], "output y = pow(a, b)",
+             [f32(np.power(ad, bd))])
+        xe = np.array([100.0, -200.0, 88.0, 89.0, -103.0, 0.5], np.float32)
+        case("exp_overflow", [("x", xe)], "output y = exp(x)",
+             [f32(np.exp(xe.astype(np.float64)))])
+        case("mul_overflow", [("x", xe)], "output y = x * 1e37",
+             [f32(xe.astype(np.float64) * np.float64(np.float32(1e37)))])
+        # literals: inf and nan
+        x = randn(rng_for("inf_literal"), (2, 4))
+        m = x > 0
+        case("softmax_masked_inf", [("x", x)],
+             "output y = softmax(where(x > -0.3, x, -inf))",
+             [f32(softmax(np.where(x > -0.3, x.astype(np.float64), -inf)))])
+        case("log_softmax_masked_inf", [("x", x)],
+             "output y = log_softmax(where(x > -0.3, x, -inf))",
+             [f32(log_softmax(np.where(x > -0.3, x.astype(np.float64),
+                                       -inf)))])
+        case("nan_literal", [("x", x)], "output y = where(x > 0, nan, x)",
+             [np.where(m, np.float32(nan), x)])
+        # where must not leak NaN from the branch it does not pick
+        case("where_nan_branch", [("x", x)],
+             "output y = where(x > 0, sqrt(x), 0.0)\n"
+             "output z = where(x > 0, log(x), x)",
+             [f32(np.where(m, np.sqrt(np.abs(x.astype(np.float64))), 0.0)),
+              f32(np.where(m, np.log(np.abs(x.astype(np.float64))), x))])
+    # extreme but finite values: stability of softmax-like ops
+    xl = np.array([[1000.0, 0.0, -1000.0], [-1000.0, -999.0, -1001.0],
+                   [50.0, 50.0, 50.0]], np.float32)
+    case("softmax_extreme", [("x", xl)], "output y = softmax(x)",
+         [f32(softmax(xl))])
+    case("log_softmax_extreme", [("x", xl)], "output y = log_softmax(x)",
+         [f32(log_softmax(xl))])
+    lab = np.array([2, 0, 1], np.int64)
+    case("cross_entropy_extreme", [("x", xl), ("l", lab)],
+         "output y = cross_entropy(x, l, reduction=none)",
+         [f32(cross_entropy(xl, lab, reduction="none"))])
+    xs = np.array([-100.0, -20.0, 20.0, 100.0, -800.0, 800.0], np.float32)
+    case("sigmoid_extreme", [("x", xs)], "output y = sigmoid(x)",
+         [f32(sigmoid(xs))])
+    case("tanh_extreme", [("x", xs)], "output y = tanh(x)",
+         [f32(np.tanh(xs.astype(np.float64)))])
+    case("silu_extreme", [("x", xs[:4])], "output y = silu(x)",
+         [f32(xs[:4] * sigmoid(xs[:4]))])
+    case("gelu_extreme", [("x", xs[:4])], "output y = gelu(x)",
+         [f32(gelu(xs[:4]))])
+    # normalisation with a large offset (a one-pass f32 variance fails)
+    r = rng_for("norm_offset")
+    x = (randn(r, (4, 64), np.float64) + 300.0).astype(np.float32)
+    case("layer_norm_offset", [("x", x)], "output y = layer_norm(x)",
+         [f32(layer_norm(x))], tol={"rtol": 1e-4, "atol": 1e-4})
+    xc = np.full((2, 5), 3.25, np.float32)
+    bb = np.arange(5, dtype=np.float32)
+    case("layer_norm_constant_row", [("x", xc), ("b", bb)],
+         "output y = layer_norm(x, b, b)", [f32(layer_norm(xc, bb, bb))])
+    case("rms_norm_zero_row", [("x", xc * 0)], "output y = rms_norm(x)",
+         [np.zeros((2, 5), np.float32)])
+    # long reductions (a naive f32 accumulation loses digits)
+    x = unif(r, (2, 50000), 0.0, 1.0)
+    case("reduce_sum_long", [("x", x)], "output y = reduce_sum(x, axes=[1])",
+         [f32(x.astype(np.float64).sum(axis=1))])
+    case("reduce_mean_long_all", [("x", x)], "output y = reduce_mean(x)",
+         [f32(x.astype(np.float64).mean())])
+    case("softmax_long", [("x", x[:, :20000])], "output y = softmax(x)",
+         [f32(softmax(x[:, :20000]))])
+    # integer wrap-around and big i64 values
+    a = np.array([2147483647, -2147483648, 2000000000], np.int32)
+    b = np.array([1, -1, 2000000000], np.int32)
+    case("add_i32_wrap", [("a", a), ("b", b)], "output y = a + b",
+         [(a.astype(np.int64) + b).astype(np.int32)])
+    a8 = np.array([100, -100, 127], np.int8)
+    case("add_i8_wrap", [("a", a8), ("b", a8)], "output y = a + b",
+         [(a8.astype(np.int64) * 2).astype(np.int8)])
+    xf = np.array([300.7, -300.7, 128.0, -129.0, 255.9], np.float32)
+    case("cast_f32_i8_wrap", [("x", xf)], "output y = cast(x, to=i8)",
+         [np.trunc(xf).astype(np.int64).astype(np.int8)])
+    big = np.array([(1 << 53) + 1, -(1 << 62) - 3, (1 << 63) - 1, 12345],
+                   np.int64)
+    case("i64_big_reshape", [("x", big)],
+         "output y = reshape(x, shape=[2, 2])", [big.reshape(2, 2)])
+    case("i64_big_gather", [("x", big), ("i", np.array([3, 0, 2], np.int64))],
+         "output y = gather(x, i)", [big[[3, 0, 2]]])
+    case("i64_big_add", [("x", big[:2]), ("y", np.array([1, 1], np.int64))],
+         "output z = x + y", [big[:2] + 1])
+    case("i64_big_eq", [("x", big[:1]),
+                        ("y", np.array([1 << 53], np.int64))],
+         "output z = x == y", [big[:1] == (1 << 53)])
+    # f16 rounding edges
+    xh = np.array([70000.0, -1e6, 65504.0, 65520.0, 65519.0, 1e-6, 3e-8,
+                   1e-8, 1.0009765625, 1.00048828125, 1.000732421875],
+                  np.float32)
+    case("cast_f32_f16_edges", [("x", xh)], "output y = cast(x, to=f16)",
+         [xh.astype(np.float16)])
+    xbh = np.array([3.4e38, 1.00390625, 1.005859375, 1e-40, -2.5],
+                   np.float32)
+    case("cast_bf16_edges", [("x", xbh)],
+         "output y = cast(cast(x, to=bf16), to=f32)", [bf16(xbh)])
+    # empty tensors
+    x = randn(r, (3, 4))
+    case("slice_empty", [("x", x)],
+         "output y = slice(x, starts=[2], ends=[1])", [x[2:1]])
+    e = np.zeros((0, 4), np.float32)
+    case("add_empty", [("a", e), ("b", randn(r, (4,)))], "output y = a + b",
+         [e])
+    case("reduce_sum_empty_axis", [("a", e)],
+         "output y = reduce_sum(a, axes=[0])", [np.zeros(4, np.float32)])
+    case("concat_with_empty", [("a", e), ("b", x)],
+         "output y = concat(a, b, axis=0)", [x])
+    # high ranks
+    a = randn(r, (2, 1, 2, 1, 2, 1, 2, 1))
+    b = randn(r, (1, 2, 1, 2, 1, 2, 1, 2))
+    case("add_rank8", [("a", a), ("b", b)], "output y = a + b",
+         [f32(a.astype(np.float64) + b)])
+    x6 = randn(r, (2, 3, 1, 2, 2, 3))
+    case("transpose_rank6", [("x", x6)],
+         "output y = transpose(x, perm=[5, 3, 0, 2, 4, 1])",
+         [x6.transpose(5, 3, 0, 2, 4, 1)])
+    case("reduce_rank6", [("x", x6)],
+         "output y = reduce_sum(x, axes=[1, 4, -1], keepdims=1)",
+         [f32(x6.astype(np.float64).sum(axis=(1, 4, 5), keepdims=True))])
+    # small corners
+    x = randn(r, (3, 1))
+    case("softmax_axis_size1", [("x", x)], "output y = softmax(x)",
+         [np.ones((3, 1), np.float32)])
+    x = randn(r, (4, 4))
+    case("trilu_k_beyond", [("x", x)],
+         "output y = trilu(x, k=10)\noutput z = trilu(x, upper=false, "
+         "k=-10)\noutput w = trilu(x, upper=false, k=10)",
+         [np.zeros_like(x), np.zeros_like(x), x])
+    x = randn(r, (3, 4))
+    case("pad_reflect_max", [("x", x)],
+         "output y = pad(x, pads=[2, 3, 2, 3], mode=reflect)",
+         [np.pad(x, ((2, 2), (3, 3)), mode="reflect")])
+    xc = randn(r, (1, 2, 4, 4))
+    wc = randn(r, (3, 2, 3, 3))
+    bc = randn(r, (3,))
+    case("conv2d_bigpad", [("x", xc), ("w", wc), ("b", bc)],
+         "output y = conv2d(x, w, b, pads=[3, 2, 4, 3])",
+         [f32(conv2d(xc, wc, bc, pads=(3, 2, 4, 3)))])
+    # initialisers: values(...) and load(...) from a file beside the model
+    x = randn(r, (2, 3))
+    case("values_init", [("x", x)],
+         "const c: f32[2, 3] = values([1, 2, 3, 4.5, -5, 6])\n"
+         "const d: i32[2] = values([7])\noutput y = x * c\noutput z = d",
+         [f32(x.astype(np.float64) * [[1, 2, 3], [4.5, -5, 6]]),
+          np.array([7, 7], np.int32)])
+    w = randn(r, (3, 2))
+    bvec = randn(r, (2,))
+    bfbits = bf16(np.array([1.5, -2.0, 3.140625, 0.1], np.float32))
+    case("load_init", [("x", x)],
+         'param w: f32[3, 2] = load("w.safetensors", key="matrix")\n'
+         'param b: f32[2] = load("w.safetensors")\n'
+         'const h: bf16[4] = load("w.safetensors", key="halfs")\n'
+         "output y = x @ w + b\noutput z = cast(h, to=f32)",
+         [f32(f32(x.astype(np.float64) @ w) + bvec), bfbits],
+         files={"w.safetensors": {
+             "b": bvec, "matrix": w,
+             "halfs": ("BF16", (bfbits.view(np.uint32) >> 16)
+                       .astype(np.uint16))}})
+    # --weights replaces params and consts of the same name, any dtype
+    wi = randint(r, (3,), -9, 9, np.int64)
+    wd = randn(r, (2, 3), np.float64)
+    wh = randn(r, (3,), np.float16)
+    case("weights_replace", [("x", x)],
+         "param w: f32[2, 3] = zeros\nconst k: i64[3] = ones\n"
+         "param d: f64[2, 3] = randn(1.0, seed=5)\n"
+         "const h: f16[3] = zeros\nparam keep: f32[3] = full(0.5)\n"
+         "output y = x * w + keep\noutput z = k * 2\noutput u = d\n"
+         "output v = h",
+         [f32(f32(x.astype(np.float64) * wd.astype(np.float32)) + 0.5),
+          wi * 2, wd, wh],
+         files={"weights.safetensors": {
+             "w": wd.astype(np.float32), "k": wi, "d": wd, "h": wh}})
+    # --dim overrides a named dimension
+    x = randn(r, (5, 3))
+    case("dim_override", [("x", x)],
+         "const c: f32[N, 3] = ones\noutput y = reduce_sum(x + c, axes=[0])"
+         "\noutput z = reshape(x, shape=[N, 1, 3])",
+         [f32((x.astype(np.float64) + 1).sum(axis=0)), x.reshape(5, 1, 3)],
+         header="dim N = 2\n", args=["--dim", "N=5"])
+    # run-time errors: gather out of range (exit status 1)
+    x = randn(r, (5, 3))
+    case("gather_oob_error", [("x", x), ("i", np.array([0, 5], np.int64))],
+         "output y = gather(x, i)", [], error="")
+    case("gather_oob_neg_error",
+         [("x", x), ("i", np.array([-6], np.int32))],
+         "output y = gather(x, i)", [], error="")
+    a, b = randn(r, (5, 1)), randn(r, (1, 7))
+    case("matmul_k1", [("a", a), ("b", b)], "output y = a @ b",
+         [f32(a.astype(np.float64) @ b)])
+    a, b = randn(r, (1, 1, 6)), randn(r, (3, 6, 1))
+    case("matmul_m1_n1", [("a", a), ("b", b)], "output y = a @ b",
+         [f32(a.astype(np.float64) @ b)])
+
+# --------------------------------------------------------------------------
 
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: ops_cases.py OUTDIR")
+    np.seterr(all="ignore")
+    warnings.simplefilter("ignore", RuntimeWarning)  # inf/NaN on purpose
     out = sys.argv[1]
     for g in [gen_unary, gen_cast, gen_binary, gen_reduce, gen_norm,
-              gen_contract, gen_pool, gen_movement, gen_sources, gen_loss]:
+              gen_contract, gen_pool, gen_movement, gen_sources, gen_loss,
+              gen_edge]:
         g()
     os.makedirs(out, exist_ok=True)
     for c in CASES:

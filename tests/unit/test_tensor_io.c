@@ -341,11 +341,13 @@ static void test_npy_numpy_interop(void **state) {
  * (0x01 each). */
 static const char *npy_file(const char *name, int major, const char *dict,
                             size_t ndata) {
-  unsigned char buf[1024] = {0x93, 'N', 'U', 'M', 'P', 'Y', (unsigned char)major};
+  unsigned char buf[1024] = {0x93, 'N', 'U', 'M', 'P', 'Y',
+                             (unsigned char)major};
   size_t pre = major == 1 ? 10 : 12, dl = strlen(dict);
   size_t hlen = dl + 1;
   assert_true(pre + hlen + ndata <= sizeof buf);
-  for (size_t i = 0; i < pre - 8; i++) buf[8 + i] = (unsigned char)(hlen >> (8 * i));
+  for (size_t i = 0; i < pre - 8; i++) /* little-endian header length */
+    buf[8 + i] = (unsigned char)(hlen >> (8 * i));
   memcpy(buf + pre, dict, dl);
   buf[pre + dl] = '\n';
   memset(buf + pre + hlen, 1, ndata);
