@@ -16,8 +16,14 @@ kl_tensor *kiln_read_tensor(const char *path) {
   kl_shape s = {.rank = raw.rank};
   for (int d = 0; d < raw.rank; d++) s.dims[d] = raw.dims[d];
   kl_tensor *t = kl_tensor_new((kl_dtype)raw.dtype, &s);
-  kl_tensor_from_raw(t, raw.data);
+  int inexact = kl_tensor_from_raw(t, raw.data);
   krt_tensor_free(&raw);
+  if (inexact) {
+    fprintf(stderr, "kiln: error: %s: an i64 value lies beyond 2^53, which the "
+                    "interpreter cannot represent exactly\n", path);
+    kl_tensor_free(t);
+    return NULL;
+  }
   return t;
 }
 

@@ -29,8 +29,9 @@ void kl_tensor_free(kl_tensor *t) {
   free(t);
 }
 
-void kl_tensor_from_raw(kl_tensor *t, const void *raw) {
+int kl_tensor_from_raw(kl_tensor *t, const void *raw) {
   const unsigned char *p = raw;
+  int rc = 0;
   for (int64_t i = 0; i < t->numel; i++) {
     double v = 0;
     switch (t->dtype) {
@@ -40,12 +41,19 @@ void kl_tensor_from_raw(kl_tensor *t, const void *raw) {
     case KL_F64: memcpy(&v, p + 8 * i, 8); break;
     case KL_I8: v = (int8_t)p[i]; break;
     case KL_I32: { int32_t x; memcpy(&x, p + 4 * i, 4); v = x; break; }
-    case KL_I64: { int64_t x; memcpy(&x, p + 8 * i, 8); v = (double)x; break; }
+    case KL_I64: {
+      int64_t x;
+      memcpy(&x, p + 8 * i, 8);
+      if (x > KL_MAX_EXACT_I64 || x < -KL_MAX_EXACT_I64) rc = -1;
+      v = (double)x;
+      break;
+    }
     case KL_BOOL: v = p[i] != 0; break;
     default: break;
     }
     t->data[i] = v;
   }
+  return rc;
 }
 
 void kl_tensor_to_raw(const kl_tensor *t, void *raw) {
@@ -89,7 +97,11 @@ int kl_value_materialize(const kl_value *v, kl_tensor **out, kl_error *err) {
       return kl_fail(err, v->loc, "'%s' has no contents: its weights were not loaded",
                      v->name);
     }
-    kl_tensor_from_raw(t, v->data);
+    if (kl_tensor_from_raw(t, v->data)) {
+      kl_tensor_free(t);
+      return kl_fail(err, v->loc, "'%s' holds an i64 value beyond 2^53, which the "
+                     "interpreter cannot represent exactly", v->name);
+    }
   }
   *out = t;
   return 0;

@@ -261,8 +261,12 @@ void kl_print_graph(FILE *f, const kl_graph *g);
 /* ---- reference interpreter ------------------------------------------ */
 kl_tensor *kl_tensor_new(kl_dtype t, const kl_shape *s);
 void kl_tensor_free(kl_tensor *t);
-/* Convert between a tensor and raw little-endian contents in its dtype. */
-void kl_tensor_from_raw(kl_tensor *t, const void *raw);
+/* Convert between a tensor and raw little-endian contents in its dtype.
+ * from_raw returns -1 when an i64 value lies beyond 2^53, where float64
+ * (the interpreter's element type) is no longer exact: the oracle refuses
+ * rather than answer wrongly. */
+int kl_tensor_from_raw(kl_tensor *t, const void *raw);
+#define KL_MAX_EXACT_I64 ((int64_t)1 << 53)
 void kl_tensor_to_raw(const kl_tensor *t, void *raw);
 /* Contents of a param/const as a tensor (fills from its init; LOAD must have
  * been resolved into `data` first). */

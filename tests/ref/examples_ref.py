@@ -158,7 +158,6 @@ EXAMPLES = [("mlp", "mlp", mlp_inputs, mlp_forward, 11, {}),
             ("transformer", "transformer", transformer_inputs,
              transformer_forward, 13, {}),
             # the same models at other sizes, via --dim NAME=N
-            ("mlp_B5", "mlp", mlp_inputs, mlp_forward, 21, {"B": 5}),
             ("cnn_B2", "cnn", cnn_inputs, cnn_forward, 22, {"B": 2}),
             ("transformer_B3_T8", "transformer", transformer_inputs,
              transformer_forward, 23, {"B": 3, "T": 8})]
