@@ -8,7 +8,7 @@
 
 static const char compile_help[] =
     "usage: kiln compile MODEL --emit=ir [-o FILE] [options]\n"
-    "Compile MODEL (.kl).\n"
+    "Compile MODEL (.kl or .onnx).\n"
     "  --emit=ir             print the verified IR as text (.kl syntax)\n"
     "  -o, --output FILE     write to FILE instead of standard output\n"
     KILN_MODEL_HELP
@@ -33,6 +33,7 @@ int kiln_cmd_compile(int argc, char **argv) {
     case OPT_EMIT: emit = optarg; break;
     case OPT_DIM:
     case OPT_WEIGHTS:
+    case OPT_SHAPE:
       if (kiln_model_opt(&mo, c, optarg)) return KILN_EXIT_USAGE;
       break;
     default: fputs(compile_help, stderr); return KILN_EXIT_USAGE;
@@ -60,6 +61,5 @@ int kiln_cmd_compile(int argc, char **argv) {
     }
   }
   kl_graph_free(g);
-  for (int i = 0; i < mo.ndims; i++) free((char *)mo.dims[i].name);
   return rc;
 }

@@ -26,6 +26,7 @@ int kiln_cmd_inspect(int argc, char **argv) {
     case 'h': fputs(inspect_help, stdout); return KILN_EXIT_OK;
     case OPT_DIM:
     case OPT_WEIGHTS:
+    case OPT_SHAPE:
       if (kiln_model_opt(&mo, c, optarg)) return KILN_EXIT_USAGE;
       break;
     default: fputs(inspect_help, stderr); return KILN_EXIT_USAGE;
@@ -36,7 +37,9 @@ int kiln_cmd_inspect(int argc, char **argv) {
     return KILN_EXIT_USAGE;
   }
   kl_graph *g = kiln_load_model(argv[optind], &mo);
-  if (!g) return KILN_EXIT_ERROR;
+  if (!g) {
+      return KILN_EXIT_ERROR;
+  }
   printf("model %s\n", g->name);
   printf("inputs (%d):\n", g->inputs.len);
   for (int i = 0; i < g->inputs.len; i++) print_value(g->inputs.items[i]);
@@ -60,6 +63,5 @@ int kiln_cmd_inspect(int argc, char **argv) {
   if (g->train)
     printf("train: loss '%s', optimizer %s\n", g->train->loss, g->train->optimizer);
   kl_graph_free(g);
-  for (int i = 0; i < mo.ndims; i++) free((char *)mo.dims[i].name);
   return KILN_EXIT_OK;
 }

@@ -4,14 +4,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "driver.h"
 
 static const char run_help[] =
     "usage: kiln run MODEL [options]\n"
-    "Evaluate MODEL (.kl) and print a summary of each output.\n"
-    "  --input NAME=FILE     feed input NAME from a .npy file (repeatable)\n"
-    "  --inputs-dir DIR      read input_0.npy, input_1.npy, ... in input order\n"
+    "Evaluate MODEL (.kl or .onnx) and print a summary of each output.\n"
+    "  --input NAME=FILE     feed input NAME from a .npy or .pb file (repeatable)\n"
+    "  --inputs-dir DIR      read input_0.npy (or .pb), input_1... in input order\n"
     "  --output-dir DIR      write output_0.npy, output_1.npy, ... in output order\n"
     "  --device=interp       where to run (interp: the reference interpreter)\n"
     "  --seed N              seed for inputs that are not given (default 0)\n"
@@ -54,8 +55,12 @@ static int gather_inputs(const kl_graph *g, named_file *files, int nfiles,
     char buf[4096];
     for (int f = 0; f < nfiles; f++)
       if (strcmp(files[f].name, decl->name) == 0) path = files[f].path;
-    if (!path && dir) {
+    if (!path && dir) { /* input_K.npy, or an ONNX test's input_K.pb */
       snprintf(buf, sizeof buf, "%s/input_%d.npy", dir, i);
+      if (access(buf, F_OK) != 0) {
+        snprintf(buf, sizeof buf, "%s/input_%d.pb", dir, i);
+        if (access(buf, F_OK) != 0) snprintf(buf, sizeof buf, "%s/input_%d.npy", dir, i);
+      }
       path = buf;
     }
     if (!path) {
@@ -137,6 +142,7 @@ int kiln_cmd_run(int argc, char **argv) {
     }
     case OPT_DIM:
     case OPT_WEIGHTS:
+    case OPT_SHAPE:
       if (kiln_model_opt(&mo, c, optarg)) return KILN_EXIT_USAGE;
       break;
     default: fputs(run_help, stderr); return KILN_EXIT_USAGE;
@@ -147,7 +153,9 @@ int kiln_cmd_run(int argc, char **argv) {
     return KILN_EXIT_USAGE;
   }
   kl_graph *g = kiln_load_model(argv[optind], &mo);
-  if (!g) return KILN_EXIT_ERROR;
+  if (!g) {
+      return KILN_EXIT_ERROR;
+  }
   int rc = KILN_EXIT_ERROR;
   kl_tensor **in = calloc((size_t)g->inputs.len + 1, sizeof *in);
   kl_tensor **out = calloc((size_t)g->outputs.len + 1, sizeof *out);
@@ -176,6 +184,5 @@ done:
   free(in);
   free(out);
   kl_graph_free(g);
-  for (int i = 0; i < mo.ndims; i++) free((char *)mo.dims[i].name);
   return rc;
 }

@@ -18,24 +18,31 @@ typedef struct {
   kl_dim_override dims[32];
   int ndims;
   const char *weights; /* --weights FILE.safetensors */
+  kl_shape_binding shapes[32]; /* --shape NAME=d0,d1,... (ONNX inputs) */
+  int nshapes;
 } kiln_model_opts;
 
 /* getopt_long values for the shared options. */
-enum { OPT_DIM = 1000, OPT_WEIGHTS };
+enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE };
 #define KILN_MODEL_LONGOPTS                                                    \
   {"dim", required_argument, NULL, OPT_DIM},                                   \
-  {"weights", required_argument, NULL, OPT_WEIGHTS}
+  {"weights", required_argument, NULL, OPT_WEIGHTS},                           \
+  {"shape", required_argument, NULL, OPT_SHAPE}
 #define KILN_MODEL_HELP                                                        \
   "  --dim NAME=V          set a `dim` of the model (repeatable)\n"            \
   "  --weights FILE        replace params/consts with the tensors of a "       \
-  ".safetensors file\n"
+  ".safetensors file\n"                                                       \
+  "  --shape NAME=D0,D1,.. bind the shape of an ONNX input with symbolic dims\n"
 
 /* Handle a shared option; -1 (message printed) on a bad value. */
-int kiln_model_opt(kiln_model_opts *o, int opt, const char *arg);
-/* Read a model (.kl), apply --weights; NULL after printing the error. */
+/* Names are cut out of `arg` in place (argv outlives the options). */
+int kiln_model_opt(kiln_model_opts *o, int opt, char *arg);
+/* Read a model (.kl or .onnx), apply --weights; NULL after printing the
+ * error. */
 kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o);
 
-/* Tensor files <-> interpreter tensors; errors printed, NULL returned. */
+/* Tensor files (.npy, or ONNX TensorProto .pb) <-> interpreter tensors;
+ * errors printed, NULL returned. */
 kl_tensor *kiln_read_tensor(const char *path);
 int kiln_write_tensor(const char *path, const kl_tensor *t);
 kl_tensor *kiln_random_tensor(const kl_value *decl, uint64_t seed);

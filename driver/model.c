@@ -6,12 +6,44 @@
 #include "../runtime/kilnrt.h"
 #include "driver.h"
 
-int kiln_model_opt(kiln_model_opts *o, int opt, const char *arg) {
+/* --shape NAME=d0,d1,... ("NAME=" alone is a scalar). */
+static int parse_shape(kiln_model_opts *o, char *arg) {
+  char *eq = strrchr(arg, '=');
+  if (!eq || eq == arg) {
+    fprintf(stderr, "kiln: --shape takes NAME=D0,D1,..., got '%s'\n", arg);
+    return -1;
+  }
+  if (o->nshapes == (int)(sizeof o->shapes / sizeof o->shapes[0])) {
+    fprintf(stderr, "kiln: too many --shape options\n");
+    return -1;
+  }
+  kl_shape_binding *b = &o->shapes[o->nshapes];
+  b->shape.rank = 0;
+  for (const char *p = eq + 1; *p;) {
+    char *end;
+    long long v = strtoll(p, &end, 10);
+    if (end == p || v < 0 || v > KL_MAX_NUMEL || (*end && *end != ',') ||
+        b->shape.rank == KL_MAX_RANK) {
+      fprintf(stderr, "kiln: --shape %s: dims must be non-negative integers, at most %d\n",
+              arg, KL_MAX_RANK);
+      return -1;
+    }
+    b->shape.dims[b->shape.rank++] = v;
+    p = *end ? end + 1 : end;
+  }
+  *eq = 0; /* the name ends there; it stays in argv */
+  b->input = arg;
+  o->nshapes++;
+  return 0;
+}
+
+int kiln_model_opt(kiln_model_opts *o, int opt, char *arg) {
   if (opt == OPT_WEIGHTS) {
     o->weights = arg;
     return 0;
   }
-  const char *eq = strchr(arg, '=');
+  if (opt == OPT_SHAPE) return parse_shape(o, arg);
+  char *eq = strchr(arg, '=');
   char *end;
   if (!eq || eq == arg) {
     fprintf(stderr, "kiln: --dim takes NAME=VALUE, got '%s'\n", arg);
@@ -26,12 +58,8 @@ int kiln_model_opt(kiln_model_opts *o, int opt, const char *arg) {
     fprintf(stderr, "kiln: too many --dim options\n");
     return -1;
   }
-  size_t n = (size_t)(eq - arg);
-  char *name = malloc(n + 1);
-  if (!name) abort();
-  memcpy(name, arg, n);
-  name[n] = 0;
-  o->dims[o->ndims++] = (kl_dim_override){name, v};
+  *eq = 0; /* the name ends there; it stays in argv */
+  o->dims[o->ndims++] = (kl_dim_override){arg, v};
   return 0;
 }
 
@@ -75,13 +103,23 @@ static int apply_weights(kl_graph *g, const char *path) {
 
 kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o) {
   size_t n = strlen(path);
-  if (n >= 5 && strcmp(path + n - 5, ".onnx") == 0) {
-    fprintf(stderr, "kiln: error: %s: ONNX models are not supported yet\n", path);
-    return NULL;
-  }
-  kl_parse_options popt = {.dims = o->dims, .ndims = o->ndims};
   kl_error err;
-  kl_graph *g = kl_parse_file(path, &popt, &err);
+  kl_graph *g;
+  if (n >= 5 && strcmp(path + n - 5, ".onnx") == 0) {
+    if (o->ndims) {
+      fprintf(stderr, "kiln: error: --dim is for .kl models; ONNX inputs take --shape\n");
+      return NULL;
+    }
+    kl_onnx_options oopt = {.shapes = o->shapes, .nshapes = o->nshapes};
+    g = kl_onnx_load(path, &oopt, &err);
+  } else {
+    if (o->nshapes) {
+      fprintf(stderr, "kiln: error: --shape is for ONNX models; .kl models take --dim\n");
+      return NULL;
+    }
+    kl_parse_options popt = {.dims = o->dims, .ndims = o->ndims};
+    g = kl_parse_file(path, &popt, &err);
+  }
   if (!g) {
     kl_error_print(stderr, &err);
     return NULL;

@@ -7,6 +7,13 @@
 #include "driver.h"
 
 kl_tensor *kiln_read_tensor(const char *path) {
+  size_t n = strlen(path);
+  if (n >= 3 && !strcmp(path + n - 3, ".pb")) {
+    kl_error err;
+    kl_tensor *t = kl_read_tensor_pb(path, NULL, &err);
+    if (!t) kl_error_print(stderr, &err);
+    return t;
+  }
   krt_tensor raw = {0};
   char msg[512];
   if (krt_npy_read(path, &raw, msg, sizeof msg)) {

@@ -25,4 +25,27 @@ kl_graph *kl_parse_file(const char *path, const kl_parse_options *opt,
 kl_graph *kl_parse_string(const char *text, size_t len, const char *filename,
                           const kl_parse_options *opt, kl_error *err);
 
+/* Read an ONNX model into a verified graph.  Symbolic or unknown input
+ * dims are bound by `shapes` (--shape NAME=d0,d1,...).  Unsupported ops are
+ * reported all at once: (op, opset, node name) for each. */
+typedef struct {
+  const char *input;
+  kl_shape shape;
+} kl_shape_binding;
+
+typedef struct {
+  const kl_shape_binding *shapes;
+  int nshapes;
+  bool unsupported_only; /* set on return when every error is "unsupported" */
+} kl_onnx_options;
+
+kl_graph *kl_onnx_load(const char *path, kl_onnx_options *opt, kl_error *err);
+/* The same from memory (fuzzing); external data resolves against `path`. */
+kl_graph *kl_onnx_load_bytes(const unsigned char *data, size_t len,
+                             const char *path, kl_onnx_options *opt,
+                             kl_error *err);
+/* An ONNX TensorProto file (.pb) as a tensor; *name (malloc'd, may be NULL)
+ * receives the tensor's name when `name` is given. */
+kl_tensor *kl_read_tensor_pb(const char *path, char **name, kl_error *err);
+
 #endif

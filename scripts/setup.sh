@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(build-essential meson ninja-build flex bison pkg-config libjansson-dev
-      libcmocka-dev clang libclang-rt-14-dev python3)
+      libcmocka-dev clang libclang-rt-14-dev python3 protobuf-c-compiler
+      libprotobuf-c-dev libonnx-dev libonnx-testdata)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -18,16 +19,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# NumPy writes the reference data for the tests.  Debian's own python3
-# takes it from apt (pip is closed there by PEP 668); any other python3
-# (pyenv, a venv) from pip.
-if ! python3 -c 'import numpy' 2>/dev/null; then
-  if [ "$(command -v python3)" = /usr/bin/python3 ]; then
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-numpy >/dev/null
-  else
-    python3 -m pip install --quiet numpy
-  fi
+# Test tooling (NumPy for reference data; onnx and onnxruntime to build and
+# check real-model-shaped ONNX graphs) lives in a virtual environment of the
+# project's own, so Debian's python (closed to pip by PEP 668) and any other
+# python3 are treated alike.
+if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null
 fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+if ! .venv/bin/python -c 'import numpy, onnx, onnxruntime' 2>/dev/null; then
+  echo "setup: installing numpy, onnx and onnxruntime into .venv"
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check numpy onnx onnxruntime
+fi
+export PATH="$PWD/.venv/bin:$PATH"
 
 [ -f build/build.ninja ] || meson setup build >/dev/null
 ninja -C build >/dev/null

@@ -5,6 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh || exit 1
+export PATH="$PWD/.venv/bin:$PATH" # the test tooling's python (see setup.sh)
 
 jobs=$(nproc)
 fuzz_seconds=${KILN_FUZZ_SECONDS:-60}

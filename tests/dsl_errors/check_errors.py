@@ -26,6 +26,8 @@ for path in sorted(glob.glob(os.path.join(folder, "*.kl"))):
     lines = err.splitlines()
     want = f"{path}:{line}:{col}: error: "
     problems = []
+    if "Sanitizer" in err or "runtime error:" in err:
+        problems.append("sanitizer report")
     if r.returncode != 1:
         problems.append(f"exit code {r.returncode}, expected 1")
     if not lines or not lines[0].startswith(want):

@@ -117,6 +117,9 @@ def run_case(kiln, case, args):
         except subprocess.TimeoutExpired:
             return False, "timed out after %gs" % args.timeout
         msg = (p.stderr or p.stdout).decode(errors="replace").strip()
+        err_text = p.stderr.decode(errors="replace")
+        if "Sanitizer" in err_text or "runtime error:" in err_text:
+            return False, "sanitizer report: " + err_text.strip()[:400]
         if expect_error is not None:
             if p.returncode != 1:
                 return False, "expected exit status 1 (an error%s), got %d" % (

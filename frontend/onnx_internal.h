@@ -1,0 +1,116 @@
+/* onnx_internal.h - the ONNX loader's context and the helpers that op
+ * converters use (internal to frontend/).  Each converter turns one ONNX
+ * node into IR nodes; converters live in onnx_ops_*.c, one family a file,
+ * each file exporting a table that onnx_load.c searches. */
+#ifndef KILN_ONNX_INTERNAL_H
+#define KILN_ONNX_INTERNAL_H
+
+#include "frontend.h"
+#include "onnx.pb-c.h"
+
+typedef struct kl_onnx_ctx kl_onnx_ctx;
+typedef int (*kl_onnx_convert_fn)(kl_onnx_ctx *c, const Onnx__NodeProto *n);
+
+/* One row per (op, first opset the converter handles).  A node binds to the
+ * row of its op with the highest `since` not above the model's opset. */
+typedef struct {
+  const char *op;
+  int since;
+  kl_onnx_convert_fn convert;
+} kl_onnx_op;
+
+/* The family tables, each ended by a row with op == NULL. */
+extern const kl_onnx_op kl_onnx_ops_math[];      /* onnx_ops_math.c */
+extern const kl_onnx_op kl_onnx_ops_nn[];        /* onnx_ops_nn.c */
+extern const kl_onnx_op kl_onnx_ops_tensor[];    /* onnx_ops_tensor.c */
+
+typedef struct {
+  const char *name;     /* ONNX value name */
+  kl_value *v;          /* its IR value */
+  kl_tensor *konst;     /* its contents once known to be constant */
+  bool const_checked;   /* konst was computed (or found impossible) */
+} kl_onnx_binding;
+
+struct kl_onnx_ctx {
+  kl_graph *g;
+  const char *path;     /* the model file, for messages and external data */
+  int opset;            /* default-domain opset */
+  kl_error *err;
+  kl_onnx_binding *vals;
+  int nvals, capvals;
+  const Onnx__NodeProto *node; /* the node being converted */
+};
+
+/* ---- for converters -------------------------------------------------- */
+/* Fail naming the current node and op: "node 'n' (Op): ...". */
+int kl_onnx_fail(kl_onnx_ctx *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Number of inputs given (trailing empty names do not count). */
+int kl_onnx_ninputs(const Onnx__NodeProto *n);
+/* Input k, or NULL when absent or given as "". */
+kl_value *kl_onnx_input(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k);
+/* Bind output k of the ONNX node to an IR value. */
+int kl_onnx_bind(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k, kl_value *v);
+
+/* Add an IR node for the current ONNX node; returns its first output, or
+ * NULL with the error set (located at the ONNX node). */
+kl_value *kl_onnx_emit(kl_onnx_ctx *c, kl_op op, kl_value **ins, int nins,
+                       const kl_attr *attrs, int nattrs);
+/* The same, returning the node (for several outputs). */
+kl_node *kl_onnx_emit_node(kl_onnx_ctx *c, kl_op op, kl_value **ins, int nins,
+                           const kl_attr *attrs, int nattrs, int nouts);
+/* A constant tensor of given dtype/shape from doubles (n values, or one
+ * value broadcast). */
+kl_value *kl_onnx_constant(kl_onnx_ctx *c, kl_dtype t, const kl_shape *s,
+                           const double *vals, int n);
+/* Scalar constant of the dtype of `like`. */
+kl_value *kl_onnx_scalar(kl_onnx_ctx *c, kl_dtype t, double v);
+
+/* Attributes of the ONNX node, with defaults. */
+const Onnx__AttributeProto *kl_onnx_attr(const Onnx__NodeProto *n, const char *name);
+int64_t kl_onnx_attr_int(const Onnx__NodeProto *n, const char *name, int64_t dflt);
+double kl_onnx_attr_float(const Onnx__NodeProto *n, const char *name, double dflt);
+/* NULL when absent; the string is NUL-terminated (copied into the graph). */
+const char *kl_onnx_attr_string(kl_onnx_ctx *c, const Onnx__NodeProto *n,
+                                const char *name, const char *dflt);
+/* -1 when absent, else the count and *out. */
+int kl_onnx_attr_ints(const Onnx__NodeProto *n, const char *name, const int64_t **out);
+
+/* The contents of a value that must be known at compile time (a shape, a
+ * slice bound, ...): initializers, Constant nodes and anything computed from
+ * them alone.  NULL with the error set otherwise.  Owned by the context. */
+const kl_tensor *kl_onnx_const(kl_onnx_ctx *c, kl_value *v, const char *what);
+/* Same, as a list of integers (at most `cap`); -1 with the error set. */
+int kl_onnx_const_ints(kl_onnx_ctx *c, kl_value *v, const char *what,
+                       int64_t *out, int cap);
+
+/* ONNX data type -> IR dtype; -1 when the IR has no such type. */
+int kl_onnx_dtype(int onnx_type, kl_dtype *out);
+/* TensorProto -> raw contents and shape; external data is resolved against
+ * `model_path`.  *raw is malloc'd.  -1 with err on a malformed tensor. */
+int kl_onnx_tensor_data(const Onnx__TensorProto *t, const char *model_path,
+                        kl_dtype *dtype, kl_shape *shape, void **raw,
+                        kl_error *err);
+
+/* A whole file into memory (malloc'd). */
+unsigned char *kl_onnx_read_file(const char *path, size_t *len, kl_error *err);
+
+/* Attribute builders for emit. */
+static inline kl_attr kl_ai(const char *name, int64_t v) {
+  return (kl_attr){.name = name, .kind = KL_ATTR_INT, .i = v};
+}
+static inline kl_attr kl_af(const char *name, double v) {
+  return (kl_attr){.name = name, .kind = KL_ATTR_FLOAT, .f = v};
+}
+static inline kl_attr kl_ais(const char *name, const int64_t *v, int n) {
+  return (kl_attr){.name = name, .kind = KL_ATTR_INTS, .ints = (int64_t *)v, .n = n};
+}
+static inline kl_attr kl_as(const char *name, const char *s) {
+  return (kl_attr){.name = name, .kind = KL_ATTR_STRING, .s = s};
+}
+static inline kl_attr kl_adt(const char *name, kl_dtype t) {
+  return (kl_attr){.name = name, .kind = KL_ATTR_DTYPE, .i = t};
+}
+
+#endif

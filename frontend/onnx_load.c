@@ -1,0 +1,543 @@
+/* onnx_load.c - ONNX ModelProto -> IR: initializers, inputs, nodes through
+ * the converter tables, outputs; plus the helpers converters use. */
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "onnx_internal.h"
+
+static const kl_onnx_op *const families[] = {kl_onnx_ops_math, kl_onnx_ops_nn,
+                                             kl_onnx_ops_tensor};
+
+static const kl_onnx_op *find_converter(const char *op, int opset) {
+  const kl_onnx_op *best = NULL;
+  for (size_t f = 0; f < sizeof families / sizeof *families; f++)
+    for (const kl_onnx_op *r = families[f]; r->op; r++)
+      if (!strcmp(r->op, op) && r->since <= opset && (!best || r->since > best->since))
+        best = r;
+  return best;
+}
+
+/* ---- value bindings -------------------------------------------------- */
+static kl_onnx_binding *lookup(kl_onnx_ctx *c, const char *name) {
+  for (int i = c->nvals - 1; i >= 0; i--)
+    if (!strcmp(c->vals[i].name, name)) return &c->vals[i];
+  return NULL;
+}
+
+static void bind_name(kl_onnx_ctx *c, const char *name, kl_value *v) {
+  if (c->nvals == c->capvals) {
+    c->capvals = c->capvals ? 2 * c->capvals : 64;
+    kl_onnx_binding *grown = realloc(c->vals, (size_t)c->capvals * sizeof *grown);
+    if (!grown) abort();
+    c->vals = grown;
+  }
+  c->vals[c->nvals++] = (kl_onnx_binding){.name = name, .v = v};
+}
+
+/* ONNX names are any strings ("onnx::Add_3", "0"); IR names are made into
+ * identifiers so that the printed IR stays readable and parses. */
+static const char *ir_name(kl_graph *g, const char *onnx) {
+  char buf[256];
+  size_t n = 0;
+  if (!onnx || !*onnx || isdigit((unsigned char)onnx[0])) buf[n++] = 'v';
+  for (const char *p = onnx ? onnx : ""; *p && n < sizeof buf - 1; p++)
+    buf[n++] = isalnum((unsigned char)*p) ? *p : '_';
+  buf[n] = 0;
+  return kl_graph_fresh_name(g, buf);
+}
+
+/* ---- converter helpers ----------------------------------------------- */
+static const char *node_label(const Onnx__NodeProto *n) {
+  return n->name && *n->name ? n->name : (n->n_output && n->output[0] ? n->output[0] : "?");
+}
+
+int kl_onnx_fail(kl_onnx_ctx *c, const char *fmt, ...) {
+  char body[800];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(body, sizeof body, fmt, ap);
+  va_end(ap);
+  if (!c->node) return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "%s", body);
+  return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "node '%s' (%s): %s", node_label(c->node),
+                 c->node->op_type, body);
+}
+
+int kl_onnx_ninputs(const Onnx__NodeProto *n) {
+  int k = (int)n->n_input;
+  while (k > 0 && (!n->input[k - 1] || !*n->input[k - 1])) k--;
+  return k;
+}
+
+kl_value *kl_onnx_input(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k) {
+  if (k >= (int)n->n_input || !n->input[k] || !*n->input[k]) return NULL;
+  kl_onnx_binding *b = lookup(c, n->input[k]);
+  return b ? b->v : NULL;
+}
+
+int kl_onnx_bind(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k, kl_value *v) {
+  if (k >= (int)n->n_output || !n->output[k] || !*n->output[k]) return 0; /* unused */
+  if (lookup(c, n->output[k]))
+    return kl_onnx_fail(c, "output '%s' is produced twice", n->output[k]);
+  /* A fresh IR value takes the ONNX name; an aliased one (Identity) keeps
+   * its own. */
+  if (v->kind == KL_VAL_NODE && v->producer && !strncmp(v->name, "kl_tmp", 6))
+    v->name = ir_name(c->g, n->output[k]);
+  bind_name(c, n->output[k], v);
+  return 0;
+}
+
+kl_node *kl_onnx_emit_node(kl_onnx_ctx *c, kl_op op, kl_value **ins, int nins,
+                           const kl_attr *attrs, int nattrs, int nouts) {
+  (void)nouts; /* the op decides; split's comes from its sizes */
+  kl_error e;
+  kl_node *node = kl_graph_add_node(c->g, op, ir_name(c->g, node_label(c->node)), ins, nins,
+                                    attrs, nattrs, NULL, 0, (kl_loc){c->path, 0, 0}, &e);
+  if (!node) {
+    kl_onnx_fail(c, "%s", e.msg);
+    return NULL;
+  }
+  /* Temporary names until kl_onnx_bind gives the ONNX ones. */
+  for (int k = 0; k < node->noutputs; k++)
+    node->outputs[k]->name = kl_graph_fresh_name(c->g, "kl_tmp");
+  return node;
+}
+
+kl_value *kl_onnx_emit(kl_onnx_ctx *c, kl_op op, kl_value **ins, int nins,
+                       const kl_attr *attrs, int nattrs) {
+  kl_node *n = kl_onnx_emit_node(c, op, ins, nins, attrs, nattrs, 1);
+  return n ? n->outputs[0] : NULL;
+}
+
+kl_value *kl_onnx_constant(kl_onnx_ctx *c, kl_dtype t, const kl_shape *s,
+                           const double *vals, int n) {
+  kl_attr a[3] = {
+      {.name = "value", .kind = KL_ATTR_FLOATS, .floats = (double *)vals, .n = n},
+      kl_adt("dtype", t),
+      kl_ais("shape", s->dims, s->rank),
+  };
+  return kl_onnx_emit(c, KL_OP_CONSTANT, NULL, 0, a, 3);
+}
+
+kl_value *kl_onnx_scalar(kl_onnx_ctx *c, kl_dtype t, double v) {
+  kl_shape s = {0};
+  return kl_onnx_constant(c, t, &s, &v, 1);
+}
+
+const Onnx__AttributeProto *kl_onnx_attr(const Onnx__NodeProto *n, const char *name) {
+  for (size_t i = 0; i < n->n_attribute; i++)
+    if (n->attribute[i]->name && !strcmp(n->attribute[i]->name, name)) return n->attribute[i];
+  return NULL;
+}
+
+int64_t kl_onnx_attr_int(const Onnx__NodeProto *n, const char *name, int64_t dflt) {
+  const Onnx__AttributeProto *a = kl_onnx_attr(n, name);
+  return a && a->has_i ? a->i : dflt;
+}
+
+double kl_onnx_attr_float(const Onnx__NodeProto *n, const char *name, double dflt) {
+  const Onnx__AttributeProto *a = kl_onnx_attr(n, name);
+  return a && a->has_f ? a->f : dflt;
+}
+
+const char *kl_onnx_attr_string(kl_onnx_ctx *c, const Onnx__NodeProto *n,
+                                const char *name, const char *dflt) {
+  const Onnx__AttributeProto *a = kl_onnx_attr(n, name);
+  if (!a || !a->has_s) return dflt;
+  char *s = kl_arena_alloc(&c->g->arena, a->s.len + 1);
+  if (a->s.len) memcpy(s, a->s.data, a->s.len);
+  return s;
+}
+
+int kl_onnx_attr_ints(const Onnx__NodeProto *n, const char *name, const int64_t **out) {
+  const Onnx__AttributeProto *a = kl_onnx_attr(n, name);
+  if (!a || (a->n_ints == 0 && a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS))
+    return -1;
+  *out = a->ints;
+  return (int)a->n_ints;
+}
+
+/* ---- compile-time constants ------------------------------------------ */
+enum { MAX_FOLD_NUMEL = 1 << 22 }; /* folding is for shapes and small tables */
+
+static kl_onnx_binding *binding_of(kl_onnx_ctx *c, const kl_value *v) {
+  for (int i = c->nvals - 1; i >= 0; i--)
+    if (c->vals[i].v == v) return &c->vals[i];
+  return NULL;
+}
+
+/* Evaluate v from constants alone, recursively; NULL when it depends on a
+ * graph input.  Results are cached in the bindings. */
+static kl_tensor *fold(kl_onnx_ctx *c, kl_value *v, kl_tensor **scratch, int depth) {
+  kl_onnx_binding *b = binding_of(c, v);
+  if (b && b->const_checked) return b->konst;
+  kl_tensor *t = NULL;
+  if (kl_shape_numel(&v->shape) > MAX_FOLD_NUMEL || depth > 2000) {
+    t = NULL;
+  } else if (v->kind == KL_VAL_PARAM || v->kind == KL_VAL_CONST) {
+    kl_error e;
+    if (kl_value_materialize(v, &t, &e)) t = NULL;
+  } else if (v->kind == KL_VAL_NODE && v->producer) {
+    kl_node *n = v->producer;
+    kl_tensor *in[64], *out[64];
+    bool ok = n->ninputs <= 64 && n->noutputs <= 64;
+    for (int k = 0; ok && k < n->ninputs; k++)
+      ok = (in[k] = fold(c, n->inputs[k], scratch, depth + 1)) != NULL;
+    if (ok) {
+      for (int k = 0; k < n->noutputs; k++)
+        out[k] = kl_tensor_new(n->outputs[k]->dtype, &n->outputs[k]->shape);
+      kl_error e;
+      ok = kl_ops[n->op].eval(n, in, out, &e) == 0;
+      for (int k = 0; k < n->noutputs; k++) {
+        for (int64_t j = 0; ok && j < out[k]->numel; j++)
+          out[k]->data[j] = kl_dtype_round(out[k]->dtype, out[k]->data[j]);
+        if (n->outputs[k] == v && ok) t = out[k];
+        else kl_tensor_free(out[k]);
+      }
+    }
+  }
+  if (b) {
+    b->konst = t;
+    b->const_checked = true;
+  } else if (t) {
+    /* an intermediate IR value with no ONNX name: keep it for freeing */
+    bind_name(c, "", v);
+    c->vals[c->nvals - 1].konst = t;
+    c->vals[c->nvals - 1].const_checked = true;
+  }
+  (void)scratch;
+  return t;
+}
+
+const kl_tensor *kl_onnx_const(kl_onnx_ctx *c, kl_value *v, const char *what) {
+  if (!v) {
+    kl_onnx_fail(c, "%s is missing", what);
+    return NULL;
+  }
+  kl_tensor *t = fold(c, v, NULL, 0);
+  if (!t)
+    kl_onnx_fail(c, "%s ('%s') must be known at compile time: Kiln compiles static "
+                    "shapes, and this value depends on a graph input",
+                 what, v->name);
+  return t;
+}
+
+int kl_onnx_const_ints(kl_onnx_ctx *c, kl_value *v, const char *what, int64_t *out,
+                       int cap) {
+  const kl_tensor *t = kl_onnx_const(c, v, what);
+  if (!t) return -1;
+  if (!kl_dtype_is_int(t->dtype) && t->dtype != KL_BOOL)
+    return kl_onnx_fail(c, "%s must be an integer tensor, got %s", what,
+                        kl_dtype_name(t->dtype));
+  if (t->numel > cap) return kl_onnx_fail(c, "%s has %lld values (at most %d)", what,
+                                          (long long)t->numel, cap);
+  for (int64_t i = 0; i < t->numel; i++) out[i] = (int64_t)t->data[i];
+  return (int)t->numel;
+}
+
+/* ---- the model ------------------------------------------------------- */
+static int model_opset(kl_onnx_ctx *c, const Onnx__ModelProto *m) {
+  int opset = -1;
+  for (size_t i = 0; i < m->n_opset_import; i++) {
+    const Onnx__OperatorSetIdProto *o = m->opset_import[i];
+    if ((!o->domain || !*o->domain || !strcmp(o->domain, "ai.onnx")) && o->has_version)
+      opset = (int)o->version;
+  }
+  if (opset < 0)
+    return kl_fail(c->err, (kl_loc){c->path, 0, 0},
+                   "the model imports no opset of the default (ai.onnx) domain");
+  if (opset < 1 || opset > 10000)
+    return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "opset %d is not valid", opset);
+  c->opset = opset;
+  return 0;
+}
+
+static int add_initializers(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
+  for (size_t i = 0; i < gp->n_initializer; i++) {
+    const Onnx__TensorProto *t = gp->initializer[i];
+    if (!t->name || !*t->name)
+      return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "initializer %zu has no name", i);
+    if (lookup(c, t->name))
+      return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "initializer '%s' is given twice",
+                     t->name);
+    kl_dtype dt;
+    kl_shape s;
+    void *raw;
+    if (kl_onnx_tensor_data(t, c->path, &dt, &s, &raw, c->err)) return -1;
+    kl_value *v = kl_graph_add_param(c->g, ir_name(c->g, t->name), dt, &s, KL_VAL_PARAM,
+                                     (kl_init){.kind = KL_INIT_DATA}, (kl_loc){c->path, 0, 0});
+    size_t bytes = (size_t)kl_shape_numel(&s) * kl_dtype_size(dt);
+    v->data = kl_arena_alloc(&c->g->arena, bytes ? bytes : 1);
+    if (bytes) memcpy(v->data, raw, bytes);
+    free(raw);
+    bind_name(c, t->name, v);
+  }
+  return 0;
+}
+
+static int value_type(kl_onnx_ctx *c, const Onnx__ValueInfoProto *vi, kl_dtype *dt,
+                      kl_shape *s, bool *known, const char **unknown_dim) {
+  const char *name = vi->name ? vi->name : "?";
+  *known = false;
+  *unknown_dim = NULL;
+  if (!vi->type || vi->type->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE)
+    return kl_fail(c->err, (kl_loc){c->path, 0, 0},
+                   "'%s' is not a tensor (sequences, maps and optionals are not supported)", name);
+  const Onnx__TypeProto__Tensor *tt = vi->type->tensor_type;
+  if (!tt->has_elem_type || kl_onnx_dtype(tt->elem_type, dt))
+    return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "'%s': element type %d is not supported",
+                   name, tt->has_elem_type ? tt->elem_type : 0);
+  if (!tt->shape) return 0;
+  if (tt->shape->n_dim > KL_MAX_RANK)
+    return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "'%s': rank %zu is above %d", name,
+                   tt->shape->n_dim, KL_MAX_RANK);
+  s->rank = (int)tt->shape->n_dim;
+  int64_t numel = 1;
+  for (int d = 0; d < s->rank; d++) {
+    const Onnx__TensorShapeProto__Dimension *dim = tt->shape->dim[d];
+    if (dim->value_case != ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE) {
+      *unknown_dim = dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM
+                         ? dim->dim_param : "?";
+      return 0;
+    }
+    int64_t v = dim->dim_value;
+    if (v < 0 || v > KL_MAX_NUMEL || (v && numel > KL_MAX_NUMEL / v))
+      return kl_fail(c->err, (kl_loc){c->path, 0, 0},
+                     "'%s': dims are negative or hold more than %lld elements", name,
+                     (long long)KL_MAX_NUMEL);
+    s->dims[d] = v;
+    numel *= v;
+  }
+  *known = true;
+  return 0;
+}
+
+static int add_inputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp, const kl_onnx_options *opt) {
+  for (size_t i = 0; i < gp->n_input; i++) {
+    const Onnx__ValueInfoProto *vi = gp->input[i];
+    if (!vi->name || !*vi->name)
+      return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "graph input %zu has no name", i);
+    if (lookup(c, vi->name)) continue; /* an initializer: a weight with a default */
+    kl_dtype dt;
+    kl_shape s = {0};
+    bool known;
+    const char *unknown;
+    if (value_type(c, vi, &dt, &s, &known, &unknown)) return -1;
+    const kl_shape_binding *bound = NULL;
+    for (int k = 0; opt && k < opt->nshapes; k++)
+      if (!strcmp(opt->shapes[k].input, vi->name)) bound = &opt->shapes[k];
+    if (bound) {
+      if (known && !kl_shape_equal(&bound->shape, &s)) {
+        char a[128], b[128];
+        return kl_fail(c->err, (kl_loc){c->path, 0, 0},
+                       "--shape %s=%s disagrees with the model's %s", vi->name,
+                       kl_shape_str(&bound->shape, a, sizeof a), kl_shape_str(&s, b, sizeof b));
+      }
+      s = bound->shape;
+    } else if (!known) {
+      return kl_fail(c->err, (kl_loc){c->path, 0, 0},
+                     "input '%s' has %s dimension%s%s%s: bind its shape with --shape %s=d0,d1,...",
+                     vi->name, unknown ? "symbolic" : "an unknown", unknown ? " '" : "",
+                     unknown ? unknown : "", unknown ? "'" : "", vi->name);
+    }
+    bind_name(c, vi->name, kl_graph_add_input(c->g, ir_name(c->g, vi->name), dt, &s,
+                                              (kl_loc){c->path, 0, 0}));
+  }
+  for (int k = 0; opt && k < opt->nshapes; k++) {
+    bool found = false;
+    for (int i = 0; i < c->g->inputs.len; i++)
+      found |= !strcmp(c->g->inputs.items[i]->name, opt->shapes[k].input) ||
+               (lookup(c, opt->shapes[k].input) &&
+                lookup(c, opt->shapes[k].input)->v == c->g->inputs.items[i]);
+    if (!found)
+      return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "--shape %s: the model has no input named '%s'",
+                     opt->shapes[k].input, opt->shapes[k].input);
+  }
+  return 0;
+}
+
+/* Every unsupported (op, opset, node) at once, so a user sees the whole
+ * list in one try. */
+static int check_supported(kl_onnx_ctx *c, const Onnx__GraphProto *gp, kl_onnx_options *opt) {
+  char msg[sizeof c->err->msg];
+  size_t used = 0;
+  int count = 0;
+  for (size_t i = 0; i < gp->n_node; i++) {
+    const Onnx__NodeProto *n = gp->node[i];
+    const char *op = n->op_type ? n->op_type : "";
+    bool default_domain = !n->domain || !*n->domain || !strcmp(n->domain, "ai.onnx");
+    if (default_domain && find_converter(op, c->opset)) continue;
+    if (count++ < 40 && used < sizeof msg - 200)
+      used += (size_t)snprintf(msg + used, sizeof msg - used, "%s  %s%s%s (opset %d), node '%s'",
+                               count > 1 ? "\n" : "", default_domain ? "" : n->domain,
+                               default_domain ? "" : ".", op, c->opset, node_label(n));
+  }
+  if (!count) return 0;
+  if (opt) opt->unsupported_only = true;
+  if (count > 40 && used < sizeof msg - 40)
+    snprintf(msg + used, sizeof msg - used, "\n  ... and %d more", count - 40);
+  return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "%d unsupported node%s:\n%s", count,
+                 count == 1 ? "" : "s", msg);
+}
+
+/* Nodes in an order where producers come first (ONNX requires it, but we
+ * accept any order), with dangling inputs and cycles reported. */
+static int order_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp, size_t *order) {
+  size_t n = gp->n_node, done = 0;
+  bool *placed = calloc(n + 1, 1);
+  if (!placed) abort();
+  int rc = 0;
+  while (done < n) {
+    bool progress = false;
+    for (size_t i = 0; i < n; i++) {
+      if (placed[i]) continue;
+      const Onnx__NodeProto *node = gp->node[i];
+      bool ready = true;
+      for (size_t k = 0; k < node->n_input && ready; k++)
+        if (node->input[k] && *node->input[k] && !lookup(c, node->input[k])) ready = false;
+      if (!ready) continue;
+      for (size_t k = 0; k < node->n_output; k++)
+        if (node->output[k] && *node->output[k] && !lookup(c, node->output[k]))
+          bind_name(c, node->output[k], NULL); /* placeholder, removed below */
+      placed[i] = true;
+      order[done++] = i;
+      progress = true;
+    }
+    if (!progress) break;
+  }
+  if (done < n) {
+    for (size_t i = 0; i < n && !rc; i++) {
+      if (placed[i]) continue;
+      const Onnx__NodeProto *node = gp->node[i];
+      for (size_t k = 0; k < node->n_input; k++) {
+        const char *in = node->input[k];
+        if (!in || !*in || lookup(c, in)) continue;
+        bool produced = false;
+        for (size_t j = 0; j < n && !produced; j++)
+          for (size_t o = 0; o < gp->node[j]->n_output; o++)
+            produced |= gp->node[j]->output[o] && !strcmp(gp->node[j]->output[o], in);
+        c->node = node;
+        rc = produced ? kl_onnx_fail(c, "is part of a cycle (through '%s')", in)
+                      : kl_onnx_fail(c, "input '%s' is not produced by any node, initializer "
+                                        "or graph input", in);
+        break;
+      }
+    }
+  }
+  /* drop the placeholders */
+  int w = 0;
+  for (int i = 0; i < c->nvals; i++)
+    if (c->vals[i].v) c->vals[w++] = c->vals[i];
+  c->nvals = w;
+  free(placed);
+  return rc;
+}
+
+static int convert_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
+  size_t *order = calloc(gp->n_node + 1, sizeof *order);
+  if (!order) abort();
+  int rc = order_nodes(c, gp, order);
+  for (size_t i = 0; i < gp->n_node && !rc; i++) {
+    const Onnx__NodeProto *n = gp->node[order[i]];
+    c->node = n;
+    for (size_t k = 0; k < n->n_input && !rc; k++)
+      if (n->input[k] && *n->input[k] && !lookup(c, n->input[k]))
+        rc = kl_onnx_fail(c, "input '%s' is not defined", n->input[k]);
+    if (rc) break;
+    rc = find_converter(n->op_type, c->opset)->convert(c, n);
+    for (size_t k = 0; k < n->n_output && !rc; k++)
+      if (n->output[k] && *n->output[k] && !lookup(c, n->output[k]))
+        rc = kl_onnx_fail(c, "output %zu ('%s') is not supported by Kiln's converter", k,
+                          n->output[k]);
+  }
+  c->node = NULL;
+  free(order);
+  return rc;
+}
+
+static int mark_outputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
+  if (gp->n_output == 0)
+    return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "the graph has no outputs");
+  for (size_t i = 0; i < gp->n_output; i++) {
+    const Onnx__ValueInfoProto *vi = gp->output[i];
+    const char *name = vi->name ? vi->name : "";
+    kl_onnx_binding *b = lookup(c, name);
+    if (!b)
+      return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "graph output '%s' is not produced", name);
+    for (size_t j = 0; j < i; j++)
+      if (gp->output[j]->name && !strcmp(gp->output[j]->name, name))
+        return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "graph output '%s' is listed twice", name);
+    kl_value *v = b->v;
+    /* Two outputs may be the same IR value (Identity): give the second a
+     * copy so outputs stay distinct. */
+    if (v->is_output) {
+      c->node = NULL;
+      kl_shape one = {0};
+      double zero = 0;
+      kl_value *z = kl_onnx_constant(c, v->dtype, &one, &zero, 1);
+      kl_value *ins[2] = {v, z};
+      if (!z || !(v = kl_onnx_emit(c, v->dtype == KL_BOOL ? KL_OP_NE : KL_OP_ADD, ins, 2, NULL, 0)))
+        return -1;
+      v->name = ir_name(c->g, name);
+    }
+    /* The declared type, when given, must agree with what Kiln inferred. */
+    kl_dtype dt;
+    kl_shape s = {0};
+    bool known;
+    const char *unknown;
+    if (vi->type && vi->type->value_case == ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE &&
+        value_type(c, vi, &dt, &s, &known, &unknown) == 0) {
+      char a[128], bb[128];
+      if (dt != v->dtype || (known && !kl_shape_equal(&s, &v->shape)))
+        return kl_fail(c->err, (kl_loc){c->path, 0, 0},
+                       "graph output '%s' is declared %s%s but computes to %s%s", name,
+                       kl_dtype_name(dt), known ? kl_shape_str(&s, a, sizeof a) : "[?]",
+                       kl_dtype_name(v->dtype), kl_shape_str(&v->shape, bb, sizeof bb));
+    }
+    if (kl_graph_mark_output(c->g, v, c->err)) return -1;
+  }
+  return 0;
+}
+
+kl_graph *kl_onnx_load_bytes(const unsigned char *data, size_t len, const char *path,
+                             kl_onnx_options *opt, kl_error *err) {
+  memset(err, 0, sizeof *err);
+  if (opt) opt->unsupported_only = false;
+  Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, data);
+  if (!m) {
+    kl_fail(err, (kl_loc){path, 0, 0}, "not an ONNX model (the protobuf does not parse)");
+    return NULL;
+  }
+  kl_onnx_ctx c = {.path = path, .err = err};
+  int rc = 0;
+  if (!m->graph) rc = kl_fail(err, (kl_loc){path, 0, 0}, "the model has no graph");
+  if (!rc) rc = model_opset(&c, m);
+  if (!rc) {
+    c.g = kl_graph_new(NULL);
+    c.g->name = ir_name(c.g, m->graph->name && *m->graph->name ? m->graph->name : "model");
+    rc = check_supported(&c, m->graph, opt);
+  }
+  if (!rc) rc = add_initializers(&c, m->graph);
+  if (!rc) rc = add_inputs(&c, m->graph, opt);
+  if (!rc) rc = convert_nodes(&c, m->graph);
+  if (!rc) rc = mark_outputs(&c, m->graph);
+  if (!rc) rc = kl_verify(c.g, err);
+  for (int i = 0; i < c.nvals; i++) kl_tensor_free(c.vals[i].konst);
+  free(c.vals);
+  onnx__model_proto__free_unpacked(m, NULL);
+  if (rc) {
+    kl_graph_free(c.g);
+    return NULL;
+  }
+  return c.g;
+}
+
+kl_graph *kl_onnx_load(const char *path, kl_onnx_options *opt, kl_error *err) {
+  size_t len;
+  unsigned char *data = kl_onnx_read_file(path, &len, err);
+  if (!data) return NULL;
+  kl_graph *g = kl_onnx_load_bytes(data, len, path, opt, err);
+  free(data);
+  return g;
+}

@@ -1,0 +1,363 @@
+/* runner.c - the ONNX conformance suite (Debian's libonnx-testdata) through
+ * Kiln: each test's model.onnx is loaded, every test_data_set_* is run and
+ * compared with its output_*.pb at ONNX's backend tolerances (rtol 1e-3,
+ * atol 1e-7).  Each test runs in a child process, so a crash or a hang is
+ * one failed test, not a failed run.
+ *
+ * usage: conformance DATA_DIR [--suite NAME]... [--expected FILE]
+ *                    [--markdown FILE --scope FILE] [--write-passing FILE]
+ *                    [--filter SUBSTR] [-v] */
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../frontend/frontend.h"
+#include "onnx.pb-c.h"
+
+enum { PASS, FAIL, UNSUPPORTED };
+static const char *const status_names[] = {"pass", "fail", "unsupported"};
+
+typedef struct {
+  char suite[64];
+  char name[256];
+  char op[64];     /* first node's op type: the row it counts in */
+  int status;
+  char reason[512];
+} result;
+
+static const double RTOL = 1e-3, ATOL = 1e-7;
+enum { TEST_SECONDS = 120 };
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Sorted names in dir starting with prefix; returns the count. */
+static int list_dir(const char *dir, const char *prefix, char ***out) {
+  DIR *d = opendir(dir);
+  *out = NULL;
+  if (!d) return 0;
+  int n = 0, cap = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, prefix, strlen(prefix))) continue;
+    if (n == cap) {
+      cap = cap ? 2 * cap : 64;
+      *out = realloc(*out, (size_t)cap * sizeof **out);
+      if (!*out) abort();
+    }
+    (*out)[n++] = strdup(e->d_name);
+  }
+  closedir(d);
+  if (n) qsort(*out, (size_t)n, sizeof **out, cmp_str);
+  return n;
+}
+
+static void free_list(char **l, int n) {
+  for (int i = 0; i < n; i++) free(l[i]);
+  free(l);
+}
+
+static void first_op(const char *model, char *op, size_t n) {
+  snprintf(op, n, "?");
+  FILE *f = fopen(model, "rb");
+  if (!f) return;
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  unsigned char *buf = malloc(len > 0 ? (size_t)len : 1);
+  if (buf && len > 0 && fread(buf, 1, (size_t)len, f) == (size_t)len) {
+    Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, (size_t)len, buf);
+    if (m && m->graph && m->graph->n_node && m->graph->node[0]->op_type)
+      snprintf(op, n, "%s", m->graph->node[0]->op_type);
+    if (m) onnx__model_proto__free_unpacked(m, NULL);
+  }
+  free(buf);
+  fclose(f);
+}
+
+static int compare(const kl_tensor *got, const kl_tensor *want, int k, char *why, size_t n) {
+  char a[128], b[128];
+  if (got->dtype != want->dtype || !kl_shape_equal(&got->shape, &want->shape)) {
+    snprintf(why, n, "output %d is %s%s, expected %s%s", k, kl_dtype_name(got->dtype),
+             kl_shape_str(&got->shape, a, sizeof a), kl_dtype_name(want->dtype),
+             kl_shape_str(&want->shape, b, sizeof b));
+    return -1;
+  }
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < got->numel; i++) {
+    double x = got->data[i], y = want->data[i];
+    bool ok = kl_dtype_is_float(got->dtype)
+                  ? (isnan(x) && isnan(y)) || x == y || fabs(x - y) <= ATOL + RTOL * fabs(y)
+                  : x == y;
+    if (!ok && !bad++) first = i;
+  }
+  if (bad) {
+    snprintf(why, n, "output %d: %lld of %lld values differ; first at %lld: got %.9g, expected %.9g",
+             k, (long long)bad, (long long)got->numel, (long long)first, got->data[first],
+             want->data[first]);
+    return -1;
+  }
+  return 0;
+}
+
+/* Run one test in this (child) process; the verdict goes to `r`. */
+static void run_test(const char *dir, result *r) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/model.onnx", dir);
+  kl_onnx_options opt = {0};
+  kl_error err;
+  kl_graph *g = kl_onnx_load(path, &opt, &err);
+  if (!g) {
+    r->status = opt.unsupported_only ? UNSUPPORTED : FAIL;
+    snprintf(r->reason, sizeof r->reason, "%s", err.msg);
+    for (char *p = r->reason; *p; p++) if (*p == '\n') *p = ' ';
+    return;
+  }
+  char **sets;
+  int nsets = list_dir(dir, "test_data_set_", &sets);
+  r->status = nsets ? PASS : FAIL;
+  if (!nsets) snprintf(r->reason, sizeof r->reason, "no test_data_set_* folders");
+  for (int s = 0; s < nsets && r->status == PASS; s++) {
+    int nin = g->inputs.len, nout = g->outputs.len;
+    kl_tensor **in = calloc((size_t)nin + 1, sizeof *in), **out = calloc((size_t)nout + 1, sizeof *out);
+    for (int k = 0; k < nin && r->status == PASS; k++) {
+      snprintf(path, sizeof path, "%s/%s/input_%d.pb", dir, sets[s], k);
+      if (!(in[k] = kl_read_tensor_pb(path, NULL, &err))) {
+        r->status = FAIL;
+        snprintf(r->reason, sizeof r->reason, "%s: %s", sets[s], err.msg);
+      }
+    }
+    if (r->status == PASS && kl_interpret(g, in, out, &err)) {
+      r->status = FAIL;
+      snprintf(r->reason, sizeof r->reason, "%s: %s", sets[s], err.msg);
+    }
+    for (int k = 0; k < nout && r->status == PASS; k++) {
+      snprintf(path, sizeof path, "%s/%s/output_%d.pb", dir, sets[s], k);
+      kl_tensor *want = kl_read_tensor_pb(path, NULL, &err);
+      if (!want) {
+        r->status = FAIL;
+        snprintf(r->reason, sizeof r->reason, "%s: %s", sets[s], err.msg);
+      } else if (compare(out[k], want, k, r->reason, sizeof r->reason)) {
+        r->status = FAIL;
+      }
+      kl_tensor_free(want);
+    }
+    for (int k = 0; k < nin; k++) kl_tensor_free(in[k]);
+    for (int k = 0; k < nout; k++) kl_tensor_free(out[k]);
+    free(in);
+    free(out);
+  }
+  free_list(sets, nsets);
+  kl_graph_free(g);
+}
+
+static void run_isolated(const char *dir, result *r) {
+  int fds[2];
+  if (pipe(fds)) abort();
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    alarm(TEST_SECONDS);
+    run_test(dir, r);
+    ssize_t w = write(fds[1], r, sizeof *r);
+    _exit(w == (ssize_t)sizeof *r ? 0 : 1);
+  }
+  close(fds[1]);
+  result got;
+  ssize_t n = read(fds[0], &got, sizeof got);
+  close(fds[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (n == (ssize_t)sizeof got && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+    r->status = got.status;
+    memcpy(r->reason, got.reason, sizeof r->reason);
+  } else {
+    r->status = FAIL;
+    if (WIFSIGNALED(st))
+      snprintf(r->reason, sizeof r->reason, "%s (signal %d)",
+               WTERMSIG(st) == SIGALRM ? "timed out" : "crashed", WTERMSIG(st));
+    else
+      snprintf(r->reason, sizeof r->reason, "the test process exited with %d (a sanitizer report?)",
+               WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+  }
+}
+
+typedef struct {
+  char op[64];
+  int count[3];
+} op_row;
+
+static void write_markdown(const char *path, const char *scope, result *rs, int n,
+                           char suites[][64], int nsuites) {
+  FILE *f = fopen(path, "w");
+  if (!f) { perror(path); exit(2); }
+  FILE *sf = scope ? fopen(scope, "r") : NULL;
+  if (sf) {
+    char buf[4096];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, sf)) > 0) fwrite(buf, 1, got, f);
+    fclose(sf);
+  }
+  fprintf(f, "\n## Results (generated by tests/conformance/runner.c; do not edit by hand)\n\n");
+  fprintf(f, "Device: interp (the reference interpreter). Tolerance: rtol %g, atol %g.\n\n", RTOL, ATOL);
+  fprintf(f, "| suite | tests | pass | fail | unsupported | pass rate |\n|---|---|---|---|---|---|\n");
+  for (int s = 0; s < nsuites; s++) {
+    int c[3] = {0}, t = 0;
+    for (int i = 0; i < n; i++)
+      if (!strcmp(rs[i].suite, suites[s])) c[rs[i].status]++, t++;
+    fprintf(f, "| %s | %d | %d | %d | %d | %.1f%% |\n", suites[s], t, c[PASS], c[FAIL],
+            c[UNSUPPORTED], t ? 100.0 * c[PASS] / t : 0.0);
+  }
+  fprintf(f, "\n### Per op (node suite; a test counts under its first node's op)\n\n");
+  fprintf(f, "| op | tests | pass | fail | unsupported |\n|---|---|---|---|---|\n");
+  op_row *rows = calloc((size_t)n + 1, sizeof *rows);
+  int nrows = 0;
+  for (int i = 0; i < n; i++) {
+    if (strcmp(rs[i].suite, "node")) continue;
+    int j = 0;
+    while (j < nrows && strcmp(rows[j].op, rs[i].op)) j++;
+    if (j == nrows) snprintf(rows[nrows++].op, sizeof rows[0].op, "%s", rs[i].op);
+    rows[j].count[rs[i].status]++;
+  }
+  for (int a = 0; a < nrows; a++)
+    for (int b = a + 1; b < nrows; b++)
+      if (strcmp(rows[a].op, rows[b].op) > 0) { op_row t = rows[a]; rows[a] = rows[b]; rows[b] = t; }
+  for (int j = 0; j < nrows; j++)
+    fprintf(f, "| %s | %d | %d | %d | %d |\n", rows[j].op,
+            rows[j].count[0] + rows[j].count[1] + rows[j].count[2], rows[j].count[PASS],
+            rows[j].count[FAIL], rows[j].count[UNSUPPORTED]);
+  free(rows);
+  fprintf(f, "\n### Tests that do not pass\n\n| test | status | reason |\n|---|---|---|\n");
+  for (int i = 0; i < n; i++) {
+    if (rs[i].status == PASS) continue;
+    char reason[200];
+    snprintf(reason, sizeof reason, "%s", rs[i].reason);
+    for (char *p = reason; *p; p++) if (*p == '|') *p = '/';
+    fprintf(f, "| %s/%s | %s | %s |\n", rs[i].suite, rs[i].name, status_names[rs[i].status], reason);
+  }
+  fclose(f);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: conformance DATA_DIR [--suite NAME]... [--expected FILE] "
+                    "[--markdown FILE --scope FILE] [--write-passing FILE] [--filter S] [-v]\n");
+    return 2;
+  }
+  const char *data = argv[1], *expected = NULL, *markdown = NULL, *scope = NULL,
+             *write_passing = NULL, *filter = NULL;
+  char suites[8][64];
+  int nsuites = 0;
+  bool verbose = false;
+  for (int i = 2; i < argc; i++) {
+    const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(argv[i], "--suite") && next && nsuites < 8) snprintf(suites[nsuites++], 64, "%s", argv[++i]);
+    else if (!strcmp(argv[i], "--expected") && next) expected = argv[++i];
+    else if (!strcmp(argv[i], "--markdown") && next) markdown = argv[++i];
+    else if (!strcmp(argv[i], "--scope") && next) scope = argv[++i];
+    else if (!strcmp(argv[i], "--write-passing") && next) write_passing = argv[++i];
+    else if (!strcmp(argv[i], "--filter") && next) filter = argv[++i];
+    else if (!strcmp(argv[i], "-v")) verbose = true;
+    else { fprintf(stderr, "conformance: unknown argument '%s'\n", argv[i]); return 2; }
+  }
+  if (!nsuites) {
+    const char *dflt[] = {"node", "pytorch-converted", "pytorch-operator", "simple"};
+    for (int s = 0; s < 4; s++) snprintf(suites[nsuites++], 64, "%s", dflt[s]);
+  }
+  result *rs = NULL;
+  int n = 0, cap = 0;
+  for (int s = 0; s < nsuites; s++) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/%s", data, suites[s]);
+    char **tests;
+    int nt = list_dir(dir, "test_", &tests);
+    if (!nt) {
+      fprintf(stderr, "conformance: no tests in %s\n", dir);
+      return 2;
+    }
+    for (int t = 0; t < nt; t++) {
+      if (filter && !strstr(tests[t], filter)) continue;
+      if (n == cap) {
+        cap = cap ? 2 * cap : 1024;
+        rs = realloc(rs, (size_t)cap * sizeof *rs);
+        if (!rs) abort();
+      }
+      result *r = &rs[n++];
+      memset(r, 0, sizeof *r);
+      snprintf(r->suite, sizeof r->suite, "%s", suites[s]);
+      snprintf(r->name, sizeof r->name, "%s", tests[t]);
+      char tdir[4400], model[4500];
+      snprintf(tdir, sizeof tdir, "%s/%s", dir, tests[t]);
+      snprintf(model, sizeof model, "%s/model.onnx", tdir);
+      first_op(model, r->op, sizeof r->op);
+      run_isolated(tdir, r);
+      if (verbose || r->status == FAIL)
+        printf("%-11s %s/%s%s%s\n", status_names[r->status], r->suite, r->name,
+               r->status == PASS ? "" : ": ", r->status == PASS ? "" : r->reason);
+    }
+    free_list(tests, nt);
+  }
+  /* summary per suite */
+  printf("\n%-20s %6s %6s %6s %12s %8s\n", "suite", "tests", "pass", "fail", "unsupported", "rate");
+  int total[3] = {0};
+  for (int s = 0; s < nsuites; s++) {
+    int c[3] = {0}, t = 0;
+    for (int i = 0; i < n; i++)
+      if (!strcmp(rs[i].suite, suites[s])) c[rs[i].status]++, t++;
+    for (int k = 0; k < 3; k++) total[k] += c[k];
+    printf("%-20s %6d %6d %6d %12d %7.1f%%\n", suites[s], t, c[PASS], c[FAIL], c[UNSUPPORTED],
+           t ? 100.0 * c[PASS] / t : 0.0);
+  }
+  if (markdown) write_markdown(markdown, scope, rs, n, suites, nsuites);
+  if (write_passing) {
+    FILE *f = fopen(write_passing, "w");
+    if (!f) { perror(write_passing); return 2; }
+    for (int i = 0; i < n; i++)
+      if (rs[i].status == PASS) fprintf(f, "%s/%s\n", rs[i].suite, rs[i].name);
+    fclose(f);
+  }
+  /* The regression guard: every test in the expected list must pass. */
+  int regressions = 0, guarded = 0;
+  if (expected) {
+    FILE *f = fopen(expected, "r");
+    if (!f) { perror(expected); return 2; }
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+      line[strcspn(line, "\r\n")] = 0;
+      if (!*line || line[0] == '#') continue;
+      if (filter && !strstr(line, filter)) continue;
+      bool found = false, passed = false;
+      for (int i = 0; i < n && !found; i++) {
+        char full[400];
+        snprintf(full, sizeof full, "%s/%s", rs[i].suite, rs[i].name);
+        if (!strcmp(full, line)) found = true, passed = rs[i].status == PASS;
+      }
+      bool in_suites = false;
+      for (int s = 0; s < nsuites; s++)
+        in_suites |= !strncmp(line, suites[s], strlen(suites[s])) && line[strlen(suites[s])] == '/';
+      if (!in_suites) continue;
+      guarded++;
+      if (!passed) {
+        regressions++;
+        printf("REGRESSION %s: %s\n", line, found ? "no longer passes" : "test not found");
+      }
+    }
+    fclose(f);
+  }
+  printf("conformance: %d passed, %d failed, %d unsupported", total[PASS], total[FAIL], total[UNSUPPORTED]);
+  if (expected) printf("; %d guarded, %d regressions", guarded, regressions);
+  printf("\n");
+  /* The closing line counts the guard: each guarded test is one check. */
+  if (expected) printf("%d passed, %d failed\n", guarded - regressions, regressions);
+  free(rs);
+  return regressions ? 1 : 0;
+}
