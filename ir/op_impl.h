@@ -24,4 +24,19 @@ int64_t kl_broadcast_index(const kl_shape *src, const kl_shape *dst,
                            const int64_t *idx);
 /* Advance a multi-index over `s` in row-major order; false after the end. */
 bool kl_index_next(const kl_shape *s, int64_t *idx);
+
+/* "f32[2, 3]": a value's dtype and shape, for error messages. */
+const char *kl_value_str(const kl_value *v, char *buf, size_t n);
+/* Element count of s; -1 for a negative dim or over KL_MAX_NUMEL. */
+int64_t kl_checked_numel(const kl_shape *s);
+/* kl_set_output after checking the shape is one we can hold. */
+int kl_set_checked_output(kl_node *n, kl_error *err, int k, kl_dtype t,
+                          const kl_shape *s);
+/* A 0/1 flag attribute (`dflt` when absent) into *out; else an error. */
+int kl_attr_flag(const kl_node *n, kl_error *err, const char *name,
+                 int64_t dflt, bool *out);
+/* An integer-dtype element value as int64, clamped (NaN gives 0). */
+int64_t kl_to_i64(double v);
+/* Two's-complement wrap of a 64-bit pattern to integer dtype t's width. */
+double kl_wrap_to(kl_dtype t, uint64_t u);
 #endif

@@ -1,50 +1,11 @@
 /* ops_contract.c - shape inference and reference evaluation of the
  * contraction rows (matmul, gemm, conv2d) and the 2-D pools. */
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "op_impl.h"
 
 /* ---- shared helpers -------------------------------------------------- */
-
-/* "f32[2, 3]" for error messages. */
-static const char *vstr(const kl_value *v, char *buf, size_t n) {
-  char s[256];
-  snprintf(buf, n, "%s%s", kl_dtype_name(v->dtype),
-           kl_shape_str(&v->shape, s, sizeof s));
-  return buf;
-}
-
-/* Element count of s, or -1 when a dim is negative or the count exceeds
- * KL_MAX_NUMEL.  Divides before multiplying so nothing overflows. */
-static int64_t safe_numel(const kl_shape *s) {
-  bool zero = false;
-  for (int i = 0; i < s->rank; i++) {
-    if (s->dims[i] < 0) return -1;
-    if (s->dims[i] == 0) zero = true;
-  }
-  if (zero) return 0;
-  int64_t p = 1;
-  for (int i = 0; i < s->rank; i++) {
-    if (s->dims[i] > KL_MAX_NUMEL / p) return -1;
-    p *= s->dims[i];
-  }
-  return p;
-}
-
-/* kl_set_output after checking the shape is one we can hold. */
-static int set_out(kl_node *n, kl_error *err, int k, kl_dtype t,
-                   const kl_shape *s) {
-  if (safe_numel(s) < 0) {
-    char b[256];
-    return KL_NODE_FAIL(n, err, "output shape %s is too large (limit %lld "
-                        "elements)", kl_shape_str(s, b, sizeof b),
-                        (long long)KL_MAX_NUMEL);
-  }
-  kl_set_output(n, k, t, s);
-  return 0;
-}
 
 /* Contractions and pools work on operands that share one dtype: float, or
  * for matmul also integer (ONNX MatMul takes int32/int64). */
@@ -56,17 +17,18 @@ static int check_operands(kl_node *n, kl_error *err, bool allow_int) {
     if (allow_int && kl_dtype_is_int(v->dtype)) {
       if (v->dtype != n->inputs[0]->dtype)
         return KL_NODE_FAIL(n, err, "operands must share a dtype: %s and %s",
-                            vstr(n->inputs[0], a, sizeof a), vstr(v, b, sizeof b));
+                            kl_value_str(n->inputs[0], a, sizeof a),
+                            kl_value_str(v, b, sizeof b));
       continue;
     }
     if (!kl_dtype_is_float(v->dtype))
       return KL_NODE_FAIL(n, err, allow_int ? "operand %d must be a float or integer tensor, got %s"
                                     : "operand %d must be a float tensor, got %s",
-                          i, vstr(v, a, sizeof a));
+                          i, kl_value_str(v, a, sizeof a));
     if (v->dtype != n->inputs[0]->dtype)
       return KL_NODE_FAIL(n, err, "operands must share a dtype: %s and %s",
-                          vstr(n->inputs[0], a, sizeof a),
-                          vstr(v, b, sizeof b));
+                          kl_value_str(n->inputs[0], a, sizeof a),
+                          kl_value_str(v, b, sizeof b));
   }
   return 0;
 }
@@ -76,18 +38,7 @@ static int check_rank(kl_node *n, kl_error *err, int i, int rank,
   char a[300];
   if (n->inputs[i]->shape.rank != rank)
     return KL_NODE_FAIL(n, err, "%s must have rank %d, got %s", what, rank,
-                        vstr(n->inputs[i], a, sizeof a));
-  return 0;
-}
-
-/* A 0/1 flag attribute. */
-static int get_flag(const kl_node *n, kl_error *err, const char *name,
-                    int64_t dflt, bool *out) {
-  int64_t v = kl_attr_int(n, name, dflt);
-  if (v != 0 && v != 1)
-    return KL_NODE_FAIL(n, err, "%s must be 0 or 1, got %lld", name,
-                        (long long)v);
-  *out = v == 1;
+                        kl_value_str(n->inputs[i], a, sizeof a));
   return 0;
 }
 
@@ -129,21 +80,24 @@ int kl_infer_MATMUL(kl_node *n, kl_error *err) {
   if (check_operands(n, err, true)) return -1;
   if (a->shape.rank < 1 || b->shape.rank < 1)
     return KL_NODE_FAIL(n, err, "operands must have rank >= 1: %s @ %s",
-                        vstr(a, sa, sizeof sa), vstr(b, sb, sizeof sb));
+                        kl_value_str(a, sa, sizeof sa),
+                        kl_value_str(b, sb, sizeof sb));
   mm_dims d;
   mm_split(&a->shape, &b->shape, &d);
   if (d.k != d.kb)
     return KL_NODE_FAIL(n, err, "inner dimensions differ: %s @ %s",
-                        vstr(a, sa, sizeof sa), vstr(b, sb, sizeof sb));
+                        kl_value_str(a, sa, sizeof sa),
+                        kl_value_str(b, sb, sizeof sb));
   kl_error scratch;
   if (kl_broadcast_shapes(&d.abatch, &d.bbatch, &d.obatch, &scratch,
                           n->loc))
     return KL_NODE_FAIL(n, err, "batch dimensions do not broadcast: %s @ %s",
-                        vstr(a, sa, sizeof sa), vstr(b, sb, sizeof sb));
+                        kl_value_str(a, sa, sizeof sa),
+                        kl_value_str(b, sb, sizeof sb));
   kl_shape out = d.obatch;
   if (!d.a_vec) out.dims[out.rank++] = d.m;
   if (!d.b_vec) out.dims[out.rank++] = d.ncols;
-  return set_out(n, err, 0, a->dtype, &out);
+  return kl_set_checked_output(n, err, 0, a->dtype, &out);
 }
 
 int kl_eval_MATMUL(const kl_node *n, kl_tensor **in, kl_tensor **out,
@@ -177,8 +131,8 @@ typedef struct {
 
 static int gemm_split(const kl_node *n, kl_error *err, const kl_shape *a,
                       const kl_shape *b, gemm_dims *d) {
-  if (get_flag(n, err, "trans_a", 0, &d->ta) ||
-      get_flag(n, err, "trans_b", 0, &d->tb))
+  if (kl_attr_flag(n, err, "trans_a", 0, &d->ta) ||
+      kl_attr_flag(n, err, "trans_b", 0, &d->tb))
     return -1;
   d->m = a->dims[d->ta ? 1 : 0];
   d->k = a->dims[d->ta ? 0 : 1];
@@ -198,8 +152,9 @@ int kl_infer_GEMM(kl_node *n, kl_error *err) {
   if (gemm_split(n, err, &a->shape, &b->shape, &d)) return -1;
   if (d.k != d.kb)
     return KL_NODE_FAIL(n, err, "inner dimensions differ: op(%s) @ op(%s) "
-                        "with trans_a=%d trans_b=%d", vstr(a, sa, sizeof sa),
-                        vstr(b, sb, sizeof sb), d.ta, d.tb);
+                        "with trans_a=%d trans_b=%d",
+                        kl_value_str(a, sa, sizeof sa),
+                        kl_value_str(b, sb, sizeof sb), d.ta, d.tb);
   kl_shape out = {2, {d.m, d.ncols}};
   if (c) {
     /* c broadcasts to [M, N], never the other way round. */
@@ -208,10 +163,10 @@ int kl_infer_GEMM(kl_node *n, kl_error *err) {
     if (kl_broadcast_shapes(&c->shape, &out, &bc, &scratch, n->loc) ||
         !kl_shape_equal(&bc, &out))
       return KL_NODE_FAIL(n, err, "c %s does not broadcast to [%lld, %lld]",
-                          vstr(c, sa, sizeof sa), (long long)d.m,
+                          kl_value_str(c, sa, sizeof sa), (long long)d.m,
                           (long long)d.ncols);
   }
-  return set_out(n, err, 0, a->dtype, &out);
+  return kl_set_checked_output(n, err, 0, a->dtype, &out);
 }
 
 int kl_eval_GEMM(const kl_node *n, kl_tensor **in, kl_tensor **out,
@@ -307,7 +262,7 @@ static int window_setup(const kl_node *n, kl_error *err, const kl_value *x,
                           (long long)w->dil[0], (long long)w->dil[1],
                           (long long)w->pad[0], (long long)w->pad[1],
                           (long long)w->pad[2], (long long)w->pad[3],
-                          vstr(x, s, sizeof s));
+                          kl_value_str(x, s, sizeof s));
     }
     w->out[a] = len;
   }
@@ -330,19 +285,20 @@ static int conv_setup(const kl_node *n, kl_error *err, window *w,
     return KL_NODE_FAIL(n, err, "input channels %lld != weight channels "
                         "%lld * groups %lld: x %s, w %s", (long long)c,
                         (long long)wt->shape.dims[1], (long long)*groups,
-                        vstr(x, sx, sizeof sx), vstr(wt, sw, sizeof sw));
+                        kl_value_str(x, sx, sizeof sx),
+                        kl_value_str(wt, sw, sizeof sw));
   if (m % *groups != 0)
     return KL_NODE_FAIL(n, err, "output channels %lld of w %s are not a "
                         "multiple of groups %lld", (long long)m,
-                        vstr(wt, sw, sizeof sw), (long long)*groups);
+                        kl_value_str(wt, sw, sizeof sw), (long long)*groups);
   if (b && (b->shape.rank != 1 || b->shape.dims[0] != m))
     return KL_NODE_FAIL(n, err, "bias must have shape [%lld], got %s",
-                        (long long)m, vstr(b, sx, sizeof sx));
+                        (long long)m, kl_value_str(b, sx, sizeof sx));
   for (int a = 0; a < 2; a++) {
     w->k[a] = wt->shape.dims[2 + a];
     if (w->k[a] < 1 || w->k[a] > KL_MAX_NUMEL)
       return KL_NODE_FAIL(n, err, "kernel dims of w %s must be >= 1",
-                          vstr(wt, sw, sizeof sw));
+                          kl_value_str(wt, sw, sizeof sw));
     w->stride[a] = 1;
   }
   return window_setup(n, err, x, true, false, w);
@@ -358,7 +314,7 @@ int kl_infer_CONV2D(kl_node *n, kl_error *err) {
   const kl_shape *x = &n->inputs[0]->shape;
   kl_shape out = {4, {x->dims[0], n->inputs[1]->shape.dims[0], w.out[0],
                       w.out[1]}};
-  return set_out(n, err, 0, n->inputs[0]->dtype, &out);
+  return kl_set_checked_output(n, err, 0, n->inputs[0]->dtype, &out);
 }
 
 int kl_eval_CONV2D(const kl_node *n, kl_tensor **in, kl_tensor **out,
@@ -407,13 +363,13 @@ static int pool_setup(const kl_node *n, kl_error *err, bool is_max,
   const kl_value *x = n->inputs[0];
   char sx[300];
   memset(p, 0, sizeof *p);
-  if (get_flag(n, err, "ceil_mode", 0, &p->ceil_mode)) return -1;
-  if (!is_max && get_flag(n, err, "count_include_pad", 0, &p->include_pad))
+  if (kl_attr_flag(n, err, "ceil_mode", 0, &p->ceil_mode)) return -1;
+  if (!is_max && kl_attr_flag(n, err, "count_include_pad", 0, &p->include_pad))
     return -1;
   if (ints_attr(n, err, "kernel", 2, 1, NULL, p->w.k)) return -1;
   if (x->shape.dims[2] < 1 || x->shape.dims[3] < 1)
     return KL_NODE_FAIL(n, err, "spatial dims of %s must be >= 1",
-                        vstr(x, sx, sizeof sx));
+                        kl_value_str(x, sx, sizeof sx));
   p->w.stride[0] = p->w.k[0];
   p->w.stride[1] = p->w.k[1];
   if (window_setup(n, err, x, is_max, p->ceil_mode, &p->w)) return -1;
@@ -434,7 +390,7 @@ static int pool_infer(kl_node *n, kl_error *err, bool is_max) {
     return -1;
   const kl_shape *x = &n->inputs[0]->shape;
   kl_shape out = {4, {x->dims[0], x->dims[1], p.w.out[0], p.w.out[1]}};
-  return set_out(n, err, 0, n->inputs[0]->dtype, &out);
+  return kl_set_checked_output(n, err, 0, n->inputs[0]->dtype, &out);
 }
 
 /* Max of an empty window (possible only with dilation) is -inf. */
@@ -507,15 +463,15 @@ int kl_infer_GLOBAL_AVG_POOL(kl_node *n, kl_error *err) {
   if (check_operands(n, err, false)) return -1;
   if (x->shape.rank < 3)
     return KL_NODE_FAIL(n, err, "input must be [N, C, spatial...], got %s",
-                        vstr(x, sx, sizeof sx));
+                        kl_value_str(x, sx, sizeof sx));
   kl_shape out = x->shape;
   for (int i = 2; i < out.rank; i++) {
     if (out.dims[i] < 1)
       return KL_NODE_FAIL(n, err, "spatial dims of %s must be >= 1",
-                          vstr(x, sx, sizeof sx));
+                          kl_value_str(x, sx, sizeof sx));
     out.dims[i] = 1;
   }
-  return set_out(n, err, 0, x->dtype, &out);
+  return kl_set_checked_output(n, err, 0, x->dtype, &out);
 }
 
 int kl_eval_GLOBAL_AVG_POOL(const kl_node *n, kl_tensor **in,

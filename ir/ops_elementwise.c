@@ -8,14 +8,6 @@
 #define SQRT1_2 0.70710678118654752440   /* 1/sqrt(2) */
 #define SQRT_2_PI 0.79788456080286535588 /* sqrt(2/pi) */
 
-/* "f32[2, 3]" for error messages. */
-static const char *type_str(const kl_value *v, char *buf, size_t n) {
-  char s[200];
-  snprintf(buf, n, "%s%s", kl_dtype_name(v->dtype),
-           kl_shape_str(&v->shape, s, sizeof s));
-  return buf;
-}
-
 /* Which input dtypes a row accepts. */
 typedef enum {
   T_FLOAT,   /* floating point only (transcendental functions) */
@@ -28,10 +20,10 @@ static int check_type(const kl_node *n, kl_error *err, const kl_value *v,
   char b[256];
   if (c == T_FLOAT && !kl_dtype_is_float(v->dtype))
     return KL_NODE_FAIL(n, err, "needs a floating-point input, got %s",
-                        type_str(v, b, sizeof b));
+                        kl_value_str(v, b, sizeof b));
   if (c == T_NUMERIC && v->dtype == KL_BOOL)
     return KL_NODE_FAIL(n, err, "does not accept bool, got %s (cast it first)",
-                        type_str(v, b, sizeof b));
+                        kl_value_str(v, b, sizeof b));
   return 0;
 }
 
@@ -43,7 +35,8 @@ static int broadcast2(const kl_node *n, kl_error *err, const kl_value *a,
   if (kl_broadcast_shapes(sa, sb, out, &scratch, n->loc) == 0) return 0;
   char ba[256], bb[256];
   return KL_NODE_FAIL(n, err, "cannot broadcast %s with %s",
-                      type_str(a, ba, sizeof ba), type_str(b, bb, sizeof bb));
+                      kl_value_str(a, ba, sizeof ba),
+                      kl_value_str(b, bb, sizeof bb));
 }
 
 static int same_dtype(const kl_node *n, kl_error *err, const kl_value *a,
@@ -51,7 +44,8 @@ static int same_dtype(const kl_node *n, kl_error *err, const kl_value *a,
   if (a->dtype == b->dtype) return 0;
   char ba[256], bb[256];
   return KL_NODE_FAIL(n, err, "inputs must share a dtype, got %s and %s",
-                      type_str(a, ba, sizeof ba), type_str(b, bb, sizeof bb));
+                      kl_value_str(a, ba, sizeof ba),
+                      kl_value_str(b, bb, sizeof bb));
 }
 
 /* Flat index of output element i (multi-index idx) in input t. */
@@ -240,26 +234,6 @@ static const char *i_pow(int64_t a, int64_t b, uint64_t *r) {
   return NULL;
 }
 
-/* Interpreter values of integer dtypes are integral and in range, so the
- * conversion is exact; the clamps only guard against undefined behaviour. */
-static int64_t to_i64(double v) {
-  if (isnan(v)) return 0;
-  if (v >= 9223372036854775807.0) return INT64_MAX;
-  if (v <= -9223372036854775808.0) return INT64_MIN;
-  return (int64_t)v;
-}
-
-/* Two's-complement wrap of a 64-bit pattern to dtype t's width. */
-static double wrap_to(kl_dtype t, uint64_t u) {
-  int bits = t == KL_I8 ? 8 : t == KL_I32 ? 32 : 64;
-  if (bits < 64) {
-    u &= ((uint64_t)1 << bits) - 1;
-    if (u >> (bits - 1)) return (double)u - ldexp(1.0, bits);
-    return (double)u;
-  }
-  return u >> 63 ? -(double)(~u) - 1.0 : (double)u;
-}
-
 static int infer_binary(kl_node *n, kl_error *err, type_class c, bool to_bool) {
   const kl_value *a = n->inputs[0], *b = n->inputs[1];
   if (same_dtype(n, err, a, b) || check_type(n, err, a, c)) return -1;
@@ -282,11 +256,11 @@ static int eval_binary(const kl_node *n, kl_tensor **in, kl_tensor *y,
       continue;
     }
     uint64_t r;
-    const char *msg = fi(to_i64(va), to_i64(vb), &r);
+    const char *msg = fi(kl_to_i64(va), kl_to_i64(vb), &r);
     if (msg)
       return KL_NODE_FAIL(n, err, "%s (%lld and %lld)", msg,
-                          (long long)to_i64(va), (long long)to_i64(vb));
-    y->data[i] = wrap_to(y->dtype, r);
+                          (long long)kl_to_i64(va), (long long)kl_to_i64(vb));
+    y->data[i] = kl_wrap_to(y->dtype, r);
   }
   return 0;
 }
@@ -321,7 +295,7 @@ int kl_infer_WHERE(kl_node *n, kl_error *err) {
   char buf[256];
   if (c->dtype != KL_BOOL)
     return KL_NODE_FAIL(n, err, "condition must be bool, got %s",
-                        type_str(c, buf, sizeof buf));
+                        kl_value_str(c, buf, sizeof buf));
   if (same_dtype(n, err, a, b)) return -1;
   kl_shape ab, s;
   if (broadcast2(n, err, a, b, &a->shape, &b->shape, &ab)) return -1;
@@ -329,7 +303,7 @@ int kl_infer_WHERE(kl_node *n, kl_error *err) {
   if (kl_broadcast_shapes(&c->shape, &ab, &s, &scratch, n->loc)) {
     char bc[256], sab[200];
     return KL_NODE_FAIL(n, err, "cannot broadcast condition %s with %s%s",
-                        type_str(c, bc, sizeof bc), kl_dtype_name(a->dtype),
+                        kl_value_str(c, bc, sizeof bc), kl_dtype_name(a->dtype),
                         kl_shape_str(&ab, sab, sizeof sab));
   }
   kl_set_output(n, 0, a->dtype, &s);

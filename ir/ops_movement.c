@@ -1,49 +1,10 @@
 /* ops_movement.c - shape inference and reference evaluation of the data
  * movement rows (reshape ... trilu) and the constant source. */
-#include <stdio.h>
 #include <string.h>
 
 #include "op_impl.h"
 
 /* ---- shared helpers -------------------------------------------------- */
-
-/* "f32[2, 3]" for error messages. */
-static const char *vstr(const kl_value *v, char *buf, size_t n) {
-  char s[256];
-  snprintf(buf, n, "%s%s", kl_dtype_name(v->dtype),
-           kl_shape_str(&v->shape, s, sizeof s));
-  return buf;
-}
-
-/* Element count of s, or -1 when a dim is negative or the count exceeds
- * KL_MAX_NUMEL.  Divides before multiplying so nothing overflows. */
-static int64_t safe_numel(const kl_shape *s) {
-  bool zero = false;
-  for (int i = 0; i < s->rank; i++) {
-    if (s->dims[i] < 0) return -1;
-    if (s->dims[i] == 0) zero = true;
-  }
-  if (zero) return 0;
-  int64_t p = 1;
-  for (int i = 0; i < s->rank; i++) {
-    if (s->dims[i] > KL_MAX_NUMEL / p) return -1;
-    p *= s->dims[i];
-  }
-  return p;
-}
-
-/* kl_set_output after checking the shape is one we can hold. */
-static int set_out(kl_node *n, kl_error *err, int k, kl_dtype t,
-                   const kl_shape *s) {
-  if (safe_numel(s) < 0) {
-    char b[256];
-    return KL_NODE_FAIL(n, err, "output shape %s is too large (limit %lld "
-                        "elements)", kl_shape_str(s, b, sizeof b),
-                        (long long)KL_MAX_NUMEL);
-  }
-  kl_set_output(n, k, t, s);
-  return 0;
-}
 
 /* An ints attribute that must be present. */
 static int req_ints(const kl_node *n, kl_error *err, const char *name,
@@ -67,11 +28,16 @@ static int axes_mask(const kl_node *n, kl_error *err, const int64_t *axes,
   return 0;
 }
 
-/* Product of dims [from, to) of s. */
-static int64_t dims_prod(const kl_shape *s, int from, int to) {
-  int64_t p = 1;
-  for (int i = from; i < to; i++) p *= s->dims[i];
-  return p;
+/* Normalises the `axis` attribute (default 0) against s and views s as
+ * [outer, s[axis], inner]: the setup of concat, split and gather. */
+static int axis_view(const kl_node *n, kl_error *err, const kl_shape *s,
+                     int *axis, int64_t *outer, int64_t *inner) {
+  if (kl_norm_axis(kl_attr_int(n, "axis", 0), s->rank, axis, n, err))
+    return -1;
+  *outer = *inner = 1;
+  for (int i = 0; i < *axis; i++) *outer *= s->dims[i];
+  for (int i = *axis + 1; i < s->rank; i++) *inner *= s->dims[i];
+  return 0;
 }
 
 static int copy_eval(kl_tensor **in, kl_tensor **out) {
@@ -131,7 +97,7 @@ int kl_infer_RESHAPE(kl_node *n, kl_error *err) {
       out.dims[i] = sh[i];
     }
   }
-  int64_t known = safe_numel(&out), numel = kl_shape_numel(&x->shape);
+  int64_t known = kl_checked_numel(&out), numel = kl_shape_numel(&x->shape);
   char so[256];
   if (known < 0)
     return KL_NODE_FAIL(n, err, "shape %s is too large",
@@ -140,17 +106,17 @@ int kl_infer_RESHAPE(kl_node *n, kl_error *err) {
     if (known == 0 || numel % known != 0) {
       out.dims[infer_at] = -1;
       return KL_NODE_FAIL(n, err, "cannot reshape %s (%lld elements) to %s",
-                          vstr(x, sx, sizeof sx), (long long)numel,
+                          kl_value_str(x, sx, sizeof sx), (long long)numel,
                           kl_shape_str(&out, so, sizeof so));
     }
     out.dims[infer_at] = numel / known;
   } else if (known != numel) {
     return KL_NODE_FAIL(n, err, "cannot reshape %s (%lld elements) to %s "
-                        "(%lld elements)", vstr(x, sx, sizeof sx),
+                        "(%lld elements)", kl_value_str(x, sx, sizeof sx),
                         (long long)numel, kl_shape_str(&out, so, sizeof so),
                         (long long)known);
   }
-  return set_out(n, err, 0, x->dtype, &out);
+  return kl_set_checked_output(n, err, 0, x->dtype, &out);
 }
 
 int kl_eval_RESHAPE(const kl_node *n, kl_tensor **in, kl_tensor **out,
@@ -189,7 +155,7 @@ int kl_infer_TRANSPOSE(kl_node *n, kl_error *err) {
   if (get_perm(n, err, x->shape.rank, perm)) return -1;
   kl_shape out = {x->shape.rank, {0}};
   for (int i = 0; i < out.rank; i++) out.dims[i] = x->shape.dims[perm[i]];
-  return set_out(n, err, 0, x->dtype, &out);
+  return kl_set_checked_output(n, err, 0, x->dtype, &out);
 }
 
 int kl_eval_TRANSPOSE(const kl_node *n, kl_tensor **in, kl_tensor **out,
@@ -213,7 +179,7 @@ int kl_infer_CONCAT(kl_node *n, kl_error *err) {
     return KL_NODE_FAIL(n, err, "axis is required");
   if (x0->shape.rank < 1)
     return KL_NODE_FAIL(n, err, "inputs must have rank >= 1, got %s",
-                        vstr(x0, s0, sizeof s0));
+                        kl_value_str(x0, s0, sizeof s0));
   int axis;
   if (kl_norm_axis(kl_attr_int(n, "axis", 0), x0->shape.rank, &axis, n, err))
     return -1;
@@ -225,25 +191,22 @@ int kl_infer_CONCAT(kl_node *n, kl_error *err) {
       ok = d == axis || xi->shape.dims[d] == x0->shape.dims[d];
     if (!ok)
       return KL_NODE_FAIL(n, err, "input %d %s does not match input 0 %s "
-                          "outside axis %d", i, vstr(xi, si, sizeof si),
-                          vstr(x0, s0, sizeof s0), axis);
+                          "outside axis %d", i, kl_value_str(xi, si, sizeof si),
+                          kl_value_str(x0, s0, sizeof s0), axis);
     if (__builtin_add_overflow(out.dims[axis], xi->shape.dims[axis],
                                &out.dims[axis]))
       return KL_NODE_FAIL(n, err, "concatenated axis %d overflows", axis);
   }
-  return set_out(n, err, 0, x0->dtype, &out);
+  return kl_set_checked_output(n, err, 0, x0->dtype, &out);
 }
 
 int kl_eval_CONCAT(const kl_node *n, kl_tensor **in, kl_tensor **out,
                    kl_error *err) {
   const kl_shape *os = &out[0]->shape;
-  if (out[0]->numel == 0) return 0;
   int axis;
-  if (kl_norm_axis(kl_attr_int(n, "axis", 0), os->rank, &axis, n, err))
-    return -1;
-  int64_t outer = dims_prod(os, 0, axis), inner = dims_prod(os, axis + 1,
-                                                            os->rank);
-  int64_t at = 0;
+  int64_t outer, inner, at = 0;
+  if (out[0]->numel == 0) return 0;
+  if (axis_view(n, err, os, &axis, &outer, &inner)) return -1;
   for (int i = 0; i < n->ninputs; i++) {
     int64_t len = in[i]->shape.dims[axis];
     if (len > 0)
@@ -264,7 +227,7 @@ int kl_infer_SPLIT(kl_node *n, kl_error *err) {
     return KL_NODE_FAIL(n, err, "%d sizes for %d outputs", len, n->noutputs);
   if (x->shape.rank < 1)
     return KL_NODE_FAIL(n, err, "input must have rank >= 1, got %s",
-                        vstr(x, sx, sizeof sx));
+                        kl_value_str(x, sx, sizeof sx));
   int axis;
   if (kl_norm_axis(kl_attr_int(n, "axis", 0), x->shape.rank, &axis, n, err))
     return -1;
@@ -278,11 +241,11 @@ int kl_infer_SPLIT(kl_node *n, kl_error *err) {
   if (total != x->shape.dims[axis])
     return KL_NODE_FAIL(n, err, "sizes do not sum to %lld, the length of "
                         "axis %d of %s", (long long)x->shape.dims[axis], axis,
-                        vstr(x, sx, sizeof sx));
+                        kl_value_str(x, sx, sizeof sx));
   for (int i = 0; i < len; i++) {
     kl_shape out = x->shape;
     out.dims[axis] = sizes[i];
-    if (set_out(n, err, i, x->dtype, &out)) return -1;
+    if (kl_set_checked_output(n, err, i, x->dtype, &out)) return -1;
   }
   return 0;
 }
@@ -290,13 +253,10 @@ int kl_infer_SPLIT(kl_node *n, kl_error *err) {
 int kl_eval_SPLIT(const kl_node *n, kl_tensor **in, kl_tensor **out,
                   kl_error *err) {
   const kl_shape *xs = &in[0]->shape;
-  if (in[0]->numel == 0) return 0;
   int axis;
-  if (kl_norm_axis(kl_attr_int(n, "axis", 0), xs->rank, &axis, n, err))
-    return -1;
-  int64_t outer = dims_prod(xs, 0, axis), inner = dims_prod(xs, axis + 1,
-                                                            xs->rank);
-  int64_t at = 0;
+  int64_t outer, inner, at = 0;
+  if (in[0]->numel == 0) return 0;
+  if (axis_view(n, err, xs, &axis, &outer, &inner)) return -1;
   for (int i = 0; i < n->noutputs; i++) {
     int64_t len = out[i]->shape.dims[axis];
     if (len > 0)
@@ -357,7 +317,7 @@ int kl_infer_SLICE(kl_node *n, kl_error *err) {
   int64_t start[KL_MAX_RANK], step[KL_MAX_RANK];
   kl_shape out;
   if (slice_setup(n, err, &n->inputs[0]->shape, start, step, &out)) return -1;
-  return set_out(n, err, 0, n->inputs[0]->dtype, &out);
+  return kl_set_checked_output(n, err, 0, n->inputs[0]->dtype, &out);
 }
 
 int kl_eval_SLICE(const kl_node *n, kl_tensor **in, kl_tensor **out,
@@ -384,37 +344,35 @@ int kl_infer_GATHER(kl_node *n, kl_error *err) {
   char sx[300], si[300];
   if (ix->dtype != KL_I32 && ix->dtype != KL_I64)
     return KL_NODE_FAIL(n, err, "indices must be i32 or i64, got %s",
-                        vstr(ix, si, sizeof si));
+                        kl_value_str(ix, si, sizeof si));
   if (x->shape.rank < 1)
     return KL_NODE_FAIL(n, err, "data must have rank >= 1, got %s",
-                        vstr(x, sx, sizeof sx));
+                        kl_value_str(x, sx, sizeof sx));
   int axis;
   if (kl_norm_axis(kl_attr_int(n, "axis", 0), x->shape.rank, &axis, n, err))
     return -1;
   int rank = x->shape.rank - 1 + ix->shape.rank;
   if (rank > KL_MAX_RANK)
     return KL_NODE_FAIL(n, err, "result of gathering %s from %s would have "
-                        "rank %d (at most %d)", vstr(ix, si, sizeof si),
-                        vstr(x, sx, sizeof sx), rank, KL_MAX_RANK);
+                        "rank %d (at most %d)", kl_value_str(ix, si, sizeof si),
+                        kl_value_str(x, sx, sizeof sx), rank, KL_MAX_RANK);
   kl_shape out = {0, {0}};
   for (int i = 0; i < axis; i++) out.dims[out.rank++] = x->shape.dims[i];
   for (int i = 0; i < ix->shape.rank; i++)
     out.dims[out.rank++] = ix->shape.dims[i];
   for (int i = axis + 1; i < x->shape.rank; i++)
     out.dims[out.rank++] = x->shape.dims[i];
-  return set_out(n, err, 0, x->dtype, &out);
+  return kl_set_checked_output(n, err, 0, x->dtype, &out);
 }
 
 int kl_eval_GATHER(const kl_node *n, kl_tensor **in, kl_tensor **out,
                    kl_error *err) {
   const kl_shape *xs = &in[0]->shape;
-  if (out[0]->numel == 0) return 0;
   int axis;
-  if (kl_norm_axis(kl_attr_int(n, "axis", 0), xs->rank, &axis, n, err))
-    return -1;
+  int64_t outer, inner;
+  if (out[0]->numel == 0) return 0;
+  if (axis_view(n, err, xs, &axis, &outer, &inner)) return -1;
   int64_t dim = xs->dims[axis], nidx = in[1]->numel;
-  int64_t outer = dims_prod(xs, 0, axis), inner = dims_prod(xs, axis + 1,
-                                                            xs->rank);
   for (int64_t j = 0; j < nidx; j++) {
     double v = in[1]->data[j];
     /* Compare as doubles first so a huge i64 never converts out of range. */
@@ -450,9 +408,9 @@ int kl_infer_EXPAND(kl_node *n, kl_error *err) {
   kl_error scratch;
   if (kl_broadcast_shapes(&x->shape, &target, &out, &scratch, n->loc))
     return KL_NODE_FAIL(n, err, "cannot broadcast %s to %s",
-                        vstr(x, sx, sizeof sx),
+                        kl_value_str(x, sx, sizeof sx),
                         kl_shape_str(&target, st, sizeof st));
-  return set_out(n, err, 0, x->dtype, &out);
+  return kl_set_checked_output(n, err, 0, x->dtype, &out);
 }
 
 int kl_eval_EXPAND(const kl_node *n, kl_tensor **in, kl_tensor **out,
@@ -486,12 +444,12 @@ int kl_infer_SQUEEZE(kl_node *n, kl_error *err) {
     for (int i = 0; i < x->shape.rank; i++)
       if (mask[i] && x->shape.dims[i] != 1)
         return KL_NODE_FAIL(n, err, "cannot squeeze axis %d of %s: size is "
-                            "not 1", i, vstr(x, sx, sizeof sx));
+                            "not 1", i, kl_value_str(x, sx, sizeof sx));
   }
   kl_shape out = {0, {0}};
   for (int i = 0; i < x->shape.rank; i++)
     if (!mask[i]) out.dims[out.rank++] = x->shape.dims[i];
-  return set_out(n, err, 0, x->dtype, &out);
+  return kl_set_checked_output(n, err, 0, x->dtype, &out);
 }
 
 int kl_eval_SQUEEZE(const kl_node *n, kl_tensor **in, kl_tensor **out,
@@ -515,7 +473,7 @@ int kl_infer_UNSQUEEZE(kl_node *n, kl_error *err) {
   kl_shape out = {rank, {0}};
   for (int i = 0, j = 0; i < rank; i++)
     out.dims[i] = mask[i] ? 1 : x->shape.dims[j++];
-  return set_out(n, err, 0, x->dtype, &out);
+  return kl_set_checked_output(n, err, 0, x->dtype, &out);
 }
 
 int kl_eval_UNSQUEEZE(const kl_node *n, kl_tensor **in, kl_tensor **out,
@@ -538,8 +496,8 @@ int kl_infer_FLATTEN(kl_node *n, kl_error *err) {
   head.rank = (int)axis;
   tail.rank = rank - (int)axis;
   memmove(tail.dims, x->shape.dims + axis, sizeof(int64_t) * (size_t)tail.rank);
-  kl_shape out = {2, {safe_numel(&head), safe_numel(&tail)}};
-  return set_out(n, err, 0, x->dtype, &out);
+  kl_shape out = {2, {kl_checked_numel(&head), kl_checked_numel(&tail)}};
+  return kl_set_checked_output(n, err, 0, x->dtype, &out);
 }
 
 int kl_eval_FLATTEN(const kl_node *n, kl_tensor **in, kl_tensor **out,
@@ -577,7 +535,8 @@ static int pad_setup(const kl_node *n, kl_error *err, const kl_value *x,
   if (len < 0) return -1;
   if (len != 2 * rank)
     return KL_NODE_FAIL(n, err, "pads must have %d entries (2 * rank of %s), "
-                        "got %d", 2 * rank, vstr(x, sx, sizeof sx), len);
+                        "got %d", 2 * rank, kl_value_str(x, sx, sizeof sx),
+                        len);
   *out = x->shape;
   for (int a = 0; a < rank; a++) {
     int64_t d = x->shape.dims[a], b = pads[a], e = pads[rank + a];
@@ -585,7 +544,7 @@ static int pad_setup(const kl_node *n, kl_error *err, const kl_value *x,
     if ((b < 0 && b < -d) || (e < 0 && e < -(d - (b < 0 ? -b : 0))))
       return KL_NODE_FAIL(n, err, "pads [%lld, %lld] crop more than axis %d "
                           "of %s holds", (long long)b, (long long)e, a,
-                          vstr(x, sx, sizeof sx));
+                          kl_value_str(x, sx, sizeof sx));
     p->crop[a] = b < 0 ? -b : 0;
     p->keep[a] = d - p->crop[a] - (e < 0 ? -e : 0);
     p->before[a] = b > 0 ? b : 0;
@@ -596,11 +555,12 @@ static int pad_setup(const kl_node *n, kl_error *err, const kl_value *x,
       return KL_NODE_FAIL(n, err, "reflect pads [%lld, %lld] of axis %d must "
                           "be smaller than its length %lld (after cropping) "
                           "in %s", (long long)b, (long long)e, a,
-                          (long long)p->keep[a], vstr(x, sx, sizeof sx));
+                          (long long)p->keep[a],
+                          kl_value_str(x, sx, sizeof sx));
     if (p->mode == PAD_EDGE && p->keep[a] == 0 &&
         (p->before[a] > 0 || after > 0))
       return KL_NODE_FAIL(n, err, "edge padding of empty axis %d of %s", a,
-                          vstr(x, sx, sizeof sx));
+                          kl_value_str(x, sx, sizeof sx));
     if (__builtin_add_overflow(p->keep[a], p->before[a], &out->dims[a]) ||
         __builtin_add_overflow(out->dims[a], after, &out->dims[a]))
       return KL_NODE_FAIL(n, err, "padded axis %d overflows", a);
@@ -612,7 +572,7 @@ int kl_infer_PAD(kl_node *n, kl_error *err) {
   pad_cfg p;
   kl_shape out;
   if (pad_setup(n, err, n->inputs[0], &p, &out)) return -1;
-  return set_out(n, err, 0, n->inputs[0]->dtype, &out);
+  return kl_set_checked_output(n, err, 0, n->inputs[0]->dtype, &out);
 }
 
 int kl_eval_PAD(const kl_node *n, kl_tensor **in, kl_tensor **out,
@@ -653,8 +613,8 @@ int kl_infer_TRILU(kl_node *n, kl_error *err) {
                         (long long)upper);
   if (x->shape.rank < 2)
     return KL_NODE_FAIL(n, err, "input must have rank >= 2, got %s",
-                        vstr(x, sx, sizeof sx));
-  return set_out(n, err, 0, x->dtype, &x->shape);
+                        kl_value_str(x, sx, sizeof sx));
+  return kl_set_checked_output(n, err, 0, x->dtype, &x->shape);
 }
 
 int kl_eval_TRILU(const kl_node *n, kl_tensor **in, kl_tensor **out,
@@ -691,7 +651,7 @@ int kl_infer_CONSTANT(kl_node *n, kl_error *err) {
     out.rank = len;
     memcpy(out.dims, sh, sizeof(int64_t) * (size_t)len);
   }
-  int64_t numel = safe_numel(&out);
+  int64_t numel = kl_checked_numel(&out);
   if (numel < 0)
     return KL_NODE_FAIL(n, err, "shape %s is negative or too large",
                         kl_shape_str(&out, so, sizeof so));
@@ -700,7 +660,7 @@ int kl_infer_CONSTANT(kl_node *n, kl_error *err) {
                         "give 1 or %lld", value->n,
                         kl_shape_str(&out, so, sizeof so), (long long)numel,
                         (long long)numel);
-  return set_out(n, err, 0, t, &out);
+  return kl_set_checked_output(n, err, 0, t, &out);
 }
 
 int kl_eval_CONSTANT(const kl_node *n, kl_tensor **in, kl_tensor **out,

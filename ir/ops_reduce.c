@@ -6,36 +6,18 @@
 
 #include "op_impl.h"
 
-/* "f32[2, 3]" for error messages. */
-static const char *type_str(const kl_value *v, char *buf, size_t n) {
-  char s[200];
-  snprintf(buf, n, "%s%s", kl_dtype_name(v->dtype),
-           kl_shape_str(&v->shape, s, sizeof s));
-  return buf;
-}
-
 static int need_float(const kl_node *n, kl_error *err, const kl_value *v) {
   if (kl_dtype_is_float(v->dtype)) return 0;
   char b[256];
   return KL_NODE_FAIL(n, err, "needs a floating-point input, got %s",
-                      type_str(v, b, sizeof b));
+                      kl_value_str(v, b, sizeof b));
 }
 
 static int need_numeric(const kl_node *n, kl_error *err, const kl_value *v) {
   if (v->dtype != KL_BOOL) return 0;
   char b[256];
   return KL_NODE_FAIL(n, err, "does not accept bool, got %s (cast it first)",
-                      type_str(v, b, sizeof b));
-}
-
-static int get_flag(const kl_node *n, kl_error *err, const char *name,
-                    int64_t dflt, bool *out) {
-  int64_t v = kl_attr_int(n, name, dflt);
-  if (v != 0 && v != 1)
-    return KL_NODE_FAIL(n, err, "%s must be 0 or 1, got %lld", name,
-                        (long long)v);
-  *out = v != 0;
-  return 0;
+                      kl_value_str(v, b, sizeof b));
 }
 
 /* View shape s as [outer, s[axis], inner]. */
@@ -78,7 +60,7 @@ static int infer_reduce(kl_node *n, kl_error *err, reduce_kind kind) {
   const kl_value *x = n->inputs[0];
   bool mask[KL_MAX_RANK], keep = false;
   if (need_numeric(n, err, x) || reduce_mask(n, err, x->shape.rank, mask) ||
-      get_flag(n, err, "keepdims", 0, &keep))
+      kl_attr_flag(n, err, "keepdims", 0, &keep))
     return -1;
   kl_shape s = {0};
   int64_t count = 1;
@@ -92,7 +74,7 @@ static int infer_reduce(kl_node *n, kl_error *err, reduce_kind kind) {
       kl_shape_numel(&s) > 0) {
     char b[256];
     return KL_NODE_FAIL(n, err, "mean over zero elements of %s is undefined "
-                        "for an integer dtype", type_str(x, b, sizeof b));
+                        "for an integer dtype", kl_value_str(x, b, sizeof b));
   }
   kl_set_output(n, 0, x->dtype, &s);
   return 0;
@@ -121,24 +103,6 @@ static double combine(reduce_kind kind, double acc, double v) {
   case R_PROD: return acc * v;
   default: return acc + v;
   }
-}
-
-static int64_t to_i64(double v) {
-  if (isnan(v)) return 0;
-  if (v >= 9223372036854775807.0) return INT64_MAX;
-  if (v <= -9223372036854775808.0) return INT64_MIN;
-  return (int64_t)v;
-}
-
-/* Two's-complement wrap of a 64-bit pattern to dtype t's width. */
-static double wrap_to(kl_dtype t, uint64_t u) {
-  int bits = t == KL_I8 ? 8 : t == KL_I32 ? 32 : 64;
-  if (bits < 64) {
-    u &= ((uint64_t)1 << bits) - 1;
-    if (u >> (bits - 1)) return (double)u - ldexp(1.0, bits);
-    return (double)u;
-  }
-  return u >> 63 ? -(double)(~u) - 1.0 : (double)u;
 }
 
 static int eval_reduce(const kl_node *n, const kl_tensor *x, kl_tensor *y,
@@ -172,11 +136,11 @@ static int eval_reduce(const kl_node *n, const kl_tensor *x, kl_tensor *y,
   for (int64_t i = 0; i < x->numel; i++, kl_index_next(&x->shape, idx)) {
     int64_t o = 0;
     for (int d = 0; d < ks.rank; d++) o += idx[d] * ostr[d];
-    if (iacc) iacc[o] *= (uint64_t)to_i64(x->data[i]);
+    if (iacc) iacc[o] *= (uint64_t)kl_to_i64(x->data[i]);
     else y->data[o] = combine(kind, y->data[o], x->data[i]);
   }
   for (int64_t j = 0; j < y->numel; j++) {
-    if (iacc) y->data[j] = wrap_to(y->dtype, iacc[j]);
+    if (iacc) y->data[j] = kl_wrap_to(y->dtype, iacc[j]);
     if (kind == R_MEAN) y->data[j] /= (double)count; /* 0/0: NaN */
   }
   free(iacc);
@@ -205,13 +169,13 @@ int kl_infer_ARGMAX(kl_node *n, kl_error *err) {
   bool keep = false;
   if (need_numeric(n, err, x) ||
       kl_norm_axis(kl_attr_int(n, "axis", 0), x->shape.rank, &axis, n, err) ||
-      get_flag(n, err, "keepdims", 1, &keep))
+      kl_attr_flag(n, err, "keepdims", 1, &keep))
     return -1;
   kl_shape s = drop_axis(&x->shape, axis, keep);
   if (x->shape.dims[axis] == 0 && kl_shape_numel(&s) > 0) {
     char b[256];
     return KL_NODE_FAIL(n, err, "axis %d of %s is empty, so it has no maximum",
-                        axis, type_str(x, b, sizeof b));
+                        axis, kl_value_str(x, b, sizeof b));
   }
   kl_set_output(n, 0, KL_I64, &s);
   return 0;
@@ -321,17 +285,17 @@ static int infer_norm(kl_node *n, kl_error *err) {
     char bx[256], bp[256], bs[200];
     if (p->dtype != x->dtype)
       return KL_NODE_FAIL(n, err, "%s %s must have x's dtype (x is %s)",
-                          affine_names[k], type_str(p, bp, sizeof bp),
-                          type_str(x, bx, sizeof bx));
+                          affine_names[k], kl_value_str(p, bp, sizeof bp),
+                          kl_value_str(x, bx, sizeof bx));
     kl_error scratch;
     if (p->shape.rank > ns.rank ||
         kl_broadcast_shapes(&p->shape, &ns, &b, &scratch, n->loc) ||
         !kl_shape_equal(&b, &ns))
       return KL_NODE_FAIL(n, err, "%s %s does not broadcast to the normalised "
                           "shape %s (x is %s, axis %d)",
-                          affine_names[k], type_str(p, bp, sizeof bp),
+                          affine_names[k], kl_value_str(p, bp, sizeof bp),
                           kl_shape_str(&ns, bs, sizeof bs),
-                          type_str(x, bx, sizeof bx), axis);
+                          kl_value_str(x, bx, sizeof bx), axis);
   }
   kl_set_output(n, 0, x->dtype, &x->shape);
   return 0;
@@ -407,15 +371,15 @@ int kl_infer_BATCH_NORM(kl_node *n, kl_error *err) {
   if (need_float(n, err, x)) return -1;
   if (x->shape.rank < 2)
     return KL_NODE_FAIL(n, err, "x must have rank >= 2 (N, C, ...), got %s",
-                        type_str(x, bx, sizeof bx));
+                        kl_value_str(x, bx, sizeof bx));
   int64_t c = x->shape.dims[1];
   for (int k = 1; k < 5; k++) {
     const kl_value *p = n->inputs[k];
     if (p->dtype != x->dtype || p->shape.rank != 1 || p->shape.dims[0] != c)
       return KL_NODE_FAIL(n, err, "%s must be %s[%lld] (one per channel of x "
                           "%s), got %s", bn_names[k], kl_dtype_name(x->dtype),
-                          (long long)c, type_str(x, bx, sizeof bx),
-                          type_str(p, bp, sizeof bp));
+                          (long long)c, kl_value_str(x, bx, sizeof bx),
+                          kl_value_str(p, bp, sizeof bp));
   }
   kl_set_output(n, 0, x->dtype, &x->shape);
   return 0;
@@ -465,7 +429,7 @@ int kl_infer_CROSS_ENTROPY(kl_node *n, kl_error *err) {
     return -1;
   if (x->shape.dims[axis] == 0)
     return KL_NODE_FAIL(n, err, "logits %s have no classes on axis %d",
-                        type_str(x, bx, sizeof bx), axis);
+                        kl_value_str(x, bx, sizeof bx), axis);
   kl_shape items = drop_axis(&x->shape, axis, false);
   if (l->dtype == KL_I32 || l->dtype == KL_I64) {
     if (!kl_shape_equal(&l->shape, &items)) {
@@ -473,18 +437,18 @@ int kl_infer_CROSS_ENTROPY(kl_node *n, kl_error *err) {
       return KL_NODE_FAIL(n, err, "class-index labels must have shape %s "
                           "(logits %s without axis %d), got %s",
                           kl_shape_str(&items, bs, sizeof bs),
-                          type_str(x, bx, sizeof bx), axis,
-                          type_str(l, bl, sizeof bl));
+                          kl_value_str(x, bx, sizeof bx), axis,
+                          kl_value_str(l, bl, sizeof bl));
     }
   } else if (kl_dtype_is_float(l->dtype)) {
     if (l->dtype != x->dtype || !kl_shape_equal(&l->shape, &x->shape))
       return KL_NODE_FAIL(n, err, "probability labels must match the logits "
-                          "%s, got %s", type_str(x, bx, sizeof bx),
-                          type_str(l, bl, sizeof bl));
+                          "%s, got %s", kl_value_str(x, bx, sizeof bx),
+                          kl_value_str(l, bl, sizeof bl));
   } else {
     return KL_NODE_FAIL(n, err, "labels must be i32/i64 class indices or "
                         "float probabilities, got %s",
-                        type_str(l, bl, sizeof bl));
+                        kl_value_str(l, bl, sizeof bl));
   }
   kl_shape scalar = {0};
   kl_set_output(n, 0, x->dtype, red == RED_NONE ? &items : &scalar);
@@ -513,7 +477,7 @@ int kl_eval_CROSS_ENTROPY(const kl_node *n, kl_tensor **in, kl_tensor **out,
         double lab = l->data[item];
         if (!(lab >= 0 && lab < (double)c))
           return KL_NODE_FAIL(n, err, "label %lld is out of range [0, %lld) "
-                              "(item %lld)", (long long)to_i64(lab),
+                              "(item %lld)", (long long)kl_to_i64(lab),
                               (long long)c, (long long)item);
         loss = lse - xr[(int64_t)lab * inner];
       } else {

@@ -165,6 +165,71 @@ int kl_norm_axis(int64_t axis, int rank, int *out, const kl_node *n,
   return 0;
 }
 
+/* ---- helpers for op rows (op_impl.h) --------------------------------- */
+const char *kl_value_str(const kl_value *v, char *buf, size_t n) {
+  char s[256];
+  snprintf(buf, n, "%s%s", kl_dtype_name(v->dtype),
+           kl_shape_str(&v->shape, s, sizeof s));
+  return buf;
+}
+
+/* Divides before multiplying so nothing overflows. */
+int64_t kl_checked_numel(const kl_shape *s) {
+  bool zero = false;
+  for (int i = 0; i < s->rank; i++) {
+    if (s->dims[i] < 0) return -1;
+    if (s->dims[i] == 0) zero = true;
+  }
+  if (zero) return 0;
+  int64_t p = 1;
+  for (int i = 0; i < s->rank; i++) {
+    if (s->dims[i] > KL_MAX_NUMEL / p) return -1;
+    p *= s->dims[i];
+  }
+  return p;
+}
+
+int kl_set_checked_output(kl_node *n, kl_error *err, int k, kl_dtype t,
+                          const kl_shape *s) {
+  if (kl_checked_numel(s) < 0) {
+    char b[256];
+    return KL_NODE_FAIL(n, err, "output shape %s is too large (limit %lld "
+                        "elements)", kl_shape_str(s, b, sizeof b),
+                        (long long)KL_MAX_NUMEL);
+  }
+  kl_set_output(n, k, t, s);
+  return 0;
+}
+
+int kl_attr_flag(const kl_node *n, kl_error *err, const char *name,
+                 int64_t dflt, bool *out) {
+  int64_t v = kl_attr_int(n, name, dflt);
+  if (v != 0 && v != 1)
+    return KL_NODE_FAIL(n, err, "%s must be 0 or 1, got %lld", name,
+                        (long long)v);
+  *out = v == 1;
+  return 0;
+}
+
+/* Interpreter values of integer dtypes are integral and in range, so the
+ * conversion is exact; the clamps only guard against undefined behaviour. */
+int64_t kl_to_i64(double v) {
+  if (isnan(v)) return 0;
+  if (v >= 9223372036854775807.0) return INT64_MAX;
+  if (v <= -9223372036854775808.0) return INT64_MIN;
+  return (int64_t)v;
+}
+
+double kl_wrap_to(kl_dtype t, uint64_t u) {
+  int bits = t == KL_I8 ? 8 : t == KL_I32 ? 32 : 64;
+  if (bits < 64) {
+    u &= ((uint64_t)1 << bits) - 1;
+    if (u >> (bits - 1)) return (double)u - ldexp(1.0, bits);
+    return (double)u;
+  }
+  return u >> 63 ? -(double)(~u) - 1.0 : (double)u;
+}
+
 /* Print the offending source line with a caret under the column. */
 void kl_error_print(FILE *f, const kl_error *err) {
   const kl_loc *l = &err->loc;

@@ -17,15 +17,12 @@
  * bounded dims and must match the rest of the file exactly. */
 #define _POSIX_C_SOURCE 200809L
 
-#include <errno.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
-#include "kilnrt.h"
+#include "io_util.h"
 
 #define MAGIC "\x93NUMPY"
 #define MAGIC_LEN 6
@@ -39,24 +36,6 @@ static const char *const descrs[KRT_DTYPE_COUNT] = {
     [KRT_I8] = "|i1",  [KRT_I32] = "<i4", [KRT_I64] = "<i8",
     [KRT_BOOL] = "|b1",
 };
-
-__attribute__((format(printf, 4, 5))) static int
-fail(char *errbuf, size_t errlen, const char *path, const char *fmt, ...) {
-  if (errbuf && errlen) {
-    int n = snprintf(errbuf, errlen, "%s: ", path ? path : "(null)");
-    if (n >= 0 && (size_t)n < errlen) {
-      va_list ap;
-      va_start(ap, fmt);
-      vsnprintf(errbuf + n, errlen - (size_t)n, fmt, ap);
-      va_end(ap);
-    }
-  }
-  return -1;
-}
-
-static bool read_exact(FILE *f, void *buf, size_t n) {
-  return fread(buf, 1, n, f) == n;
-}
 
 /* ---- header dict parser ---------------------------------------------- */
 typedef struct {
@@ -121,45 +100,45 @@ static int parse_descr(const char *d, krt_dtype *dt, const char *path,
       return 0;
     }
     if (d[0] == '>' && strcmp(d + 1, descrs[i] + 1) == 0)
-      return fail(errbuf, errlen, path,
-                  "big-endian arrays ('%s') are not supported; save with "
-                  "dtype '<%s'", d, d + 1);
+      return krt_fail(errbuf, errlen, path,
+                      "big-endian arrays ('%s') are not supported; save with "
+                      "dtype '<%s'", d, d + 1);
   }
-  return fail(errbuf, errlen, path,
-              "unsupported dtype '%s' (supported: <f4 <f2 <f8 |i1 <i4 <i8 "
-              "|b1)", d);
+  return krt_fail(errbuf, errlen, path,
+                  "unsupported dtype '%s' (supported: <f4 <f2 <f8 |i1 <i4 <i8 "
+                  "|b1)", d);
 }
 
 static int parse_shape(cursor *c, krt_tensor *t, const char *path,
                        char *errbuf, size_t errlen) {
   if (!eat(c, '('))
-    return fail(errbuf, errlen, path, "malformed header: 'shape' is not a "
-                                      "tuple");
+    return krt_fail(errbuf, errlen, path, "malformed header: 'shape' is not a "
+                                          "tuple");
   t->rank = 0;
   if (eat(c, ')')) return 0;
   for (;;) {
     skip_ws(c);
     if (c->p < c->end && *c->p == '-')
-      return fail(errbuf, errlen, path, "negative dimension in shape");
+      return krt_fail(errbuf, errlen, path, "negative dimension in shape");
     if (c->p >= c->end || !is_digit(*c->p))
-      return fail(errbuf, errlen, path, "malformed header: bad 'shape'");
+      return krt_fail(errbuf, errlen, path, "malformed header: bad 'shape'");
     int64_t v = 0;
     for (; c->p < c->end && is_digit(*c->p); c->p++) {
       int digit = *c->p - '0';
       if (v > (KRT_MAX_NUMEL - digit) / 10)
-        return fail(errbuf, errlen, path,
-                    "shape dimension too large (more than %lld elements)",
-                    (long long)KRT_MAX_NUMEL);
+        return krt_fail(errbuf, errlen, path,
+                        "shape dimension too large (more than %lld elements)",
+                        (long long)KRT_MAX_NUMEL);
       v = v * 10 + digit;
     }
     if (c->p < c->end && *c->p == 'L') c->p++; /* Python 2 long: "3L" */
     if (t->rank == KRT_MAX_RANK)
-      return fail(errbuf, errlen, path, "more than %d dimensions",
-                  KRT_MAX_RANK);
+      return krt_fail(errbuf, errlen, path, "more than %d dimensions",
+                      KRT_MAX_RANK);
     t->dims[t->rank++] = v;
     if (eat(c, ')')) return 0;
     if (!eat(c, ','))
-      return fail(errbuf, errlen, path, "malformed header: bad 'shape'");
+      return krt_fail(errbuf, errlen, path, "malformed header: bad 'shape'");
     if (eat(c, ')')) return 0; /* "(3,)" */
   }
 }
@@ -170,85 +149,79 @@ static int parse_header(const char *p, const char *end, krt_tensor *t,
   cursor c = {p, end};
   bool have_descr = false, have_order = false, have_shape = false;
   if (!eat(&c, '{'))
-    return fail(errbuf, errlen, path, "malformed header: expected a dict");
+    return krt_fail(errbuf, errlen, path, "malformed header: expected a dict");
   while (!eat(&c, '}')) {
     char key[32], descr[32];
     if (!parse_str(&c, key, sizeof key) || !eat(&c, ':'))
-      return fail(errbuf, errlen, path,
-                  "malformed header: expected a quoted key and ':'");
+      return krt_fail(errbuf, errlen, path,
+                      "malformed header: expected a quoted key and ':'");
     bool *seen;
     if (strcmp(key, "descr") == 0) {
       seen = &have_descr;
       skip_ws(&c);
       if (c.p < c.end && *c.p == '[')
-        return fail(errbuf, errlen, path,
-                    "structured dtypes are not supported");
+        return krt_fail(errbuf, errlen, path,
+                        "structured dtypes are not supported");
       if (!parse_str(&c, descr, sizeof descr))
-        return fail(errbuf, errlen, path, "malformed header: bad 'descr'");
+        return krt_fail(errbuf, errlen, path, "malformed header: bad 'descr'");
       if (parse_descr(descr, &t->dtype, path, errbuf, errlen)) return -1;
     } else if (strcmp(key, "fortran_order") == 0) {
       seen = &have_order;
       if (eat_word(&c, "True"))
-        return fail(errbuf, errlen, path,
-                    "Fortran-order arrays are not supported");
+        return krt_fail(errbuf, errlen, path,
+                        "Fortran-order arrays are not supported");
       if (!eat_word(&c, "False"))
-        return fail(errbuf, errlen, path,
-                    "malformed header: bad 'fortran_order'");
+        return krt_fail(errbuf, errlen, path,
+                        "malformed header: bad 'fortran_order'");
     } else if (strcmp(key, "shape") == 0) {
       seen = &have_shape;
       if (parse_shape(&c, t, path, errbuf, errlen)) return -1;
     } else {
-      return fail(errbuf, errlen, path,
-                  "malformed header: unexpected key '%s'", key);
+      return krt_fail(errbuf, errlen, path,
+                      "malformed header: unexpected key '%s'", key);
     }
     if (*seen)
-      return fail(errbuf, errlen, path, "malformed header: duplicate key "
-                                        "'%s'", key);
+      return krt_fail(errbuf, errlen, path, "malformed header: duplicate key "
+                                            "'%s'", key);
     *seen = true;
     if (eat(&c, '}')) break;
     if (!eat(&c, ','))
-      return fail(errbuf, errlen, path,
-                  "malformed header: expected ',' or '}' after '%s'", key);
+      return krt_fail(errbuf, errlen, path,
+                      "malformed header: expected ',' or '}' after '%s'", key);
   }
   skip_ws(&c);
   if (c.p != c.end)
-    return fail(errbuf, errlen, path,
-                "malformed header: unexpected text after the dict");
+    return krt_fail(errbuf, errlen, path,
+                    "malformed header: unexpected text after the dict");
   if (!have_descr || !have_order || !have_shape)
-    return fail(errbuf, errlen, path, "malformed header: missing '%s'",
-                !have_descr ? "descr"
-                : !have_order ? "fortran_order"
-                              : "shape");
+    return krt_fail(errbuf, errlen, path, "malformed header: missing '%s'",
+                    !have_descr ? "descr"
+                    : !have_order ? "fortran_order"
+                                  : "shape");
   return 0;
 }
 
 /* ---- reading --------------------------------------------------------- */
 int krt_npy_read(const char *path, krt_tensor *out, char *errbuf,
                  size_t errlen) {
-  if (!out) return fail(errbuf, errlen, path, "no output tensor");
+  if (!out) return krt_fail(errbuf, errlen, path, "no output tensor");
   memset(out, 0, sizeof *out);
-  if (!path) return fail(errbuf, errlen, path, "no path");
+  if (!path) return krt_fail(errbuf, errlen, path, "no path");
 
   int rc = -1;
   char *hdr = NULL;
   krt_tensor t = {0};
-  FILE *f = fopen(path, "rb");
-  if (!f) return fail(errbuf, errlen, path, "%s", strerror(errno));
-
-  struct stat st;
-  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-    fail(errbuf, errlen, path, "not a regular file");
-    goto done;
-  }
-  int64_t size = (int64_t)st.st_size;
+  int64_t size;
+  FILE *f = krt_open_read(path, &size, errbuf, errlen);
+  if (!f) return -1;
 
   unsigned char pre[12];
-  if (size < 10 || !read_exact(f, pre, 10)) {
-    fail(errbuf, errlen, path, "not a .npy file (too short)");
+  if (size < 10 || !krt_read_exact(f, pre, 10)) {
+    krt_fail(errbuf, errlen, path, "not a .npy file (too short)");
     goto done;
   }
   if (memcmp(pre, MAGIC, MAGIC_LEN) != 0) {
-    fail(errbuf, errlen, path, "not a .npy file (bad magic)");
+    krt_fail(errbuf, errlen, path, "not a .npy file (bad magic)");
     goto done;
   }
   int major = pre[6], minor = pre[7];
@@ -258,68 +231,58 @@ int krt_npy_read(const char *path, krt_tensor *out, char *errbuf,
     hlen = pre[8] | pre[9] << 8;
   } else if ((major == 2 || major == 3) && minor == 0) {
     off = 12;
-    if (!read_exact(f, pre + 10, 2)) {
-      fail(errbuf, errlen, path, "truncated: file ends inside the preamble");
+    if (!krt_read_exact(f, pre + 10, 2)) {
+      krt_fail(errbuf, errlen, path,
+               "truncated: file ends inside the preamble");
       goto done;
     }
     hlen = (int64_t)pre[8] | (int64_t)pre[9] << 8 | (int64_t)pre[10] << 16 |
            (int64_t)pre[11] << 24;
   } else {
-    fail(errbuf, errlen, path, "unsupported .npy format version %d.%d",
-         major, minor);
+    krt_fail(errbuf, errlen, path, "unsupported .npy format version %d.%d",
+             major, minor);
     goto done;
   }
   if (hlen > size - off) {
-    fail(errbuf, errlen, path,
-         "truncated: header length is %lld bytes, file has %lld after the "
-         "preamble", (long long)hlen, (long long)(size - off));
+    krt_fail(errbuf, errlen, path,
+             "truncated: header length is %lld bytes, file has %lld after the "
+             "preamble", (long long)hlen, (long long)(size - off));
     goto done;
   }
   if (hlen > MAX_HEADER_LEN) {
-    fail(errbuf, errlen, path, "header too large (%lld bytes)",
-         (long long)hlen);
+    krt_fail(errbuf, errlen, path, "header too large (%lld bytes)",
+             (long long)hlen);
     goto done;
   }
-  hdr = malloc((size_t)hlen + 1);
-  if (!hdr) {
-    fail(errbuf, errlen, path, "out of memory");
+  hdr = krt_read_header(f, (size_t)hlen, path, errbuf, errlen);
+  if (!hdr || parse_header(hdr, hdr + hlen, &t, path, errbuf, errlen))
     goto done;
-  }
-  if (!read_exact(f, hdr, (size_t)hlen)) {
-    fail(errbuf, errlen, path, "read error in header");
-    goto done;
-  }
-  if (parse_header(hdr, hdr + hlen, &t, path, errbuf, errlen)) goto done;
 
   int64_t numel = krt_tensor_numel(&t);
   if (numel < 0) {
-    fail(errbuf, errlen, path, "shape has more than %lld elements",
-         (long long)KRT_MAX_NUMEL);
+    krt_fail(errbuf, errlen, path, "shape has more than %lld elements",
+             (long long)KRT_MAX_NUMEL);
     goto done;
   }
   /* numel < 2^31 and sizes <= 8: no overflow. */
   int64_t nbytes = numel * (int64_t)krt_dtype_size(t.dtype);
   int64_t avail = size - off - hlen;
   if (avail != nbytes) {
-    fail(errbuf, errlen, path, "%s: header says %lld bytes of data, file has "
-         "%lld", avail < nbytes ? "truncated" : "trailing bytes",
-         (long long)nbytes, (long long)avail);
+    krt_fail(errbuf, errlen, path, "%s: header says %lld bytes of data, "
+             "file has %lld", avail < nbytes ? "truncated" : "trailing bytes",
+             (long long)nbytes, (long long)avail);
     goto done;
   }
   t.data = malloc(nbytes ? (size_t)nbytes : 1);
   if (!t.data) {
-    fail(errbuf, errlen, path, "out of memory for %lld bytes",
-         (long long)nbytes);
+    krt_fail(errbuf, errlen, path, "out of memory for %lld bytes",
+             (long long)nbytes);
     goto done;
   }
-  if (!read_exact(f, t.data, (size_t)nbytes)) {
-    fail(errbuf, errlen, path, "read error in data");
+  if (!krt_read_data(f, &t, (size_t)nbytes)) {
+    krt_fail(errbuf, errlen, path, "read error in data");
     goto done;
   }
-  /* NumPy stores any nonzero byte as True; we promise 0 or 1. */
-  if (t.dtype == KRT_BOOL)
-    for (int64_t i = 0; i < nbytes; i++)
-      ((unsigned char *)t.data)[i] = ((unsigned char *)t.data)[i] != 0;
   *out = t;
   t.data = NULL;
   rc = 0;
@@ -353,12 +316,12 @@ static bool write_data(FILE *f, const krt_tensor *t, int64_t numel) {
 
 int krt_npy_write(const char *path, const krt_tensor *t, char *errbuf,
                   size_t errlen) {
-  if (!path) return fail(errbuf, errlen, path, "no path");
+  if (!path) return krt_fail(errbuf, errlen, path, "no path");
   int64_t numel = krt_tensor_numel(t);
   if (!t || krt_dtype_size(t->dtype) == 0 || numel < 0 ||
       (numel > 0 && !t->data))
-    return fail(errbuf, errlen, path, "invalid tensor (bad dtype, rank, "
-                                      "dims or data)");
+    return krt_fail(errbuf, errlen, path, "invalid tensor (bad dtype, rank, "
+                                          "dims or data)");
 
   /* The dict, then spaces and '\n' so the data starts 64-byte aligned,
    * as NumPy does. */
@@ -380,20 +343,11 @@ int krt_npy_write(const char *path, const krt_tensor *t, char *errbuf,
                                 (unsigned char)(hlen & 0xff),
                                 (unsigned char)(hlen >> 8)};
 
-  FILE *f = fopen(path, "wb");
-  if (!f) return fail(errbuf, errlen, path, "%s", strerror(errno));
+  FILE *f = krt_open_write(path, errbuf, errlen);
+  if (!f) return -1;
   bool ok = fwrite(preamble, 1, pre, f) == pre &&
             fwrite(hdr, 1, (size_t)n, f) == (size_t)n &&
             fprintf(f, "%*s\n", (int)pad, "") == (int)pad + 1 &&
             write_data(f, t, numel);
-  int err = errno;
-  if (fclose(f) != 0 && ok) {
-    ok = false;
-    err = errno;
-  }
-  if (!ok) {
-    remove(path);
-    return fail(errbuf, errlen, path, "write failed: %s", strerror(err));
-  }
-  return 0;
+  return krt_close_write(f, ok, path, errbuf, errlen);
 }

@@ -16,17 +16,14 @@
  * since they cannot make us read out of bounds. */
 #define _POSIX_C_SOURCE 200809L
 
-#include <errno.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/types.h>
 
-#include "kilnrt.h"
+#include "io_util.h"
 
 /* The reference implementation's limit; keeps a corrupt length from
  * turning into a huge allocation. */
@@ -37,24 +34,6 @@ static const char *const st_dtypes[KRT_DTYPE_COUNT] = {
     [KRT_F64] = "F64", [KRT_I8] = "I8",   [KRT_I32] = "I32",
     [KRT_I64] = "I64", [KRT_BOOL] = "BOOL",
 };
-
-__attribute__((format(printf, 4, 5))) static int
-fail(char *errbuf, size_t errlen, const char *path, const char *fmt, ...) {
-  if (errbuf && errlen) {
-    int n = snprintf(errbuf, errlen, "%s: ", path ? path : "(null)");
-    if (n >= 0 && (size_t)n < errlen) {
-      va_list ap;
-      va_start(ap, fmt);
-      vsnprintf(errbuf + n, errlen - (size_t)n, fmt, ap);
-      va_end(ap);
-    }
-  }
-  return -1;
-}
-
-static bool read_exact(FILE *f, void *buf, size_t n) {
-  return fread(buf, 1, n, f) == n;
-}
 
 /* ---- reading --------------------------------------------------------- */
 typedef struct {
@@ -83,73 +62,69 @@ static int read_entry(reader *r, const char *name, const json_t *e,
   krt_tensor t = {0};
 
   if (!json_is_object(e))
-    return fail(eb, el, path, "tensor '%s': entry is not an object", name);
+    return krt_fail(eb, el, path, "tensor '%s': entry is not an object", name);
 
   const char *dt = json_string_value(json_object_get(e, "dtype"));
   if (!dt)
-    return fail(eb, el, path, "tensor '%s': missing or non-string 'dtype'",
-                name);
+    return krt_fail(eb, el, path, "tensor '%s': missing or non-string 'dtype'",
+                    name);
   int d = 0;
   while (d < KRT_DTYPE_COUNT && strcmp(dt, st_dtypes[d]) != 0) d++;
   if (d == KRT_DTYPE_COUNT)
-    return fail(eb, el, path, "tensor '%s': unsupported dtype '%s'", name,
-                dt);
+    return krt_fail(eb, el, path, "tensor '%s': unsupported dtype '%s'", name,
+                    dt);
   t.dtype = (krt_dtype)d;
 
   const json_t *shape = json_object_get(e, "shape");
   if (!json_is_array(shape))
-    return fail(eb, el, path, "tensor '%s': missing or non-array 'shape'",
-                name);
+    return krt_fail(eb, el, path, "tensor '%s': missing or non-array 'shape'",
+                    name);
   if (json_array_size(shape) > KRT_MAX_RANK)
-    return fail(eb, el, path, "tensor '%s': more than %d dimensions", name,
-                KRT_MAX_RANK);
+    return krt_fail(eb, el, path, "tensor '%s': more than %d dimensions", name,
+                    KRT_MAX_RANK);
   t.rank = (int)json_array_size(shape);
   for (int i = 0; i < t.rank; i++)
     if (!get_int(json_array_get(shape, (size_t)i), KRT_MAX_NUMEL,
                  &t.dims[i]))
-      return fail(eb, el, path,
-                  "tensor '%s': shape dimension %d is not an integer in "
-                  "[0, %lld]", name, i, (long long)KRT_MAX_NUMEL);
+      return krt_fail(eb, el, path,
+                      "tensor '%s': shape dimension %d is not an integer in "
+                      "[0, %lld]", name, i, (long long)KRT_MAX_NUMEL);
   int64_t numel = krt_tensor_numel(&t);
   if (numel < 0)
-    return fail(eb, el, path, "tensor '%s': shape has more than %lld "
-                "elements", name, (long long)KRT_MAX_NUMEL);
+    return krt_fail(eb, el, path, "tensor '%s': shape has more than %lld "
+                    "elements", name, (long long)KRT_MAX_NUMEL);
 
   const json_t *offs = json_object_get(e, "data_offsets");
   int64_t begin, end;
   if (!json_is_array(offs) || json_array_size(offs) != 2 ||
       !get_int(json_array_get(offs, 0), INT64_MAX, &begin) ||
       !get_int(json_array_get(offs, 1), INT64_MAX, &end))
-    return fail(eb, el, path, "tensor '%s': 'data_offsets' must be two "
-                "non-negative integers", name);
+    return krt_fail(eb, el, path, "tensor '%s': 'data_offsets' must be two "
+                    "non-negative integers", name);
   if (begin > end || end > r->data_len)
-    return fail(eb, el, path, "tensor '%s': data_offsets [%lld, %lld] out "
-                "of bounds (data section is %lld bytes)", name,
-                (long long)begin, (long long)end, (long long)r->data_len);
+    return krt_fail(eb, el, path, "tensor '%s': data_offsets [%lld, %lld] out "
+                    "of bounds (data section is %lld bytes)", name,
+                    (long long)begin, (long long)end, (long long)r->data_len);
   /* numel < 2^31 and sizes <= 8: no overflow. */
   int64_t nbytes = numel * (int64_t)krt_dtype_size(t.dtype);
   if (end - begin != nbytes)
-    return fail(eb, el, path, "tensor '%s': data_offsets span %lld bytes "
-                "but shape and dtype need %lld", name,
-                (long long)(end - begin), (long long)nbytes);
+    return krt_fail(eb, el, path, "tensor '%s': data_offsets span %lld bytes "
+                    "but shape and dtype need %lld", name,
+                    (long long)(end - begin), (long long)nbytes);
 
   char *copy = strdup(name);
   t.data = malloc(nbytes ? (size_t)nbytes : 1);
   if (!copy || !t.data) {
     free(copy);
     free(t.data);
-    return fail(eb, el, path, "out of memory for tensor '%s'", name);
+    return krt_fail(eb, el, path, "out of memory for tensor '%s'", name);
   }
   if (fseeko(r->f, (off_t)(r->data_start + begin), SEEK_SET) != 0 ||
-      !read_exact(r->f, t.data, (size_t)nbytes)) {
+      !krt_read_data(r->f, &t, (size_t)nbytes)) {
     free(copy);
     free(t.data);
-    return fail(eb, el, path, "tensor '%s': read error", name);
+    return krt_fail(eb, el, path, "tensor '%s': read error", name);
   }
-  /* Any nonzero byte is true; we promise 0 or 1. */
-  if (t.dtype == KRT_BOOL)
-    for (int64_t i = 0; i < nbytes; i++)
-      ((unsigned char *)t.data)[i] = ((unsigned char *)t.data)[i] != 0;
   nt->name = copy;
   nt->tensor = t;
   return 0;
@@ -157,60 +132,48 @@ static int read_entry(reader *r, const char *name, const json_t *e,
 
 int krt_safetensors_read(const char *path, krt_tensor_set *out, char *errbuf,
                          size_t errlen) {
-  if (!out) return fail(errbuf, errlen, path, "no output set");
+  if (!out) return krt_fail(errbuf, errlen, path, "no output set");
   memset(out, 0, sizeof *out);
-  if (!path) return fail(errbuf, errlen, path, "no path");
+  if (!path) return krt_fail(errbuf, errlen, path, "no path");
 
   int rc = -1;
   char *hdr = NULL;
   json_t *root = NULL;
   krt_tensor_set set = {0};
-  FILE *f = fopen(path, "rb");
-  if (!f) return fail(errbuf, errlen, path, "%s", strerror(errno));
+  int64_t size;
+  FILE *f = krt_open_read(path, &size, errbuf, errlen);
+  if (!f) return -1;
 
-  struct stat st;
-  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-    fail(errbuf, errlen, path, "not a regular file");
-    goto done;
-  }
-  int64_t size = (int64_t)st.st_size;
   unsigned char lenb[8];
-  if (size < 8 || !read_exact(f, lenb, 8)) {
-    fail(errbuf, errlen, path, "not a .safetensors file (shorter than 8 "
-         "bytes)");
+  if (size < 8 || !krt_read_exact(f, lenb, 8)) {
+    krt_fail(errbuf, errlen, path, "not a .safetensors file (shorter than 8 "
+             "bytes)");
     goto done;
   }
   uint64_t n = 0;
   for (int i = 7; i >= 0; i--) n = n << 8 | lenb[i];
   if (n > MAX_HEADER_LEN) {
-    fail(errbuf, errlen, path, "header length %llu is over the 100 MB limit",
-         (unsigned long long)n);
+    krt_fail(errbuf, errlen, path, "header length %llu is over the 100 MB "
+             "limit", (unsigned long long)n);
     goto done;
   }
   if ((int64_t)n > size - 8) {
-    fail(errbuf, errlen, path, "truncated: header length is %llu bytes, "
-         "file has %lld after the length", (unsigned long long)n,
-         (long long)(size - 8));
+    krt_fail(errbuf, errlen, path, "truncated: header length is %llu bytes, "
+             "file has %lld after the length", (unsigned long long)n,
+             (long long)(size - 8));
     goto done;
   }
-  hdr = malloc(n ? (size_t)n : 1);
-  if (!hdr) {
-    fail(errbuf, errlen, path, "out of memory");
-    goto done;
-  }
-  if (!read_exact(f, hdr, (size_t)n)) {
-    fail(errbuf, errlen, path, "read error in header");
-    goto done;
-  }
+  hdr = krt_read_header(f, (size_t)n, path, errbuf, errlen);
+  if (!hdr) goto done;
   json_error_t jerr;
   root = json_loadb(hdr, (size_t)n, JSON_REJECT_DUPLICATES, &jerr);
   if (!root) {
-    fail(errbuf, errlen, path, "bad JSON header at byte %d: %s",
-         jerr.position, jerr.text);
+    krt_fail(errbuf, errlen, path, "bad JSON header at byte %d: %s",
+             jerr.position, jerr.text);
     goto done;
   }
   if (!json_is_object(root)) {
-    fail(errbuf, errlen, path, "JSON header is not an object");
+    krt_fail(errbuf, errlen, path, "JSON header is not an object");
     goto done;
   }
 
@@ -218,7 +181,7 @@ int krt_safetensors_read(const char *path, krt_tensor_set *out, char *errbuf,
   size_t count = json_object_size(root);
   set.items = calloc(count ? count : 1, sizeof *set.items);
   if (!set.items) {
-    fail(errbuf, errlen, path, "out of memory");
+    krt_fail(errbuf, errlen, path, "out of memory");
     goto done;
   }
   reader r = {path, errbuf, errlen, f, 8 + (int64_t)n, size - 8 - (int64_t)n};
@@ -246,7 +209,7 @@ static json_t *build_header(const char *path, const krt_tensor_set *set,
                             char *errbuf, size_t errlen) {
   json_t *root = json_object();
   if (!root) {
-    fail(errbuf, errlen, path, "out of memory");
+    krt_fail(errbuf, errlen, path, "out of memory");
     return NULL;
   }
   int64_t off = 0;
@@ -256,19 +219,19 @@ static json_t *build_header(const char *path, const krt_tensor_set *set,
     int64_t numel = krt_tensor_numel(t);
     if (!nt->name || strcmp(nt->name, "__metadata__") == 0 ||
         json_object_get(root, nt->name)) {
-      fail(errbuf, errlen, path, "tensor %d: missing, reserved or duplicate "
-           "name '%s'", i, nt->name ? nt->name : "(null)");
+      krt_fail(errbuf, errlen, path, "tensor %d: missing, reserved or "
+               "duplicate name '%s'", i, nt->name ? nt->name : "(null)");
       goto bad;
     }
     if (krt_dtype_size(t->dtype) == 0 || numel < 0 ||
         (numel > 0 && !t->data)) {
-      fail(errbuf, errlen, path, "tensor '%s': invalid tensor (bad dtype, "
-           "rank, dims or data)", nt->name);
+      krt_fail(errbuf, errlen, path, "tensor '%s': invalid tensor (bad dtype, "
+               "rank, dims or data)", nt->name);
       goto bad;
     }
     int64_t nbytes = numel * (int64_t)krt_dtype_size(t->dtype);
     if (off > INT64_MAX - nbytes) {
-      fail(errbuf, errlen, path, "tensors total more than 2^63 bytes");
+      krt_fail(errbuf, errlen, path, "tensors total more than 2^63 bytes");
       goto bad;
     }
     json_t *shape = json_array();
@@ -284,8 +247,8 @@ static json_t *build_header(const char *path, const krt_tensor_set *set,
                                   (json_int_t)(off + nbytes))
                       : NULL;
     if (!e || json_object_set_new(root, nt->name, e)) {
-      fail(errbuf, errlen, path, "tensor '%s': cannot add to header (name "
-           "not UTF-8, or out of memory)", nt->name);
+      krt_fail(errbuf, errlen, path, "tensor '%s': cannot add to header (name "
+               "not UTF-8, or out of memory)", nt->name);
       goto bad;
     }
     off += nbytes;
@@ -298,14 +261,14 @@ bad:
 
 int krt_safetensors_write(const char *path, const krt_tensor_set *set,
                           char *errbuf, size_t errlen) {
-  if (!path) return fail(errbuf, errlen, path, "no path");
+  if (!path) return krt_fail(errbuf, errlen, path, "no path");
   if (!set || set->count < 0 || (set->count > 0 && !set->items))
-    return fail(errbuf, errlen, path, "invalid tensor set");
+    return krt_fail(errbuf, errlen, path, "invalid tensor set");
   json_t *root = build_header(path, set, errbuf, errlen);
   if (!root) return -1;
   char *js = json_dumps(root, JSON_COMPACT);
   json_decref(root);
-  if (!js) return fail(errbuf, errlen, path, "cannot serialise the header");
+  if (!js) return krt_fail(errbuf, errlen, path, "cannot serialise the header");
 
   /* Pad with spaces so the data section starts 8-byte aligned. */
   size_t len = strlen(js), pad = (8 - len % 8) % 8;
@@ -313,10 +276,10 @@ int krt_safetensors_write(const char *path, const krt_tensor_set *set,
   unsigned char lenb[8];
   for (int i = 0; i < 8; i++) lenb[i] = (unsigned char)(n >> (8 * i));
 
-  FILE *f = fopen(path, "wb");
+  FILE *f = krt_open_write(path, errbuf, errlen);
   if (!f) {
     free(js);
-    return fail(errbuf, errlen, path, "%s", strerror(errno));
+    return -1;
   }
   bool ok = fwrite(lenb, 1, 8, f) == 8 && fwrite(js, 1, len, f) == len &&
             fprintf(f, "%*s", (int)pad, "") == (int)pad;
@@ -325,17 +288,9 @@ int krt_safetensors_write(const char *path, const krt_tensor_set *set,
     size_t nbytes = (size_t)krt_tensor_numel(t) * krt_dtype_size(t->dtype);
     ok = nbytes == 0 || fwrite(t->data, 1, nbytes, f) == nbytes;
   }
-  int err = errno;
+  int rc = krt_close_write(f, ok, path, errbuf, errlen);
   free(js);
-  if (fclose(f) != 0 && ok) {
-    ok = false;
-    err = errno;
-  }
-  if (!ok) {
-    remove(path);
-    return fail(errbuf, errlen, path, "write failed: %s", strerror(err));
-  }
-  return 0;
+  return rc;
 }
 
 /* ---- sets ------------------------------------------------------------ */

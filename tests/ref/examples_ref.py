@@ -34,7 +34,7 @@ from ops_cases import (batch_norm, conv2d, gelu, layer_norm,  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
-TOL = {"rtol": 1e-4, "atol": 1e-5}
+TOL = {"rtol": 1e-5, "atol": 1e-6}  # the bar for f32: 1e-5 relative
 
 NP_DT = {"f32": np.float32, "f64": np.float64, "f16": np.float16,
          "i8": np.int8, "i32": np.int32, "i64": np.int64, "bool": np.bool_}
