@@ -1,13 +1,30 @@
 #!/usr/bin/env bash
-# Fuzz the .kl parser for a bounded time from the seed corpus (examples and
-# the malformed-input tests).  Usage: scripts/fuzz.sh [SECONDS]
+# Fuzz the two frontends for a bounded time each: the .kl parser from the
+# examples and malformed-input tests, the ONNX loader from ONNX's own test
+# models.  Usage: scripts/fuzz.sh [SECONDS_EACH]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
-corpus=build-fuzz/corpus-dsl
-mkdir -p "$corpus"
-cp examples/*.kl tests/dsl_errors/*.kl "$corpus"/ 2>/dev/null || true
 export ASAN_OPTIONS=detect_leaks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-build-fuzz/tests/fuzz_dsl -max_total_time="$secs" -max_len=4096 -timeout=10 \
-  -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=build-fuzz/ "$corpus"
+
+dsl=build-fuzz/corpus-dsl
+mkdir -p "$dsl"
+cp examples/*.kl tests/dsl_errors/*.kl "$dsl"/
+onnx=build-fuzz/corpus-onnx
+if [ ! -d "$onnx" ]; then
+  mkdir -p "$onnx"
+  data=/usr/share/libonnx-testdata/data
+  for m in "$data"/*/*/model.onnx; do
+    cp "$m" "$onnx/$(basename "$(dirname "$m")").onnx"
+  done
+fi
+rc=0
+for target in dsl onnx; do
+  corpus=build-fuzz/corpus-$target
+  echo "== fuzz_$target for ${secs}s from $(ls "$corpus" | wc -l) seeds"
+  build-fuzz/tests/fuzz_$target -max_total_time="$secs" -max_len=65536 -timeout=10 \
+    -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=build-fuzz/$target- \
+    "$corpus" 2>&1 | grep -vE "^#[0-9]+" || rc=1
+done
+exit $rc

@@ -8,7 +8,7 @@ scripts/setup.sh || exit 1
 export PATH="$PWD/.venv/bin:$PATH" # the test tooling's python (see setup.sh)
 
 jobs=$(nproc)
-fuzz_seconds=${KILN_FUZZ_SECONDS:-60}
+fuzz_seconds=${KILN_FUZZ_SECONDS:-45} # per target
 
 [ -f build-asan/build.ninja ] ||
   meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
@@ -17,7 +17,7 @@ fuzz_seconds=${KILN_FUZZ_SECONDS:-60}
   CC=clang meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined \
     -Db_lundef=false -Dbuildtype=debugoptimized >/dev/null
 ninja -C build-asan >/dev/null || exit 1
-ninja -C build-fuzz tests/fuzz_dsl >/dev/null || exit 1
+ninja -C build-fuzz tests/fuzz_dsl tests/fuzz_onnx >/dev/null || exit 1
 
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
@@ -37,4 +37,4 @@ tail -n 12 build-asan/test.out
 echo "--- fuzzing (${fuzz_seconds}s)"
 tail -n 5 build-fuzz/fuzz.out
 python3 scripts/count_tests.py build/meson-logs/testlog.json \
-  build-asan/meson-logs/testlog.json --extra fuzz_dsl="$fuzz_rc"
+  build-asan/meson-logs/testlog.json --extra fuzzing="$fuzz_rc"
