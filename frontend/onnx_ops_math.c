@@ -1,97 +1,363 @@
 /* onnx_ops_math.c - ONNX elementwise and arithmetic ops. */
-#include <math.h>
 #include <string.h>
 
 #include "onnx_internal.h"
 
-/* Ops that map one to one onto an IR op with no attributes. */
+/* ---- small emit helpers ---------------------------------------------- */
+static kl_value *unary(kl_onnx_ctx *c, kl_op op, kl_value *x) {
+  return x ? kl_onnx_emit(c, op, &x, 1, NULL, 0) : NULL;
+}
+
+static kl_value *binary(kl_onnx_ctx *c, kl_op op, kl_value *a, kl_value *b) {
+  kl_value *ins[2] = {a, b};
+  return a && b ? kl_onnx_emit(c, op, ins, 2, NULL, 0) : NULL;
+}
+
+/* A cast node even to x's own dtype: the output is a value of its own. */
+static kl_value *cast_node(kl_onnx_ctx *c, kl_value *x, kl_dtype t) {
+  kl_attr to = kl_adt("to", t);
+  return kl_onnx_emit(c, KL_OP_CAST, &x, 1, &to, 1);
+}
+
+/* x in dtype t, casting only when needed. */
+static kl_value *cast_to(kl_onnx_ctx *c, kl_value *x, kl_dtype t) {
+  return !x || x->dtype == t ? x : cast_node(c, x, t);
+}
+
+/* A scalar of x's dtype, for the constants of activation formulas. */
+static kl_value *scalar_of(kl_onnx_ctx *c, const kl_value *x, double v) {
+  return x ? kl_onnx_scalar(c, x->dtype, v) : NULL;
+}
+
+static kl_value *reshape(kl_onnx_ctx *c, kl_value *x, const kl_shape *s) {
+  kl_attr a = kl_ais("shape", s->dims, s->rank);
+  return x ? kl_onnx_emit(c, KL_OP_RESHAPE, &x, 1, &a, 1) : NULL;
+}
+
+static int bind(kl_onnx_ctx *c, const Onnx__NodeProto *n, kl_value *y) {
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
+/* Input k, failing when it is absent. */
+static kl_value *need_input(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k) {
+  kl_value *v = kl_onnx_input(c, n, k);
+  if (!v) kl_onnx_fail(c, "input %d is missing", k);
+  return v;
+}
+
+/* ---- one to one ------------------------------------------------------ */
+/* Ops that map onto an IR op with no attributes. */
 static const struct { const char *onnx; kl_op op; } direct[] = {
-    {"Abs", KL_OP_ABS},         {"Neg", KL_OP_NEG},         {"Exp", KL_OP_EXP},
-    {"Log", KL_OP_LOG},         {"Sqrt", KL_OP_SQRT},       {"Reciprocal", KL_OP_RECIPROCAL},
-    {"Tanh", KL_OP_TANH},       {"Sigmoid", KL_OP_SIGMOID}, {"Relu", KL_OP_RELU},
-    {"Erf", KL_OP_ERF},         {"Add", KL_OP_ADD},         {"Sub", KL_OP_SUB},
-    {"Mul", KL_OP_MUL},         {"Div", KL_OP_DIV},         {"Pow", KL_OP_POW},
-    {"Equal", KL_OP_EQ},        {"Less", KL_OP_LT},         {"LessOrEqual", KL_OP_LE},
-    {"Greater", KL_OP_GT},      {"GreaterOrEqual", KL_OP_GE}, {"Where", KL_OP_WHERE},
+    {"Abs", KL_OP_ABS},         {"Neg", KL_OP_NEG},           {"Exp", KL_OP_EXP},
+    {"Log", KL_OP_LOG},         {"Sqrt", KL_OP_SQRT},         {"Reciprocal", KL_OP_RECIPROCAL},
+    {"Tanh", KL_OP_TANH},       {"Sigmoid", KL_OP_SIGMOID},   {"Relu", KL_OP_RELU},
+    {"Erf", KL_OP_ERF},         {"Sin", KL_OP_SIN},           {"Cos", KL_OP_COS},
+    {"Tan", KL_OP_TAN},         {"Asin", KL_OP_ASIN},         {"Acos", KL_OP_ACOS},
+    {"Atan", KL_OP_ATAN},       {"Sinh", KL_OP_SINH},         {"Cosh", KL_OP_COSH},
+    {"Asinh", KL_OP_ASINH},     {"Acosh", KL_OP_ACOSH},       {"Atanh", KL_OP_ATANH},
+    {"Floor", KL_OP_FLOOR},     {"Ceil", KL_OP_CEIL},         {"Round", KL_OP_ROUND},
+    {"Sign", KL_OP_SIGN},       {"Not", KL_OP_LOGICAL_NOT},   {"IsNaN", KL_OP_ISNAN},
+    {"Softplus", KL_OP_SOFTPLUS},
+    {"Add", KL_OP_ADD},         {"Sub", KL_OP_SUB},           {"Mul", KL_OP_MUL},
+    {"Div", KL_OP_DIV},         {"Pow", KL_OP_POW},           {"Equal", KL_OP_EQ},
+    {"Less", KL_OP_LT},         {"LessOrEqual", KL_OP_LE},    {"Greater", KL_OP_GT},
+    {"GreaterOrEqual", KL_OP_GE}, {"And", KL_OP_LOGICAL_AND}, {"Or", KL_OP_LOGICAL_OR},
+    {"Xor", KL_OP_LOGICAL_XOR}, {"Where", KL_OP_WHERE},
 };
+
+/* Before opset 7 binary ops broadcast only with broadcast=1, and then B
+ * aligns with A from `axis` (default: trailing, as NumPy): B gets trailing
+ * 1s so that NumPy broadcasting lines it up the same way. */
+static int legacy_broadcast(kl_onnx_ctx *c, const Onnx__NodeProto *n, kl_value *a,
+                            kl_value **b) {
+  char sa[128], sb[128];
+  if (c->opset >= 7) return 0;
+  const kl_shape *ash = &a->shape, *bsh = &(*b)->shape;
+  if (!kl_onnx_attr_int(n, "broadcast", 0)) {
+    if (kl_shape_equal(ash, bsh)) return 0;
+    return kl_onnx_fail(c, "inputs of shapes %s and %s need broadcast=1 before opset 7",
+                        kl_shape_str(ash, sa, sizeof sa), kl_shape_str(bsh, sb, sizeof sb));
+  }
+  if (!kl_onnx_attr(n, "axis")) return 0;
+  int64_t axis = kl_onnx_attr_int(n, "axis", 0);
+  if (axis < 0) axis += ash->rank;
+  if (axis < 0 || axis + bsh->rank > ash->rank)
+    return kl_onnx_fail(c, "axis %lld does not place B %s inside A %s",
+                        (long long)kl_onnx_attr_int(n, "axis", 0),
+                        kl_shape_str(bsh, sb, sizeof sb), kl_shape_str(ash, sa, sizeof sa));
+  if (axis + bsh->rank == ash->rank) return 0;
+  kl_shape s = *bsh;
+  while (s.rank < ash->rank - axis) s.dims[s.rank++] = 1;
+  return (*b = reshape(c, *b, &s)) ? 0 : -1;
+}
+
+/* ONNX Pow lets the exponent have another type; the result has the base's.
+ * An integer exponent is exact in the base's type; otherwise (integer base
+ * with float exponent, or floats of two widths) compute in f64 as NumPy
+ * does and convert back (truncating toward zero for an integer base). */
+static kl_value *mixed_pow(kl_onnx_ctx *c, kl_value *a, kl_value *b) {
+  if (!kl_dtype_is_float(b->dtype)) return binary(c, KL_OP_POW, a, cast_to(c, b, a->dtype));
+  kl_value *y = binary(c, KL_OP_POW, cast_to(c, a, KL_F64), cast_to(c, b, KL_F64));
+  return cast_to(c, y, a->dtype);
+}
 
 static int convert_direct(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_op op = KL_OP_COUNT;
   for (size_t i = 0; i < sizeof direct / sizeof *direct; i++)
     if (!strcmp(direct[i].onnx, n->op_type)) op = direct[i].op;
-  kl_value *ins[3];
   int nin = kl_onnx_ninputs(n);
-  if (nin > 3) return kl_onnx_fail(c, "too many inputs (%d)", nin);
+  if (op == KL_OP_COUNT) return kl_onnx_fail(c, "no IR op for this ONNX op");
+  if (nin < kl_ops[op].min_inputs || nin > kl_ops[op].max_inputs)
+    return kl_onnx_fail(c, "takes %d input(s), got %d", kl_ops[op].min_inputs, nin);
+  kl_value *ins[3];
   for (int k = 0; k < nin; k++)
-    if (!(ins[k] = kl_onnx_input(c, n, k))) return kl_onnx_fail(c, "input %d is missing", k);
-  /* ONNX Pow allows an exponent of another type; the IR wants one dtype. */
-  if (op == KL_OP_POW && nin == 2 && ins[1]->dtype != ins[0]->dtype) {
-    kl_attr to = kl_adt("to", ins[0]->dtype);
-    if (!(ins[1] = kl_onnx_emit(c, KL_OP_CAST, &ins[1], 1, &to, 1))) return -1;
-  }
-  kl_value *y = kl_onnx_emit(c, op, ins, nin, NULL, 0);
-  return y ? kl_onnx_bind(c, n, 0, y) : -1;
-}
-
-static int convert_leaky_relu(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
-  kl_value *x = kl_onnx_input(c, n, 0);
-  kl_attr a = kl_af("alpha", kl_onnx_attr_float(n, "alpha", 0.01));
-  kl_value *y = kl_onnx_emit(c, KL_OP_LEAKY_RELU, &x, 1, &a, 1);
-  return y ? kl_onnx_bind(c, n, 0, y) : -1;
-}
-
-static int convert_cast(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
-  kl_value *x = kl_onnx_input(c, n, 0);
-  kl_dtype to;
-  int64_t t = kl_onnx_attr_int(n, "to", -1);
-  if (kl_onnx_dtype((int)t, &to)) return kl_onnx_fail(c, "cast to ONNX type %lld is not supported", (long long)t);
-  kl_attr a = kl_adt("to", to);
-  kl_value *y = kl_onnx_emit(c, KL_OP_CAST, &x, 1, &a, 1);
-  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+    if (!(ins[k] = need_input(c, n, k))) return -1;
+  if (nin == 2 && legacy_broadcast(c, n, ins[0], &ins[1])) return -1;
+  if (op == KL_OP_POW && ins[1]->dtype != ins[0]->dtype)
+    return bind(c, n, mixed_pow(c, ins[0], ins[1]));
+  return bind(c, n, kl_onnx_emit(c, op, ins, nin, NULL, 0));
 }
 
 static int convert_identity(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
-  kl_value *x = kl_onnx_input(c, n, 0);
-  if (!x) return kl_onnx_fail(c, "input 0 is missing");
-  return kl_onnx_bind(c, n, 0, x);
+  kl_value *x = need_input(c, n, 0);
+  return x ? kl_onnx_bind(c, n, 0, x) : -1;
 }
 
-/* Max, Min, Sum, Mean: variadic, folded pairwise left to right. */
+/* ---- casts ----------------------------------------------------------- */
+/* Cast-1 names the type as a string ("FLOAT"); Cast-6 on as an enum. */
+static int convert_cast(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  const Onnx__AttributeProto *a = kl_onnx_attr(n, "to");
+  if (!x) return -1;
+  if (!a) return kl_onnx_fail(c, "attribute 'to' is required");
+  int64_t t = a->i;
+  if (a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING) {
+    const char *name = kl_onnx_attr_string(c, n, "to", "");
+    const ProtobufCEnumValue *e =
+        protobuf_c_enum_descriptor_get_value_by_name(&onnx__tensor_proto__data_type__descriptor, name);
+    if (!e) return kl_onnx_fail(c, "'to' names no ONNX type (\"%s\")", name);
+    t = e->value;
+  }
+  kl_dtype to;
+  if (kl_onnx_dtype((int)t, &to))
+    return kl_onnx_fail(c, "cast to ONNX type %lld is not supported", (long long)t);
+  return bind(c, n, cast_node(c, x, to));
+}
+
+static int convert_cast_like(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *like = need_input(c, n, 1);
+  return bind(c, n, x && like ? cast_node(c, x, like->dtype) : NULL);
+}
+
+/* ---- variadic -------------------------------------------------------- */
+/* Max, Min, Sum, Mean: folded pairwise left to right.  Before opset 8 the
+ * inputs had to share a shape, which broadcasting accepts as well. */
 static int convert_variadic(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_op op = !strcmp(n->op_type, "Max") ? KL_OP_MAXIMUM
              : !strcmp(n->op_type, "Min") ? KL_OP_MINIMUM : KL_OP_ADD;
   int nin = kl_onnx_ninputs(n);
   if (nin < 1) return kl_onnx_fail(c, "needs at least one input");
-  kl_value *acc = kl_onnx_input(c, n, 0);
-  for (int k = 1; k < nin && acc; k++) {
-    kl_value *ins[2] = {acc, kl_onnx_input(c, n, k)};
-    acc = kl_onnx_emit(c, op, ins, 2, NULL, 0);
-  }
-  if (acc && !strcmp(n->op_type, "Mean") && nin > 1) {
-    kl_value *ins[2] = {acc, kl_onnx_scalar(c, acc->dtype, nin)};
-    acc = ins[1] ? kl_onnx_emit(c, KL_OP_DIV, ins, 2, NULL, 0) : NULL;
-  }
-  if (acc && nin == 1) { /* x + 0: a value of its own for the output */
-    kl_value *ins[2] = {acc, kl_onnx_scalar(c, acc->dtype, 0)};
-    acc = ins[1] ? kl_onnx_emit(c, KL_OP_ADD, ins, 2, NULL, 0) : NULL;
-  }
-  return acc ? kl_onnx_bind(c, n, 0, acc) : -1;
+  kl_value *acc = need_input(c, n, 0);
+  for (int k = 1; k < nin && acc; k++) acc = binary(c, op, acc, need_input(c, n, k));
+  if (acc && !strcmp(n->op_type, "Mean") && nin > 1)
+    acc = binary(c, KL_OP_DIV, acc, scalar_of(c, acc, nin));
+  if (acc && nin == 1) /* x + 0: a value of its own for the output */
+    acc = binary(c, KL_OP_ADD, acc, scalar_of(c, acc, 0));
+  return bind(c, n, acc);
 }
 
+/* ---- clip ------------------------------------------------------------ */
+/* A bound given as an input must hold one value; made a scalar so that it
+ * cannot change the output's rank. */
+static kl_value *scalar_bound(kl_onnx_ctx *c, kl_value *v, const char *what) {
+  char b[128];
+  if (!v || v->shape.rank == 0) return v;
+  if (kl_shape_numel(&v->shape) != 1) {
+    kl_onnx_fail(c, "%s must be a scalar, got shape %s", what, kl_shape_str(&v->shape, b, sizeof b));
+    return NULL;
+  }
+  kl_shape s = {0};
+  return reshape(c, v, &s);
+}
+
+/* max(x, min) then min(., max): NaN propagates, and min > max gives max,
+ * as ONNX says.  Bounds are attributes before opset 11, inputs after. */
+static int convert_clip(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *y = need_input(c, n, 0), *lo = NULL, *hi = NULL;
+  if (!y) return -1;
+  if (c->opset < 11) {
+    if (kl_onnx_attr(n, "min") && !(lo = scalar_of(c, y, kl_onnx_attr_float(n, "min", 0))))
+      return -1;
+    if (kl_onnx_attr(n, "max") && !(hi = scalar_of(c, y, kl_onnx_attr_float(n, "max", 0))))
+      return -1;
+  } else {
+    if (kl_onnx_input(c, n, 1) && !(lo = scalar_bound(c, kl_onnx_input(c, n, 1), "min")))
+      return -1;
+    if (kl_onnx_input(c, n, 2) && !(hi = scalar_bound(c, kl_onnx_input(c, n, 2), "max")))
+      return -1;
+  }
+  if (lo) y = binary(c, KL_OP_MAXIMUM, y, lo);
+  if (hi) y = binary(c, KL_OP_MINIMUM, y, hi);
+  return bind(c, n, y);
+}
+
+/* ---- activations ----------------------------------------------------- */
+static kl_value *elu(kl_onnx_ctx *c, kl_value *x, double alpha) {
+  kl_attr a = kl_af("alpha", alpha);
+  return x ? kl_onnx_emit(c, KL_OP_ELU, &x, 1, &a, 1) : NULL;
+}
+
+static int convert_elu(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  return bind(c, n, elu(c, need_input(c, n, 0), kl_onnx_attr_float(n, "alpha", 1.0)));
+}
+
+/* gamma * elu(x, alpha) */
+static int convert_selu(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  double alpha = kl_onnx_attr_float(n, "alpha", 1.67326319217681884765625);
+  double gamma = kl_onnx_attr_float(n, "gamma", 1.05070102214813232421875);
+  return bind(c, n, binary(c, KL_OP_MUL, elu(c, x, alpha), scalar_of(c, x, gamma)));
+}
+
+/* max(0, x) + min(0, alpha * (exp(x / alpha) - 1)) = alpha * elu(x / alpha) */
+static int convert_celu(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  double alpha = kl_onnx_attr_float(n, "alpha", 1.0);
+  if (alpha == 0) return kl_onnx_fail(c, "alpha must not be 0");
+  if (alpha == 1) return bind(c, n, elu(c, x, 1.0));
+  kl_value *e = elu(c, binary(c, KL_OP_DIV, x, scalar_of(c, x, alpha)), 1.0);
+  return bind(c, n, binary(c, KL_OP_MUL, e, scalar_of(c, x, alpha)));
+}
+
+/* max(0, min(1, alpha * x + beta)) */
+static kl_value *hard_sigmoid(kl_onnx_ctx *c, kl_value *x, double alpha, double beta) {
+  kl_value *y = binary(c, KL_OP_MUL, x, scalar_of(c, x, alpha));
+  y = binary(c, KL_OP_ADD, y, scalar_of(c, x, beta));
+  y = binary(c, KL_OP_MINIMUM, y, scalar_of(c, x, 1.0));
+  return binary(c, KL_OP_MAXIMUM, y, scalar_of(c, x, 0.0));
+}
+
+static int convert_hard_sigmoid(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  return bind(c, n, hard_sigmoid(c, need_input(c, n, 0), kl_onnx_attr_float(n, "alpha", 0.2),
+                                 kl_onnx_attr_float(n, "beta", 0.5)));
+}
+
+/* x * hard_sigmoid(x, 1/6, 1/2) */
+static int convert_hard_swish(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  return bind(c, n, binary(c, KL_OP_MUL, x, hard_sigmoid(c, x, 1.0 / 6.0, 0.5)));
+}
+
+/* x / (1 + |x|) */
+static int convert_softsign(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  kl_value *d = binary(c, KL_OP_ADD, unary(c, KL_OP_ABS, x), scalar_of(c, x, 1.0));
+  return bind(c, n, binary(c, KL_OP_DIV, x, d));
+}
+
+/* x > alpha ? x : 0 */
+static int convert_thresholded_relu(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  kl_value *keep = binary(c, KL_OP_GT, x, scalar_of(c, x, kl_onnx_attr_float(n, "alpha", 1.0)));
+  kl_value *ins[3] = {keep, x, scalar_of(c, x, 0.0)};
+  return bind(c, n, keep && ins[2] ? kl_onnx_emit(c, KL_OP_WHERE, ins, 3, NULL, 0) : NULL);
+}
+
+/* x < -lambd ? x + bias : x > lambd ? x - bias : 0 */
+static int convert_shrink(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  double lambd = kl_onnx_attr_float(n, "lambd", 0.5), bias = kl_onnx_attr_float(n, "bias", 0.0);
+  kl_value *hi[3] = {binary(c, KL_OP_GT, x, scalar_of(c, x, lambd)),
+                     binary(c, KL_OP_SUB, x, scalar_of(c, x, bias)), scalar_of(c, x, 0.0)};
+  if (!hi[0] || !hi[1] || !hi[2]) return -1;
+  kl_value *lo[3] = {binary(c, KL_OP_LT, x, scalar_of(c, x, -lambd)),
+                     binary(c, KL_OP_ADD, x, scalar_of(c, x, bias)),
+                     kl_onnx_emit(c, KL_OP_WHERE, hi, 3, NULL, 0)};
+  if (!lo[0] || !lo[1] || !lo[2]) return -1;
+  return bind(c, n, kl_onnx_emit(c, KL_OP_WHERE, lo, 3, NULL, 0));
+}
+
+/* x < 0 ? slope * x : x.  slope broadcasts to x one way (from opset 7);
+ * before, a 1-D slope of x's channel count applied per channel (axis 1). */
+static int convert_prelu(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *slope = need_input(c, n, 1);
+  if (!x || !slope) return -1;
+  char sx[128], ss[128];
+  const kl_shape *xs = &x->shape;
+  if (c->opset < 7 && slope->shape.rank == 1 && xs->rank > 2 &&
+      slope->shape.dims[0] == xs->dims[1] && slope->shape.dims[0] != 1) {
+    kl_shape s = {.rank = xs->rank - 1, .dims = {xs->dims[1]}};
+    for (int d = 1; d < s.rank; d++) s.dims[d] = 1;
+    if (!(slope = reshape(c, slope, &s))) return -1;
+  }
+  kl_shape out;
+  kl_error scratch;
+  if (kl_broadcast_shapes(xs, &slope->shape, &out, &scratch, (kl_loc){0}) ||
+      !kl_shape_equal(&out, xs))
+    return kl_onnx_fail(c, "slope %s does not broadcast to x %s",
+                        kl_shape_str(&slope->shape, ss, sizeof ss), kl_shape_str(xs, sx, sizeof sx));
+  kl_value *ins[3] = {binary(c, KL_OP_LT, x, scalar_of(c, x, 0.0)), binary(c, KL_OP_MUL, x, slope),
+                      x};
+  if (!ins[0] || !ins[1]) return -1;
+  return bind(c, n, kl_onnx_emit(c, KL_OP_WHERE, ins, 3, NULL, 0));
+}
+
+/* ---- tests and mod --------------------------------------------------- */
+static int convert_is_inf(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  kl_attr a[2] = {kl_ai("detect_positive", kl_onnx_attr_int(n, "detect_positive", 1)),
+                  kl_ai("detect_negative", kl_onnx_attr_int(n, "detect_negative", 1))};
+  return bind(c, n, x ? kl_onnx_emit(c, KL_OP_ISINF, &x, 1, a, 2) : NULL);
+}
+
+static int convert_mod(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *ins[2] = {need_input(c, n, 0), need_input(c, n, 1)};
+  kl_attr a = kl_ai("fmod", kl_onnx_attr_int(n, "fmod", 0));
+  return bind(c, n, ins[0] && ins[1] ? kl_onnx_emit(c, KL_OP_MOD, ins, 2, &a, 1) : NULL);
+}
+
+static int convert_leaky_relu(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  kl_attr a = kl_af("alpha", kl_onnx_attr_float(n, "alpha", 0.01));
+  return bind(c, n, x ? kl_onnx_emit(c, KL_OP_LEAKY_RELU, &x, 1, &a, 1) : NULL);
+}
+
+/* Rows register at the first opset whose semantics the converter handles;
+ * opset-1 rows ignore the legacy `consumed_inputs` attribute. */
 const kl_onnx_op kl_onnx_ops_math[] = {
     {"Abs", 1, convert_direct},        {"Neg", 1, convert_direct},
     {"Exp", 1, convert_direct},        {"Log", 1, convert_direct},
     {"Sqrt", 1, convert_direct},       {"Reciprocal", 1, convert_direct},
     {"Tanh", 1, convert_direct},       {"Sigmoid", 1, convert_direct},
     {"Relu", 1, convert_direct},       {"Erf", 9, convert_direct},
-    {"Add", 7, convert_direct},        {"Sub", 7, convert_direct},
-    {"Mul", 7, convert_direct},        {"Div", 7, convert_direct},
-    {"Pow", 7, convert_direct},        {"Equal", 7, convert_direct},
-    {"Less", 7, convert_direct},       {"LessOrEqual", 12, convert_direct},
-    {"Greater", 7, convert_direct},    {"GreaterOrEqual", 12, convert_direct},
-    {"Where", 9, convert_direct},      {"LeakyRelu", 6, convert_leaky_relu},
-    {"Cast", 6, convert_cast},         {"Identity", 1, convert_identity},
-    {"Max", 8, convert_variadic},      {"Min", 8, convert_variadic},
-    {"Sum", 8, convert_variadic},      {"Mean", 8, convert_variadic},
+    {"Sin", 7, convert_direct},        {"Cos", 7, convert_direct},
+    {"Tan", 7, convert_direct},        {"Asin", 7, convert_direct},
+    {"Acos", 7, convert_direct},       {"Atan", 7, convert_direct},
+    {"Sinh", 9, convert_direct},       {"Cosh", 9, convert_direct},
+    {"Asinh", 9, convert_direct},      {"Acosh", 9, convert_direct},
+    {"Atanh", 9, convert_direct},      {"Floor", 1, convert_direct},
+    {"Ceil", 1, convert_direct},       {"Round", 11, convert_direct},
+    {"Sign", 9, convert_direct},       {"Not", 1, convert_direct},
+    {"IsNaN", 9, convert_direct},      {"IsInf", 10, convert_is_inf},
+    {"Softplus", 1, convert_direct},   {"Softsign", 1, convert_softsign},
+    {"Add", 1, convert_direct},        {"Sub", 1, convert_direct},
+    {"Mul", 1, convert_direct},        {"Div", 1, convert_direct},
+    {"Pow", 1, convert_direct},        {"Mod", 10, convert_mod},
+    {"Equal", 1, convert_direct},      {"Less", 1, convert_direct},
+    {"Greater", 1, convert_direct},    {"LessOrEqual", 12, convert_direct},
+    {"GreaterOrEqual", 12, convert_direct},
+    {"And", 1, convert_direct},        {"Or", 1, convert_direct},
+    {"Xor", 1, convert_direct},        {"Where", 9, convert_direct},
+    {"LeakyRelu", 1, convert_leaky_relu},
+    {"Elu", 1, convert_elu},           {"Selu", 1, convert_selu},
+    {"Celu", 12, convert_celu},        {"HardSigmoid", 1, convert_hard_sigmoid},
+    {"HardSwish", 14, convert_hard_swish},
+    {"ThresholdedRelu", 1, convert_thresholded_relu},
+    {"Shrink", 9, convert_shrink},     {"PRelu", 1, convert_prelu},
+    {"Clip", 1, convert_clip},         {"Cast", 1, convert_cast},
+    {"CastLike", 15, convert_cast_like},
+    {"Identity", 1, convert_identity},
+    {"Max", 1, convert_variadic},      {"Min", 1, convert_variadic},
+    {"Sum", 1, convert_variadic},      {"Mean", 1, convert_variadic},
     {NULL, 0, NULL},
 };

@@ -17,6 +17,11 @@ int kl_onnx_dtype(int onnx_type, kl_dtype *out) {
   case ONNX__TENSOR_PROTO__DATA_TYPE__INT32: *out = KL_I32; return 0;
   case ONNX__TENSOR_PROTO__DATA_TYPE__INT64: *out = KL_I64; return 0;
   case ONNX__TENSOR_PROTO__DATA_TYPE__BOOL: *out = KL_BOOL; return 0;
+  case ONNX__TENSOR_PROTO__DATA_TYPE__UINT8: *out = KL_U8; return 0;
+  case ONNX__TENSOR_PROTO__DATA_TYPE__INT16: *out = KL_I16; return 0;
+  case ONNX__TENSOR_PROTO__DATA_TYPE__UINT16: *out = KL_U16; return 0;
+  case ONNX__TENSOR_PROTO__DATA_TYPE__UINT32: *out = KL_U32; return 0;
+  case ONNX__TENSOR_PROTO__DATA_TYPE__UINT64: *out = KL_U64; return 0;
   default: return -1;
   }
 }
@@ -137,13 +142,14 @@ int kl_onnx_tensor_data(const Onnx__TensorProto *t, const char *model_path,
       memcpy(out, t->raw_data.data, bytes);
   } else {
     /* Typed fields: f32 in float_data; f64 in double_data; i64 in
-     * int64_data; everything narrower (and f16/bf16 bit patterns) in
-     * int32_data. */
+     * int64_data; u32 and u64 in uint64_data; everything narrower (and
+     * f16/bf16 bit patterns) in int32_data. */
     size_t have;
     switch (*dtype) {
     case KL_F32: have = t->n_float_data; break;
     case KL_F64: have = t->n_double_data; break;
     case KL_I64: have = t->n_int64_data; break;
+    case KL_U32: case KL_U64: have = t->n_uint64_data; break;
     default: have = t->n_int32_data; break;
     }
     if (have != (size_t)numel) {
@@ -161,6 +167,10 @@ int kl_onnx_tensor_data(const Onnx__TensorProto *t, const char *model_path,
         case KL_BF16: { uint16_t h = (uint16_t)t->int32_data[i]; memcpy(p, &h, 2); break; }
         case KL_I8: *p = (unsigned char)(int8_t)t->int32_data[i]; break;
         case KL_BOOL: *p = t->int32_data[i] != 0; break;
+        case KL_U8: *p = (unsigned char)t->int32_data[i]; break;
+        case KL_I16: case KL_U16: { uint16_t h = (uint16_t)t->int32_data[i]; memcpy(p, &h, 2); break; }
+        case KL_U32: { uint32_t x = (uint32_t)t->uint64_data[i]; memcpy(p, &x, 4); break; }
+        case KL_U64: memcpy(p, &t->uint64_data[i], 8); break;
         default: break;
         }
       }

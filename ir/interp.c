@@ -49,6 +49,17 @@ int kl_tensor_from_raw(kl_tensor *t, const void *raw) {
       break;
     }
     case KL_BOOL: v = p[i] != 0; break;
+    case KL_U8: v = p[i]; break;
+    case KL_I16: { int16_t x; memcpy(&x, p + 2 * i, 2); v = x; break; }
+    case KL_U16: { uint16_t x; memcpy(&x, p + 2 * i, 2); v = x; break; }
+    case KL_U32: { uint32_t x; memcpy(&x, p + 4 * i, 4); v = x; break; }
+    case KL_U64: {
+      uint64_t x;
+      memcpy(&x, p + 8 * i, 8);
+      if (x > (uint64_t)KL_MAX_EXACT_I64) rc = -1;
+      v = (double)x;
+      break;
+    }
     default: break;
     }
     t->data[i] = v;
@@ -69,6 +80,11 @@ void kl_tensor_to_raw(const kl_tensor *t, void *raw) {
     case KL_I32: { int32_t x = (int32_t)v; memcpy(p + 4 * i, &x, 4); break; }
     case KL_I64: { int64_t x = (int64_t)v; memcpy(p + 8 * i, &x, 8); break; }
     case KL_BOOL: p[i] = v != 0; break;
+    case KL_U8: p[i] = (unsigned char)v; break;
+    case KL_I16: { int16_t x = (int16_t)v; memcpy(p + 2 * i, &x, 2); break; }
+    case KL_U16: { uint16_t x = (uint16_t)v; memcpy(p + 2 * i, &x, 2); break; }
+    case KL_U32: { uint32_t x = (uint32_t)v; memcpy(p + 4 * i, &x, 4); break; }
+    case KL_U64: { uint64_t x = (uint64_t)v; memcpy(p + 8 * i, &x, 8); break; }
     default: break;
     }
   }

@@ -13,6 +13,7 @@
 /* ---- dtypes ---------------------------------------------------------- */
 typedef enum {
   KL_F32, KL_F16, KL_BF16, KL_F64, KL_I8, KL_I32, KL_I64, KL_BOOL,
+  KL_U8, KL_I16, KL_U16, KL_U32, KL_U64, /* mostly for ONNX models */
   KL_DTYPE_COUNT
 } kl_dtype;
 
@@ -20,7 +21,8 @@ const char *kl_dtype_name(kl_dtype t);          /* "f32", "bf16", ... */
 int kl_dtype_from_name(const char *s, kl_dtype *out); /* 0 on success */
 size_t kl_dtype_size(kl_dtype t);               /* bytes per element */
 bool kl_dtype_is_float(kl_dtype t);
-bool kl_dtype_is_int(kl_dtype t);               /* i8, i32, i64 (not bool) */
+bool kl_dtype_is_int(kl_dtype t);  /* signed and unsigned integers, not bool */
+bool kl_dtype_is_unsigned(kl_dtype t);
 /* Round a double to what `t` can hold (f32/f16/bf16 rounding, integer
  * truncation toward zero with wrap-around, bool to 0/1). */
 double kl_dtype_round(kl_dtype t, double v);
@@ -262,7 +264,7 @@ void kl_print_graph(FILE *f, const kl_graph *g);
 kl_tensor *kl_tensor_new(kl_dtype t, const kl_shape *s);
 void kl_tensor_free(kl_tensor *t);
 /* Convert between a tensor and raw little-endian contents in its dtype.
- * from_raw returns -1 when an i64 value lies beyond 2^53, where float64
+ * from_raw returns -1 when an i64 or u64 value lies beyond 2^53, where float64
  * (the interpreter's element type) is no longer exact: the oracle refuses
  * rather than answer wrongly. */
 int kl_tensor_from_raw(kl_tensor *t, const void *raw);

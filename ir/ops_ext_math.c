@@ -1,5 +1,240 @@
 /* ops_ext_math.c - shape inference and evaluation of the rows in
- * ops_ext_math.def. */
+ * ops_ext_math.def: float functions, rounding, sign, NaN/Inf tests, logic
+ * on bool, and mod. */
 #include <math.h>
 
 #include "op_impl.h"
+
+/* Which input dtypes a row accepts. */
+typedef enum {
+  T_FLOAT,   /* floating point only */
+  T_NUMERIC, /* floats and integers, not bool */
+  T_BOOL     /* bool only (logic) */
+} type_class;
+
+static int check_type(const kl_node *n, kl_error *err, const kl_value *v,
+                      type_class c) {
+  char b[256];
+  if (c == T_FLOAT && !kl_dtype_is_float(v->dtype))
+    return KL_NODE_FAIL(n, err, "needs a floating-point input, got %s",
+                        kl_value_str(v, b, sizeof b));
+  if (c == T_NUMERIC && v->dtype == KL_BOOL)
+    return KL_NODE_FAIL(n, err, "does not accept bool, got %s (cast it first)",
+                        kl_value_str(v, b, sizeof b));
+  if (c == T_BOOL && v->dtype != KL_BOOL)
+    return KL_NODE_FAIL(n, err, "needs a bool input, got %s",
+                        kl_value_str(v, b, sizeof b));
+  return 0;
+}
+
+/* ---- unary ----------------------------------------------------------- */
+/* p carries the row's parameter (elu's alpha); most ignore it. */
+typedef double (*unary_fn)(double x, double p);
+
+static int infer_unary(kl_node *n, kl_error *err, type_class c, bool to_bool) {
+  const kl_value *x = n->inputs[0];
+  if (check_type(n, err, x, c)) return -1;
+  kl_set_output(n, 0, to_bool ? KL_BOOL : x->dtype, &x->shape);
+  return 0;
+}
+
+static int eval_unary(const kl_tensor *x, kl_tensor *y, unary_fn f, double p) {
+  for (int64_t i = 0; i < x->numel; i++) y->data[i] = f(x->data[i], p);
+  return 0;
+}
+
+static double f_sin(double x, double p) { (void)p; return sin(x); }
+static double f_cos(double x, double p) { (void)p; return cos(x); }
+static double f_tan(double x, double p) { (void)p; return tan(x); }
+static double f_asin(double x, double p) { (void)p; return asin(x); }
+static double f_acos(double x, double p) { (void)p; return acos(x); }
+static double f_atan(double x, double p) { (void)p; return atan(x); }
+static double f_sinh(double x, double p) { (void)p; return sinh(x); }
+static double f_cosh(double x, double p) { (void)p; return cosh(x); }
+static double f_asinh(double x, double p) { (void)p; return asinh(x); }
+static double f_acosh(double x, double p) { (void)p; return acosh(x); }
+static double f_atanh(double x, double p) { (void)p; return atanh(x); }
+static double f_floor(double x, double p) { (void)p; return floor(x); }
+static double f_ceil(double x, double p) { (void)p; return ceil(x); }
+/* nearbyint in the default rounding mode rounds halves to even. */
+static double f_round(double x, double p) { (void)p; return nearbyint(x); }
+/* max(x, 0) + log1p(exp(-|x|)): exp never overflows. */
+static double f_softplus(double x, double p) {
+  (void)p;
+  return (x > 0 ? x : 0.0) + log1p(exp(-fabs(x)));
+}
+/* `x < 0` so NaN passes through; expm1 keeps small negatives exact. */
+static double f_elu(double x, double alpha) {
+  return x < 0 ? alpha * expm1(x) : x;
+}
+static double f_sign(double x, double p) {
+  (void)p;
+  return x > 0 ? 1.0 : x < 0 ? -1.0 : x; /* 0, -0 and NaN unchanged */
+}
+static double f_isnan(double x, double p) { (void)p; return isnan(x) != 0; }
+static double f_not(double x, double p) { (void)p; return x == 0; }
+
+#define UNARY_ROW(ID, CLASS, TO_BOOL, FN)                                      \
+  int kl_infer_##ID(kl_node *n, kl_error *err) {                               \
+    return infer_unary(n, err, CLASS, TO_BOOL);                                \
+  }                                                                            \
+  int kl_eval_##ID(const kl_node *n, kl_tensor **in, kl_tensor **out,          \
+                   kl_error *err) {                                            \
+    (void)n;                                                                   \
+    (void)err;                                                                 \
+    return eval_unary(in[0], out[0], FN, 0.0);                                 \
+  }
+
+UNARY_ROW(SIN, T_FLOAT, false, f_sin)
+UNARY_ROW(COS, T_FLOAT, false, f_cos)
+UNARY_ROW(TAN, T_FLOAT, false, f_tan)
+UNARY_ROW(ASIN, T_FLOAT, false, f_asin)
+UNARY_ROW(ACOS, T_FLOAT, false, f_acos)
+UNARY_ROW(ATAN, T_FLOAT, false, f_atan)
+UNARY_ROW(SINH, T_FLOAT, false, f_sinh)
+UNARY_ROW(COSH, T_FLOAT, false, f_cosh)
+UNARY_ROW(ASINH, T_FLOAT, false, f_asinh)
+UNARY_ROW(ACOSH, T_FLOAT, false, f_acosh)
+UNARY_ROW(ATANH, T_FLOAT, false, f_atanh)
+UNARY_ROW(FLOOR, T_FLOAT, false, f_floor)
+UNARY_ROW(CEIL, T_FLOAT, false, f_ceil)
+UNARY_ROW(ROUND, T_FLOAT, false, f_round)
+UNARY_ROW(SOFTPLUS, T_FLOAT, false, f_softplus)
+UNARY_ROW(SIGN, T_NUMERIC, false, f_sign)
+UNARY_ROW(ISNAN, T_FLOAT, true, f_isnan)
+UNARY_ROW(LOGICAL_NOT, T_BOOL, false, f_not)
+
+int kl_infer_ELU(kl_node *n, kl_error *err) {
+  return infer_unary(n, err, T_FLOAT, false);
+}
+
+int kl_eval_ELU(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                kl_error *err) {
+  (void)err;
+  return eval_unary(in[0], out[0], f_elu, kl_attr_float(n, "alpha", 1.0));
+}
+
+int kl_infer_ISINF(kl_node *n, kl_error *err) {
+  bool pos, neg;
+  if (kl_attr_flag(n, err, "detect_positive", 1, &pos) ||
+      kl_attr_flag(n, err, "detect_negative", 1, &neg))
+    return -1;
+  return infer_unary(n, err, T_FLOAT, true);
+}
+
+int kl_eval_ISINF(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                  kl_error *err) {
+  (void)err;
+  bool pos = kl_attr_int(n, "detect_positive", 1) != 0;
+  bool neg = kl_attr_int(n, "detect_negative", 1) != 0;
+  const kl_tensor *x = in[0];
+  for (int64_t i = 0; i < x->numel; i++) {
+    double v = x->data[i];
+    out[0]->data[i] = isinf(v) && (v > 0 ? pos : neg);
+  }
+  return 0;
+}
+
+/* ---- binary ---------------------------------------------------------- */
+static int infer_binary(kl_node *n, kl_error *err, type_class c) {
+  const kl_value *a = n->inputs[0], *b = n->inputs[1];
+  char ba[256], bb[256];
+  if (a->dtype != b->dtype)
+    return KL_NODE_FAIL(n, err, "inputs must share a dtype, got %s and %s",
+                        kl_value_str(a, ba, sizeof ba),
+                        kl_value_str(b, bb, sizeof bb));
+  if (check_type(n, err, a, c)) return -1;
+  kl_shape s;
+  kl_error scratch;
+  if (kl_broadcast_shapes(&a->shape, &b->shape, &s, &scratch, n->loc))
+    return KL_NODE_FAIL(n, err, "cannot broadcast %s with %s",
+                        kl_value_str(a, ba, sizeof ba),
+                        kl_value_str(b, bb, sizeof bb));
+  kl_set_output(n, 0, a->dtype, &s);
+  return 0;
+}
+
+/* Element of t for output element i (multi-index idx) of y. */
+static double bcast_at(const kl_tensor *t, const kl_tensor *y, int64_t i,
+                       const int64_t *idx) {
+  if (kl_shape_equal(&t->shape, &y->shape)) return t->data[i];
+  return t->data[kl_broadcast_index(&t->shape, &y->shape, idx)];
+}
+
+/* Per-element body of a binary row: NULL, or an error message.  p is the
+ * row's parameter (mod's fmod flag); ints says the dtype is an integer. */
+typedef const char *(*binary_fn)(double a, double b, double p, bool ints,
+                                 double *r);
+
+static int eval_binary(const kl_node *n, kl_tensor **in, kl_tensor *y,
+                       binary_fn f, double p, kl_error *err) {
+  bool ints = kl_dtype_is_int(in[0]->dtype);
+  int64_t idx[KL_MAX_RANK] = {0};
+  for (int64_t i = 0; i < y->numel; i++, kl_index_next(&y->shape, idx)) {
+    double a = bcast_at(in[0], y, i, idx), b = bcast_at(in[1], y, i, idx);
+    const char *msg = f(a, b, p, ints, &y->data[i]);
+    if (msg) return KL_NODE_FAIL(n, err, "%s (%.17g and %.17g)", msg, a, b);
+  }
+  return 0;
+}
+
+static const char *f_and(double a, double b, double p, bool ints, double *r) {
+  (void)p, (void)ints;
+  *r = a != 0 && b != 0;
+  return NULL;
+}
+static const char *f_or(double a, double b, double p, bool ints, double *r) {
+  (void)p, (void)ints;
+  *r = a != 0 || b != 0;
+  return NULL;
+}
+static const char *f_xor(double a, double b, double p, bool ints, double *r) {
+  (void)p, (void)ints;
+  *r = (a != 0) != (b != 0);
+  return NULL;
+}
+
+#define LOGIC_ROW(ID, FN)                                                      \
+  int kl_infer_##ID(kl_node *n, kl_error *err) {                               \
+    return infer_binary(n, err, T_BOOL);                                       \
+  }                                                                            \
+  int kl_eval_##ID(const kl_node *n, kl_tensor **in, kl_tensor **out,          \
+                   kl_error *err) {                                            \
+    return eval_binary(n, in, out[0], FN, 0.0, err);                           \
+  }
+
+LOGIC_ROW(LOGICAL_AND, f_and)
+LOGIC_ROW(LOGICAL_OR, f_or)
+LOGIC_ROW(LOGICAL_XOR, f_xor)
+
+/* ---- mod ------------------------------------------------------------- */
+int kl_infer_MOD(kl_node *n, kl_error *err) {
+  bool fm;
+  if (kl_attr_flag(n, err, "fmod", 0, &fm)) return -1;
+  return infer_binary(n, err, T_NUMERIC);
+}
+
+/* Floats: fmod is exact, and adding the divisor once moves the remainder
+ * to the divisor's sign.  Integers go through int64 (the remainder is below
+ * |b|, so doubles hold it exactly). */
+static const char *f_mod(double a, double b, double c_fmod, bool ints,
+                         double *r) {
+  if (!ints) {
+    double m = fmod(a, b);
+    if (c_fmod == 0 && m != 0 && (m < 0) != (b < 0)) m += b;
+    *r = m;
+    return NULL;
+  }
+  int64_t ia = kl_to_i64(a), ib = kl_to_i64(b);
+  if (ib == 0) return "integer modulo by zero";
+  int64_t m = ib == -1 ? 0 : ia % ib; /* INT64_MIN % -1 overflows in C */
+  if (c_fmod == 0 && m != 0 && (m < 0) != (ib < 0)) m += ib;
+  *r = (double)m;
+  return NULL;
+}
+
+int kl_eval_MOD(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                kl_error *err) {
+  return eval_binary(n, in, out[0], f_mod, (double)kl_attr_int(n, "fmod", 0),
+                     err);
+}

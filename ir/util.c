@@ -12,8 +12,10 @@ _Static_assert((int)KL_F32 == (int)KRT_F32 && (int)KL_BOOL == (int)KRT_BOOL &&
                "kl_dtype and krt_dtype must agree");
 
 static const char *const dtype_names[KL_DTYPE_COUNT] = {
-    "f32", "f16", "bf16", "f64", "i8", "i32", "i64", "bool"};
-static const size_t dtype_sizes[KL_DTYPE_COUNT] = {4, 2, 2, 8, 1, 4, 8, 1};
+    "f32", "f16", "bf16", "f64", "i8", "i32", "i64", "bool",
+    "u8", "i16", "u16", "u32", "u64"};
+static const size_t dtype_sizes[KL_DTYPE_COUNT] = {4, 2, 2, 8, 1, 4, 8, 1,
+                                                   1, 2, 2, 4, 8};
 
 const char *kl_dtype_name(kl_dtype t) {
   return (unsigned)t < KL_DTYPE_COUNT ? dtype_names[t] : "?";
@@ -35,20 +37,35 @@ bool kl_dtype_is_float(kl_dtype t) {
 }
 
 bool kl_dtype_is_int(kl_dtype t) {
-  return t == KL_I8 || t == KL_I32 || t == KL_I64;
+  return t == KL_I8 || t == KL_I32 || t == KL_I64 || t == KL_I16 ||
+         kl_dtype_is_unsigned(t);
+}
+
+bool kl_dtype_is_unsigned(kl_dtype t) {
+  return t == KL_U8 || t == KL_U16 || t == KL_U32 || t == KL_U64;
+}
+
+/* Width in bits of an integer dtype. */
+static int int_bits(kl_dtype t) {
+  switch (t) {
+  case KL_I8: case KL_U8: return 8;
+  case KL_I16: case KL_U16: return 16;
+  case KL_I32: case KL_U32: return 32;
+  default: return 64;
+  }
 }
 
 /* Integer conversion as C does it for in-range values, and wrap-around
  * (two's complement) instead of undefined behaviour for the rest. */
-static double wrap_int(double v, int bits) {
+static double wrap_int(double v, int bits, bool is_unsigned) {
   if (isnan(v)) return 0;
   v = trunc(v);
-  double span = ldexp(1.0, bits);
-  if (v >= -span / 2 && v < span / 2) return v;
-  if (bits == 64) return v < 0 ? -span / 2 : span / 2 - 1; /* saturate */
+  double span = ldexp(1.0, bits), lo = is_unsigned ? 0 : -span / 2;
+  if (v >= lo && v < lo + span) return v;
+  if (bits == 64) return v < lo ? lo : lo + span - 1; /* saturate */
   v = fmod(v, span);
-  if (v < -span / 2) v += span;
-  if (v >= span / 2) v -= span;
+  if (v < lo) v += span;
+  if (v >= lo + span) v -= span;
   return v;
 }
 
@@ -58,10 +75,10 @@ double kl_dtype_round(kl_dtype t, double v) {
   case KL_F16: return krt_f16_to_f32(krt_f32_to_f16((float)v));
   case KL_BF16: return krt_bf16_to_f32(krt_f32_to_bf16((float)v));
   case KL_F64: return v;
-  case KL_I8: return wrap_int(v, 8);
-  case KL_I32: return wrap_int(v, 32);
-  case KL_I64: return wrap_int(v, 64);
   case KL_BOOL: return v != 0 ? 1 : 0;
+  case KL_I8: case KL_I16: case KL_I32: case KL_I64:
+  case KL_U8: case KL_U16: case KL_U32: case KL_U64:
+    return wrap_int(v, int_bits(t), kl_dtype_is_unsigned(t));
   default: return v;
   }
 }
@@ -221,12 +238,10 @@ int64_t kl_to_i64(double v) {
 }
 
 double kl_wrap_to(kl_dtype t, uint64_t u) {
-  int bits = t == KL_I8 ? 8 : t == KL_I32 ? 32 : 64;
-  if (bits < 64) {
-    u &= ((uint64_t)1 << bits) - 1;
-    if (u >> (bits - 1)) return (double)u - ldexp(1.0, bits);
-    return (double)u;
-  }
+  int bits = int_bits(t);
+  if (bits < 64) u &= ((uint64_t)1 << bits) - 1;
+  if (kl_dtype_is_unsigned(t)) return (double)u;
+  if (bits < 64) return u >> (bits - 1) ? (double)u - ldexp(1.0, bits) : (double)u;
   return u >> 63 ? -(double)(~u) - 1.0 : (double)u;
 }
 

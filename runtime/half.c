@@ -17,7 +17,9 @@ static const struct {
 } dtypes[KRT_DTYPE_COUNT] = {
     [KRT_F32] = {"f32", 4}, [KRT_F16] = {"f16", 2}, [KRT_BF16] = {"bf16", 2},
     [KRT_F64] = {"f64", 8}, [KRT_I8] = {"i8", 1},   [KRT_I32] = {"i32", 4},
-    [KRT_I64] = {"i64", 8}, [KRT_BOOL] = {"bool", 1},
+    [KRT_I64] = {"i64", 8}, [KRT_BOOL] = {"bool", 1}, [KRT_U8] = {"u8", 1},
+    [KRT_I16] = {"i16", 2}, [KRT_U16] = {"u16", 2}, [KRT_U32] = {"u32", 4},
+    [KRT_U64] = {"u64", 8},
 };
 
 size_t krt_dtype_size(krt_dtype t) {

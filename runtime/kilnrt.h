@@ -19,6 +19,7 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 /* Same order as the IR's kl_dtype, so the two convert by a plain cast. */
 typedef enum {
   KRT_F32, KRT_F16, KRT_BF16, KRT_F64, KRT_I8, KRT_I32, KRT_I64, KRT_BOOL,
+  KRT_U8, KRT_I16, KRT_U16, KRT_U32, KRT_U64,
   KRT_DTYPE_COUNT
 } krt_dtype;
 
@@ -61,7 +62,7 @@ float krt_bf16_to_f32(uint16_t h);
  * writer removes its partial file. */
 
 /* .npy: reads versions 1.0, 2.0 and 3.0 with descr <f4 <f2 <f8 |i1 <i4 <i8
- * |b1; writes version 1.0.  NumPy has no bfloat16, so a bf16 tensor is
+ * |b1 |u1 <i2 <u2 <u4 <u8; writes version 1.0.  NumPy has no bfloat16, so a bf16 tensor is
  * written as <f4 (exact) and reads back as KRT_F32. */
 int krt_npy_read(const char *path, krt_tensor *out, char *errbuf,
                  size_t errlen);

@@ -34,7 +34,8 @@
 static const char *const descrs[KRT_DTYPE_COUNT] = {
     [KRT_F32] = "<f4", [KRT_F16] = "<f2", [KRT_F64] = "<f8",
     [KRT_I8] = "|i1",  [KRT_I32] = "<i4", [KRT_I64] = "<i8",
-    [KRT_BOOL] = "|b1",
+    [KRT_BOOL] = "|b1", [KRT_U8] = "|u1",  [KRT_I16] = "<i2", [KRT_U16] = "<u2",
+    [KRT_U32] = "<u4", [KRT_U64] = "<u8",
 };
 
 /* ---- header dict parser ---------------------------------------------- */
@@ -106,7 +107,7 @@ static int parse_descr(const char *d, krt_dtype *dt, const char *path,
   }
   return krt_fail(errbuf, errlen, path,
                   "unsupported dtype '%s' (supported: <f4 <f2 <f8 |i1 <i4 <i8 "
-                  "|b1)", d);
+                  "|b1 |u1 <i2 <u2 <u4 <u8)", d);
 }
 
 static int parse_shape(cursor *c, krt_tensor *t, const char *path,

@@ -32,7 +32,8 @@
 static const char *const st_dtypes[KRT_DTYPE_COUNT] = {
     [KRT_F32] = "F32", [KRT_F16] = "F16", [KRT_BF16] = "BF16",
     [KRT_F64] = "F64", [KRT_I8] = "I8",   [KRT_I32] = "I32",
-    [KRT_I64] = "I64", [KRT_BOOL] = "BOOL",
+    [KRT_I64] = "I64", [KRT_BOOL] = "BOOL", [KRT_U8] = "U8",
+    [KRT_I16] = "I16", [KRT_U16] = "U16", [KRT_U32] = "U32", [KRT_U64] = "U64",
 };
 
 /* ---- reading --------------------------------------------------------- */

@@ -33,7 +33,7 @@ param w: f32[3, 4] = randn(0.5, seed=1)
 output y = relu(x @ w)
 output z = i + 1
 KL
-python3 - <<'PY'
+"${PYTHON:-python3}" - <<'PY'
 import numpy as np, json, struct
 np.save("x.npy", np.arange(6, dtype=np.float32).reshape(2, 3))
 np.save("i.npy", np.array([5, -2], dtype=np.int64))
@@ -72,7 +72,7 @@ expect onnx_run_pb 0 "output 0" -- "$kiln" run $t/model.onnx --inputs-dir $t/tes
 expect onnx_shape_unknown_input 1 "no input named" -- "$kiln" run $t/model.onnx --shape q=1,2
 expect run_random 0 "not given: using seeded random values" -- "$kiln" run m.kl
 expect run_files 0 "output 1 'z': i64\[2\]" -- "$kiln" run m.kl --input x=x.npy --input i=i.npy --output-dir out
-python3 -c "
+"${PYTHON:-python3}" -c "
 import numpy as np
 x = np.arange(6, dtype=np.float32).reshape(2, 3); w = np.ones((3, 4), np.float32)
 z = np.load('out/output_1.npy'); assert z.dtype == np.int64 and list(z) == [6, -1], z

@@ -7,7 +7,7 @@ kiln=$1
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-python3 "$here/make_bad_models.py" "$tmp" >/dev/null || { echo "0 passed, 1 failed"; exit 1; }
+"${PYTHON:-python3}" "$here/make_bad_models.py" "$tmp" >/dev/null || { echo "0 passed, 1 failed"; exit 1; }
 passed=0 failed=0
 for d in "$tmp"/*/; do
   name=$(basename "$d")

@@ -6,5 +6,5 @@ kiln=$1 suite=$2
 here=$(cd "$(dirname "$0")" && pwd)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-python3 "$here/${suite}_$( [ "$suite" = ops ] && echo cases || echo ref ).py" "$dir"
-python3 "$here/check.py" "$kiln" "$dir"
+"${PYTHON:-python3}" "$here/${suite}_$( [ "$suite" = ops ] && echo cases || echo ref ).py" "$dir"
+"${PYTHON:-python3}" "$here/check.py" "$kiln" "$dir"

@@ -163,9 +163,10 @@ static void test_bf16_values(void **state) {
 
 static void test_dtype_basics(void **state) {
   (void)state;
-  static const char *names[] = {"f32", "f16", "bf16", "f64",
-                                "i8",  "i32", "i64",  "bool"};
-  static const size_t sizes[] = {4, 2, 2, 8, 1, 4, 8, 1};
+  static const char *names[] = {"f32", "f16", "bf16", "f64", "i8",  "i32", "i64",
+                                "bool", "u8", "i16", "u16", "u32", "u64"};
+  static const size_t sizes[] = {4, 2, 2, 8, 1, 4, 8, 1, 1, 2, 2, 4, 8};
+  assert_int_equal(sizeof names / sizeof *names, KRT_DTYPE_COUNT);
   for (int d = 0; d < KRT_DTYPE_COUNT; d++) {
     assert_string_equal(krt_dtype_name((krt_dtype)d), names[d]);
     assert_int_equal(krt_dtype_size((krt_dtype)d), sizes[d]);
@@ -205,6 +206,11 @@ static krt_tensor make_tensor(krt_dtype dtype, int rank, const int64_t *dims) {
     case KRT_I32: ((int32_t *)t.data)[i] = (int32_t)(i * -100003); break;
     case KRT_I64: ((int64_t *)t.data)[i] = i * 1000000000007LL; break;
     case KRT_BOOL: ((uint8_t *)t.data)[i] = i % 3 == 0; break;
+    case KRT_U8: ((uint8_t *)t.data)[i] = (uint8_t)(i * 37); break;
+    case KRT_I16: ((int16_t *)t.data)[i] = (int16_t)(i * -1003); break;
+    case KRT_U16: ((uint16_t *)t.data)[i] = (uint16_t)(i * 40009); break;
+    case KRT_U32: ((uint32_t *)t.data)[i] = (uint32_t)(i * 4000000007u); break;
+    case KRT_U64: ((uint64_t *)t.data)[i] = (uint64_t)i * 18000000000000000007ull; break;
     default: fail();
     }
   }
@@ -418,8 +424,8 @@ static void test_npy_malformed(void **state) {
       {"", 8, "malformed header"},
       {"{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2,)}", 8,
        "structured dtypes"},
-      {"{'descr': '<u4', 'fortran_order': False, 'shape': (2,)}", 8,
-       "unsupported dtype '<u4'"},
+      {"{'descr': '<c8', 'fortran_order': False, 'shape': (2,)}", 8,
+       "unsupported dtype '<c8'"},
       {"{'descr': 'abcdefghijklmnopqrstuvwxyzabcdefghij', "
        "'fortran_order': False, 'shape': (2,)}", 8, "malformed header"},
       {"{'descr': '<f4', 'fortran_order': False, 'shape': (-1,)}", 0,
@@ -546,7 +552,7 @@ static void test_safetensors_malformed(void **state) {
       {"{\"t\":1,\"t\":2}", 0, "bad JSON header"}, /* duplicate key */
       {"{\"t\":1}", 0, "entry is not an object"},
       {"{\"t\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "'dtype'"},
-      {ENTRY("\"U8\"", "[1]", "[0,1]"), 1, "unsupported dtype 'U8'"},
+      {ENTRY("\"C64\"", "[1]", "[0,8]"), 1, "unsupported dtype 'C64'"},
       {ENTRY("7", "[1]", "[0,4]"), 4, "'dtype'"},
       {"{\"t\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "'shape'"},
       {ENTRY("\"F32\"", "[-1]", "[0,0]"), 0, "shape dimension 0"},
