@@ -46,6 +46,12 @@ struct kl_onnx_ctx {
 int kl_onnx_fail(kl_onnx_ctx *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* The same for a feature Kiln lacks (an attribute value, a mode, a dtype)
+ * rather than a malformed model: the conformance runner counts the test as
+ * unsupported instead of failed. */
+int kl_onnx_unsupported(kl_onnx_ctx *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /* Number of inputs given (trailing empty names do not count). */
 int kl_onnx_ninputs(const Onnx__NodeProto *n);
 /* Input k, or NULL when absent or given as "". */

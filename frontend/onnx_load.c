@@ -64,6 +64,17 @@ int kl_onnx_fail(kl_onnx_ctx *c, const char *fmt, ...) {
                  c->node->op_type, body);
 }
 
+int kl_onnx_unsupported(kl_onnx_ctx *c, const char *fmt, ...) {
+  char body[800];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(body, sizeof body, fmt, ap);
+  va_end(ap);
+  kl_onnx_fail(c, "%s", body);
+  c->err->unsupported = true;
+  return -1;
+}
+
 int kl_onnx_ninputs(const Onnx__NodeProto *n) {
   int k = (int)n->n_input;
   while (k > 0 && (!n->input[k - 1] || !*n->input[k - 1])) k--;
@@ -282,12 +293,20 @@ static int value_type(kl_onnx_ctx *c, const Onnx__ValueInfoProto *vi, kl_dtype *
   *known = false;
   *unknown_dim = NULL;
   if (!vi->type || vi->type->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE)
-    return kl_fail(c->err, (kl_loc){c->path, 0, 0},
-                   "'%s' is not a tensor (sequences, maps and optionals are not supported)", name);
+  {
+    kl_fail(c->err, (kl_loc){c->path, 0, 0},
+            "'%s' is not a tensor (sequences, maps and optionals are not supported)", name);
+    c->err->unsupported = true;
+    return -1;
+  }
   const Onnx__TypeProto__Tensor *tt = vi->type->tensor_type;
   if (!tt->has_elem_type || kl_onnx_dtype(tt->elem_type, dt))
-    return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "'%s': element type %d is not supported",
-                   name, tt->has_elem_type ? tt->elem_type : 0);
+  {
+    kl_fail(c->err, (kl_loc){c->path, 0, 0}, "'%s': element type %d is not supported", name,
+            tt->has_elem_type ? tt->elem_type : 0);
+    c->err->unsupported = true;
+    return -1;
+  }
   if (!tt->shape) return 0;
   if (tt->shape->n_dim > KL_MAX_RANK)
     return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "'%s': rank %zu is above %d", name,
@@ -359,7 +378,7 @@ static int add_inputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp, const kl_onnx_
 
 /* Every unsupported (op, opset, node) at once, so a user sees the whole
  * list in one try. */
-static int check_supported(kl_onnx_ctx *c, const Onnx__GraphProto *gp, kl_onnx_options *opt) {
+static int check_supported(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
   char msg[sizeof c->err->msg];
   size_t used = 0;
   int count = 0;
@@ -374,11 +393,12 @@ static int check_supported(kl_onnx_ctx *c, const Onnx__GraphProto *gp, kl_onnx_o
                                default_domain ? "" : ".", op, c->opset, node_label(n));
   }
   if (!count) return 0;
-  if (opt) opt->unsupported_only = true;
   if (count > 40 && used < sizeof msg - 40)
     snprintf(msg + used, sizeof msg - used, "\n  ... and %d more", count - 40);
-  return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "%d unsupported node%s:\n%s", count,
-                 count == 1 ? "" : "s", msg);
+  kl_fail(c->err, (kl_loc){c->path, 0, 0}, "%d unsupported node%s:\n%s", count,
+          count == 1 ? "" : "s", msg);
+  c->err->unsupported = true;
+  return -1;
 }
 
 /* Nodes in an order where producers come first (ONNX requires it, but we
@@ -516,13 +536,14 @@ kl_graph *kl_onnx_load_bytes(const unsigned char *data, size_t len, const char *
   if (!rc) {
     c.g = kl_graph_new(NULL);
     c.g->name = ir_name(c.g, m->graph->name && *m->graph->name ? m->graph->name : "model");
-    rc = check_supported(&c, m->graph, opt);
+    rc = check_supported(&c, m->graph);
   }
   if (!rc) rc = add_initializers(&c, m->graph);
   if (!rc) rc = add_inputs(&c, m->graph, opt);
   if (!rc) rc = convert_nodes(&c, m->graph);
   if (!rc) rc = mark_outputs(&c, m->graph);
   if (!rc) rc = kl_verify(c.g, err);
+  if (rc && opt) opt->unsupported_only = err->unsupported;
   for (int i = 0; i < c.nvals; i++) kl_tensor_free(c.vals[i].konst);
   free(c.vals);
   onnx__model_proto__free_unpacked(m, NULL);

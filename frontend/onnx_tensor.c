@@ -112,8 +112,12 @@ int kl_onnx_tensor_data(const Onnx__TensorProto *t, const char *model_path,
   const char *name = t->name ? t->name : "?";
   *raw = NULL;
   if (!t->has_data_type || kl_onnx_dtype(t->data_type, dtype))
-    return kl_fail(err, loc, "tensor '%s': data type %s is not supported", name,
-                   onnx_type_name(t->has_data_type ? t->data_type : 0));
+  {
+    kl_fail(err, loc, "tensor '%s': data type %s is not supported", name,
+            onnx_type_name(t->has_data_type ? t->data_type : 0));
+    err->unsupported = true;
+    return -1;
+  }
   if (t->n_dims > KL_MAX_RANK)
     return kl_fail(err, loc, "tensor '%s': rank %zu is above the limit of %d", name, t->n_dims,
                    KL_MAX_RANK);

@@ -51,6 +51,7 @@ typedef struct {
 typedef struct {
   kl_loc loc;
   char msg[1024];
+  bool unsupported; /* a feature Kiln lacks, not a malformed input */
 } kl_error;
 
 /* Fill err and return -1, so callers can `return kl_fail(err, loc, ...)`. */

@@ -157,6 +157,7 @@ int kl_fail(kl_error *err, kl_loc loc, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   err->loc = loc;
+  err->unsupported = false;
   vsnprintf(err->msg, sizeof err->msg, fmt, ap);
   va_end(ap);
   return -1;

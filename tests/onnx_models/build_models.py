@@ -11,14 +11,18 @@ decomposed LayerNorm and Gelu, Clip with min/max inputs, ...):
     resnet18      ResNet-18 at 1x3x64x64 (opset 17)
     mobilenetv2   MobileNetV2, fewer blocks, 1x3x64x64 (opset 13)
     bert_block    BERT embeddings + 2 encoder layers + pooler (opset 17)
+    bert_dynamic  the same with symbolic batch/sequence dims, as exported
+                  with dynamic axes; args.json binds them with --shape
     gpt2_block    GPT-2 embeddings + 2 pre-norm blocks + LM head (opset 17)
 
 Each lands in OUTDIR/<name>/ as model.onnx plus test_data_set_0/input_K.pb
-and output_K.pb, the layout of ONNX's backend tests; the outputs come from
+and output_K.pb, the layout of ONNX's backend tests (plus args.json, extra
+`kiln run` arguments, where a model needs them); the outputs come from
 onnxruntime's CPU provider with graph optimizations off, so the reference
 is the graph as written.
 """
 import argparse
+import json
 import math
 import os
 
@@ -295,6 +299,20 @@ def bert_block():
     return m, feeds
 
 
+def bert_dynamic():
+    m, feeds = bert_block()
+    for v in [*m.graph.input, *m.graph.output]:
+        dims = v.type.tensor_type.shape.dim
+        dims[0].dim_param = "batch"
+        if dims[1].dim_value == SEQ:
+            dims[1].dim_param = "sequence"
+    onnx.checker.check_model(m, full_check=True)
+    args = []
+    for name, a in feeds.items():
+        args += ["--shape", "%s=%s" % (name, ",".join(map(str, a.shape)))]
+    return m, feeds, args
+
+
 def gpt2_block():
     g = Graph(124)
     ids = "input_ids"
@@ -347,7 +365,8 @@ def gpt2_block():
 
 
 MODELS = {"resnet18": resnet18, "mobilenetv2": mobilenetv2,
-          "bert_block": bert_block, "gpt2_block": gpt2_block}
+          "bert_block": bert_block, "bert_dynamic": bert_dynamic,
+          "gpt2_block": gpt2_block}
 
 
 def reference(model, feeds):
@@ -359,11 +378,14 @@ def reference(model, feeds):
     return names, sess.run(names, feeds)
 
 
-def write(outdir, name, model, feeds):
+def write(outdir, name, model, feeds, args=None):
     folder = os.path.join(outdir, name)
     data = os.path.join(folder, "test_data_set_0")
     os.makedirs(data, exist_ok=True)
     onnx.save(model, os.path.join(folder, "model.onnx"))
+    if args:
+        with open(os.path.join(folder, "args.json"), "w") as f:
+            json.dump(args, f)
     for k, inp in enumerate(model.graph.input):
         t = numpy_helper.from_array(feeds[inp.name], inp.name)
         with open(os.path.join(data, "input_%d.pb" % k), "wb") as f:

@@ -5,12 +5,13 @@
                     [--rtol 1e-4] [--atol 1e-5] [-k SUBSTR] [-j JOBS]
                     [--timeout S] [--unsupported-ok]
 
-OUTDIR holds one folder per model (written by build_models.py): model.onnx
-and test_data_set_N/input_K.pb, output_K.pb.  With --build the models are
+OUTDIR holds one folder per model (written by build_models.py): model.onnx,
+test_data_set_N/input_K.pb and output_K.pb, and optionally args.json (a
+list of extra `kiln run` arguments, e.g. --shape for symbolic dims).  With --build the models are
 built into OUTDIR first (into a temporary folder when OUTDIR is omitted).
 For each data set it runs
 
-    KILN run model.onnx --inputs-dir test_data_set_N --output-dir TMP
+    KILN run model.onnx --inputs-dir test_data_set_N --output-dir TMP [ARGS]
 
 and compares every TMP/output_K.npy with output_K.pb.  Prints `PASS name`
 or `FAIL name: reason` per model (for unsupported nodes, the distinct ONNX
@@ -23,6 +24,7 @@ are still being added; wrong numbers always fail).
 import argparse
 import concurrent.futures
 import glob
+import json
 import os
 import re
 import subprocess
@@ -75,12 +77,12 @@ def why_failed(code, msg):
     return "kiln exited %d: %s" % (code, lines[0] if lines else "")
 
 
-def run_set(kiln, model, data, args):
+def run_set(kiln, model, data, extra, args):
     nout = count_files(data, "output")
     if nout == 0:
         return "no output_0.pb in %s" % data
     with tempfile.TemporaryDirectory(prefix="kiln-onnx-") as tmp:
-        cmd = [kiln, "run", model, "--inputs-dir", data, "--output-dir", tmp]
+        cmd = [kiln, "run", model, "--inputs-dir", data, "--output-dir", tmp] + extra
         try:
             p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                timeout=args.timeout)
@@ -111,8 +113,13 @@ def run_model(kiln, folder, args):
     sets = sorted(glob.glob(os.path.join(folder, "test_data_set_*")))
     if not sets:
         return "no test_data_set_* folder"
+    extra = []
+    ap = os.path.join(folder, "args.json")
+    if os.path.exists(ap):
+        with open(ap) as f:
+            extra = json.load(f)
     for data in sets:
-        why = run_set(kiln, model, data, args)
+        why = run_set(kiln, model, data, extra, args)
         if why:
             return "%s: %s" % (os.path.basename(data), why) if len(sets) > 1 else why
     return None
