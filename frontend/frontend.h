@@ -33,10 +33,24 @@ typedef struct {
   kl_shape shape;
 } kl_shape_binding;
 
+/* An input frozen to a value at compile time: it becomes a constant, so
+ * the shapes it decides (a Reshape target, Slice bounds, TopK's k) are
+ * known, as Kiln's static shapes require. */
+typedef struct {
+  const char *input;
+  const kl_tensor *value;
+} kl_frozen_input;
+
 typedef struct {
   const kl_shape_binding *shapes;
   int nshapes;
+  const kl_frozen_input *frozen;
+  int nfrozen;
   bool unsupported_only; /* set on return when every error is "unsupported" */
+  /* Set on return when loading failed because this graph input decides a
+   * shape: freezing it would let the model compile (a name in the model's
+   * protobuf, valid until the next load). */
+  char needs_const[256];
 } kl_onnx_options;
 
 kl_graph *kl_onnx_load(const char *path, kl_onnx_options *opt, kl_error *err);

@@ -23,10 +23,18 @@ typedef struct {
 extern const kl_onnx_op kl_onnx_ops_math[];      /* onnx_ops_math.c */
 extern const kl_onnx_op kl_onnx_ops_nn[];        /* onnx_ops_nn.c */
 extern const kl_onnx_op kl_onnx_ops_tensor[];    /* onnx_ops_tensor.c */
+extern const kl_onnx_op kl_onnx_ops_sequence[];  /* onnx_ops_sequence.c */
 
+/* A value is an IR tensor, or a sequence of them.  Sequences exist only
+ * while loading: every position is a compile-time constant, so they unroll
+ * into plain tensors and the IR never sees them. */
 typedef struct {
   const char *name;     /* ONNX value name */
-  kl_value *v;          /* its IR value */
+  kl_value *v;          /* its IR value (NULL for a sequence) */
+  kl_value **seq;       /* a sequence's items */
+  int seq_len;
+  bool is_seq;
+  kl_dtype seq_dtype;
   kl_tensor *konst;     /* its contents once known to be constant */
   bool const_checked;   /* konst was computed (or found impossible) */
 } kl_onnx_binding;
@@ -39,6 +47,7 @@ struct kl_onnx_ctx {
   kl_onnx_binding *vals;
   int nvals, capvals;
   const Onnx__NodeProto *node; /* the node being converted */
+  const char *blocking_input;  /* a graph input a compile-time value needs */
 };
 
 /* ---- for converters -------------------------------------------------- */
@@ -58,6 +67,13 @@ int kl_onnx_ninputs(const Onnx__NodeProto *n);
 kl_value *kl_onnx_input(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k);
 /* Bind output k of the ONNX node to an IR value. */
 int kl_onnx_bind(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k, kl_value *v);
+
+/* Sequence inputs and outputs: -1 with the error set when input k is not a
+ * sequence.  *items stays owned by the graph. */
+int kl_onnx_input_seq(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k, kl_value ***items,
+                      int *len, kl_dtype *dtype);
+int kl_onnx_bind_seq(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k, kl_value **items,
+                     int len, kl_dtype dtype);
 
 /* Add an IR node for the current ONNX node; returns its first output, or
  * NULL with the error set (located at the ONNX node). */

@@ -8,7 +8,7 @@
 #include "onnx_internal.h"
 
 static const kl_onnx_op *const families[] = {kl_onnx_ops_math, kl_onnx_ops_nn,
-                                             kl_onnx_ops_tensor};
+                                             kl_onnx_ops_tensor, kl_onnx_ops_sequence};
 
 static const kl_onnx_op *find_converter(const char *op, int opset) {
   const kl_onnx_op *best = NULL;
@@ -99,6 +99,37 @@ int kl_onnx_bind(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k, kl_value *v) {
   return 0;
 }
 
+int kl_onnx_input_seq(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k, kl_value ***items,
+                      int *len, kl_dtype *dtype) {
+  kl_onnx_binding *b = k < (int)n->n_input && n->input[k] && *n->input[k]
+                           ? lookup(c, n->input[k]) : NULL;
+  if (!b || !b->is_seq) return kl_onnx_fail(c, "input %d must be a sequence", k);
+  *items = b->seq;
+  *len = b->seq_len;
+  *dtype = b->seq_dtype;
+  return 0;
+}
+
+int kl_onnx_bind_seq(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k, kl_value **items,
+                     int len, kl_dtype dtype) {
+  if (k >= (int)n->n_output || !n->output[k] || !*n->output[k]) return 0;
+  if (lookup(c, n->output[k]))
+    return kl_onnx_fail(c, "output '%s' is produced twice", n->output[k]);
+  for (int i = 0; i < len; i++)
+    if (items[i]->dtype != dtype)
+      return kl_onnx_fail(c, "sequence items must all be %s, item %d is %s",
+                          kl_dtype_name(dtype), i, kl_dtype_name(items[i]->dtype));
+  kl_value **copy = kl_arena_alloc(&c->g->arena, (size_t)(len + 1) * sizeof *copy);
+  if (len) memcpy(copy, items, (size_t)len * sizeof *copy);
+  bind_name(c, n->output[k], NULL);
+  kl_onnx_binding *b = &c->vals[c->nvals - 1];
+  b->seq = copy;
+  b->seq_len = len;
+  b->is_seq = true;
+  b->seq_dtype = dtype;
+  return 0;
+}
+
 kl_node *kl_onnx_emit_node(kl_onnx_ctx *c, kl_op op, kl_value **ins, int nins,
                            const kl_attr *attrs, int nattrs, int nouts) {
   (void)nouts; /* the op decides; split's comes from its sizes */
@@ -186,6 +217,8 @@ static kl_tensor *fold(kl_onnx_ctx *c, kl_value *v, kl_tensor **scratch, int dep
   kl_tensor *t = NULL;
   if (kl_shape_numel(&v->shape) > MAX_FOLD_NUMEL || depth > 2000) {
     t = NULL;
+  } else if (v->kind == KL_VAL_INPUT) {
+    if (b && !c->blocking_input) c->blocking_input = b->name;
   } else if (v->kind == KL_VAL_PARAM || v->kind == KL_VAL_CONST) {
     kl_error e;
     if (kl_value_materialize(v, &t, &e)) t = NULL;
@@ -338,6 +371,20 @@ static int add_inputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp, const kl_onnx_
     if (!vi->name || !*vi->name)
       return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "graph input %zu has no name", i);
     if (lookup(c, vi->name)) continue; /* an initializer: a weight with a default */
+    const kl_frozen_input *fz = NULL;
+    for (int k = 0; opt && k < opt->nfrozen; k++)
+      if (!strcmp(opt->frozen[k].input, vi->name)) fz = &opt->frozen[k];
+    if (fz) {
+      size_t bytes = (size_t)fz->value->numel * kl_dtype_size(fz->value->dtype);
+      void *raw = malloc(bytes ? bytes : 1);
+      if (!raw) abort();
+      kl_tensor_to_raw(fz->value, raw);
+      kl_value *v = kl_graph_add_const_data(c->g, ir_name(c->g, vi->name), fz->value->dtype,
+                                            &fz->value->shape, raw, (kl_loc){c->path, 0, 0});
+      free(raw);
+      bind_name(c, vi->name, v);
+      continue;
+    }
     kl_dtype dt;
     kl_shape s = {0};
     bool known;
@@ -419,7 +466,10 @@ static int order_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp, size_t *order
       if (!ready) continue;
       for (size_t k = 0; k < node->n_output; k++)
         if (node->output[k] && *node->output[k] && !lookup(c, node->output[k]))
+        {
           bind_name(c, node->output[k], NULL); /* placeholder, removed below */
+          c->vals[c->nvals - 1].const_checked = true;
+        }
       placed[i] = true;
       order[done++] = i;
       progress = true;
@@ -448,7 +498,7 @@ static int order_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp, size_t *order
   /* drop the placeholders */
   int w = 0;
   for (int i = 0; i < c->nvals; i++)
-    if (c->vals[i].v) c->vals[w++] = c->vals[i];
+    if (c->vals[i].v || c->vals[i].is_seq) c->vals[w++] = c->vals[i];
   c->nvals = w;
   free(placed);
   return rc;
@@ -485,6 +535,12 @@ static int mark_outputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
     kl_onnx_binding *b = lookup(c, name);
     if (!b)
       return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "graph output '%s' is not produced", name);
+    if (b->is_seq) {
+      kl_fail(c->err, (kl_loc){c->path, 0, 0},
+              "graph output '%s' is a sequence; Kiln's outputs are tensors", name);
+      c->err->unsupported = true;
+      return -1;
+    }
     for (size_t j = 0; j < i; j++)
       if (gp->output[j]->name && !strcmp(gp->output[j]->name, name))
         return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "graph output '%s' is listed twice", name);
@@ -523,7 +579,10 @@ static int mark_outputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
 kl_graph *kl_onnx_load_bytes(const unsigned char *data, size_t len, const char *path,
                              kl_onnx_options *opt, kl_error *err) {
   memset(err, 0, sizeof *err);
-  if (opt) opt->unsupported_only = false;
+  if (opt) {
+    opt->unsupported_only = false;
+    opt->needs_const[0] = 0;
+  }
   Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, data);
   if (!m) {
     kl_fail(err, (kl_loc){path, 0, 0}, "not an ONNX model (the protobuf does not parse)");
@@ -543,7 +602,11 @@ kl_graph *kl_onnx_load_bytes(const unsigned char *data, size_t len, const char *
   if (!rc) rc = convert_nodes(&c, m->graph);
   if (!rc) rc = mark_outputs(&c, m->graph);
   if (!rc) rc = kl_verify(c.g, err);
-  if (rc && opt) opt->unsupported_only = err->unsupported;
+  if (rc && opt) {
+    opt->unsupported_only = err->unsupported;
+    snprintf(opt->needs_const, sizeof opt->needs_const, "%s",
+             c.blocking_input ? c.blocking_input : "");
+  }
   for (int i = 0; i < c.nvals; i++) kl_tensor_free(c.vals[i].konst);
   free(c.vals);
   onnx__model_proto__free_unpacked(m, NULL);

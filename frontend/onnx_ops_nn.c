@@ -76,6 +76,15 @@ static kl_value *drop_1d(kl_onnx_ctx *c, kl_value *y) {
   return reshape(c, y, d, 3);
 }
 
+/* v[C] as [C, 1, ..., 1] for broadcasting against x[N, C, ...]. */
+static kl_value *per_channel(kl_onnx_ctx *c, kl_value *v, int xrank) {
+  if (!v) return NULL;
+  int64_t d[KL_MAX_RANK];
+  d[0] = kl_shape_numel(&v->shape);
+  for (int i = 1; i < xrank - 1; i++) d[i] = 1;
+  return reshape(c, v, d, xrank - 1);
+}
+
 /* 1 when output k is requested. */
 static bool wants_output(const Onnx__NodeProto *n, int k) {
   return k < (int)n->n_output && n->output[k] && *n->output[k];
@@ -275,16 +284,71 @@ static int convert_conv(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
 
 /* ---- ConvTranspose --------------------------------------------------- */
 
+static kl_value *conv_transpose2d(kl_onnx_ctx *c, kl_value *x, kl_value *wt, kl_value *b,
+                                  const window *w, int a0, int a1, const int64_t *opad,
+                                  int64_t groups) {
+  if (!x || !wt) return NULL;
+  int64_t k[2], st[2], dil[2], pads[4], op2[2] = {a0 < 0 ? 0 : opad[a0], opad[a1]};
+  window_2d(w, a0, a1, k, st, dil, pads);
+  kl_attr a[5] = {kl_ais("strides", st, 2), kl_ais("pads", pads, 4), kl_ais("dilations", dil, 2),
+                  kl_ai("groups", groups), kl_ais("output_padding", op2, 2)};
+  kl_value *ins[3] = {x, wt, b};
+  return kl_onnx_emit(c, KL_OP_CONV_TRANSPOSE2D, ins, b ? 3 : 2, a, 5);
+}
+
+/* IR pad of x (rank r) on axis `ax` only; negative values crop. */
+static kl_value *pad_axis(kl_onnx_ctx *c, kl_value *x, int ax, int64_t begin, int64_t end) {
+  if (!x || (!begin && !end)) return x;
+  int r = x->shape.rank;
+  int64_t pads[2 * KL_MAX_RANK] = {0};
+  pads[ax] = begin;
+  pads[r + ax] = end;
+  kl_attr a = kl_ais("pads", pads, 2 * r);
+  return unary(c, KL_OP_PAD, x, &a, 1);
+}
+
+/* 3-D transposed convolution (no bias) as a sum over the kernel's depth
+ * taps: tap j sends input depth i to output depth i*stride + j*dil, so
+ * its 2-D result, spread out by the stride with zeros and shifted by
+ * j*dil, adds into the full-depth output, which the depth pads crop. */
+static kl_value *conv_transpose3d(kl_onnx_ctx *c, kl_value *x, kl_value *wt, const window *w,
+                                  const int64_t *opad, int64_t groups) {
+  const int64_t *xd = x->shape.dims, *wd = wt->shape.dims;
+  int64_t nb = xd[0], depth = xd[2], sd = w->stride[0];
+  int64_t full = sd * (depth - 1) + w->dil[0] * (w->k[0] - 1) + 1 + opad[0];
+  static const int64_t depth_major[5] = {0, 2, 1, 3, 4};
+  int64_t planes[4] = {nb * depth, xd[1], xd[3], xd[4]};
+  kl_value *xt = reshape(c, transpose(c, x, depth_major), planes, 4), *acc = NULL;
+  int64_t m = 0, oh = 0, ow = 0;
+  for (int64_t j = 0; j < w->k[0] && xt; j++) {
+    int64_t jn = j + 1, ax = 2, one = 1;
+    kl_attr sa[4] = {kl_ais("starts", &j, 1), kl_ais("ends", &jn, 1), kl_ais("axes", &ax, 1),
+                     kl_ais("steps", &one, 1)};
+    int64_t ws[4] = {wd[0], wd[1], wd[3], wd[4]};
+    kl_value *wj = reshape(c, unary(c, KL_OP_SLICE, wt, sa, 4), ws, 4);
+    kl_value *yj = conv_transpose2d(c, xt, wj, NULL, w, 1, 2, opad, groups);
+    if (!yj) return NULL;
+    m = yj->shape.dims[1], oh = yj->shape.dims[2], ow = yj->shape.dims[3];
+    int64_t rows[4] = {nb, depth, 1, m * oh * ow}, flat[3] = {nb, depth * sd, m * oh * ow};
+    kl_value *spread = reshape(c, pad_axis(c, reshape(c, yj, rows, 4), 2, 0, sd - 1), flat, 3);
+    spread = pad_axis(c, spread, 1, j * w->dil[0], full - j * w->dil[0] - depth * sd);
+    acc = acc ? binary(c, KL_OP_ADD, acc, spread) : spread;
+  }
+  acc = pad_axis(c, acc, 1, -w->pad[0], -w->pad[3]);
+  if (!acc) return NULL;
+  int64_t ys[5] = {nb, acc->shape.dims[1], m, oh, ow};
+  return transpose(c, reshape(c, acc, ys, 5), depth_major);
+}
+
 /* Pads from output_shape (or auto_pad SAME_*, whose output is in *
  * stride), as the ONNX reference: the total padding splits with the odd
- * one at the beginning unless SAME_UPPER.  A negative end pad (an output
- * larger than the full one) becomes output padding. */
+ * one at the beginning unless SAME_UPPER; it is negative when the output
+ * is larger than the full one. */
 static int convert_conv_transpose(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_value *x = need_input(c, n, 0), *wt = need_input(c, n, 1), *b = kl_onnx_input(c, n, 2);
   window w = {0};
   if (!x || !wt || check_spatial(c, x, &w.nsp)) return -1;
   int s = w.nsp;
-  if (s == 3) return kl_onnx_fail(c, "3-D transposed convolution is not supported");
   if (wt->shape.rank != x->shape.rank)
     return kl_onnx_fail(c, "the weight must have the rank of the input (%d), got %d",
                         x->shape.rank, wt->shape.rank);
@@ -311,29 +375,22 @@ static int convert_conv_transpose(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
       bool upper = !strcmp(ap, "SAME_UPPER");
       w.pad[i] = upper ? half : total - half;
       w.pad[s + i] = upper ? total - half : half;
-      if (w.pad[s + i] < 0) {
-        opad[i] -= w.pad[s + i];
-        w.pad[s + i] = 0;
-      }
-      if (w.pad[i] < 0)
-        return kl_onnx_fail(c, "output_shape[%d] = %lld needs a negative leading pad", i,
-                            (long long)oshape[i]);
     }
   } else if (!strcmp(ap, "VALID")) {
     for (int i = 0; i < 2 * s; i++) w.pad[i] = 0;
   } else if (strcmp(ap, "NOTSET")) {
     return kl_onnx_fail(c, "auto_pad \"%s\" is not NOTSET, SAME_UPPER, SAME_LOWER or VALID", ap);
   }
-  int a0 = s == 1 ? -1 : 0, a1 = s - 1;
-  int64_t k[2], st[2], dil[2], pads[4], op2[2] = {s == 1 ? 0 : opad[0], opad[a1]};
-  window_2d(&w, a0, a1, k, st, dil, pads);
-  kl_attr a[5] = {kl_ais("strides", st, 2), kl_ais("pads", pads, 4), kl_ais("dilations", dil, 2),
-                  kl_ai("groups", kl_onnx_attr_int(n, "group", 1)),
-                  kl_ais("output_padding", op2, 2)};
-  kl_value *ins[3] = {s == 1 ? lift_1d(c, x) : x, s == 1 ? lift_1d(c, wt) : wt, b};
-  if (!ins[0] || !ins[1]) return -1;
-  kl_value *y = kl_onnx_emit(c, KL_OP_CONV_TRANSPOSE2D, ins, b ? 3 : 2, a, 5);
-  if (s == 1) y = drop_1d(c, y);
+  int64_t groups = kl_onnx_attr_int(n, "group", 1);
+  kl_value *y;
+  if (s == 1) {
+    y = drop_1d(c, conv_transpose2d(c, lift_1d(c, x), lift_1d(c, wt), b, &w, -1, 0, opad, groups));
+  } else if (s == 2) {
+    y = conv_transpose2d(c, x, wt, b, &w, 0, 1, opad, groups);
+  } else {
+    y = conv_transpose3d(c, x, wt, &w, opad, groups);
+    if (b) y = binary(c, KL_OP_ADD, y, per_channel(c, b, 5));
+  }
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
@@ -350,52 +407,71 @@ static kl_value *pool2d(kl_onnx_ctx *c, kl_value *x, bool is_max, const window *
   return unary(c, is_max ? KL_OP_MAX_POOL2D : KL_OP_AVG_POOL2D, x, a, 5);
 }
 
-/* MaxPool and AveragePool.  Both are separable (a max, or a mean over a
- * box that is a product of per-axis ranges), so 3-D pools run as a 2-D
- * pool over (H, W) and then one over D. */
+/* Both pools are separable (a max, or a mean over a box that is a
+ * product of per-axis ranges), so 3-D pools run as a 2-D pool over (H, W)
+ * and then one over D. */
+static kl_value *pool_nd(kl_onnx_ctx *c, kl_value *x, bool is_max, const window *w,
+                         bool ceil_mode, bool cip) {
+  const int64_t *xd = x->shape.dims;
+  if (w->nsp == 1) return drop_1d(c, pool2d(c, lift_1d(c, x), is_max, w, -1, 0, ceil_mode, cip));
+  if (w->nsp == 2) return pool2d(c, x, is_max, w, 0, 1, ceil_mode, cip);
+  int64_t planes[4] = {xd[0], xd[1] * xd[2], xd[3], xd[4]};
+  kl_value *hw = pool2d(c, reshape(c, x, planes, 4), is_max, w, 1, 2, ceil_mode, cip);
+  if (!hw) return NULL;
+  int64_t oh = hw->shape.dims[2], ow = hw->shape.dims[3];
+  int64_t cols[4] = {xd[0], xd[1], xd[2], oh * ow};
+  /* the depth window as a 2-D one of width 1: only a0 = D matters */
+  window wd = *w;
+  wd.k[2] = wd.stride[2] = wd.dil[2] = 1;
+  wd.pad[2] = wd.pad[5] = 0;
+  kl_value *d = pool2d(c, reshape(c, hw, cols, 4), is_max, &wd, 0, 2, ceil_mode, cip);
+  if (!d) return NULL;
+  int64_t ys[5] = {xd[0], xd[1], d->shape.dims[2], oh, ow};
+  return reshape(c, d, ys, 5);
+}
+
+/* The p of LpPool: a float in opset 1, an int after. */
+static double lp_order(const Onnx__NodeProto *n) {
+  const Onnx__AttributeProto *a = kl_onnx_attr(n, "p");
+  return !a ? 2.0 : a->has_f ? a->f : (double)a->i;
+}
+
+/* MaxPool, AveragePool and LpPool; LpPool is (mean of |x|^p with the
+ * padding counted, times the window area)^(1/p). */
 static int convert_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
-  bool is_max = !strcmp(n->op_type, "MaxPool");
+  bool is_max = !strcmp(n->op_type, "MaxPool"), is_lp = !strcmp(n->op_type, "LpPool");
   kl_value *x = need_input(c, n, 0);
   window w = {0};
   if (!x || check_spatial(c, x, &w.nsp)) return -1;
   const int64_t *ks;
   if (kl_onnx_attr_ints(n, "kernel_shape", &ks) != w.nsp)
     return kl_onnx_fail(c, "kernel_shape must have %d entries", w.nsp);
+  int64_t area = 1;
   for (int i = 0; i < w.nsp; i++) {
     if (ks[i] < 1) return kl_onnx_fail(c, "kernel_shape[%d] must be >= 1", i);
-    w.k[i] = ks[i];
+    area *= w.k[i] = ks[i];
   }
   if (read_window(c, n, x, true, &w)) return -1;
   if (!is_max)
     for (int i = 0; i < w.nsp; i++)
-      if (w.dil[i] != 1) return kl_onnx_fail(c, "AveragePool with dilations is not supported");
-  int64_t ceil_mode = kl_onnx_attr_int(n, "ceil_mode", 0);
-  int64_t cip = kl_onnx_attr_int(n, "count_include_pad", 0);
-  const int64_t *xd = x->shape.dims;
+      if (w.dil[i] != 1) return kl_onnx_fail(c, "%s with dilations is not supported", n->op_type);
+  bool ceil_mode = kl_onnx_attr_int(n, "ceil_mode", 0) != 0;
+  bool cip = kl_onnx_attr_int(n, "count_include_pad", 0) != 0;
   kl_value *y;
-  if (w.nsp == 1) {
-    y = drop_1d(c, pool2d(c, lift_1d(c, x), is_max, &w, -1, 0, ceil_mode, cip));
-  } else if (w.nsp == 2) {
-    y = pool2d(c, x, is_max, &w, 0, 1, ceil_mode, cip);
+  if (is_lp) {
+    double p = lp_order(n);
+    kl_value *xp = with_scalar(c, KL_OP_POW, unary(c, KL_OP_ABS, x, NULL, 0), p);
+    kl_value *sum = xp ? with_scalar(c, KL_OP_MUL, pool_nd(c, xp, false, &w, ceil_mode, true),
+                                     (double)area) : NULL;
+    y = with_scalar(c, KL_OP_POW, sum, 1.0 / p);
   } else {
-    int64_t planes[4] = {xd[0], xd[1] * xd[2], xd[3], xd[4]};
-    kl_value *hw = pool2d(c, reshape(c, x, planes, 4), is_max, &w, 1, 2, ceil_mode, cip);
-    if (!hw) return -1;
-    int64_t oh = hw->shape.dims[2], ow = hw->shape.dims[3];
-    int64_t cols[4] = {xd[0], xd[1], xd[2], oh * ow};
-    /* the depth window as a 2-D one of width 1: only a0 = D matters */
-    window wd = w;
-    wd.nsp = 3;
-    wd.k[2] = wd.stride[2] = wd.dil[2] = 1;
-    wd.pad[2] = wd.pad[5] = 0;
-    kl_value *d = pool2d(c, reshape(c, hw, cols, 4), is_max, &wd, 0, 2, ceil_mode, cip);
-    if (!d) return -1;
-    int64_t ys[5] = {xd[0], xd[1], d->shape.dims[2], oh, ow};
-    y = reshape(c, d, ys, 5);
+    y = pool_nd(c, x, is_max, &w, ceil_mode, cip);
   }
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* GlobalMaxPool reduces with reduce_max; GlobalLpPool is the p-norm over
+ * the spatial axes. */
 static int convert_global_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_value *x = need_input(c, n, 0);
   if (!x) return -1;
@@ -406,21 +482,19 @@ static int convert_global_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     if (x->shape.rank < 3) return kl_onnx_fail(c, "input must be [N, C, spatial...]");
     int64_t axes[KL_MAX_RANK];
     int k = tail_axes(x, 2, axes);
-    y = reduce(c, KL_OP_REDUCE_MAX, x, axes, k, true);
+    if (!strcmp(n->op_type, "GlobalMaxPool")) {
+      y = reduce(c, KL_OP_REDUCE_MAX, x, axes, k, true);
+    } else {
+      double p = lp_order(n);
+      kl_value *xp = with_scalar(c, KL_OP_POW, unary(c, KL_OP_ABS, x, NULL, 0), p);
+      y = with_scalar(c, KL_OP_POW, reduce(c, KL_OP_REDUCE_SUM, xp, axes, k, true), 1.0 / p);
+    }
   }
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
 /* ---- normalisations -------------------------------------------------- */
 
-/* v[C] as [C, 1, ..., 1] for broadcasting against x[N, C, ...]. */
-static kl_value *per_channel(kl_onnx_ctx *c, kl_value *v, int xrank) {
-  if (!v) return NULL;
-  int64_t d[KL_MAX_RANK];
-  d[0] = kl_shape_numel(&v->shape);
-  for (int i = 1; i < xrank - 1; i++) d[i] = 1;
-  return reshape(c, v, d, xrank - 1);
-}
 
 /* Batch statistics over every axis but 1: mean[C] and biased var[C]. */
 static int batch_stats(kl_onnx_ctx *c, kl_value *x, kl_value **mean, kl_value **var) {
@@ -759,8 +833,9 @@ static int convert_resize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     for (int d = 0; d < r; d++) {
       if (!(scales[d] > 0) || scales[d] > 1e9)
         return kl_onnx_fail(c, "scales[%d] = %g must be positive", d, scales[d]);
-      double span = nroi ? roi[r + d] - roi[d] : 1.0;
-      sizes[d] = (int64_t)floor((double)x->shape.dims[d] * span * scales[d]);
+      /* in f32, as ONNX Runtime: 5 * 1.4f is 7, not 6.99999 */
+      float span = nroi ? (float)roi[r + d] - (float)roi[d] : 1.0f;
+      sizes[d] = (int64_t)floorf((float)x->shape.dims[d] * span * (float)scales[d]);
     }
   kl_attr a[10];
   int na = 0;
@@ -1017,6 +1092,8 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"AveragePool", 1, convert_pool},
     {"GlobalAveragePool", 1, convert_global_pool},
     {"GlobalMaxPool", 1, convert_global_pool},
+    {"LpPool", 1, convert_pool},
+    {"GlobalLpPool", 1, convert_global_pool},
     {"BatchNormalization", 1, convert_batch_norm},
     {"InstanceNormalization", 1, convert_instance_norm},
     {"LayerNormalization", 17, convert_layer_norm},

@@ -291,7 +291,7 @@ static int convert_reshape(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
 }
 
 static int convert_transpose(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
-  const int64_t *perm;
+  const int64_t *perm = NULL;
   int k = kl_onnx_attr_ints(n, "perm", &perm);
   kl_attr a = kl_ais("perm", perm, k);
   return bind0(c, n, emit1(c, KL_OP_TRANSPOSE, need_input(c, n, 0), &a, k >= 0 ? 1 : 0));
@@ -363,7 +363,8 @@ static int convert_split(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     const Onnx__AttributeProto *num = kl_onnx_attr(n, "num_outputs");
     if (c->opset >= 18 && num && num->has_i) {
       parts = num->i;
-      if (parts != nout) return kl_onnx_fail(c, "num_outputs %lld for %d outputs", (long long)parts, nout);
+      if (parts != nout)
+        return kl_onnx_fail(c, "num_outputs %lld for %d outputs", (long long)parts, nout);
       part = (d + parts - 1) / parts;
       if (part * (parts - 1) > d)
         return kl_onnx_fail(c, "axis of length %lld cannot make %lld parts", (long long)d,
@@ -377,10 +378,10 @@ static int convert_split(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     for (int k = 0; k < nout; k++) sizes[k] = k < nout - 1 ? part : d - part * (nout - 1);
     ns = nout;
   }
+  if (ns != nout) return kl_onnx_fail(c, "%d sizes for %d outputs", ns, nout);
   kl_attr a[2] = {kl_ai("axis", axis), kl_ais("sizes", sizes, ns)};
   kl_node *node = kl_onnx_emit_node(c, KL_OP_SPLIT, &x, 1, a, 2, ns);
   if (!node) return -1;
-  if (node->noutputs != nout) return kl_onnx_fail(c, "%d sizes for %d outputs", ns, nout);
   for (int k = 0; k < nout; k++)
     if (kl_onnx_bind(c, n, k, node->outputs[k])) return -1;
   return 0;
@@ -407,12 +408,13 @@ static int convert_tile(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   int r = x->shape.rank;
   if (k != r) return kl_onnx_fail(c, "%d repeats for an input of rank %d", k, r);
   for (int a = 0; a < r; a++)
-    if (reps[a] < 0) return kl_onnx_fail(c, "repeats[%d] = %lld is negative", a, (long long)reps[a]);
-  if (r == KL_MAX_RANK) return kl_onnx_fail(c, "inputs of rank %d cannot be tiled", r);
+    if (reps[a] < 0)
+      return kl_onnx_fail(c, "repeats[%d] = %lld is negative", a, (long long)reps[a]);
   int a = 0;
   while (x) {
     while (a < r && reps[a] == 1) a++;
     if (a == r) break;
+    if (r == KL_MAX_RANK) return kl_onnx_fail(c, "inputs of rank %d cannot be tiled", r);
     kl_shape split = {0}, wide = {0}, merged = x->shape;
     for (int d = 0, room = KL_MAX_RANK - r; d < r; d++) {
       bool take = d >= a && reps[d] != 1 && room > 0;
@@ -428,7 +430,6 @@ static int convert_tile(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     kl_attr e = kl_ais("shape", wide.dims, wide.rank);
     x = reshape_to(c, emit1(c, KL_OP_EXPAND, reshape_to(c, x, &split), &e, 1), &merged);
   }
-  if (x && x == kl_onnx_input(c, n, 0)) x = reshape_to(c, x, &x->shape); /* a value of its own */
   return bind0(c, n, x);
 }
 
@@ -448,7 +449,8 @@ static int convert_depth_space(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
                        s2d[6] = {0, 3, 5, 1, 2, 4};
   const int64_t *perm = s2d;
   if (to_space) {
-    if (C % (b * b)) return kl_onnx_fail(c, "channels %lld are not a multiple of blocksize^2", (long long)C);
+    if (C % (b * b))
+      return kl_onnx_fail(c, "channels %lld are not a multiple of blocksize^2", (long long)C);
     int64_t cb = C / (b * b);
     six = crd ? (kl_shape){6, {N, cb, b, b, H, W}} : (kl_shape){6, {N, b, b, cb, H, W}};
     out = (kl_shape){4, {N, cb, H * b, W * b}};
@@ -478,8 +480,8 @@ static int convert_pad(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     value = kl_onnx_attr_float(n, "value", 0.0);
   } else {
     np = ints_arg(c, n, "pads", 1, 11, pads, 2 * KL_MAX_RANK);
-    if (kl_onnx_input(c, n, 2) && const_scalar(c, kl_onnx_input(c, n, 2), "the constant value", &value))
-      return -1;
+    kl_value *v = kl_onnx_input(c, n, 2);
+    if (v && const_scalar(c, v, "the constant value", &value)) return -1;
     if (kl_onnx_input(c, n, 3) &&
         (na = const_ints(c, kl_onnx_input(c, n, 3), "the axes", axes, KL_MAX_RANK)) < 0)
       return -1;
@@ -529,7 +531,8 @@ static int convert_indexing(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_attr a[2];
   int na = 0;
   if (rows[i].axis) a[na++] = kl_ai("axis", kl_onnx_attr_int(n, "axis", 0));
-  if (rows[i].op == KL_OP_GATHER_ND) a[na++] = kl_ai("batch_dims", kl_onnx_attr_int(n, "batch_dims", 0));
+  if (rows[i].op == KL_OP_GATHER_ND)
+    a[na++] = kl_ai("batch_dims", kl_onnx_attr_int(n, "batch_dims", 0));
   if (rows[i].red) a[na++] = kl_as("reduction", kl_onnx_attr_string(c, n, "reduction", "none"));
   return bind0(c, n, kl_onnx_emit(c, rows[i].op, ins, rows[i].nin, a, na));
 }
@@ -547,7 +550,8 @@ static int convert_one_hot(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   int r = ix->shape.rank;
   if (r + 1 > KL_MAX_RANK) return kl_onnx_fail(c, "indices of rank %d are too many axes", r);
   if (onnx_axis(c, kl_onnx_attr_int(n, "axis", -1), r, true, &axis)) return -1;
-  kl_attr to = kl_adt("to", KL_I64), ax = kl_ais("axes", (int64_t[]){axis}, 1), g0 = kl_ai("axis", 0);
+  int64_t at = axis;
+  kl_attr to = kl_adt("to", KL_I64), ax = kl_ais("axes", &at, 1), g0 = kl_ai("axis", 0);
   if (ix->dtype != KL_I64) ix = emit1(c, KL_OP_CAST, ix, &to, 1);
   kl_value *d = kl_onnx_scalar(c, KL_I64, (int64_t)depth), *zero = kl_onnx_scalar(c, KL_I64, 0);
   kl_value *neg = emit2(c, KL_OP_LT, ix, zero);
@@ -649,28 +653,40 @@ static int convert_compress(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
 }
 
 /* Unique of a constant: all four outputs are constants.  Items are the
- * slices along `axis` (elements without one), compared lexicographically. */
+ * slices along `axis` (single elements without one), compared
+ * lexicographically. */
 typedef struct {
   const double *base;
-  int64_t outer, inner, len; /* item j = base[o * len * inner + j * inner + i] */
+  int64_t outer, inner, len; /* item j = base[(o * len + j) * inner + i] */
 } item_view;
 
 static int item_cmp(const item_view *v, int64_t a, int64_t b) {
   for (int64_t o = 0; o < v->outer; o++)
     for (int64_t i = 0; i < v->inner; i++) {
-      double x = v->base[(o * v->len + a) * v->inner + i], y = v->base[(o * v->len + b) * v->inner + i];
+      double x = v->base[(o * v->len + a) * v->inner + i];
+      double y = v->base[(o * v->len + b) * v->inner + i];
       if (x != y) return x < y ? -1 : 1;
     }
   return 0;
 }
 
+/* Stable merge sort of item numbers a[0..n) (tmp: n scratch entries). */
+static void sort_items(int64_t *a, int64_t *tmp, int64_t n, const item_view *v) {
+  if (n < 2) return;
+  int64_t h = n / 2, i = 0, j = h, k = 0;
+  sort_items(a, tmp, h, v);
+  sort_items(a + h, tmp, n - h, v);
+  while (i < h || j < n)
+    tmp[k++] = j == n || (i < h && item_cmp(v, a[i], a[j]) <= 0) ? a[i++] : a[j++];
+  memcpy(a, tmp, (size_t)n * sizeof *a);
+}
+
 static int convert_unique(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
-  kl_value *x = need_input(c, n, 0);
-  const kl_tensor *t = data_dependent(c, x, "the input");
+  const kl_tensor *t = data_dependent(c, need_input(c, n, 0), "the input");
   if (!t) return -1;
   item_view v = {t->data, 1, 1, t->numel};
   kl_shape ys = {.rank = 1, .dims = {0}};
-  int axis = -1;
+  int axis = 0;
   const Onnx__AttributeProto *a = kl_onnx_attr(n, "axis");
   if (a && a->has_i) {
     if (onnx_axis(c, a->i, t->shape.rank, false, &axis)) return -1;
@@ -679,48 +695,45 @@ static int convert_unique(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     for (int d = 0; d < t->shape.rank; d++)
       if (d != axis) *(d < axis ? &v.outer : &v.inner) *= t->shape.dims[d];
   }
-  bool sorted = kl_onnx_attr_int(n, "sorted", 1) != 0;
-  /* first[u]: first occurrence of unique item u; inverse[j]: u of item j. */
-  int64_t *first = malloc((size_t)(3 * v.len + 1) * sizeof *first), nu = 0;
-  if (!first) abort();
-  int64_t *inverse = first + v.len, *counts = inverse + v.len;
-  for (int64_t j = 0; j < v.len; j++) {
-    int64_t u = 0;
-    while (u < nu && item_cmp(&v, first[u], j)) u++;
-    if (u == nu) first[nu] = j, counts[nu++] = 0;
-    inverse[j] = u;
-    counts[u]++;
+  /* perm: items sorted (stable, so each run starts at its first
+   * occurrence); group[j]: the run of item j; pos[g]: the output position
+   * of run g (sorted, or by first occurrence). */
+  int64_t len = v.len, nu = 0;
+  int64_t *mem = malloc((size_t)(6 * len + 1) * sizeof *mem);
+  if (!mem) abort();
+  int64_t *perm = mem, *tmp = mem + len, *group = tmp + len, *first = group + len,
+          *counts = first + len, *pos = counts + len;
+  for (int64_t j = 0; j < len; j++) perm[j] = j;
+  sort_items(perm, tmp, len, &v);
+  for (int64_t k = 0; k < len; k++) {
+    if (!k || item_cmp(&v, perm[k - 1], perm[k])) first[nu] = perm[k], counts[nu++] = 0;
+    group[perm[k]] = nu - 1;
+    counts[nu - 1]++;
   }
-  /* order[k]: the unique item output in position k. */
-  int64_t *order = malloc((size_t)(2 * nu + 1) * sizeof *order), *pos = order + nu;
-  if (!order) abort();
-  for (int64_t k = 0; k < nu; k++) order[k] = k;
-  for (int64_t k = 1; sorted && k < nu; k++) /* insertion sort: folding is small */
-    for (int64_t j = k; j > 0 && item_cmp(&v, first[order[j - 1]], first[order[j]]) > 0; j--) {
-      int64_t tmp = order[j];
-      order[j] = order[j - 1];
-      order[j - 1] = tmp;
-    }
-  for (int64_t k = 0; k < nu; k++) pos[order[k]] = k;
-  ys.dims[axis < 0 ? 0 : axis] = nu;
+  bool sorted = kl_onnx_attr_int(n, "sorted", 1) != 0;
+  for (int64_t g = 0; g < nu; g++) pos[g] = sorted ? g : -1;
+  for (int64_t j = 0, next = 0; !sorted && j < len; j++)
+    if (pos[group[j]] < 0) pos[group[j]] = next++;
+  int64_t *order = tmp; /* order[p]: the run output at position p */
+  for (int64_t g = 0; g < nu; g++) order[pos[g]] = g;
+  ys.dims[axis] = nu;
   int64_t ny = v.outer * nu * v.inner;
-  double *buf = malloc((size_t)(ny + 3 * v.len + 1) * sizeof *buf);
+  double *buf = malloc((size_t)(ny + len + 1) * sizeof *buf);
   if (!buf) abort();
   for (int64_t o = 0; o < v.outer; o++)
-    for (int64_t k = 0; k < nu; k++)
+    for (int64_t p = 0; p < nu; p++)
       for (int64_t i = 0; i < v.inner; i++)
-        buf[(o * nu + k) * v.inner + i] = v.base[(o * v.len + first[order[k]]) * v.inner + i];
+        buf[(o * nu + p) * v.inner + i] = v.base[(o * len + first[order[p]]) * v.inner + i];
   kl_value *outs[4] = {kl_onnx_constant(c, t->dtype, &ys, buf, (int)ny)};
-  kl_shape s1 = {.rank = 1, .dims = {nu}}, s2 = {.rank = 1, .dims = {v.len}};
-  for (int64_t k = 0; k < nu; k++) buf[k] = (double)first[order[k]];
+  kl_shape s1 = {.rank = 1, .dims = {nu}}, s2 = {.rank = 1, .dims = {len}};
+  for (int64_t p = 0; p < nu; p++) buf[p] = (double)first[order[p]];
   outs[1] = kl_onnx_constant(c, KL_I64, &s1, buf, (int)nu);
-  for (int64_t j = 0; j < v.len; j++) buf[j] = (double)pos[inverse[j]];
-  outs[2] = kl_onnx_constant(c, KL_I64, &s2, buf, (int)v.len);
-  for (int64_t k = 0; k < nu; k++) buf[k] = (double)counts[order[k]];
+  for (int64_t j = 0; j < len; j++) buf[j] = (double)pos[group[j]];
+  outs[2] = kl_onnx_constant(c, KL_I64, &s2, buf, (int)len);
+  for (int64_t p = 0; p < nu; p++) buf[p] = (double)counts[order[p]];
   outs[3] = kl_onnx_constant(c, KL_I64, &s1, buf, (int)nu);
   free(buf);
-  free(order);
-  free(first);
+  free(mem);
   for (int k = 0; k < 4; k++)
     if (!outs[k] || kl_onnx_bind(c, n, k, outs[k])) return -1;
   return 0;
@@ -766,12 +779,16 @@ static int convert_reduce(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   reduce_form form = reductions[i].form;
   kl_value *x = need_input(c, n, 0), *m = NULL;
   int64_t axes[KL_MAX_RANK];
-  int na = ints_arg(c, n, "axes", 1, i == 0 ? 13 : 18, axes, KL_MAX_RANK);
+  /* axes became an input in opset 13 for ReduceSum, 18 for the rest */
+  int na = ints_arg(c, n, "axes", 1, !strcmp(n->op_type, "ReduceSum") ? 13 : 18, axes,
+                    KL_MAX_RANK);
   if (na == -2 || !x) return -1;
   bool keep = kl_onnx_attr_int(n, "keepdims", 1) != 0;
   bool noop = kl_onnx_attr_int(n, "noop_with_empty_axes", 0) != 0;
   if (form == F_L1) x = emit1(c, KL_OP_ABS, x, NULL, 0);
   if (form == F_L2 || form == F_SUM_SQUARE) x = emit2(c, KL_OP_MUL, x, x);
+  if (form == F_LOG_SUM_EXP && !kl_dtype_is_float(x->dtype))
+    return kl_onnx_fail(c, "needs a floating-point input, got %s", kl_dtype_name(x->dtype));
   if (form == F_LOG_SUM_EXP) {
     /* max-shifted; the shift is clamped to finite values so that rows of
      * -inf give -inf and rows with +inf give +inf, not NaN */
@@ -782,7 +799,6 @@ static int convert_reduce(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     x = emit1(c, KL_OP_EXP, emit2(c, KL_OP_SUB, x, m), NULL, 0);
   }
   kl_value *y = x ? reduce(c, reductions[i].op, x, axes, na, keep, noop) : NULL;
-  if (y && y == kl_onnx_input(c, n, 0)) y = reshape_to(c, y, &y->shape); /* a value of its own */
   if (form == F_L2) y = emit1(c, KL_OP_SQRT, y, NULL, 0);
   if (form == F_LOG_SUM || form == F_LOG_SUM_EXP) y = emit1(c, KL_OP_LOG, y, NULL, 0);
   if (form == F_LOG_SUM_EXP && y) y = emit2(c, KL_OP_ADD, y, reshape_to(c, m, &y->shape));
@@ -828,7 +844,9 @@ static int convert_topk(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
                   kl_ai("sorted", kl_onnx_attr_int(n, "sorted", 1))};
   kl_node *node = kl_onnx_emit_node(c, KL_OP_TOPK, &x, 1, a, 4, 2);
   if (!node) return -1;
-  return kl_onnx_bind(c, n, 0, node->outputs[0]) || kl_onnx_bind(c, n, 1, node->outputs[1]) ? -1 : 0;
+  for (int o = 0; o < 2; o++)
+    if (kl_onnx_bind(c, n, o, node->outputs[o])) return -1;
+  return 0;
 }
 
 const kl_onnx_op kl_onnx_ops_tensor[] = {

@@ -17,8 +17,7 @@ static int need_float(const kl_node *n, kl_error *err, int k,
 }
 
 /* An ints attribute of `len` entries, each in [lo, KL_MAX_NUMEL] (the cap
- * keeps index arithmetic far from overflow); `dflt` (all `dv`) when
- * absent. */
+ * keeps index arithmetic far from overflow); all `dv` when absent. */
 static int ints_attr(const kl_node *n, kl_error *err, const char *name,
                      int len, int64_t lo, int64_t dv, int64_t *out) {
   const int64_t *v;
@@ -81,7 +80,7 @@ static int tconv_setup(const kl_node *n, kl_error *err, tconv *t) {
   const kl_value *b = n->ninputs > 2 ? n->inputs[2] : NULL;
   char sx[300], sw[300];
   if (ints_attr(n, err, "strides", 2, 1, 1, t->stride) ||
-      ints_attr(n, err, "pads", 4, 0, 0, t->pad) ||
+      ints_attr(n, err, "pads", 4, -KL_MAX_NUMEL, 0, t->pad) ||
       ints_attr(n, err, "dilations", 2, 1, 1, t->dil) ||
       ints_attr(n, err, "output_padding", 2, 0, 0, t->opad))
     return -1;

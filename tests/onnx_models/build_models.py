@@ -3,7 +3,7 @@
 
     python3 tests/onnx_models/build_models.py OUTDIR [-k SUBSTR]
 
-Builds, with onnx.helper and NumPy (fixed seeds, nothing downloaded), four
+Builds, with onnx.helper and NumPy (fixed seeds, nothing downloaded),
 graphs shaped like the models people export, written the way exporters write
 them (Shape -> Gather -> Unsqueeze -> Concat -> Reshape head splits,
 decomposed LayerNorm and Gelu, Clip with min/max inputs, ...):
