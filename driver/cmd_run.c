@@ -37,56 +37,137 @@ static int make_dir(const char *dir) {
   return -1;
 }
 
-static int gather_inputs(const kl_graph *g, named_file *files, int nfiles,
-                         const char *dir, uint64_t seed, kl_tensor **in) {
+/* The file that feeds input `name` (position `index`): --input NAME=FILE,
+ * else DIR/input_K.npy or an ONNX test's DIR/input_K.pb; NULL if none. */
+static const char *input_path(const named_file *files, int nfiles, const char *dir,
+                              const char *name, int index, char *buf, size_t n) {
+  for (int f = 0; f < nfiles; f++)
+    if (strcmp(files[f].name, name) == 0) return files[f].path;
+  if (!dir) return NULL;
+  snprintf(buf, n, "%s/input_%d.pb", dir, index);
+  if (access(buf, F_OK) != 0) snprintf(buf, n, "%s/input_%d.npy", dir, index);
+  return buf;
+}
+
+/* Every --input must name an input of the model. */
+static int check_input_names(const named_file *files, int nfiles, const char *const *names,
+                             int n) {
   for (int f = 0; f < nfiles; f++) {
     bool found = false;
-    for (int i = 0; i < g->inputs.len; i++)
-      found |= strcmp(g->inputs.items[i]->name, files[f].name) == 0;
+    for (int i = 0; i < n; i++) found |= strcmp(names[i], files[f].name) == 0;
     if (!found) {
       fprintf(stderr, "kiln: error: --input %s: the model has no input named '%s'\n",
               files[f].name, files[f].name);
       return -1;
     }
   }
-  for (int i = 0; i < g->inputs.len; i++) {
-    const kl_value *decl = g->inputs.items[i];
-    const char *path = NULL;
-    char buf[4096];
-    for (int f = 0; f < nfiles; f++)
-      if (strcmp(files[f].name, decl->name) == 0) path = files[f].path;
-    if (!path && dir) { /* input_K.npy, or an ONNX test's input_K.pb */
-      snprintf(buf, sizeof buf, "%s/input_%d.npy", dir, i);
-      if (access(buf, F_OK) != 0) {
-        snprintf(buf, sizeof buf, "%s/input_%d.pb", dir, i);
-        if (access(buf, F_OK) != 0) snprintf(buf, sizeof buf, "%s/input_%d.npy", dir, i);
-      }
-      path = buf;
-    }
-    if (!path) {
-      char s[128];
-      fprintf(stderr, "kiln: input '%s' not given: using seeded random values (%s%s, seed %llu)\n",
-              decl->name, kl_dtype_name(decl->dtype), kl_shape_str(&decl->shape, s, sizeof s),
-              (unsigned long long)(seed + (uint64_t)i));
-      in[i] = kiln_random_tensor(decl, seed + (uint64_t)i);
-      continue;
-    }
-    if (!(in[i] = kiln_read_tensor(path))) return -1;
-    /* NumPy has no bfloat16: an f32 file feeds a bf16 input. */
-    if (decl->dtype == KL_BF16 && in[i]->dtype == KL_F32) {
-      in[i]->dtype = KL_BF16;
-      for (int64_t k = 0; k < in[i]->numel; k++)
-        in[i]->data[k] = kl_dtype_round(KL_BF16, in[i]->data[k]);
-    }
-    if (in[i]->dtype != decl->dtype || !kl_shape_equal(&in[i]->shape, &decl->shape)) {
-      char a[128], b[128];
-      fprintf(stderr, "kiln: error: %s: input '%s' must be %s%s, the file holds %s%s\n", path,
-              decl->name, kl_dtype_name(decl->dtype), kl_shape_str(&decl->shape, a, sizeof a),
-              kl_dtype_name(in[i]->dtype), kl_shape_str(&in[i]->shape, b, sizeof b));
-      return -1;
-    }
+  return 0;
+}
+
+/* A value read from `path` for input `decl`: right dtype and shape. */
+static int check_value(const kl_value *decl, kl_tensor *t, const char *path) {
+  /* NumPy has no bfloat16: an f32 file feeds a bf16 input. */
+  if (decl->dtype == KL_BF16 && t->dtype == KL_F32) {
+    t->dtype = KL_BF16;
+    for (int64_t k = 0; k < t->numel; k++) t->data[k] = kl_dtype_round(KL_BF16, t->data[k]);
+  }
+  if (t->dtype != decl->dtype || !kl_shape_equal(&t->shape, &decl->shape)) {
+    char a[128], b[128];
+    fprintf(stderr, "kiln: error: %s: input '%s' must be %s%s, the file holds %s%s\n", path,
+            decl->name, kl_dtype_name(decl->dtype), kl_shape_str(&decl->shape, a, sizeof a),
+            kl_dtype_name(t->dtype), kl_shape_str(&t->shape, b, sizeof b));
+    return -1;
   }
   return 0;
+}
+
+static kl_tensor *random_input(const kl_value *decl, uint64_t seed) {
+  char s[128];
+  fprintf(stderr, "kiln: input '%s' not given: using seeded random values (%s%s, seed %llu)\n",
+          decl->name, kl_dtype_name(decl->dtype), kl_shape_str(&decl->shape, s, sizeof s),
+          (unsigned long long)seed);
+  return kiln_random_tensor(decl, seed);
+}
+
+static int gather_inputs(const kl_graph *g, named_file *files, int nfiles,
+                         const char *dir, uint64_t seed, kl_tensor **in) {
+  const char **names = calloc((size_t)g->inputs.len + 1, sizeof *names);
+  if (!names) abort();
+  for (int i = 0; i < g->inputs.len; i++) names[i] = g->inputs.items[i]->name;
+  int rc = check_input_names(files, nfiles, names, g->inputs.len);
+  free(names);
+  for (int i = 0; i < g->inputs.len && !rc; i++) {
+    const kl_value *decl = g->inputs.items[i];
+    char buf[4096];
+    const char *path = input_path(files, nfiles, dir, decl->name, i, buf, sizeof buf);
+    if (!path) in[i] = random_input(decl, seed + (uint64_t)i);
+    else if (!(in[i] = kiln_read_tensor(path)) || check_value(decl, in[i], path)) rc = -1;
+  }
+  return rc;
+}
+
+/* An ONNX model is compiled for the inputs at hand: symbolic dims take the
+ * given files' shapes, and an input that decides a shape (a Reshape target,
+ * Slice bounds) is frozen to the given value.  Fills `in` for the inputs
+ * that remain. */
+static kl_graph *load_onnx_for_run(const char *path, const kiln_model_opts *mo,
+                                   named_file *files, int nfiles, const char *dir,
+                                   uint64_t seed, kl_tensor ***in_out) {
+  enum { MAX_IN = 64 };
+  static char names[MAX_IN][256];
+  const char *name_ptrs[MAX_IN];
+  kl_tensor *values[MAX_IN] = {0};
+  bool frozen[MAX_IN] = {0};
+  kl_error err;
+  kl_graph *g = NULL;
+  int n = kl_onnx_input_names(path, names, MAX_IN, &err);
+  if (n < 0) {
+    kl_error_print(stderr, &err);
+    return NULL;
+  }
+  for (int k = 0; k < n; k++) name_ptrs[k] = names[k];
+  bool ok = check_input_names(files, nfiles, name_ptrs, n) == 0;
+  for (int k = 0; k < n && ok; k++) {
+    char buf[4096];
+    const char *p = input_path(files, nfiles, dir, names[k], k, buf, sizeof buf);
+    if (p && !(values[k] = kiln_read_tensor(p))) ok = false;
+  }
+  if (ok) {
+    kl_onnx_options opt = {0};
+    g = kl_onnx_load_for_inputs(path, name_ptrs, values, n, frozen, &opt, &err);
+    if (!g) kl_error_print(stderr, &err);
+  }
+  if (g && mo->weights && kiln_apply_weights(g, mo->weights)) {
+    kl_graph_free(g);
+    g = NULL;
+  }
+  kl_tensor **in = g ? calloc((size_t)g->inputs.len + 1, sizeof *in) : NULL;
+  for (int k = 0, i = 0; g && k < n; k++) {
+    if (frozen[k]) {
+      fprintf(stderr, "kiln: input '%s' decides a shape: compiled with the given value\n",
+              names[k]);
+      continue;
+    }
+    if (i >= g->inputs.len) break;
+    const kl_value *decl = g->inputs.items[i];
+    if (!values[k]) {
+      in[i] = random_input(decl, seed + (uint64_t)i);
+    } else {
+      in[i] = values[k];
+      values[k] = NULL;
+      if (check_value(decl, in[i], names[k])) {
+        for (int j = 0; j <= i; j++) kl_tensor_free(in[j]);
+        free(in);
+        in = NULL;
+        kl_graph_free(g);
+        g = NULL;
+      }
+    }
+    i++;
+  }
+  for (int k = 0; k < n; k++) kl_tensor_free(values[k]);
+  *in_out = in;
+  return g;
 }
 
 int kiln_cmd_run(int argc, char **argv) {
@@ -152,16 +233,19 @@ int kiln_cmd_run(int argc, char **argv) {
     fprintf(stderr, "kiln run: expected one MODEL file\n%s", run_help);
     return KILN_EXIT_USAGE;
   }
-  kl_graph *g = kiln_load_model(argv[optind], &mo);
-  if (!g) {
-      return KILN_EXIT_ERROR;
-  }
+  const char *model = argv[optind];
+  size_t mlen = strlen(model);
+  bool onnx = mlen >= 5 && !strcmp(model + mlen - 5, ".onnx") && mo.nshapes == 0;
+  if (output_dir && make_dir(output_dir)) return KILN_EXIT_ERROR;
+  kl_tensor **in = NULL;
+  kl_graph *g = onnx ? load_onnx_for_run(model, &mo, files, nfiles, inputs_dir, seed, &in)
+                     : kiln_load_model(model, &mo);
+  if (!g) return KILN_EXIT_ERROR;
   int rc = KILN_EXIT_ERROR;
-  kl_tensor **in = calloc((size_t)g->inputs.len + 1, sizeof *in);
+  if (!in) in = calloc((size_t)g->inputs.len + 1, sizeof *in);
   kl_tensor **out = calloc((size_t)g->outputs.len + 1, sizeof *out);
   if (!in || !out) abort();
-  if (output_dir && make_dir(output_dir)) goto done;
-  if (gather_inputs(g, files, nfiles, inputs_dir, seed, in)) goto done;
+  if (!onnx && gather_inputs(g, files, nfiles, inputs_dir, seed, in)) goto done;
   kl_error err;
   if (kl_interpret(g, in, out, &err)) {
     kl_error_print(stderr, &err);

@@ -41,6 +41,10 @@ int kiln_model_opt(kiln_model_opts *o, int opt, char *arg);
  * error. */
 kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o);
 
+/* Replace params/consts with the tensors of a .safetensors file; -1 after
+ * printing the error. */
+int kiln_apply_weights(kl_graph *g, const char *path);
+
 /* Tensor files (.npy, or ONNX TensorProto .pb) <-> interpreter tensors;
  * errors printed, NULL returned. */
 kl_tensor *kiln_read_tensor(const char *path);

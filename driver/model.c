@@ -65,7 +65,7 @@ int kiln_model_opt(kiln_model_opts *o, int opt, char *arg) {
 
 /* Every tensor in the file must name a param or const of the model: a
  * silently ignored weight is a bug that is hard to find later. */
-static int apply_weights(kl_graph *g, const char *path) {
+int kiln_apply_weights(kl_graph *g, const char *path) {
   krt_tensor_set set = {0};
   char msg[512];
   if (krt_safetensors_read(path, &set, msg, sizeof msg)) {
@@ -124,7 +124,7 @@ kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o) {
     kl_error_print(stderr, &err);
     return NULL;
   }
-  if (o->weights && apply_weights(g, o->weights)) {
+  if (o->weights && kiln_apply_weights(g, o->weights)) {
     kl_graph_free(g);
     return NULL;
   }

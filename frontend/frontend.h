@@ -54,6 +54,18 @@ typedef struct {
 } kl_onnx_options;
 
 kl_graph *kl_onnx_load(const char *path, kl_onnx_options *opt, kl_error *err);
+/* Names of the model's graph inputs that are not initializers, in order
+ * (the order of input_K.pb files); -1 with err when the file does not
+ * load. */
+int kl_onnx_input_names(const char *path, char (*names)[256], int cap, kl_error *err);
+/* Load a model specialised to given input values (values[k] for the k-th
+ * name of kl_onnx_input_names, NULL when not given), as `kiln run` and the
+ * conformance runner do: symbolic dims are bound to the values' shapes, and
+ * an input that decides a shape (a Reshape target, Slice bounds) is frozen
+ * to its value, which sets frozen[k]. */
+kl_graph *kl_onnx_load_for_inputs(const char *path, const char *const *names,
+                                  kl_tensor *const *values, int n, bool *frozen,
+                                  kl_onnx_options *opt, kl_error *err);
 /* The same from memory (fuzzing); external data resolves against `path`. */
 kl_graph *kl_onnx_load_bytes(const unsigned char *data, size_t len,
                              const char *path, kl_onnx_options *opt,

@@ -45,7 +45,7 @@ static const char *ir_name(kl_graph *g, const char *onnx) {
   for (const char *p = onnx ? onnx : ""; *p && n < sizeof buf - 1; p++)
     buf[n++] = isalnum((unsigned char)*p) ? *p : '_';
   buf[n] = 0;
-  return kl_graph_fresh_name(g, buf);
+  return kl_graph_fresh_value_name(g, buf);
 }
 
 /* ---- converter helpers ----------------------------------------------- */
@@ -624,4 +624,65 @@ kl_graph *kl_onnx_load(const char *path, kl_onnx_options *opt, kl_error *err) {
   kl_graph *g = kl_onnx_load_bytes(data, len, path, opt, err);
   free(data);
   return g;
+}
+
+int kl_onnx_input_names(const char *path, char (*names)[256], int cap, kl_error *err) {
+  size_t len;
+  unsigned char *data = kl_onnx_read_file(path, &len, err);
+  if (!data) return -1;
+  Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, data);
+  free(data);
+  if (!m) return kl_fail(err, (kl_loc){path, 0, 0}, "not an ONNX model (the protobuf does not parse)");
+  if (!m->graph) {
+    onnx__model_proto__free_unpacked(m, NULL);
+    return kl_fail(err, (kl_loc){path, 0, 0}, "the model has no graph");
+  }
+  int n = 0;
+  for (size_t i = 0; i < m->graph->n_input && n < cap; i++) {
+    const char *name = m->graph->input[i]->name ? m->graph->input[i]->name : "";
+    bool init = false;
+    for (size_t j = 0; j < m->graph->n_initializer; j++)
+      init |= m->graph->initializer[j]->name && !strcmp(m->graph->initializer[j]->name, name);
+    if (!init) snprintf(names[n++], 256, "%s", name);
+  }
+  onnx__model_proto__free_unpacked(m, NULL);
+  return n;
+}
+
+enum { MAX_SPECIALISED = 64 };
+
+kl_graph *kl_onnx_load_for_inputs(const char *path, const char *const *names,
+                                  kl_tensor *const *values, int n, bool *frozen,
+                                  kl_onnx_options *opt, kl_error *err) {
+  kl_shape_binding binds[MAX_SPECIALISED];
+  kl_frozen_input fz[MAX_SPECIALISED];
+  int nb = 0, nf = 0;
+  if (n > MAX_SPECIALISED) n = MAX_SPECIALISED;
+  for (int k = 0; k < n; k++) frozen[k] = false;
+  for (int attempt = 0; attempt <= n + 1; attempt++) {
+    opt->shapes = binds;
+    opt->nshapes = nb;
+    opt->frozen = fz;
+    opt->nfrozen = nf;
+    kl_graph *g = kl_onnx_load(path, opt, err);
+    if (g) return g;
+    if (opt->needs_const[0]) {
+      int k = 0;
+      while (k < n && strcmp(names[k], opt->needs_const)) k++;
+      if (k == n || !values[k] || frozen[k]) return NULL;
+      frozen[k] = true;
+      fz[nf++] = (kl_frozen_input){names[k], values[k]};
+      int w = 0; /* a frozen input is no longer an input to bind */
+      for (int b = 0; b < nb; b++)
+        if (strcmp(binds[b].input, names[k])) binds[w++] = binds[b];
+      nb = w;
+    } else if (strstr(err->msg, "--shape") && !strstr(err->msg, "no input named") && nb == 0) {
+      for (int k = 0; k < n; k++)
+        if (values[k] && !frozen[k]) binds[nb++] = (kl_shape_binding){names[k], values[k]->shape};
+      if (!nb) return NULL;
+    } else {
+      return NULL;
+    }
+  }
+  return NULL;
 }

@@ -122,8 +122,9 @@ typedef struct {
   int64_t k[MAX_SP], stride[MAX_SP], dil[MAX_SP], pad[2 * MAX_SP];
 } window;
 
-/* An ints attribute of exactly `len` entries with values >= lo, or `dv`
- * everywhere when absent. */
+/* An ints attribute of exactly `len` entries in [lo, KL_MAX_NUMEL] (which
+ * keeps window arithmetic far from overflow), or `dv` everywhere when
+ * absent. */
 static int ints_attr(kl_onnx_ctx *c, const Onnx__NodeProto *n, const char *name, int len,
                      int64_t lo, int64_t dv, int64_t *out) {
   const int64_t *v;
@@ -134,9 +135,9 @@ static int ints_attr(kl_onnx_ctx *c, const Onnx__NodeProto *n, const char *name,
   }
   if (got != len) return kl_onnx_fail(c, "%s must have %d entries, got %d", name, len, got);
   for (int i = 0; i < len; i++) {
-    if (v[i] < lo)
-      return kl_onnx_fail(c, "%s[%d] = %lld must be >= %lld", name, i, (long long)v[i],
-                          (long long)lo);
+    if (v[i] < lo || v[i] > KL_MAX_NUMEL)
+      return kl_onnx_fail(c, "%s[%d] = %lld is out of range [%lld, %lld]", name, i,
+                          (long long)v[i], (long long)lo, (long long)KL_MAX_NUMEL);
     out[i] = v[i];
   }
   return 0;
@@ -369,6 +370,8 @@ static int convert_conv_transpose(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     for (int i = 0; i < s; i++) {
       int64_t in = x->shape.dims[2 + i];
       oshape[i] = nos >= 0 ? os[nos - s + i] : in * w.stride[i];
+      if (oshape[i] < 1 || oshape[i] > KL_MAX_NUMEL)
+        return kl_onnx_fail(c, "output_shape[%d] = %lld is out of range", i, (long long)oshape[i]);
       int64_t total = w.stride[i] * (in - 1) + opad[i] + (w.k[i] - 1) * w.dil[i] + 1 - oshape[i];
       /* floor division, as Python's // in the reference */
       int64_t half = total >= 0 ? total / 2 : -((-total + 1) / 2);
@@ -464,6 +467,11 @@ static int convert_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     kl_value *sum = xp ? with_scalar(c, KL_OP_MUL, pool_nd(c, xp, false, &w, ceil_mode, true),
                                      (double)area) : NULL;
     y = with_scalar(c, KL_OP_POW, sum, 1.0 / p);
+  } else if (is_max && kl_dtype_is_int(x->dtype)) {
+    /* the IR pools take floats; f64 holds these integers exactly */
+    kl_attr to_f64 = kl_adt("to", KL_F64), back = kl_adt("to", x->dtype);
+    kl_value *xf = unary(c, KL_OP_CAST, x, &to_f64, 1);
+    y = xf ? unary(c, KL_OP_CAST, pool_nd(c, xf, true, &w, ceil_mode, cip), &back, 1) : NULL;
   } else {
     y = pool_nd(c, x, is_max, &w, ceil_mode, cip);
   }
@@ -522,6 +530,10 @@ static int convert_batch_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   for (int k = 0; k < 5; k++)
     if (!(in[k] = need_input(c, n, k))) return -1;
   kl_value *x = in[0];
+  /* opset 15 lets the statistics have their own float type */
+  kl_attr to_x = kl_adt("to", x->dtype);
+  for (int k = 1; k < 5; k++)
+    if (in[k]->dtype != x->dtype && !(in[k] = unary(c, KL_OP_CAST, in[k], &to_x, 1))) return -1;
   double eps = kl_onnx_attr_float(n, "epsilon", 1e-5);
   double momentum = kl_onnx_attr_float(n, "momentum", 0.9);
   bool training = c->opset >= 14 && kl_onnx_attr_int(n, "training_mode", 0);
@@ -835,7 +847,10 @@ static int convert_resize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
         return kl_onnx_fail(c, "scales[%d] = %g must be positive", d, scales[d]);
       /* in f32, as ONNX Runtime: 5 * 1.4f is 7, not 6.99999 */
       float span = nroi ? (float)roi[r + d] - (float)roi[d] : 1.0f;
-      sizes[d] = (int64_t)floorf((float)x->shape.dims[d] * span * (float)scales[d]);
+      float len = floorf((float)x->shape.dims[d] * span * (float)scales[d]);
+      if (!(len >= 1 && len <= (float)KL_MAX_NUMEL))
+        return kl_onnx_fail(c, "axis %d would resize to %g elements", d, (double)len);
+      sizes[d] = (int64_t)len;
     }
   kl_attr a[10];
   int na = 0;
@@ -1056,7 +1071,9 @@ static int convert_einsum(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   }
   bool in_out[NLABEL] = {false};
   for (int i = 0; i < nout; i++) {
-    if (!count[out[i]]) return kl_onnx_fail(c, "output label '%c' is in no input", out[i]);
+    if (!count[out[i]] || in_out[out[i]])
+      return kl_onnx_fail(c, "output label '%c' is repeated or in no input",
+                          out[i] < ELL ? out[i] : '.');
     in_out[out[i]] = true;
   }
   for (int i = 0; i < nin; i++) {

@@ -433,37 +433,6 @@ static int convert_tile(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return bind0(c, n, x);
 }
 
-/* DepthToSpace and SpaceToDepth on NCHW: reshape to 6-D, transpose,
- * reshape back. */
-static int convert_depth_space(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
-  kl_value *x = need_input(c, n, 0);
-  if (!x) return -1;
-  bool to_space = n->op_type[0] == 'D';
-  int64_t b = kl_onnx_attr_int(n, "blocksize", 0);
-  if (x->shape.rank != 4) return kl_onnx_fail(c, "input must be 4-D (NCHW)");
-  int64_t N = x->shape.dims[0], C = x->shape.dims[1], H = x->shape.dims[2], W = x->shape.dims[3];
-  if (b < 1 || b > (1 << 15)) return kl_onnx_fail(c, "blocksize %lld is not valid", (long long)b);
-  bool crd = !strcmp(kl_onnx_attr_string(c, n, "mode", "DCR"), "CRD");
-  kl_shape six = {.rank = 6}, out = {.rank = 4};
-  static const int64_t dcr[6] = {0, 3, 4, 1, 5, 2}, crd_p[6] = {0, 1, 4, 2, 5, 3},
-                       s2d[6] = {0, 3, 5, 1, 2, 4};
-  const int64_t *perm = s2d;
-  if (to_space) {
-    if (C % (b * b))
-      return kl_onnx_fail(c, "channels %lld are not a multiple of blocksize^2", (long long)C);
-    int64_t cb = C / (b * b);
-    six = crd ? (kl_shape){6, {N, cb, b, b, H, W}} : (kl_shape){6, {N, b, b, cb, H, W}};
-    out = (kl_shape){4, {N, cb, H * b, W * b}};
-    perm = crd ? crd_p : dcr;
-  } else {
-    if (H % b || W % b) return kl_onnx_fail(c, "H and W must be multiples of the blocksize");
-    six = (kl_shape){6, {N, C, H / b, b, W / b, b}};
-    out = (kl_shape){4, {N, C * b * b, H / b, W / b}};
-  }
-  kl_attr p = kl_ais("perm", perm, 6);
-  return bind0(c, n, reshape_to(c, emit1(c, KL_OP_TRANSPOSE, reshape_to(c, x, &six), &p, 1), &out));
-}
-
 /* Pad: pads (and value) as attributes before opset 11, constant inputs
  * after; axes (opset 18) names the axes the pads are for. */
 static int convert_pad(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
@@ -868,8 +837,6 @@ const kl_onnx_op kl_onnx_ops_tensor[] = {
     {"Tile", 6, convert_tile},
     {"Pad", 1, convert_pad},
     {"Trilu", 14, convert_trilu},
-    {"DepthToSpace", 1, convert_depth_space},
-    {"SpaceToDepth", 1, convert_depth_space},
     {"Gather", 1, convert_indexing},
     {"GatherElements", 11, convert_indexing},
     {"GatherND", 11, convert_indexing},

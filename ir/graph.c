@@ -96,6 +96,15 @@ static bool name_taken(const kl_graph *g, const char *name) {
   return false;
 }
 
+const char *kl_graph_fresh_value_name(kl_graph *g, const char *base) {
+  if (!kl_graph_find_value(g, base)) return kl_arena_strdup(&g->arena, base);
+  char buf[256];
+  for (int i = 1;; i++) {
+    snprintf(buf, sizeof buf, "%.200s_%d", base, i);
+    if (!kl_graph_find_value(g, buf)) return kl_arena_strdup(&g->arena, buf);
+  }
+}
+
 const char *kl_graph_fresh_name(kl_graph *g, const char *base) {
   if (!name_taken(g, base)) return kl_arena_strdup(&g->arena, base);
   char buf[256];

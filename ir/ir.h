@@ -229,8 +229,10 @@ kl_node *kl_graph_add_node(kl_graph *g, kl_op op, const char *name,
                            const kl_attr *attrs, int nattrs,
                            const char **out_names, int nouts_named,
                            kl_loc loc, kl_error *err);
-/* A name not yet used in g, made from `base`. */
+/* A name not yet used in g, made from `base`: by any value or node, or
+ * (value_name) by any value, since values and nodes are named apart. */
 const char *kl_graph_fresh_name(kl_graph *g, const char *base);
+const char *kl_graph_fresh_value_name(kl_graph *g, const char *base);
 
 /* Attribute accessors used by op rows.  get_* return the default when the
  * attribute is absent; kind mismatches are caught by kl_attrs_check. */

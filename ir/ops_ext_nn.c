@@ -105,9 +105,14 @@ static int tconv_setup(const kl_node *n, kl_error *err, tconv *t) {
       return KL_NODE_FAIL(n, err, "spatial dims of x %s and w %s must be >= 1",
                           kl_value_str(x, sx, sizeof sx),
                           kl_value_str(w, sw, sizeof sw));
-    /* Every term is below 2^31, so the sum cannot overflow. */
-    t->out[a] = t->stride[a] * (in - 1) + t->opad[a] +
-                t->dil[a] * (t->k[a] - 1) + 1 - t->pad[a] - t->pad[2 + a];
+    /* Each product stays below 2^62; their sum is checked in double
+     * before it is formed in int64. */
+    double len = (double)t->stride[a] * (double)(in - 1) + (double)t->opad[a] +
+                 (double)t->dil[a] * (double)(t->k[a] - 1) + 1 -
+                 (double)t->pad[a] - (double)t->pad[2 + a];
+    if (len > (double)KL_MAX_NUMEL)
+      return KL_NODE_FAIL(n, err, "output dim %d (%.0f) is too large", a, len);
+    t->out[a] = (int64_t)len;
     if (t->out[a] < 1)
       return KL_NODE_FAIL(n, err, "pads [%lld, %lld, %lld, %lld] crop the "
                           "whole output of x %s, w %s",
@@ -309,6 +314,10 @@ static void make_taps(const resize_cfg *r, int d, int rank, int64_t o,
   double x = source_coord(r, d, rank, o, in, &outside);
   tp->ntap = 0;
   if (outside) return;
+  /* Odd scales or roi can send x anywhere (or to NaN); far outside, every
+   * tap reads an edge anyway, and int64 conversion stays defined. */
+  if (!(x > -1e9)) x = -1e9;
+  if (!(x < 1e9)) x = 1e9;
   double fl = floor(x), t = x - fl;
   int64_t base = (int64_t)fl;
   if (t == 0) {
@@ -454,7 +463,7 @@ int kl_eval_NLL_LOSS(const kl_node *n, kl_tensor **in, kl_tensor **out,
   bool has_ii = kl_node_attr(n, "ignore_index") != NULL;
   int64_t ii = kl_attr_int(n, "ignore_index", 0);
   int64_t nb = x->shape.dims[0], c = x->shape.dims[1];
-  int64_t inner = nb * c ? x->numel / (nb * c) : 0;
+  int64_t inner = nb > 0 && c > 0 ? x->numel / (nb * c) : 0;
   double total = 0, wsum = 0;
   for (int64_t b = 0; b < nb; b++)
     for (int64_t i = 0; i < inner; i++) {

@@ -116,78 +116,16 @@ static void bf16_from_bits(kl_tensor *t, kl_dtype want) {
   t->dtype = KL_BF16;
 }
 
-/* Names of the graph inputs that are not initializers, in order: the
- * input_K.pb files follow them. */
-static int graph_input_names(const char *model, char names[][256], int cap) {
-  int n = 0;
-  FILE *f = fopen(model, "rb");
-  if (!f) return 0;
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *buf = malloc(len > 0 ? (size_t)len : 1);
-  if (buf && len > 0 && fread(buf, 1, (size_t)len, f) == (size_t)len) {
-    Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, (size_t)len, buf);
-    for (size_t i = 0; m && m->graph && i < m->graph->n_input && n < cap; i++) {
-      const char *name = m->graph->input[i]->name ? m->graph->input[i]->name : "";
-      bool init = false;
-      for (size_t j = 0; j < m->graph->n_initializer; j++)
-        init |= m->graph->initializer[j]->name && !strcmp(m->graph->initializer[j]->name, name);
-      if (!init) snprintf(names[n++], 256, "%s", name);
-    }
-    if (m) onnx__model_proto__free_unpacked(m, NULL);
-  }
-  free(buf);
-  fclose(f);
-  return n;
-}
-
 enum { MAX_INPUTS = 64 };
-
-/* Load the model for one data set.  Kiln compiles static shapes, so two
- * things a user would say on the command line are said here from the
- * test's own inputs: symbolic dims are bound to the inputs' shapes
- * (--shape), and an input that decides a shape (a Reshape target, Slice
- * bounds, TopK's k) is frozen to its value at compile time. */
-static kl_graph *load_for(const char *model, const char *set_dir, char names[][256], int nnames,
-                          kl_tensor **data, bool *frozen, kl_onnx_options *opt, kl_error *err) {
-  kl_shape_binding binds[MAX_INPUTS];
-  kl_frozen_input fz[MAX_INPUTS];
-  int nb = 0, nf = 0;
-  (void)set_dir;
-  for (int attempt = 0; attempt <= MAX_INPUTS; attempt++) {
-    opt->shapes = binds;
-    opt->nshapes = nb;
-    opt->frozen = fz;
-    opt->nfrozen = nf;
-    kl_graph *g = kl_onnx_load(model, opt, err);
-    if (g) return g;
-    if (opt->needs_const[0]) {
-      int k = 0;
-      while (k < nnames && strcmp(names[k], opt->needs_const)) k++;
-      if (k == nnames || !data[k] || frozen[k]) return NULL;
-      frozen[k] = true;
-      fz[nf++] = (kl_frozen_input){names[k], data[k]};
-      int w = 0; /* a frozen input is no longer an input to bind */
-      for (int b = 0; b < nb; b++)
-        if (strcmp(binds[b].input, names[k])) binds[w++] = binds[b];
-      nb = w;
-    } else if (strstr(err->msg, "--shape") && nb == 0 && !strstr(err->msg, "no input named")) {
-      for (int k = 0; k < nnames; k++)
-        if (data[k] && !frozen[k]) binds[nb++] = (kl_shape_binding){names[k], data[k]->shape};
-    } else {
-      return NULL;
-    }
-  }
-  return NULL;
-}
 
 /* Run one test in this (child) process; the verdict goes to `r`. */
 static void run_test(const char *dir, result *r) {
   char model[4500], path[4600];
   static char names[MAX_INPUTS][256];
   snprintf(model, sizeof model, "%s/model.onnx", dir);
-  int nnames = graph_input_names(model, names, MAX_INPUTS);
+  kl_error nerr;
+  int nnames = kl_onnx_input_names(model, names, MAX_INPUTS, &nerr);
+  if (nnames < 0) nnames = 0;
   char **sets;
   int nsets = list_dir(dir, "test_data_set_", &sets);
   r->status = nsets ? PASS : FAIL;
@@ -204,8 +142,11 @@ static void run_test(const char *dir, result *r) {
       }
     }
     kl_onnx_options opt = {0};
-    kl_graph *g = r->status == PASS ? load_for(model, sets[s], names, nnames, data, frozen, &opt, &err)
-                                    : NULL;
+    const char *name_ptrs[MAX_INPUTS];
+    for (int k = 0; k < nnames; k++) name_ptrs[k] = names[k];
+    kl_graph *g = r->status == PASS
+                      ? kl_onnx_load_for_inputs(model, name_ptrs, data, nnames, frozen, &opt, &err)
+                      : NULL;
     if (r->status == PASS && !g) {
       r->status = opt.unsupported_only ? UNSUPPORTED : FAIL;
       snprintf(r->reason, sizeof r->reason, "%s", err.msg);
