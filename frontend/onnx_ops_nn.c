@@ -529,11 +529,14 @@ static int convert_batch_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_value *in[5];
   for (int k = 0; k < 5; k++)
     if (!(in[k] = need_input(c, n, k))) return -1;
+  /* Opset 15 lets scale and the statistics have their own float types
+   * (f16 x, f32 statistics): compute in scale's type, cast back at the
+   * end. */
+  kl_dtype xt = in[0]->dtype;
+  kl_attr to = kl_adt("to", in[1]->dtype);
+  for (int k = 0; k < 5; k++)
+    if (in[k]->dtype != in[1]->dtype && !(in[k] = unary(c, KL_OP_CAST, in[k], &to, 1))) return -1;
   kl_value *x = in[0];
-  /* opset 15 lets the statistics have their own float type */
-  kl_attr to_x = kl_adt("to", x->dtype);
-  for (int k = 1; k < 5; k++)
-    if (in[k]->dtype != x->dtype && !(in[k] = unary(c, KL_OP_CAST, in[k], &to_x, 1))) return -1;
   double eps = kl_onnx_attr_float(n, "epsilon", 1e-5);
   double momentum = kl_onnx_attr_float(n, "momentum", 0.9);
   bool training = c->opset >= 14 && kl_onnx_attr_int(n, "training_mode", 0);
@@ -548,6 +551,8 @@ static int convert_batch_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     if (batch_stats(c, x, &mean, &var)) return -1;
     kl_value *ins[5] = {x, in[1], in[2], mean, var};
     y = kl_onnx_emit(c, KL_OP_BATCH_NORM, ins, 5, &ea, 1);
+    kl_attr back = kl_adt("to", xt);
+    if (y && y->dtype != xt) y = unary(c, KL_OP_CAST, y, &back, 1);
     kl_value *rm = running(c, in[3], mean, momentum), *rv = running(c, in[4], var, momentum);
     if (!y || !rm || !rv) return -1;
     return kl_onnx_bind(c, n, 0, y) || kl_onnx_bind(c, n, 1, rm) || kl_onnx_bind(c, n, 2, rv);
@@ -560,6 +565,8 @@ static int convert_batch_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   } else {
     y = kl_onnx_emit(c, KL_OP_BATCH_NORM, in, 5, &ea, 1);
   }
+  kl_attr back = kl_adt("to", xt);
+  if (y && y->dtype != xt) y = unary(c, KL_OP_CAST, y, &back, 1);
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 

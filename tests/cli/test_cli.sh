@@ -69,6 +69,8 @@ printf "not a protobuf" > bad.onnx
 expect onnx_garbage 1 "not an ONNX model" -- "$kiln" run bad.onnx
 t=/usr/share/libonnx-testdata/data/node/test_relu
 expect onnx_run_pb 0 "output 0" -- "$kiln" run $t/model.onnx --inputs-dir $t/test_data_set_0 --output-dir onnx_out
+t2=/usr/share/libonnx-testdata/data/node/test_reshape_negative_dim
+expect onnx_frozen_shape_input 0 "input 'shape' decides a shape" -- "$kiln" run $t2/model.onnx --inputs-dir $t2/test_data_set_0
 expect onnx_shape_unknown_input 1 "no input named" -- "$kiln" run $t/model.onnx --shape q=1,2
 expect run_random 0 "not given: using seeded random values" -- "$kiln" run m.kl
 expect run_files 0 "output 1 'z': i64\[2\]" -- "$kiln" run m.kl --input x=x.npy --input i=i.npy --output-dir out
