@@ -24,6 +24,13 @@ static kl_value *binary(kl_onnx_ctx *c, kl_op op, kl_value *a, kl_value *b) {
   return a && b ? kl_onnx_emit(c, op, ins, 2, NULL, 0) : NULL;
 }
 
+/* x as dtype t (x itself when it already is). */
+static kl_value *cast(kl_onnx_ctx *c, kl_value *x, kl_dtype t) {
+  if (!x || x->dtype == t) return x;
+  kl_attr a = kl_adt("to", t);
+  return unary(c, KL_OP_CAST, x, &a, 1);
+}
+
 /* x op scalar, the scalar in x's dtype. */
 static kl_value *with_scalar(kl_onnx_ctx *c, kl_op op, kl_value *x, double v) {
   return x ? binary(c, op, x, kl_onnx_scalar(c, x->dtype, v)) : NULL;
@@ -469,9 +476,8 @@ static int convert_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     y = with_scalar(c, KL_OP_POW, sum, 1.0 / p);
   } else if (is_max && kl_dtype_is_int(x->dtype)) {
     /* the IR pools take floats; f64 holds these integers exactly */
-    kl_attr to_f64 = kl_adt("to", KL_F64), back = kl_adt("to", x->dtype);
-    kl_value *xf = unary(c, KL_OP_CAST, x, &to_f64, 1);
-    y = xf ? unary(c, KL_OP_CAST, pool_nd(c, xf, true, &w, ceil_mode, cip), &back, 1) : NULL;
+    kl_value *xf = cast(c, x, KL_F64);
+    y = xf ? cast(c, pool_nd(c, xf, true, &w, ceil_mode, cip), x->dtype) : NULL;
   } else {
     y = pool_nd(c, x, is_max, &w, ceil_mode, cip);
   }
@@ -533,9 +539,9 @@ static int convert_batch_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
    * (f16 x, f32 statistics): compute in scale's type, cast back at the
    * end. */
   kl_dtype xt = in[0]->dtype;
-  kl_attr to = kl_adt("to", in[1]->dtype);
+  kl_dtype ct = in[1]->dtype;
   for (int k = 0; k < 5; k++)
-    if (in[k]->dtype != in[1]->dtype && !(in[k] = unary(c, KL_OP_CAST, in[k], &to, 1))) return -1;
+    if (!(in[k] = cast(c, in[k], ct))) return -1;
   kl_value *x = in[0];
   double eps = kl_onnx_attr_float(n, "epsilon", 1e-5);
   double momentum = kl_onnx_attr_float(n, "momentum", 0.9);
@@ -550,9 +556,7 @@ static int convert_batch_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     kl_value *mean, *var;
     if (batch_stats(c, x, &mean, &var)) return -1;
     kl_value *ins[5] = {x, in[1], in[2], mean, var};
-    y = kl_onnx_emit(c, KL_OP_BATCH_NORM, ins, 5, &ea, 1);
-    kl_attr back = kl_adt("to", xt);
-    if (y && y->dtype != xt) y = unary(c, KL_OP_CAST, y, &back, 1);
+    y = cast(c, kl_onnx_emit(c, KL_OP_BATCH_NORM, ins, 5, &ea, 1), xt);
     kl_value *rm = running(c, in[3], mean, momentum), *rv = running(c, in[4], var, momentum);
     if (!y || !rm || !rv) return -1;
     return kl_onnx_bind(c, n, 0, y) || kl_onnx_bind(c, n, 1, rm) || kl_onnx_bind(c, n, 2, rv);
@@ -565,8 +569,7 @@ static int convert_batch_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   } else {
     y = kl_onnx_emit(c, KL_OP_BATCH_NORM, in, 5, &ea, 1);
   }
-  kl_attr back = kl_adt("to", xt);
-  if (y && y->dtype != xt) y = unary(c, KL_OP_CAST, y, &back, 1);
+  y = cast(c, y, xt);
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
@@ -605,8 +608,7 @@ static int convert_layer_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_dtype st;
   if (kl_onnx_dtype((int)stash, &st) || !kl_dtype_is_float(st))
     return kl_onnx_fail(c, "stash_type %lld is not a float type", (long long)stash);
-  kl_attr cast = kl_adt("to", st);
-  kl_value *xs = x->dtype == st ? x : unary(c, KL_OP_CAST, x, &cast, 1);
+  kl_value *xs = cast(c, x, st);
   int64_t axes[KL_MAX_RANK];
   int k = tail_axes(x, (int)axis, axes);
   kl_value *mean = reduce(c, KL_OP_REDUCE_MEAN, xs, axes, k, true);
@@ -705,8 +707,7 @@ static kl_value *hardmax(kl_onnx_ctx *c, kl_value *x, int axis) {
   for (int64_t i = 0; i < k; i++) pos[i] = (double)i;
   kl_value *iota = kl_onnx_constant(c, KL_I64, &s, pos, (int)k);
   free(pos);
-  kl_attr cast = kl_adt("to", x->dtype);
-  return unary(c, KL_OP_CAST, binary(c, KL_OP_EQ, am, iota), &cast, 1);
+  return cast(c, binary(c, KL_OP_EQ, am, iota), x->dtype);
 }
 
 static kl_value *softmax_like(kl_onnx_ctx *c, const char *op, kl_value *x, int axis) {

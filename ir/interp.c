@@ -170,11 +170,22 @@ int kl_interpret(const kl_graph *g, kl_tensor **inputs, kl_tensor **outputs,
     if ((rc = check_input(g->inputs.items[i], inputs[i], err))) goto done;
     val[g->inputs.items[i]->id] = inputs[i];
   }
+  /* Only params that a live node or an output reads: a constant that only
+   * fed compile-time shape folding (a slice end of INT64_MAX) is never
+   * needed, and may not even be representable. */
+  bool *read = calloc((size_t)nv + 1, sizeof *read);
+  if (!read) abort();
+  for (int i = 0; i < nn; i++)
+    if (live[order[i]->id])
+      for (int k = 0; k < order[i]->ninputs; k++) read[order[i]->inputs[k]->id] = true;
+  for (int i = 0; i < g->outputs.len; i++) read[g->outputs.items[i]->id] = true;
   for (int i = 0; i < g->params.len; i++) {
     const kl_value *p = g->params.items[i];
-    if ((rc = kl_value_materialize(p, &val[p->id], err))) goto done;
+    if (!read[p->id]) continue;
+    if ((rc = kl_value_materialize(p, &val[p->id], err))) { free(read); goto done; }
     owned[p->id] = true;
   }
+  free(read);
   /* Free each intermediate after its last reader, so the oracle's memory
    * stays near the graph's live set. */
   for (int i = 0; i < nn; i++)
