@@ -407,9 +407,16 @@ static int convert_tile(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   if (k < 0 || !x) return -1;
   int r = x->shape.rank;
   if (k != r) return kl_onnx_fail(c, "%d repeats for an input of rank %d", k, r);
-  for (int a = 0; a < r; a++)
+  int64_t numel = kl_shape_numel(&x->shape);
+  for (int a = 0; a < r; a++) {
     if (reps[a] < 0)
       return kl_onnx_fail(c, "repeats[%d] = %lld is negative", a, (long long)reps[a]);
+    /* the tiled tensor must stay within the element limit (and the dim
+     * products below within int64) */
+    if (reps[a] > KL_MAX_NUMEL || (reps[a] && numel > KL_MAX_NUMEL / reps[a]))
+      return kl_onnx_fail(c, "tiling gives more than %lld elements", (long long)KL_MAX_NUMEL);
+    numel *= reps[a];
+  }
   int a = 0;
   while (x) {
     while (a < r && reps[a] == 1) a++;

@@ -1,7 +1,9 @@
 /* ops_ext_math.c - shape inference and evaluation of the rows in
  * ops_ext_math.def: float functions, rounding, sign, NaN/Inf tests, logic
- * on bool, and mod. */
+ * on bool, mod, bit shifts and determinants. */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "op_impl.h"
 
@@ -237,4 +239,98 @@ int kl_eval_MOD(const kl_node *n, kl_tensor **in, kl_tensor **out,
                 kl_error *err) {
   return eval_binary(n, in, out[0], f_mod, (double)kl_attr_int(n, "fmod", 0),
                      err);
+}
+
+/* ---- bitshift -------------------------------------------------------- */
+/* Which way a bitshift node shifts: 1 left, 0 right, -1 invalid. */
+static int shift_left(const kl_node *n) {
+  const char *d = kl_attr_string(n, "direction", "");
+  return !strcmp(d, "left") ? 1 : !strcmp(d, "right") ? 0 : -1;
+}
+
+int kl_infer_BITSHIFT(kl_node *n, kl_error *err) {
+  char b[256];
+  if (!kl_node_attr(n, "direction"))
+    return KL_NODE_FAIL(n, err, "attribute 'direction' is required (\"left\" or \"right\")");
+  if (shift_left(n) < 0)
+    return KL_NODE_FAIL(n, err, "direction must be \"left\" or \"right\", got \"%s\"",
+                        kl_attr_string(n, "direction", ""));
+  if (!kl_dtype_is_unsigned(n->inputs[0]->dtype))
+    return KL_NODE_FAIL(n, err, "needs unsigned integer inputs, got %s",
+                        kl_value_str(n->inputs[0], b, sizeof b));
+  return infer_binary(n, err, T_NUMERIC);
+}
+
+/* p: +bits to shift left, -bits to shift right, bits being the dtype's
+ * width.  Operands are non-negative integers below 2^64 held in double. */
+static const char *f_shift(double a, double b, double p, bool ints, double *r) {
+  (void)ints;
+  int bits = (int)fabs(p);
+  uint64_t x = a < 0x1p64 ? (uint64_t)a : UINT64_MAX;
+  uint64_t s = b < 0x1p64 ? (uint64_t)b : UINT64_MAX;
+  uint64_t y = s >= (uint64_t)bits ? 0 : p > 0 ? x << s : x >> s;
+  if (bits < 64) y &= ((uint64_t)1 << bits) - 1;
+  *r = (double)y;
+  return NULL;
+}
+
+int kl_eval_BITSHIFT(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                     kl_error *err) {
+  double bits = (double)kl_dtype_size(in[0]->dtype) * 8;
+  return eval_binary(n, in, out[0], f_shift, shift_left(n) ? bits : -bits, err);
+}
+
+/* ---- det ------------------------------------------------------------- */
+int kl_infer_DET(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0];
+  char b[256];
+  if (check_type(n, err, x, T_FLOAT)) return -1;
+  int r = x->shape.rank;
+  if (r < 2 || x->shape.dims[r - 1] != x->shape.dims[r - 2])
+    return KL_NODE_FAIL(n, err, "needs square matrices [..., n, n], got %s",
+                        kl_value_str(x, b, sizeof b));
+  kl_shape s = x->shape;
+  s.rank -= 2;
+  return kl_set_checked_output(n, err, 0, x->dtype, &s);
+}
+
+/* Gaussian elimination with partial pivoting on a (n x n, overwritten):
+ * the product of the pivots, negated once per row swap. */
+static double lu_det(double *a, int64_t n) {
+  double det = 1.0;
+  for (int64_t k = 0; k < n; k++) {
+    int64_t p = k;
+    for (int64_t i = k + 1; i < n; i++)
+      if (fabs(a[i * n + k]) > fabs(a[p * n + k])) p = i;
+    if (a[p * n + k] == 0) return 0.0;
+    if (p != k) {
+      for (int64_t j = 0; j < n; j++) {
+        double t = a[k * n + j];
+        a[k * n + j] = a[p * n + j];
+        a[p * n + j] = t;
+      }
+      det = -det;
+    }
+    double piv = a[k * n + k];
+    det *= piv;
+    for (int64_t i = k + 1; i < n; i++) {
+      double f = a[i * n + k] / piv;
+      for (int64_t j = k + 1; j < n; j++) a[i * n + j] -= f * a[k * n + j];
+    }
+  }
+  return det;
+}
+
+int kl_eval_DET(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                kl_error *err) {
+  const kl_tensor *x = in[0];
+  int64_t m = x->shape.dims[x->shape.rank - 1], sz = m * m;
+  double *work = sz ? malloc((size_t)sz * sizeof *work) : NULL;
+  if (sz && !work) return KL_NODE_FAIL(n, err, "out of memory");
+  for (int64_t b = 0; b < out[0]->numel; b++) {
+    if (sz) memcpy(work, x->data + b * sz, (size_t)sz * sizeof *work);
+    out[0]->data[b] = lu_det(work, m);
+  }
+  free(work);
+  return 0;
 }

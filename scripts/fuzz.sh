@@ -19,6 +19,9 @@ if [ ! -d "$onnx" ]; then
     cp "$m" "$onnx/$(basename "$(dirname "$m")").onnx"
   done
 fi
+# Inputs that once crashed stay in the corpus, so a regression shows at once.
+cp tests/fuzz/regressions/dsl/* "$dsl"/ 2>/dev/null || true
+cp tests/fuzz/regressions/onnx/* "$onnx"/ 2>/dev/null || true
 rc=0
 for target in dsl onnx; do
   corpus=build-fuzz/corpus-$target
