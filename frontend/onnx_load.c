@@ -288,9 +288,18 @@ static int model_opset(kl_onnx_ctx *c, const Onnx__ModelProto *m) {
     if ((!o->domain || !*o->domain || !strcmp(o->domain, "ai.onnx")) && o->has_version)
       opset = (int)o->version;
   }
-  if (opset < 0)
-    return kl_fail(c->err, (kl_loc){c->path, 0, 0},
-                   "the model imports no opset of the default (ai.onnx) domain");
+  if (opset < 0) {
+    /* Fine when no node needs it: the nodes of other domains are then
+     * reported as unsupported. */
+    for (size_t i = 0; m->graph && i < m->graph->n_node; i++) {
+      const char *d = m->graph->node[i]->domain;
+      if (!d || !*d || !strcmp(d, "ai.onnx"))
+        return kl_fail(c->err, (kl_loc){c->path, 0, 0},
+                       "the model imports no opset of the default (ai.onnx) domain");
+    }
+    c->opset = 0;
+    return 0;
+  }
   if (opset < 1 || opset > 10000)
     return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "opset %d is not valid", opset);
   c->opset = opset;
