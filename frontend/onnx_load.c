@@ -8,7 +8,8 @@
 #include "onnx_internal.h"
 
 static const kl_onnx_op *const families[] = {kl_onnx_ops_math, kl_onnx_ops_nn,
-                                             kl_onnx_ops_tensor, kl_onnx_ops_sequence};
+                                             kl_onnx_ops_tensor, kl_onnx_ops_sequence,
+                                             kl_onnx_ops_quant};
 
 static const kl_onnx_op *find_converter(const char *op, int opset) {
   const kl_onnx_op *best = NULL;
@@ -527,8 +528,8 @@ static int convert_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
     rc = find_converter(n->op_type, c->opset)->convert(c, n);
     for (size_t k = 0; k < n->n_output && !rc; k++)
       if (n->output[k] && *n->output[k] && !lookup(c, n->output[k]))
-        rc = kl_onnx_fail(c, "output %zu ('%s') is not supported by Kiln's converter", k,
-                          n->output[k]);
+        rc = kl_onnx_unsupported(c, "output %zu ('%s') is not supported by Kiln's converter", k,
+                                 n->output[k]);
   }
   c->node = NULL;
   free(order);

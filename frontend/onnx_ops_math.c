@@ -140,7 +140,7 @@ static int convert_cast(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   }
   kl_dtype to;
   if (kl_onnx_dtype((int)t, &to))
-    return kl_onnx_fail(c, "cast to ONNX type %lld is not supported", (long long)t);
+    return kl_onnx_unsupported(c, "cast to ONNX type %lld is not supported", (long long)t);
   return bind(c, n, cast_node(c, x, to));
 }
 

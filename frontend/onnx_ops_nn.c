@@ -464,7 +464,7 @@ static int convert_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   if (read_window(c, n, x, true, &w)) return -1;
   if (!is_max)
     for (int i = 0; i < w.nsp; i++)
-      if (w.dil[i] != 1) return kl_onnx_fail(c, "%s with dilations is not supported", n->op_type);
+      if (w.dil[i] != 1) return kl_onnx_unsupported(c, "%s with dilations is not supported", n->op_type);
   bool ceil_mode = kl_onnx_attr_int(n, "ceil_mode", 0) != 0;
   bool cip = kl_onnx_attr_int(n, "count_include_pad", 0) != 0;
   kl_value *y;
@@ -552,7 +552,7 @@ static int convert_batch_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_attr ea = kl_af("epsilon", eps);
   kl_value *y;
   if (training) {
-    if (c->opset < 14) return kl_onnx_fail(c, "training mode before opset 14 is not supported");
+    if (c->opset < 14) return kl_onnx_unsupported(c, "training mode before opset 14 is not supported");
     kl_value *mean, *var;
     if (batch_stats(c, x, &mean, &var)) return -1;
     kl_value *ins[5] = {x, in[1], in[2], mean, var};
@@ -684,7 +684,7 @@ static int convert_dropout(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     ratio = t->numel > 0 ? t->data[0] : ratio;
   }
   if (training && ratio != 0)
-    return kl_onnx_fail(c, "training-mode dropout (ratio %g) is random: not supported", ratio);
+    return kl_onnx_unsupported(c, "training-mode dropout (ratio %g) is random: not supported", ratio);
   if (kl_onnx_bind(c, n, 0, x)) return -1;
   if (!wants_output(n, 1)) return 0;
   double one = 1;
@@ -831,11 +831,11 @@ static int convert_resize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   } else {
     coord = kl_onnx_attr_string(c, n, "coordinate_transformation_mode", "half_pixel");
     nearest = kl_onnx_attr_string(c, n, "nearest_mode", "round_prefer_floor");
-    if (kl_onnx_attr_int(n, "antialias", 0)) return kl_onnx_fail(c, "antialias is not supported");
-    if (kl_onnx_attr(n, "axes")) return kl_onnx_fail(c, "the axes attribute is not supported");
+    if (kl_onnx_attr_int(n, "antialias", 0)) return kl_onnx_unsupported(c, "antialias is not supported");
+    if (kl_onnx_attr(n, "axes")) return kl_onnx_unsupported(c, "the axes attribute is not supported");
     const char *policy = kl_onnx_attr_string(c, n, "keep_aspect_ratio_policy", "stretch");
     if (strcmp(policy, "stretch"))
-      return kl_onnx_fail(c, "keep_aspect_ratio_policy \"%s\" is not supported", policy);
+      return kl_onnx_unsupported(c, "keep_aspect_ratio_policy \"%s\" is not supported", policy);
     if (!strcmp(coord, "tf_crop_and_resize") &&
         (nroi = const_floats(c, kl_onnx_input(c, n, 1), "roi", roi, 2 * KL_MAX_RANK)) < 0)
       return -1;

@@ -201,12 +201,14 @@ static kl_value *conv_of(kl_onnx_ctx *c, const Onnx__NodeProto *n, kl_value *x, 
     kl_onnx_fail(c, "no Conv converter for opset %d", c->opset);
     return NULL;
   }
+  /* ONNX names are bound once each, and the binding count only grows, so
+   * it numbers the names apart; the ':' keeps them from real models'. */
   char *names[4];
   kl_value *vals[3] = {x, w, b};
-  for (int k = 0; k < 4; k++)
-    names[k] = (char *)kl_graph_fresh_value_name(c->g, k < 3 ? "kl_qconv_in" : "kl_qconv_out");
-  /* The fresh names are taken once an IR value carries them: bind the
-   * inputs first, which renames their values. */
+  for (int k = 0; k < 4; k++) {
+    names[k] = kl_arena_alloc(&c->g->arena, 32);
+    snprintf(names[k], 32, "kl:conv:%d", c->nvals + k);
+  }
   Onnx__NodeProto binder = *n;
   binder.output = names;
   binder.n_output = b ? 3 : 2;

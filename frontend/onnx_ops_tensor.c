@@ -258,7 +258,7 @@ static int convert_eye_like(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_dtype dt = x->dtype;
   const Onnx__AttributeProto *a = kl_onnx_attr(n, "dtype");
   if (a && a->has_i && kl_onnx_dtype((int)a->i, &dt))
-    return kl_onnx_fail(c, "dtype %lld is not supported", (long long)a->i);
+    return kl_onnx_unsupported(c, "dtype %lld is not supported", (long long)a->i);
   int64_t k = kl_onnx_attr_int(n, "k", 0), rows = x->shape.dims[0], cols = x->shape.dims[1];
   if (rows * cols > (1 << 24)) return kl_onnx_fail(c, "the input is too large");
   double *v = calloc((size_t)(rows * cols + 1), sizeof *v);
@@ -450,7 +450,7 @@ static int convert_pad(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   double value = 0;
   const char *mode = kl_onnx_attr_string(c, n, "mode", "constant");
   if (strcmp(mode, "constant") && strcmp(mode, "reflect") && strcmp(mode, "edge"))
-    return kl_onnx_fail(c, "mode \"%s\" is not supported (constant, reflect, edge)", mode);
+    return kl_onnx_unsupported(c, "mode \"%s\" is not supported (constant, reflect, edge)", mode);
   if (c->opset < 11) {
     np = ints_arg(c, n, c->opset < 2 ? "paddings" : "pads", 1, 11, pads, 2 * KL_MAX_RANK);
     value = kl_onnx_attr_float(n, "value", 0.0);
