@@ -37,7 +37,7 @@ static const char *onnx_type_name(int t) {
 /* Read [offset, offset+length) of an external data file that must lie in
  * the model's folder. */
 static int read_external(const Onnx__TensorProto *t, const char *model_path,
-                         size_t want, void *raw, kl_error *err) {
+                         size_t want, unsigned char **raw, kl_error *err) {
   const char *location = NULL;
   long long offset = 0, length = -1;
   for (size_t i = 0; i < t->n_external_data; i++) {
@@ -97,7 +97,9 @@ static int read_external(const Onnx__TensorProto *t, const char *model_path,
       rc = kl_fail(err, (kl_loc){model_path, 0, 0},
                    "tensor '%s': external data '%s' has %lld bytes; offset %lld + %zu is past its end",
                    tname, path, size, offset, want);
-    else if (fseek(f, offset, SEEK_SET) != 0 || fread(raw, 1, want, f) != want)
+    else if (!(*raw = malloc(want ? want : 1)))
+      abort();
+    else if (fseek(f, offset, SEEK_SET) != 0 || fread(*raw, 1, want, f) != want)
       rc = kl_fail(err, (kl_loc){model_path, 0, 0}, "tensor '%s': reading '%s' failed", tname, path);
     fclose(f);
   }
@@ -132,16 +134,19 @@ int kl_onnx_tensor_data(const Onnx__TensorProto *t, const char *model_path,
     numel *= v;
   }
   size_t esize = kl_dtype_size(*dtype), bytes = (size_t)numel * esize;
-  unsigned char *out = malloc(bytes ? bytes : 1);
-  if (!out) abort();
+  unsigned char *out = NULL;
   int rc = 0;
+  /* Sizes are checked before anything is allocated: a few bytes of
+   * protobuf must not make us allocate gigabytes. */
   if (t->has_data_location && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
-    rc = read_external(t, model_path, bytes, out, err);
+    rc = read_external(t, model_path, bytes, &out, err);
   } else if (t->has_raw_data) {
     if (t->raw_data.len != bytes)
       rc = kl_fail(err, loc, "tensor '%s': raw_data has %zu bytes, but %s%s needs %zu", name,
                    t->raw_data.len, kl_dtype_name(*dtype),
                    kl_shape_str(shape, (char[128]){0}, 128), bytes);
+    else if (!(out = malloc(bytes ? bytes : 1)))
+      abort();
     else if (bytes)
       memcpy(out, t->raw_data.data, bytes);
   } else {
@@ -160,6 +165,7 @@ int kl_onnx_tensor_data(const Onnx__TensorProto *t, const char *model_path,
       rc = kl_fail(err, loc, "tensor '%s': holds %zu values, but its shape needs %lld", name,
                    have, (long long)numel);
     } else {
+      if (!(out = malloc(bytes ? bytes : 1))) abort();
       for (int64_t i = 0; i < numel; i++) {
         unsigned char *p = out + (size_t)i * esize;
         switch (*dtype) {
