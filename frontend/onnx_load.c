@@ -135,7 +135,8 @@ kl_node *kl_onnx_emit_node(kl_onnx_ctx *c, kl_op op, kl_value **ins, int nins,
                            const kl_attr *attrs, int nattrs, int nouts) {
   (void)nouts; /* the op decides; split's comes from its sizes */
   kl_error e;
-  kl_node *node = kl_graph_add_node(c->g, op, ir_name(c->g, node_label(c->node)), ins, nins,
+  kl_node *node = kl_graph_add_node(c->g, op, c->node ? ir_name(c->g, node_label(c->node)) : NULL,
+                                    ins, nins,
                                     attrs, nattrs, NULL, 0, (kl_loc){c->path, 0, 0}, &e);
   if (!node) {
     kl_onnx_fail(c, "%s", e.msg);
