@@ -12,10 +12,11 @@ writes one folder per case:
                                   least tolerance check.py applies there
 
 Every expected value comes from an independent NumPy implementation written
-from the op semantics in ir/ops.def (nothing from Kiln).  Float results are
-computed in float64 from the (already rounded) inputs and rounded once to the
-output dtype, as Kiln's interpreter does.  Seeds are fixed: the output is the
-same on every run.  Run tests/ref/check.py on OUTDIR to compare with Kiln.
+from the op semantics in ir/ops.def and ir/ops_ext_*.def (nothing from Kiln).
+Float results are computed in float64 from the (already rounded) inputs and
+rounded once to the output dtype, as Kiln's interpreter does.  Seeds are
+fixed: the output is the same on every run.  Run tests/ref/check.py on
+OUTDIR to compare with Kiln.
 """
 import json
 import math
@@ -37,7 +38,9 @@ DT = {
     np.dtype(np.float32): "f32", np.dtype(np.float16): "f16",
     np.dtype(np.float64): "f64", np.dtype(np.int8): "i8",
     np.dtype(np.int32): "i32", np.dtype(np.int64): "i64",
-    np.dtype(np.bool_): "bool",
+    np.dtype(np.bool_): "bool", np.dtype(np.uint8): "u8",
+    np.dtype(np.int16): "i16", np.dtype(np.uint16): "u16",
+    np.dtype(np.uint32): "u32", np.dtype(np.uint64): "u64",
 }
 
 
@@ -1503,6 +1506,1137 @@ def gen_edge():
          [f32(a.astype(np.float64) @ b)])
 
 # --------------------------------------------------------------------------
+# ONNX-coverage ops, math family (ir/ops_ext_math.def): trigonometric and
+# hyperbolic functions, rounding, softplus, elu, sign, isnan/isinf, logic,
+# mod, bitshift, det
+
+def softplus_ref(x):
+    x = np.asarray(x, np.float64)
+    return np.maximum(x, 0.0) + np.log1p(np.exp(-np.abs(x)))
+
+
+def elu_ref(x, alpha=1.0):
+    x = np.asarray(x, np.float64)
+    return np.where(x < 0, alpha * np.expm1(np.minimum(x, 0.0)), x)
+
+
+def mod_ref(a, b, fmod):
+    """Remainder with the divisor's sign (fmod 0) or the dividend's (1),
+    element by element in exact integer or float64 arithmetic."""
+    a, b = np.broadcast_arrays(np.asarray(a), np.asarray(b))
+    out = np.empty(a.shape, np.float64)
+    ints = np.issubdtype(a.dtype, np.integer)
+    for i in np.ndindex(a.shape):
+        x, y = (int(a[i]), int(b[i])) if ints else (float(a[i]), float(b[i]))
+        if ints:
+            m = abs(x) % abs(y) * (1 if x >= 0 else -1)   # C's %
+        else:
+            m = float(np.fmod(np.float64(x), np.float64(y)))
+        if not fmod and m != 0 and (m < 0) != (y < 0):
+            m += y
+        out[i] = m
+    return out
+
+
+def bitshift_ref(x, s, left, bits):
+    x, s = np.broadcast_arrays(np.asarray(x), np.asarray(s))
+    out = np.empty(x.shape, object)
+    for i in np.ndindex(x.shape):
+        v, k = int(x[i]), int(s[i])
+        out[i] = 0 if k >= bits else ((v << k) if left else (v >> k)) \
+            & ((1 << bits) - 1)
+    return out
+
+
+def det_ref(x):
+    """Determinant by Gaussian elimination with partial pivoting, in
+    float64, of each matrix over the last two axes."""
+    x = np.asarray(x, np.float64)
+    n = x.shape[-1]
+    out = np.empty(x.shape[:-2])
+    for bi in np.ndindex(out.shape):
+        a = x[bi].copy()
+        d = 1.0
+        for c in range(n):
+            p = c + int(np.argmax(np.abs(a[c:, c])))
+            if a[p, c] == 0:
+                d = 0.0
+                break
+            if p != c:
+                a[[c, p]] = a[[p, c]]
+                d = -d
+            d *= a[c, c]
+            a[c + 1:] -= np.outer(a[c + 1:, c] / a[c, c], a[c])
+        out[bi] = d
+    return out
+
+
+def gen_ext_math():
+    inf, nan = np.inf, np.nan
+    anyv = lambda r, s, dt=np.float32: randn(r, s, dt, 2.0)
+    unit = lambda r, s, dt=np.float32: unif(r, s, -0.98, 0.98, dt)
+    ge1 = lambda r, s, dt=np.float32: unif(r, s, 1.0, 5.0, dt)
+    quarters = lambda r, s, dt=np.float32: (
+        r.integers(-24, 25, s) / 4.0).astype(dt)
+    ops = {
+        "sin": (np.sin, anyv), "cos": (np.cos, anyv),
+        "tan": (np.tan, lambda r, s, dt=np.float32: unif(r, s, -1.4, 1.4,
+                                                          dt)),
+        "asin": (np.arcsin, unit), "acos": (np.arccos, unit),
+        "atan": (np.arctan, anyv), "sinh": (np.sinh, anyv),
+        "cosh": (np.cosh, anyv), "asinh": (np.arcsinh, anyv),
+        "acosh": (np.arccosh, ge1), "atanh": (np.arctanh, unit),
+        "floor": (np.floor, quarters), "ceil": (np.ceil, quarters),
+        "round": (np.rint, quarters), "softplus": (softplus_ref, anyv),
+        "elu": (elu_ref, anyv),
+    }
+    for op, (fn, gen) in ops.items():
+        name = op + "_f32"
+        r = rng_for(name)
+        x = gen(r, (3, 5))
+        case(name, [("x", x)], "output y = %s(x)" % op,
+             [f32(fn(x.astype(np.float64)))])
+        name = op + "_f64"
+        r = rng_for(name)
+        x = gen(r, (2, 3, 4), np.float64)
+        case(name, [("x", x)], "output y = %s(x)" % op, [fn(x)])
+    for op in ["sin", "atan", "floor", "round", "softplus", "elu"]:
+        fn, gen = ops[op]
+        name = op + "_f16"
+        r = rng_for(name)
+        x = gen(r, (4, 6), np.float16)
+        case(name, [("x", x)], "output y = %s(x)" % op,
+             [as_dt(fn(x.astype(np.float64)), np.float16)],
+             tol={"rtol": 1e-3, "atol": 1e-3})
+    # special values
+    with np.errstate(all="ignore"):
+        xs = np.array([0.0, -0.0, inf, -inf, nan, 1.0, -1.0, 2.0, -2.0,
+                       0.5, 1e-30], np.float32)
+        xd = xs.astype(np.float64)
+        for op in ["sin", "cos", "tan", "asin", "acos", "atan", "sinh",
+                   "cosh", "asinh", "acosh", "atanh", "floor", "ceil",
+                   "round", "softplus", "elu"]:
+            case(op + "_special", [("x", xs)], "output y = %s(x)" % op,
+                 [f32(ops[op][0](xd))])
+    # round: halves go to the even neighbour
+    xr = np.array([0.5, 1.5, 2.5, 3.5, -0.5, -1.5, -2.5, -3.5, 0.49999997,
+                   0.50000006, 1e7 + 0.5, -4.5, 8388609.0, 2.4999998],
+                  np.float32)
+    exp = np.array([0, 2, 2, 4, 0, -2, -2, -4, 0, 1, 1e7, -4, 8388609, 2],
+                   np.float32)
+    assert (np.rint(xr.astype(np.float64)) == exp).all()
+    case("round_half_even", [("x", xr)], "output y = round(x)", [exp])
+    xr64 = np.array([0.5, 1.5, 2.5, -2.5, 0.49999999999999994,
+                     4503599627370497.0, -0.5000000000000001], np.float64)
+    case("round_half_even_f64", [("x", xr64)], "output y = round(x)",
+         [np.array([0, 2, 2, -2, 0, 4503599627370497.0, -1])])
+    # floor/ceil of negative fractions and exact integers
+    xf = np.array([-0.5, -1.0, -1.25, 1.75, 3.0, -1e-8, 1e-8], np.float32)
+    case("floor_ceil_edges", [("x", xf)],
+         "output y = floor(x)\noutput z = ceil(x)",
+         [np.array([-1, -1, -2, 1, 3, -1, 0], np.float32),
+          np.array([0, -1, -1, 2, 3, 0, 1], np.float32)])
+    # softplus far from 0 (a naive log(1 + exp(x)) overflows)
+    xl = np.array([-1000.0, -100.0, -20.0, 0.0, 20.0, 100.0, 1000.0, 88.8],
+                  np.float32)
+    case("softplus_extreme", [("x", xl)], "output y = softplus(x)",
+         [f32(np.logaddexp(0.0, xl.astype(np.float64)))])
+    # elu alpha
+    r = rng_for("elu_alpha")
+    x = randn(r, (4, 5), scale=2.0)
+    case("elu_alpha", [("x", x)], "output y = elu(x, alpha=0.5)",
+         [f32(np.where(x < 0, 0.5 * (np.exp(x.astype(np.float64)) - 1),
+                       x))])
+    x64 = randn(r, (3, 4), np.float64, 3.0)
+    case("elu_alpha2_f64", [("x", x64)], "output y = elu(x, alpha=2)",
+         [np.where(x64 < 0, 2.0 * (np.exp(x64) - 1), x64)])
+    case("elu_alpha0", [("x", x)], "output y = elu(x, alpha=0.0)",
+         [np.maximum(x, np.float32(0))])
+    xt = np.array([-1e-10, -1e-5, 1e-10, -50.0], np.float32)
+    case("elu_tiny", [("x", xt)], "output y = elu(x)",
+         [f32(np.expm1(np.minimum(xt.astype(np.float64), 0)) *
+              (xt < 0) + xt * (xt >= 0))])
+    # sign: floats and integers of every width
+    xs = np.array([[-2.5, 0.0, -0.0, 3.0], [inf, -inf, 1e-30, -1e-30]],
+                  np.float32)
+    case("sign_f32", [("x", xs)], "output y = sign(x)",
+         [np.array([[-1, 0, 0, 1], [1, -1, 1, -1]], np.float32)])
+    case("sign_nan", [("x", np.array([nan, 1.0, -nan], np.float64))],
+         "output y = sign(x)", [np.array([nan, 1.0, nan])])
+    r = rng_for("sign_int")
+    for dt in [np.int8, np.int16, np.int32, np.int64]:
+        xi = randint(r, (3, 4), -5, 6, dt)
+        case("sign_" + DT[np.dtype(dt)], [("x", xi)], "output y = sign(x)",
+             [((xi > 0).astype(np.int64) - (xi < 0)).astype(dt)])
+    for dt in [np.uint8, np.uint16, np.uint32, np.uint64]:
+        xu = randint(r, (2, 5), 0, 3, dt)
+        case("sign_" + DT[np.dtype(dt)], [("x", xu)], "output y = sign(x)",
+             [(xu > 0).astype(dt)])
+    r = rng_for("sign_f16")
+    x16 = randn(r, (2, 3), np.float16)
+    case("sign_f16", [("x", x16)], "output y = sign(x)",
+         [((x16 > 0).astype(np.float16) - (x16 < 0))])
+    # isnan / isinf
+    xv = np.array([[0.0, inf, -inf, nan], [1.0, -1e38, 3e38, -nan]],
+                  np.float32)
+    case("isnan_f32", [("x", xv)], "output y = isnan(x)",
+         [np.array([[0, 0, 0, 1], [0, 0, 0, 1]], bool)])
+    case("isnan_f64", [("x", xv.astype(np.float64) * 1e300)],
+         "output y = isnan(x)", [np.isnan(xv.astype(np.float64) * 1e300)])
+    case("isnan_f16", [("x", xv.astype(np.float16))], "output y = isnan(x)",
+         [np.isnan(xv)])
+    pinf, ninf = np.isposinf(xv), np.isneginf(xv)
+    for pos in [None, 0, 1]:
+        for neg in [None, 0, 1]:
+            attrs = "".join(", %s=%d" % (k, v) for k, v in
+                            [("detect_positive", pos),
+                             ("detect_negative", neg)] if v is not None)
+            p = pos is None or pos == 1
+            n_ = neg is None or neg == 1
+            name = "isinf_p%s_n%s" % ("d" if pos is None else pos,
+                                      "d" if neg is None else neg)
+            case(name, [("x", xv)], "output y = isinf(x%s)" % attrs,
+                 [(pinf & p) | (ninf & n_)])
+    x16 = xv.astype(np.float16)  # 3e38, -1e38 overflow to inf in f16
+    case("isinf_f16_overflow", [("x", x16)],
+         "output y = isinf(x, detect_negative=false)", [np.isposinf(x16)])
+    xd = np.array([1e308, -1e308, inf, -inf], np.float64)
+    case("isinf_f64", [("x", xd)],
+         "output y = isinf(x)\noutput z = isinf(x * 10.0, "
+         "detect_positive=0)",
+         [np.isinf(xd), np.isneginf(xd * 10.0)])
+    case("isinf_isnan_mask", [("x", xv)],
+         "output y = where(logical_or(isnan(x), isinf(x)), 0.0, x)",
+         [np.where(np.isfinite(xv), xv, np.float32(0))])
+    # logic
+    r = rng_for("logical")
+    a = r.random((3, 4)) < 0.5
+    b = r.random((3, 4)) < 0.5
+    c = r.random((4,)) < 0.5
+    d = r.random((3, 1)) < 0.5
+    case("logical_not", [("a", a)], "output y = logical_not(a)", [~a])
+    case("logical_and", [("a", a), ("b", b)],
+         "output y = logical_and(a, b)", [a & b])
+    case("logical_or", [("a", a), ("b", b)], "output y = logical_or(a, b)",
+         [a | b])
+    case("logical_xor", [("a", a), ("b", b)],
+         "output y = logical_xor(a, b)", [a ^ b])
+    case("logical_bcast", [("a", a), ("c", c), ("d", d)],
+         "output y = logical_and(a, c)\noutput z = logical_or(c, d)\n"
+         "output w = logical_xor(d, a)",
+         [a & c, c | d, d ^ a])
+    case("logical_truth_table",
+         [("a", np.array([False, False, True, True])),
+          ("b", np.array([False, True, False, True]))],
+         "output y = logical_and(a, b)\noutput z = logical_or(a, b)\n"
+         "output w = logical_xor(a, b)\noutput v = logical_not(b)",
+         [np.array([0, 0, 0, 1], bool), np.array([0, 1, 1, 1], bool),
+          np.array([0, 1, 1, 0], bool), np.array([1, 0, 1, 0], bool)])
+    x = randn(r, (3, 4))
+    yv = randn(r, (3, 4))
+    case("logical_of_cmps", [("x", x), ("y", yv)],
+         "output m = logical_and(x > 0, logical_not(y > x))\n"
+         "output n = where(logical_xor(x < 0, y < 0), x, y)",
+         [(x > 0) & ~(yv > x), np.where((x < 0) ^ (yv < 0), x, yv)])
+    # mod: the result takes the divisor's sign (fmod=0) or the dividend's
+    a = np.array([5.5, -5.5, 5.5, -5.5, 7.0, -7.0, 0.0, 1.25, -0.75, 6.0],
+                 np.float32)
+    b = np.array([2.0, 2.0, -2.0, -2.0, 3.5, 3.0, 2.0, 0.5, 0.5, -4.0],
+                 np.float32)
+    for name, fm, src in [("mod_f32_default", 0, ""),
+                          ("mod_f32_fmod0", 0, ", fmod=0"),
+                          ("mod_f32_fmod1", 1, ", fmod=1"),
+                          ("mod_f32_fmod_true", 1, ", fmod=true")]:
+        case(name, [("a", a), ("b", b)], "output y = mod(a, b%s)" % src,
+             [f32(mod_ref(a, b, fm))])
+    r = rng_for("mod_rand")
+    ar = randn(r, (4, 5), scale=10.0)
+    br = (unif(r, (5,), 0.5, 3.0, np.float64) *
+                np.where(r.random(5) < 0.5, -1, 1)).astype(np.float32)
+    for fm in [0, 1]:
+        case("mod_f32_bcast_fmod%d" % fm, [("a", ar), ("b", br)],
+             "output y = mod(a, b, fmod=%d)" % fm,
+             [f32(mod_ref(ar, br[None, :], fm))])
+        a64 = randn(r, (3, 4), np.float64, 20.0)
+        b64 = np.float64(-2.75)
+        case("mod_f64_literal_fmod%d" % fm, [("a", a64)],
+             "output y = mod(a, -2.75, fmod=%d)" % fm,
+             [mod_ref(a64, b64, fm)])
+        # numpy.mod / numpy.fmod agree with the definitions
+        assert np.allclose(mod_ref(ar, br[None, :], fm),
+                           (np.fmod if fm else np.mod)(
+                               ar.astype(np.float64), br.astype(np.float64)))
+    ai = np.array([7, -7, 7, -7, 0, 6, -6, 13, -13, 1], np.int32)
+    bi = np.array([3, 3, -3, -3, 5, 3, -3, 1, -1, -5], np.int32)
+    py = np.array([x % y for x, y in zip(ai.tolist(), bi.tolist())], np.int32)
+    cfm = np.array([int(math.fmod(x, y)) for x, y in
+                    zip(ai.tolist(), bi.tolist())], np.int32)
+    case("mod_i32_fmod0", [("a", ai), ("b", bi)], "output y = mod(a, b)",
+         [py])
+    case("mod_i32_fmod1", [("a", ai), ("b", bi)],
+         "output y = mod(a, b, fmod=1)", [cfm])
+    assert (mod_ref(ai, bi, 0) == py).all() and \
+        (mod_ref(ai, bi, 1) == cfm).all()
+    r = rng_for("mod_int")
+    for dt in [np.int8, np.int16, np.int64]:
+        ax = randint(r, (3, 4), -50, 50, dt)
+        bx = randint(r, (4,), 1, 9, dt) * np.where(r.random(4) < 0.5, -1,
+                                                   1).astype(dt)
+        for fm in [0, 1]:
+            case("mod_%s_fmod%d" % (DT[np.dtype(dt)], fm),
+                 [("a", ax), ("b", bx)],
+                 "output y = mod(a, b, fmod=%d)" % fm,
+                 [mod_ref(ax, bx, fm).astype(dt)])
+    for dt in [np.uint8, np.uint16, np.uint32, np.uint64]:
+        ax = randint(r, (2, 5), 0, 250, dt)
+        bx = randint(r, (2, 5), 1, 17, dt)
+        case("mod_" + DT[np.dtype(dt)], [("a", ax), ("b", bx)],
+             "output y = mod(a, b)", [ax % bx])
+    xi = randint(r, (6,), -20, 20, np.int64)
+    case("mod_i64_literal", [("x", xi)],
+         "output y = mod(x, 7)\noutput z = mod(x, -7, fmod=1)",
+         [mod_ref(xi, 7, 0).astype(np.int64),
+          mod_ref(xi, -7, 1).astype(np.int64)])
+    big = np.array([2 ** 31 - 1, -2 ** 31, -2 ** 31, 1], np.int32)
+    case("mod_i32_extremes", [("a", big),
+                              ("b", np.array([-1, -1, 7, -2 ** 31],
+                                             np.int32))],
+         "output y = mod(a, b)\noutput z = mod(a, b, fmod=1)",
+         [mod_ref(big, np.array([-1, -1, 7, -2 ** 31]), 0).astype(np.int32),
+          mod_ref(big, np.array([-1, -1, 7, -2 ** 31]), 1).astype(np.int32)])
+    xsp = np.array([inf, -inf, nan, 3.0, 3.0, -0.0], np.float32)
+    ysp = np.array([2.0, 2.0, 2.0, inf, -inf, 5.0], np.float32)
+    for fm in [0, 1]:
+        case("mod_f32_special_fmod%d" % fm, [("a", xsp), ("b", ysp)],
+             "output y = mod(a, b, fmod=%d)" % fm,
+             [f32(mod_ref(xsp, ysp, fm))])
+    case("mod_i32_by_zero", [("a", ai), ("b", bi * 0)],
+         "output y = mod(a, b)", [], error="modulo by zero")
+    # bitshift on the unsigned integers
+    r = rng_for("bitshift")
+    for dt, bits in [(np.uint8, 8), (np.uint16, 16), (np.uint32, 32),
+                     (np.uint64, 64)]:
+        tn = DT[np.dtype(dt)]
+        x = randint(r, (3, 4), 0, 200, dt)
+        s = randint(r, (4,), 0, bits + 3, dt)
+        s[0], s[1] = 0, bits
+        for d in ["left", "right"]:
+            case("bitshift_%s_%s" % (tn, d), [("x", x), ("s", s)],
+                 'output y = bitshift(x, s, direction="%s")' % d,
+                 [bitshift_ref(x, s, d == "left", bits).astype(dt)])
+    xb = np.array([0xff, 0x80, 0x01, 0x3c], np.uint8)
+    case("bitshift_u8_literal", [("x", xb)],
+         "output y = bitshift(x, 3, direction=left)\n"
+         "output z = bitshift(x, 2, direction=right)",
+         [np.array([0xf8, 0x00, 0x08, 0xe0], np.uint8),
+          np.array([0x3f, 0x20, 0x00, 0x0f], np.uint8)])
+    x64 = np.array([1, (1 << 40) + 5, 0xffff, 3], np.uint64)
+    s64 = np.array([63, 20, 48, 64], np.uint64)
+    case("bitshift_u64_high", [("x", x64), ("s", s64)],
+         "output y = bitshift(x, s, direction=left)",
+         [bitshift_ref(x64, s64, True, 64).astype(np.uint64)])
+    # det
+    r = rng_for("det")
+    for shp, dt in [((3, 3), np.float32), ((2, 4, 4), np.float32),
+                    ((2, 2, 2), np.float64), ((1, 1), np.float32),
+                    ((3, 5, 5), np.float64)]:
+        x = randn(r, shp, dt)
+        name = "det_%s_%s" % ("x".join(map(str, shp)), DT[np.dtype(dt)])
+        exp = det_ref(x)
+        assert np.allclose(exp, np.linalg.det(x.astype(np.float64)))
+        case(name, [("x", x)], "output y = det(x)", [as_dt(exp, dt)],
+             tol={"rtol": 1e-5, "atol": 1e-5} if dt == np.float32 else None)
+    xs = np.array([[[1, 2], [2, 4]], [[0, 1], [1, 0]], [[0, 0], [0, 3]]],
+                  np.float32)
+    case("det_singular_perm", [("x", xs)], "output y = det(x)",
+         [np.array([0, -1, 0], np.float32)])
+    xe = np.zeros((2, 0, 0), np.float32)
+    case("det_empty_matrix", [("x", xe)], "output y = det(x)",
+         [np.ones(2, np.float32)])
+
+
+# --------------------------------------------------------------------------
+# ONNX-coverage ops, nn family (ir/ops_ext_nn.def): conv_transpose2d,
+# resize, nll_loss
+
+def conv_transpose2d_ref(x, w, b=None, strides=(1, 1), pads=(0, 0, 0, 0),
+                         dilations=(1, 1), groups=1, output_padding=(0, 0)):
+    """Direct loops: input pixel (h, v) of channel c adds x * w[c, m, i, j]
+    to output (h*sh + i*dh - pad_top, v*sw + j*dw - pad_left) of channel
+    g*M/groups + m."""
+    x = np.asarray(x, np.float64)
+    w = np.asarray(w, np.float64)
+    n, c, h, wd = x.shape
+    cw, mg, kh, kw = w.shape
+    assert cw == c and c % groups == 0
+    cg = c // groups
+    sh, sw = strides
+    dh, dw = dilations
+    oh = sh * (h - 1) + output_padding[0] + dh * (kh - 1) + 1 - pads[0] - pads[2]
+    ow = sw * (wd - 1) + output_padding[1] + dw * (kw - 1) + 1 - pads[1] - pads[3]
+    out = np.zeros((n, mg * groups, oh, ow))
+    for ci in range(c):
+        g = ci // cg
+        for m in range(mg):
+            for i in range(kh):
+                for j in range(kw):
+                    for hh in range(h):
+                        y = hh * sh + i * dh - pads[0]
+                        if not 0 <= y < oh:
+                            continue
+                        for vv in range(wd):
+                            z = vv * sw + j * dw - pads[1]
+                            if 0 <= z < ow:
+                                out[:, g * mg + m, y, z] += \
+                                    x[:, ci, hh, vv] * w[ci, m, i, j]
+    if b is not None:
+        out += np.asarray(b, np.float64)[None, :, None, None]
+    return out
+
+
+def resize_coord(mode, o, size_in, size_out, scale, roi0=0.0, roi1=1.0):
+    """ONNX Resize's coordinate transform of output index o (float64)."""
+    width = scale * size_in  # the fractional output length
+    if mode == "half_pixel":
+        return (o + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        adj = size_out / width
+        center = size_in / 2.0
+        return center * (1 - adj) + (o + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (o + 0.5) / scale - 0.5 if size_out > 1 else 0.0
+    if mode == "align_corners":
+        return 0.0 if size_out == 1 else o * (size_in - 1) / (width - 1)
+    if mode == "asymmetric":
+        return o / scale
+    if mode == "tf_half_pixel_for_nn":
+        return (o + 0.5) / scale
+    assert mode == "tf_crop_and_resize"
+    if size_out > 1:
+        return roi0 * (size_in - 1) + o * (roi1 - roi0) * (size_in - 1) / \
+            (size_out - 1)
+    return 0.5 * (roi0 + roi1) * (size_in - 1)
+
+
+def cubic_weights(t, a):
+    """Keys' cubic convolution weights of the taps at distances 1+t, t,
+    1-t, 2-t (ONNX's formulas)."""
+    def k(d):
+        d = abs(d)
+        if d <= 1:
+            return ((a + 2) * d - (a + 3)) * d * d + 1
+        if d < 2:
+            return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+        return 0.0
+    return [k(1 + t), k(t), k(1 - t), k(2 - t)]
+
+
+def resize_matrix(n_in, n_out, scale, coord, mode, nearest_mode, a=-0.75,
+                  exclude_outside=0, roi0=0.0, roi1=1.0):
+    """[n_out, n_in] interpolation weights of one axis; a row of NaN marks
+    a tf_crop_and_resize point outside the input."""
+    m = np.zeros((n_out, n_in))
+    for o in range(n_out):
+        x = resize_coord(coord, o, n_in, n_out, scale, roi0, roi1)
+        if coord == "tf_crop_and_resize" and not 0 <= x <= n_in - 1:
+            m[o] = np.nan
+            continue
+        fl = math.floor(x)
+        t = x - fl
+        if mode == "nearest":
+            if t == 0:
+                taps = [(fl, 1.0)]
+            else:
+                up = {"round_prefer_floor": t > 0.5,
+                      "round_prefer_ceil": t >= 0.5,
+                      "floor": False, "ceil": True}[nearest_mode]
+                taps = [(fl + 1 if up else fl, 1.0)]
+        elif mode == "linear":
+            taps = [(fl, 1.0 - t), (fl + 1, t)]
+        else:
+            taps = list(zip(range(fl - 1, fl + 3), cubic_weights(t, a)))
+        if exclude_outside:
+            taps = [(i, wt) for i, wt in taps if 0 <= i < n_in]
+            s = sum(wt for _, wt in taps)
+            taps = [(i, wt / s) for i, wt in taps]
+        for i, wt in taps:
+            m[o, min(max(i, 0), n_in - 1)] += wt
+    return m
+
+
+def resize_ref(x, sizes, scales=None, mode="nearest", coord="half_pixel",
+               nearest_mode="round_prefer_floor", a=-0.75, exclude_outside=0,
+               roi=None, extrapolation=0.0):
+    y = np.asarray(x, np.float64)
+    rank = y.ndim
+    outside = np.zeros(tuple(sizes), bool)
+    for d in range(rank):
+        sc = scales[d] if scales is not None else sizes[d] / x.shape[d]
+        r0, r1 = (roi[d], roi[rank + d]) if roi is not None else (0.0, 1.0)
+        m = resize_matrix(x.shape[d], sizes[d], sc, coord, mode,
+                          nearest_mode, a, exclude_outside, r0, r1)
+        bad = np.isnan(m[:, 0])
+        sh = [1] * rank
+        sh[d] = sizes[d]
+        outside |= bad.reshape(sh)
+        m[bad] = 0.0
+        y = np.moveaxis(np.tensordot(m, y, axes=([1], [d])), 0, d)
+    return np.where(outside, extrapolation, y)
+
+
+def nll_loss_ref(x, t, w=None, reduction="mean", ignore_index=None):
+    x = np.asarray(x, np.float64)
+    n, c = x.shape[:2]
+    t = np.asarray(t, np.int64)
+    loss = np.zeros(t.shape)
+    wts = np.zeros(t.shape)
+    for i in np.ndindex(t.shape):
+        cls = int(t[i])
+        if ignore_index is not None and cls == ignore_index:
+            continue
+        wt = 1.0 if w is None else float(w[cls])
+        loss[i] = -x[(i[0], cls) + i[1:]] * wt
+        wts[i] = wt
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / wts.sum()
+
+
+def gen_ext_nn():
+    # conv_transpose2d against direct loops
+    ct = [
+        # name, x shape, w shape, attrs source, kwargs, bias
+        ("basic", (1, 2, 3, 3), (2, 3, 2, 2), "", {}, False),
+        ("bias", (2, 3, 4, 3), (3, 2, 3, 3), "", {}, True),
+        ("stride2", (1, 2, 3, 4), (2, 2, 3, 3), ", strides=[2, 2]",
+         dict(strides=(2, 2)), True),
+        ("stride21_pads", (1, 2, 4, 4), (2, 3, 3, 3),
+         ", strides=[2, 1], pads=[1, 0, 1, 2]",
+         dict(strides=(2, 1), pads=(1, 0, 1, 2)), False),
+        ("outpad", (1, 1, 3, 3), (1, 2, 3, 3),
+         ", strides=[2, 3], pads=[1, 1, 1, 1], output_padding=[1, 2]",
+         dict(strides=(2, 3), pads=(1, 1, 1, 1), output_padding=(1, 2)),
+         True),
+        ("groups2", (2, 4, 3, 3), (4, 3, 2, 2), ", groups=2",
+         dict(groups=2), True),
+        ("groups_depthwise", (1, 3, 4, 4), (3, 1, 3, 3),
+         ", groups=3, strides=[2, 2], pads=[1, 1, 0, 0]",
+         dict(groups=3, strides=(2, 2), pads=(1, 1, 0, 0)), False),
+        ("dilation", (1, 2, 3, 3), (2, 2, 3, 2),
+         ", dilations=[2, 3]", dict(dilations=(2, 3)), False),
+        ("all", (2, 4, 3, 4), (4, 1, 3, 2),
+         ", strides=[2, 2], pads=[2, 1, 0, 1], dilations=[1, 2], groups=2, "
+         "output_padding=[1, 1]",
+         dict(strides=(2, 2), pads=(2, 1, 0, 1), dilations=(1, 2), groups=2,
+              output_padding=(1, 1)), True),
+        ("negpad", (1, 2, 2, 3), (2, 2, 2, 2), ", pads=[-1, 0, 1, -2]",
+         dict(pads=(-1, 0, 1, -2)), False),
+        ("k1_stride3", (1, 2, 3, 2), (2, 2, 1, 1), ", strides=[3, 3]",
+         dict(strides=(3, 3)), True),
+    ]
+    for name, xs, ws, src, kw, has_b in ct:
+        name = "conv_transpose2d_" + name
+        r = rng_for(name)
+        x, w = randn(r, xs), randn(r, ws)
+        ins = [("x", x), ("w", w)]
+        b = None
+        if has_b:
+            b = randn(r, (ws[1] * kw.get("groups", 1),))
+            ins.append(("b", b))
+        case(name, ins, "output y = conv_transpose2d(%s%s)" % (
+            ", ".join(n for n, _ in ins), src),
+            [f32(conv_transpose2d_ref(x, w, b, **kw))],
+            tol={"rtol": 1e-5, "atol": 1e-5})
+    r = rng_for("conv_transpose2d_f64")
+    x, w = randn(r, (1, 2, 3, 3), np.float64), randn(r, (2, 2, 3, 3),
+                                                     np.float64)
+    case("conv_transpose2d_f64", [("x", x), ("w", w)],
+         "output y = conv_transpose2d(x, w, strides=[2, 2], "
+         "pads=[1, 1, 1, 1], output_padding=[1, 1])",
+         [conv_transpose2d_ref(x, w, strides=(2, 2), pads=(1, 1, 1, 1),
+                               output_padding=(1, 1))])
+    # conv_transpose2d is the adjoint of conv2d: <conv2d(u, w), v> ==
+    # <u, conv_transpose2d(v, w)> (checked on the reference, then one case)
+    x = randn(r, (1, 3, 5, 5))
+    w = randn(r, (2, 3, 3, 3))
+    v = randn(r, (1, 2, 2, 2))
+    lhs = (conv2d(x, w, strides=(2, 2), pads=(1, 1, 0, 0)) * v).sum()
+    rhs = (x * conv_transpose2d_ref(v, w, strides=(2, 2), pads=(1, 1, 0, 0),
+                                    output_padding=(1, 1))).sum()
+    assert abs(lhs - rhs) < 1e-9 * max(1, abs(lhs)), (lhs, rhs)
+    case("conv_transpose2d_f16", [("x", v.astype(np.float16)),
+                                  ("w", w.astype(np.float16))],
+         "output y = conv_transpose2d(x, w, strides=[2, 2], "
+         "pads=[1, 1, 0, 0])",
+         [as_dt(conv_transpose2d_ref(v.astype(np.float16),
+                                     w.astype(np.float16), strides=(2, 2),
+                                     pads=(1, 1, 0, 0)), np.float16)],
+         tol={"rtol": 1e-3, "atol": 2e-3})
+
+    # resize, from ONNX's formulas
+    r = rng_for("resize")
+    x4 = randn(r, (1, 2, 3, 4))
+    x2 = randn(r, (4, 5))
+    rs = [
+        # name, x, sizes, attrs, kwargs
+        ("nearest_default_up", x4, (1, 2, 6, 8), "", {}),
+        ("nearest_default_down", x2, (2, 3), "", {}),
+        ("nearest_odd_up", x2, (7, 8), "", {}),
+        ("nearest_asym_floor", x4, (1, 2, 5, 7),
+         ', coordinate_transformation_mode="asymmetric", nearest_mode=floor',
+         dict(coord="asymmetric", nearest_mode="floor")),
+        ("nearest_align_ceil", x2, (7, 3),
+         ", coordinate_transformation_mode=align_corners, "
+         "nearest_mode=round_prefer_ceil",
+         dict(coord="align_corners", nearest_mode="round_prefer_ceil")),
+        ("nearest_halfpix_prefer_ceil", x2, (8, 10),
+         ", nearest_mode=round_prefer_ceil",
+         dict(nearest_mode="round_prefer_ceil")),
+        ("nearest_tf_half_pixel", x2, (6, 3),
+         ", coordinate_transformation_mode=tf_half_pixel_for_nn",
+         dict(coord="tf_half_pixel_for_nn")),
+        ("nearest_ceil_down", x2, (3, 2), ', nearest_mode="ceil"',
+         dict(nearest_mode="ceil")),
+        ("linear_halfpix_up", x4, (1, 2, 7, 9), ", mode=linear",
+         dict(mode="linear")),
+        ("linear_halfpix_down", x2, (3, 2), ', mode="linear"',
+         dict(mode="linear")),
+        ("linear_align", x4, (1, 2, 5, 6),
+         ", mode=linear, coordinate_transformation_mode=align_corners",
+         dict(mode="linear", coord="align_corners")),
+        ("linear_asym", x2, (6, 7),
+         ", mode=linear, coordinate_transformation_mode=asymmetric",
+         dict(mode="linear", coord="asymmetric")),
+        ("linear_pytorch", x2, (1, 9),
+         ", mode=linear, coordinate_transformation_mode=pytorch_half_pixel",
+         dict(mode="linear", coord="pytorch_half_pixel")),
+        ("linear_pytorch_down", x2, (3, 3),
+         ", mode=linear, coordinate_transformation_mode=pytorch_half_pixel",
+         dict(mode="linear", coord="pytorch_half_pixel")),
+        ("cubic_halfpix", x2, (7, 9), ", mode=cubic", dict(mode="cubic")),
+        ("cubic_a05_exclude", x2, (6, 8),
+         ", mode=cubic, cubic_coeff_a=-0.5, exclude_outside=1",
+         dict(mode="cubic", a=-0.5, exclude_outside=1)),
+        ("cubic_align_down", x2, (3, 4),
+         ", mode=cubic, coordinate_transformation_mode=align_corners",
+         dict(mode="cubic", coord="align_corners")),
+        ("linear_scales", x2, (6, 8),
+         ", mode=linear, scales=[1.7, 1.7]",
+         dict(mode="linear", scales=(1.7, 1.7))),
+        ("linear_symmetric_scales", x2, (6, 8),
+         ", mode=linear, scales=[1.7, 1.7], "
+         "coordinate_transformation_mode=half_pixel_symmetric",
+         dict(mode="linear", scales=(1.7, 1.7),
+              coord="half_pixel_symmetric")),
+        ("nearest_symmetric_scales", x2, (6, 12),
+         ", scales=[1.6, 2.5], "
+         "coordinate_transformation_mode=half_pixel_symmetric",
+         dict(scales=(1.6, 2.5), coord="half_pixel_symmetric")),
+        ("crop_linear", x2, (3, 4),
+         ", mode=linear, coordinate_transformation_mode=tf_crop_and_resize, "
+         "roi=[0.2, 0.1, 0.9, 0.8]",
+         dict(mode="linear", coord="tf_crop_and_resize",
+              roi=(0.2, 0.1, 0.9, 0.8))),
+        ("crop_extrapolate", x2, (4, 5),
+         ", mode=linear, coordinate_transformation_mode=tf_crop_and_resize, "
+         "roi=[-0.3, 0.4, 1.2, 1.5], extrapolation_value=9.5",
+         dict(mode="linear", coord="tf_crop_and_resize",
+              roi=(-0.3, 0.4, 1.2, 1.5), extrapolation=9.5)),
+        ("crop_nearest_default_roi", x2, (3, 7),
+         ", coordinate_transformation_mode=tf_crop_and_resize",
+         dict(coord="tf_crop_and_resize")),
+        ("identity", x4, (1, 2, 3, 4), ", mode=cubic", dict(mode="cubic")),
+    ]
+    for name, x, sizes, src, kw in rs:
+        name = "resize_" + name
+        exp = resize_ref(x, sizes, **kw)
+        case(name, [("x", x)], "output y = resize(x, sizes=%s%s)" % (
+            klist(sizes), src), [f32(exp)], tol={"rtol": 1e-5, "atol": 1e-5})
+    # linear resize by an integer factor matches a hand-written lerp
+    xx = np.array([[0.0, 4.0, 8.0]], np.float32)
+    case("resize_linear_1d_hand", [("x", xx)],
+         "output y = resize(x, sizes=[1, 6], mode=linear)",
+         [np.array([[0, 1, 3, 5, 7, 8]], np.float32)])
+    xi = randint(r, (2, 3), -9, 9, np.int32)
+    case("resize_nearest_i32", [("x", xi)],
+         "output y = resize(x, sizes=[4, 7])",
+         [resize_ref(xi, (4, 7)).astype(np.int32)])
+    xu = randint(r, (1, 3, 2), 0, 255, np.uint8)
+    case("resize_nearest_u8", [("x", xu)],
+         "output y = resize(x, sizes=[1, 6, 5], "
+         "coordinate_transformation_mode=asymmetric, nearest_mode=floor)",
+         [resize_ref(xu, (1, 6, 5), coord="asymmetric",
+                     nearest_mode="floor").astype(np.uint8)])
+    x64 = randn(r, (3, 4), np.float64)
+    case("resize_linear_f64", [("x", x64)],
+         "output y = resize(x, sizes=[5, 7], mode=linear, "
+         "coordinate_transformation_mode=align_corners)",
+         [resize_ref(x64, (5, 7), mode="linear", coord="align_corners")])
+
+    # nll_loss
+    r = rng_for("nll_loss")
+    x = f32(log_softmax(randn(r, (6, 5), np.float64, 2.0), axis=1))
+    t = randint(r, (6,), 0, 5, np.int64)
+    t[2] = t[4] = 3
+    w = unif(r, (5,), 0.2, 2.0)
+    for red in ["mean", "sum", "none"]:
+        src = "" if red == "mean" else ", reduction=%s" % red
+        case("nll_loss_" + red, [("x", x), ("t", t)],
+             "output y = nll_loss(x, t%s)" % src,
+             [f32(nll_loss_ref(x, t, None, red))])
+        case("nll_loss_weight_" + red, [("x", x), ("t", t), ("w", w)],
+             "output y = nll_loss(x, t, w%s)" % src,
+             [f32(nll_loss_ref(x, t, w, red))])
+        case("nll_loss_ignore_" + red, [("x", x), ("t", t), ("w", w)],
+             "output y = nll_loss(x, t, w, ignore_index=3%s)" % src,
+             [f32(nll_loss_ref(x, t, w, red, 3))])
+    tn = t.copy()
+    tn[[0, 5]] = -100
+    case("nll_loss_ignore_neg", [("x", x), ("t", tn)],
+         "output y = nll_loss(x, t, ignore_index=-100)\n"
+         'output z = nll_loss(x, t, reduction="none", ignore_index=-100)',
+         [f32(nll_loss_ref(x, tn, None, "mean", -100)),
+          f32(nll_loss_ref(x, tn, None, "none", -100))])
+    x4 = f32(log_softmax(randn(r, (2, 4, 3, 2), np.float64), axis=1))
+    t4 = randint(r, (2, 3, 2), 0, 4, np.int32)
+    t4[0, 1, 1] = 2
+    w4 = unif(r, (4,), 0.5, 1.5)
+    for red in ["mean", "none"]:
+        case("nll_loss_4d_" + red, [("x", x4), ("t", t4), ("w", w4)],
+             "output y = nll_loss(x, t, w, reduction=%s, ignore_index=2)"
+             % red, [f32(nll_loss_ref(x4, t4, w4, red, 2))])
+    x3 = randn(r, (3, 4, 5), np.float64)
+    t3 = randint(r, (3, 5), 0, 4, np.int64)
+    case("nll_loss_3d_f64", [("x", x3), ("t", t3)],
+         "output y = nll_loss(x, t, reduction=sum)",
+         [nll_loss_ref(x3, t3, None, "sum")])
+    # nll_loss of log_softmax is cross_entropy
+    logits = randn(r, (4, 6))
+    lab = randint(r, (4,), 0, 6, np.int64)
+    case("nll_loss_of_log_softmax", [("x", logits), ("t", lab)],
+         "output y = nll_loss(log_softmax(x, axis=1), t)",
+         [f32(cross_entropy(logits, lab, axis=1))],
+         tol={"rtol": 1e-5, "atol": 1e-6})
+    # every item ignored: the mean is 0/0
+    tz = np.full((6,), 1, np.int64)
+    case("nll_loss_all_ignored", [("x", x), ("t", tz)],
+         "output y = nll_loss(x, t, ignore_index=1)\n"
+         "output z = nll_loss(x, t, ignore_index=1, reduction=sum)",
+         [np.float32(np.nan), np.float32(0.0)])
+    tb = t.copy()
+    tb[1] = 5
+    case("nll_loss_target_oob", [("x", x), ("t", tb)],
+         "output y = nll_loss(x, t)", [], error="out of range")
+    case("nll_loss_ignore_oob_ok", [("x", x), ("t", tb)],
+         "output y = nll_loss(x, t, reduction=none, ignore_index=5)",
+         [f32(nll_loss_ref(x, tb, None, "none", 5))])
+
+
+# --------------------------------------------------------------------------
+# ONNX-coverage ops, tensor family (ir/ops_ext_tensor.def): gather_elements,
+# gather_nd, scatter_elements, scatter_nd, cumsum, argmin, topk
+
+def gather_elements_ref(x, idx, axis):
+    axis %= x.ndim
+    out = np.empty(idx.shape, x.dtype)
+    for i in np.ndindex(idx.shape):
+        j = list(i)
+        j[axis] = int(idx[i]) % x.shape[axis]
+        out[i] = x[tuple(j)]
+    return out
+
+
+def combine(red, old, v):
+    if red == "none":
+        return v
+    if red == "add":
+        return old + v
+    if red == "mul":
+        return old * v
+    if red == "max":
+        return max(old, v)
+    return min(old, v)
+
+
+def scatter_elements_ref(x, idx, upd, axis, red="none"):
+    """Updates applied in row-major order of indices (the last of repeated
+    indices wins with "none")."""
+    axis %= x.ndim
+    y = x.copy()
+    for i in np.ndindex(idx.shape):
+        j = list(i)
+        j[axis] = int(idx[i]) % x.shape[axis]
+        j = tuple(j)
+        y[j] = combine(red, y[j], upd[i])
+    return y
+
+
+def gather_nd_ref(x, idx, batch_dims=0):
+    b = batch_dims
+    m = idx.shape[-1]
+    out = np.empty(idx.shape[:-1] + x.shape[b + m:], x.dtype)
+    for i in np.ndindex(idx.shape[:-1]):
+        t = tuple(int(v) % x.shape[b + k] for k, v in enumerate(idx[i]))
+        out[i] = x[i[:b] + t]
+    return out
+
+
+def scatter_nd_ref(x, idx, upd, red="none"):
+    m = idx.shape[-1]
+    y = x.copy()
+    for i in np.ndindex(idx.shape[:-1]):
+        t = tuple(int(v) % x.shape[k] for k, v in enumerate(idx[i]))
+        for s in np.ndindex(x.shape[m:]):
+            y[t + s] = combine(red, y[t + s], upd[i + s])
+    return y
+
+
+def cumsum_ref(x, axis=0, exclusive=0, reverse=0):
+    """Sequential running sums along axis, in float64 for floats and exact
+    Python integers (wrapped to the dtype) for integers."""
+    axis %= x.ndim
+    xs = np.moveaxis(x, axis, -1)
+    out = np.empty(xs.shape, object)
+    ints = np.issubdtype(x.dtype, np.integer)
+    for i in np.ndindex(xs.shape[:-1]):
+        n = xs.shape[-1]
+        order = range(n - 1, -1, -1) if reverse else range(n)
+        acc = 0 if ints else 0.0
+        for k in order:
+            v = int(xs[i + (k,)]) if ints else float(xs[i + (k,)])
+            if not exclusive:
+                acc += v
+            out[i + (k,)] = acc
+            if exclusive:
+                acc += v
+    out = np.moveaxis(out, -1, axis)
+    if ints:
+        bits = x.dtype.itemsize * 8
+        half = 1 << (bits - 1)
+        wrap = (lambda v: (v + half) % (1 << bits) - half) \
+            if x.dtype.kind == "i" else (lambda v: v % (1 << bits))
+        return np.array([wrap(v) for v in out.ravel()],
+                        x.dtype).reshape(out.shape)
+    return out.astype(np.float64)
+
+
+def topk_ref(x, k, axis=-1, largest=1):
+    """Ranks each row with Python's sort: NaN first (largest) or last
+    (smallest), ties by lower index."""
+    axis %= x.ndim
+    xs = np.moveaxis(x, axis, -1)
+    vals = np.empty(xs.shape[:-1] + (k,), x.dtype)
+    idxs = np.empty(xs.shape[:-1] + (k,), np.int64)
+    for i in np.ndindex(xs.shape[:-1]):
+        row = [(float(v), j) for j, v in enumerate(xs[i])]
+        if largest:
+            key = lambda p: (0 if math.isnan(p[0]) else 1,
+                             0.0 if math.isnan(p[0]) else -p[0], p[1])
+        else:
+            key = lambda p: (1 if math.isnan(p[0]) else 0,
+                             0.0 if math.isnan(p[0]) else p[0], p[1])
+        best = sorted(row, key=key)[:k]
+        for q, (_, j) in enumerate(best):
+            vals[i + (q,)] = xs[i + (j,)]
+            idxs[i + (q,)] = j
+    return np.moveaxis(vals, -1, axis), np.moveaxis(idxs, -1, axis)
+
+
+def gen_ext_tensor():
+    # gather_elements
+    r = rng_for("gather_elements")
+    x = randn(r, (3, 4))
+    i0 = randint(r, (2, 4), -3, 3, np.int64)
+    case("gather_elements_axis0_neg", [("x", x), ("i", i0)],
+         "output y = gather_elements(x, i)", [gather_elements_ref(x, i0, 0)])
+    i1 = randint(r, (3, 6), -4, 4, np.int32)
+    case("gather_elements_axis1_i32", [("x", x), ("i", i1)],
+         "output y = gather_elements(x, i, axis=1)",
+         [gather_elements_ref(x, i1, 1)])
+    i2 = randint(r, (2, 2), -4, 4, np.int64)
+    case("gather_elements_smaller", [("x", x), ("i", i2)],
+         "output y = gather_elements(x, i, axis=-1)",
+         [gather_elements_ref(x, i2, 1)])
+    x3 = randint(r, (2, 3, 4), -50, 50, np.int64)
+    i3 = randint(r, (2, 5, 3), -3, 3, np.int64)
+    case("gather_elements_3d_axis1_i64", [("x", x3), ("i", i3)],
+         "output y = gather_elements(x, i, axis=1)",
+         [gather_elements_ref(x3, i3, 1)])
+    i3b = randint(r, (1, 3, 4), -2, 2, np.int32)
+    case("gather_elements_3d_axis0", [("x", x3), ("i", i3b)],
+         "output y = gather_elements(x, i, axis=-3)",
+         [gather_elements_ref(x3, i3b, 0)])
+    xb = r.random((3, 3)) < 0.5
+    ib = randint(r, (3, 3), 0, 3, np.int64)
+    case("gather_elements_bool", [("x", xb), ("i", ib)],
+         "output y = gather_elements(x, i, axis=1)",
+         [gather_elements_ref(xb, ib, 1)])
+    xu = randint(r, (4, 2), 0, 60000, np.uint16)
+    iu = randint(r, (3, 2), 0, 4, np.int64)
+    case("gather_elements_u16", [("x", xu), ("i", iu)],
+         "output y = gather_elements(x, i)", [gather_elements_ref(xu, iu, 0)])
+    # matches numpy.take_along_axis on full-size indices
+    assert (gather_elements_ref(x, i1 % 4, 1) ==
+            np.take_along_axis(x, (i1 % 4).astype(np.int64), 1)).all()
+    case("gather_elements_oob", [("x", x), ("i", i0 * 0 + 3)],
+         "output y = gather_elements(x, i)", [], error="out of range")
+    case("gather_elements_oob_neg", [("x", x), ("i", i1 * 0 - 5)],
+         "output y = gather_elements(x, i, axis=1)", [], error="out of range")
+
+    # scatter_elements
+    r = rng_for("scatter_elements")
+    x = randn(r, (3, 5))
+    # a permutation per column: no repeats
+    perm = np.stack([r.permutation(3) for _ in range(5)], axis=1)
+    ip = (perm[:2] - 3 * (r.random((2, 5)) < 0.5)).astype(np.int64)
+    u = randn(r, (2, 5))
+    case("scatter_elements_none_axis0", [("x", x), ("i", ip), ("u", u)],
+         "output y = scatter_elements(x, i, u)",
+         [scatter_elements_ref(x, ip, u, 0)])
+    idup = np.array([[0, -1, 4, 4], [2, 2, -5, 0], [1, 1, 1, 1]], np.int32)
+    ud = randn(r, (3, 4))
+    for red in ["none", "add", "mul", "max", "min"]:
+        src = "" if red == "none" else ', reduction="%s"' % red
+        case("scatter_elements_dup_%s" % red,
+             [("x", x), ("i", idup), ("u", ud)],
+             "output y = scatter_elements(x, i, u, axis=1%s)" % src,
+             [f32(scatter_elements_ref(x.astype(np.float64), idup, ud, 1,
+                                       red))])
+    x3 = randint(r, (2, 3, 4), -9, 9, np.int32)
+    i3 = randint(r, (2, 3, 2), -4, 4, np.int64)
+    u3 = randint(r, (2, 3, 2), -9, 9, np.int32)
+    for red in ["add", "max"]:
+        case("scatter_elements_3d_i32_%s" % red,
+             [("x", x3), ("i", i3), ("u", u3)],
+             "output y = scatter_elements(x, i, u, axis=-1, reduction=%s)"
+             % red, [scatter_elements_ref(x3, i3, u3, 2, red)])
+    x64 = randn(r, (4, 3), np.float64)
+    i64 = np.array([[3, 0, -1], [-4, 2, 1]], np.int64)
+    u64 = randn(r, (2, 3), np.float64)
+    case("scatter_elements_f64_mul", [("x", x64), ("i", i64), ("u", u64)],
+         "output y = scatter_elements(x, i, u, reduction=mul)",
+         [scatter_elements_ref(x64, i64, u64, 0, "mul")])
+    case("scatter_elements_oob", [("x", x64), ("i", i64 * 0 + 4),
+                                  ("u", u64)],
+         "output y = scatter_elements(x, i, u)", [], error="out of range")
+
+    # gather_nd
+    r = rng_for("gather_nd")
+    x = randn(r, (3, 4, 5))
+    gn = [
+        ("m1", np.array([[2], [0], [-1]], np.int64), 0),
+        ("m2", np.array([[[0, 1], [2, -1]], [[-3, 3], [1, 0]]], np.int64), 0),
+        ("m3_scalars", np.array([[0, 1, 2], [2, 3, 4], [-1, -1, -5]],
+                                np.int32), 0),
+        ("batch1_m1", np.array([[[3], [0]], [[1], [1]], [[-1], [2]]],
+                               np.int64), 1),
+        ("batch1_m2", np.array([[1, 4], [0, -5], [3, 2]], np.int64), 1),
+        ("batch2_m1", randint(r, (3, 4, 2, 1), -5, 5, np.int64), 2),
+        ("batch1_1d", np.array([[2], [0], [3]], np.int32), 1),
+    ]
+    for name, idx, bd in gn:
+        src = "" if bd == 0 else ", batch_dims=%d" % bd
+        case("gather_nd_" + name, [("x", x), ("i", idx)],
+             "output y = gather_nd(x, i%s)" % src,
+             [gather_nd_ref(x, idx, bd)])
+    xi = randint(r, (2, 2), -9, 9, np.int64)
+    case("gather_nd_i64_data", [("x", xi),
+                                ("i", np.array([[0, 0], [1, 1], [-1, 0]],
+                                               np.int64))],
+         "output y = gather_nd(x, i)",
+         [gather_nd_ref(xi, np.array([[0, 0], [1, 1], [-1, 0]]))])
+    case("gather_nd_oob", [("x", x), ("i", np.array([[1, 4]], np.int64))],
+         "output y = gather_nd(x, i)", [], error="out of range")
+
+    # scatter_nd
+    r = rng_for("scatter_nd")
+    x = randn(r, (4, 3, 2))
+    i1 = np.array([[2], [-4]], np.int64)
+    u1 = randn(r, (2, 3, 2))
+    case("scatter_nd_slices", [("x", x), ("i", i1), ("u", u1)],
+         "output y = scatter_nd(x, i, u)", [scatter_nd_ref(x, i1, u1)])
+    i2 = np.array([[[0, 1], [3, -1]], [[-2, 0], [1, 2]]], np.int32)
+    u2 = randn(r, (2, 2, 2))
+    case("scatter_nd_m2", [("x", x), ("i", i2), ("u", u2)],
+         "output y = scatter_nd(x, i, u)", [scatter_nd_ref(x, i2, u2)])
+    i3 = np.array([[0, 0, 0], [3, 2, 1], [-1, 1, 0]], np.int64)
+    u3 = randn(r, (3,))
+    case("scatter_nd_elements", [("x", x), ("i", i3), ("u", u3)],
+         'output y = scatter_nd(x, i, u, reduction="none")',
+         [scatter_nd_ref(x, i3, u3)])
+    idn = np.array([[1], [3], [-3], [1]], np.int64)  # 1 three times
+    un = randn(r, (4, 3, 2))
+    for red in ["add", "mul", "max", "min"]:
+        case("scatter_nd_dup_" + red, [("x", x), ("i", idn), ("u", un)],
+             "output y = scatter_nd(x, i, u, reduction=%s)" % red,
+             [f32(scatter_nd_ref(x.astype(np.float64), idn, un, red))])
+    xi = randint(r, (3, 3), -9, 9, np.int64)
+    ii = np.array([[0, 2], [0, 2], [2, 0]], np.int64)
+    ui = np.array([5, 7, -3], np.int64)
+    case("scatter_nd_i64_add", [("x", xi), ("i", ii), ("u", ui)],
+         "output y = scatter_nd(x, i, u, reduction=add)",
+         [scatter_nd_ref(xi, ii, ui, "add")])
+    case("scatter_nd_oob", [("x", x), ("i", np.array([[4]], np.int64)),
+                            ("u", u1[:1])],
+         "output y = scatter_nd(x, i, u)", [], error="out of range")
+
+    # cumsum
+    r = rng_for("cumsum")
+    x = randn(r, (3, 4))
+    for ax in [0, 1, -1]:
+        for ex in [0, 1]:
+            for rv in [0, 1]:
+                attrs = ""
+                if ax:
+                    attrs += ", axis=%d" % ax
+                if ex:
+                    attrs += ", exclusive=1"
+                if rv:
+                    attrs += ", reverse=true"
+                name = "cumsum_ax%s_ex%d_rev%d" % (
+                    str(ax).replace("-", "neg"), ex, rv)
+                case(name, [("x", x)], "output y = cumsum(x%s)" % attrs,
+                     [f32(cumsum_ref(x, ax, ex, rv))])
+    x3 = randn(r, (2, 3, 4), np.float64)
+    case("cumsum_f64_3d", [("x", x3)],
+         "output y = cumsum(x, axis=1, exclusive=1, reverse=1)",
+         [cumsum_ref(x3, 1, 1, 1)])
+    assert np.allclose(cumsum_ref(x3, 1), np.cumsum(x3, axis=1))
+    xl = unif(r, (40000,), 0.0, 1.0)
+    case("cumsum_long", [("x", xl)], "output y = cumsum(x)",
+         [f32(np.cumsum(xl.astype(np.float64)))])
+    for dt in [np.int32, np.int64, np.int8, np.int16]:
+        xi = randint(r, (2, 5), -20, 20, dt)
+        case("cumsum_" + DT[np.dtype(dt)], [("x", xi)],
+             "output y = cumsum(x, axis=1, reverse=1)",
+             [cumsum_ref(xi, 1, 0, 1)])
+    xw = np.array([100, 100, 100, -128], np.int8)
+    case("cumsum_i8_wrap", [("x", xw)], "output y = cumsum(x)",
+         [cumsum_ref(xw)])
+    xu = np.array([65535, 1, 2, 65534], np.uint16)
+    case("cumsum_u16_wrap", [("x", xu)], "output y = cumsum(x, exclusive=1)",
+         [cumsum_ref(xu, 0, 1)])
+    xu8 = randint(r, (3, 4), 0, 255, np.uint8)
+    case("cumsum_u8", [("x", xu8)], "output y = cumsum(x, axis=1)",
+         [cumsum_ref(xu8, 1)])
+    x16 = randn(r, (2, 6), np.float16)
+    case("cumsum_f16", [("x", x16)], "output y = cumsum(x, axis=-1)",
+         [as_dt(cumsum_ref(x16, -1), np.float16)],
+         tol={"rtol": 1e-3, "atol": 1e-3})
+    xn = np.array([1.0, np.inf, 2.0, np.nan, 3.0], np.float32)
+    case("cumsum_inf_nan", [("x", xn)],
+         "output y = cumsum(x)\noutput z = cumsum(x, reverse=1, exclusive=1)",
+         [f32(cumsum_ref(xn)), f32(cumsum_ref(xn, 0, 1, 1))])
+
+    # argmin
+    r = rng_for("argmin")
+    x = np.round(randn(r, (4, 5)))
+    x[1, 2] = x[3, 2] = -9.0
+    x[2, 0] = x[2, 4] = -9.0
+    case("argmin_default", [("x", x)], "output y = argmin(x)",
+         [np.argmin(x, axis=0)[None, :].astype(np.int64)])
+    case("argmin_axneg_nokeep", [("x", x)],
+         "output y = argmin(x, axis=-1, keepdims=0)",
+         [np.argmin(x, axis=-1).astype(np.int64)])
+    case("argmin_ax1_keep", [("x", x)],
+         "output y = argmin(x, axis=1, keepdims=true)",
+         [np.argmin(x, axis=1)[:, None].astype(np.int64)])
+    assert np.argmin(x[2]) == 0  # ties: the first
+    x3 = randn(r, (2, 3, 4), np.float64)
+    case("argmin_f64_3d", [("x", x3)],
+         "output y = argmin(x, axis=1, keepdims=false)",
+         [np.argmin(x3, axis=1).astype(np.int64)])
+    case("argmin_3d_keep_ax2", [("x", x3)], "output y = argmin(x, axis=2)",
+         [np.argmin(x3, axis=2)[:, :, None].astype(np.int64)])
+    xn = np.array([[3.0, np.nan, 1.0, np.nan], [2.0, -np.inf, -np.inf, 0.0],
+                   [np.nan, 5.0, -1.0, 0.0]], np.float32)
+    case("argmin_nan_inf", [("x", xn)], "output y = argmin(x, axis=1)",
+         [np.array([[1], [1], [0]], np.int64)])
+    assert (np.argmin(xn, axis=1) == [1, 1, 0]).all()
+    for dt in [np.int32, np.int64, np.uint16, np.uint8, np.int16]:
+        xi = randint(r, (3, 6), 0 if np.dtype(dt).kind == "u" else -3, 4, dt)
+        case("argmin_" + DT[np.dtype(dt)], [("x", xi)],
+             "output y = argmin(x, axis=1)",
+             [np.argmin(xi, axis=1)[:, None].astype(np.int64)])
+    x16 = randn(r, (3, 4), np.float16)
+    case("argmin_f16", [("x", x16)], "output y = argmin(x, keepdims=0)",
+         [np.argmin(x16, axis=0).astype(np.int64)])
+
+    # topk
+    r = rng_for("topk")
+    x = np.round(randn(r, (3, 7)) * 2) / 2  # repeated values: ties
+    x[0, [1, 4, 6]] = 5.0
+    x[1, [0, 3]] = -7.0
+    tk = [
+        ("largest", "k=3", dict(k=3)),
+        ("smallest", "k=4, largest=0", dict(k=4, largest=0)),
+        ("all", "k=7, axis=1", dict(k=7)),
+        ("k1", "k=1, largest=true", dict(k=1)),
+        ("k0", "k=0", dict(k=0)),
+        ("axis0", "k=2, axis=0", dict(k=2, axis=0)),
+        ("axis0_smallest", "k=3, axis=-2, largest=false",
+         dict(k=3, axis=0, largest=0)),
+        ("unsorted", "k=3, sorted=0", dict(k=3)),
+    ]
+    for name, src, kw in tk:
+        v, i = topk_ref(x, **kw)
+        case("topk_" + name, [("x", x)],
+             "let v, i = topk(x, %s)\noutput v, i" % src, [v, i])
+    # check the reference against a stable numpy sort where no NaN
+    v, i = topk_ref(x, 7)
+    assert (i == np.argsort(-x, axis=1, kind="stable")).all()
+    v, i = topk_ref(x, 7, largest=0)
+    assert (i == np.argsort(x, axis=1, kind="stable")).all()
+    xn = np.array([[1.0, np.nan, 3.0, -np.inf, np.nan, 3.0, np.inf]],
+                  np.float32)
+    for name, lg in [("nan_largest", 1), ("nan_smallest", 0)]:
+        v, i = topk_ref(xn, 5, largest=lg)
+        case("topk_" + name, [("x", xn)],
+             "let v, i = topk(x, k=5, largest=%d)\noutput v, i" % lg, [v, i])
+    x3 = randn(r, (2, 5, 3), np.float64)
+    v, i = topk_ref(x3, 2, axis=1)
+    case("topk_f64_3d_axis1", [("x", x3)],
+         "let v, i = topk(x, k=2, axis=1)\noutput v, i", [v, i])
+    for dt in [np.int32, np.int64, np.uint32, np.uint8, np.int16]:
+        lo = 0 if np.dtype(dt).kind == "u" else -5
+        xi = randint(r, (2, 8), lo, lo + 6, dt)
+        for lg in [1, 0]:
+            v, i = topk_ref(xi, 4, largest=lg)
+            case("topk_%s_%s" % (DT[np.dtype(dt)],
+                                 "largest" if lg else "smallest"),
+                 [("x", xi)],
+                 "let v, i = topk(x, k=4, largest=%d)\noutput v, i" % lg,
+                 [v, i])
+    # empty tensors
+    e = np.zeros((0, 3), np.float32)
+    case("cumsum_empty", [("x", e)], "output y = cumsum(x, exclusive=1)",
+         [e])
+    case("argmin_empty_rows", [("x", e)], "output y = argmin(x, axis=1)",
+         [np.zeros((0, 1), np.int64)])
+    case("argmin_empty_axis_error", [("x", e)], "output y = argmin(x)", [],
+         error="empty")
+    xg = randn(r, (3, 4))
+    ie = np.zeros((0, 2), np.int64)
+    case("gather_nd_empty_indices", [("x", xg), ("i", ie)],
+         "output y = gather_nd(x, i)", [np.zeros((0,), np.float32)])
+    case("scatter_nd_no_updates",
+         [("x", xg), ("i", np.zeros((0, 1), np.int64)),
+          ("u", np.zeros((0, 4), np.float32))],
+         "output y = scatter_nd(x, i, u, reduction=add)", [xg])
+    case("gather_elements_empty", [("x", xg),
+                                   ("i", np.zeros((3, 0), np.int32))],
+         "output y = gather_elements(x, i, axis=1)",
+         [np.zeros((3, 0), np.float32)])
+    # the values and indices agree with gather_elements
+    v, i = topk_ref(x, 3)
+    case("topk_then_gather_elements", [("x", x)],
+         "let v, i = topk(x, k=3)\noutput y = gather_elements(x, i, axis=1)"
+         "\noutput d = v - y", [v, np.zeros_like(v)])
+
+
+# --------------------------------------------------------------------------
 
 def main():
     if len(sys.argv) != 2:
@@ -1512,7 +2646,7 @@ def main():
     out = sys.argv[1]
     for g in [gen_unary, gen_cast, gen_binary, gen_reduce, gen_norm,
               gen_contract, gen_pool, gen_movement, gen_sources, gen_loss,
-              gen_edge]:
+              gen_edge, gen_ext_math, gen_ext_nn, gen_ext_tensor]:
         g()
     os.makedirs(out, exist_ok=True)
     for c in CASES:
