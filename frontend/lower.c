@@ -111,8 +111,8 @@ static int define(kl_parser *P, const char *name, kl_loc loc, kl_symbol s) {
 static void claim_name(kl_parser *P, kl_value *v, const char *name) {
   kl_value *holder = kl_graph_find_value(P->g, name);
   if (holder == v) return;
-  if (holder) holder->name = kl_graph_fresh_name(P->g, name);
-  v->name = kl_arena_strdup(&P->g->arena, name);
+  if (holder) kl_graph_rename_value(P->g, holder, kl_graph_fresh_name(P->g, name));
+  kl_graph_rename_value(P->g, v, name);
 }
 
 /* ---- declarations ---------------------------------------------------- */
@@ -500,12 +500,8 @@ static int bind(kl_parser *P, const char *name, kl_loc loc, kl_value *v, bool fr
   if (fresh) {
     claim_name(P, v, name);
     if (v->producer && v->producer->noutputs == 1) {
-      bool taken = false;
-      for (int i = 0; i < P->g->nodes.len; i++)
-        if (P->g->nodes.items[i] != v->producer &&
-            strcmp(P->g->nodes.items[i]->name, name) == 0)
-          taken = true;
-      if (!taken) v->producer->name = v->name;
+      kl_node *holder = kl_graph_find_node(P->g, name);
+      if (!holder) kl_graph_rename_node(P->g, v->producer, name);
     }
   }
   return 0;

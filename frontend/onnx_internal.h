@@ -47,6 +47,10 @@ struct kl_onnx_ctx {
   kl_error *err;
   kl_onnx_binding *vals;
   int nvals, capvals;
+  /* hash indexes into vals (index + 1; 0 is empty): by ONNX name (the
+   * latest binding wins) and by IR value */
+  int *by_name, *by_value;
+  int index_cap;
   const Onnx__NodeProto *node; /* the node being converted */
   const char *blocking_input;  /* a graph input a compile-time value needs */
 };

@@ -21,9 +21,51 @@ static const kl_onnx_op *find_converter(const char *op, int opset) {
 }
 
 /* ---- value bindings -------------------------------------------------- */
+/* Bindings are found through two hash indexes, so big models load in
+ * linear time. */
+static uint64_t hash_str(const char *s) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+static uint64_t hash_ptr(const void *p) {
+  uint64_t h = (uint64_t)(uintptr_t)p;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  return h ^ (h >> 33);
+}
+
+static void index_binding(kl_onnx_ctx *c, int i) {
+  size_t mask = (size_t)c->index_cap - 1, k;
+  if (c->vals[i].name && *c->vals[i].name) {
+    k = (size_t)hash_str(c->vals[i].name) & mask;
+    while (c->by_name[k] && strcmp(c->vals[c->by_name[k] - 1].name, c->vals[i].name))
+      k = (k + 1) & mask;
+    c->by_name[k] = i + 1; /* replaces an older binding of the same name */
+  }
+  if (c->vals[i].v) {
+    k = (size_t)hash_ptr(c->vals[i].v) & mask;
+    while (c->by_value[k] && c->vals[c->by_value[k] - 1].v != c->vals[i].v) k = (k + 1) & mask;
+    c->by_value[k] = i + 1;
+  }
+}
+
+static void reindex(kl_onnx_ctx *c) {
+  while (c->index_cap < 2 * c->capvals + 2) c->index_cap = c->index_cap ? 2 * c->index_cap : 128;
+  free(c->by_name);
+  free(c->by_value);
+  c->by_name = calloc((size_t)c->index_cap, sizeof *c->by_name);
+  c->by_value = calloc((size_t)c->index_cap, sizeof *c->by_value);
+  if (!c->by_name || !c->by_value) abort();
+  for (int i = 0; i < c->nvals; i++) index_binding(c, i);
+}
+
 static kl_onnx_binding *lookup(kl_onnx_ctx *c, const char *name) {
-  for (int i = c->nvals - 1; i >= 0; i--)
-    if (!strcmp(c->vals[i].name, name)) return &c->vals[i];
+  if (!c->index_cap || !*name) return NULL;
+  size_t mask = (size_t)c->index_cap - 1, k = (size_t)hash_str(name) & mask;
+  for (; c->by_name[k]; k = (k + 1) & mask)
+    if (!strcmp(c->vals[c->by_name[k] - 1].name, name)) return &c->vals[c->by_name[k] - 1];
   return NULL;
 }
 
@@ -33,8 +75,10 @@ static void bind_name(kl_onnx_ctx *c, const char *name, kl_value *v) {
     kl_onnx_binding *grown = realloc(c->vals, (size_t)c->capvals * sizeof *grown);
     if (!grown) abort();
     c->vals = grown;
+    reindex(c);
   }
   c->vals[c->nvals++] = (kl_onnx_binding){.name = name, .v = v};
+  index_binding(c, c->nvals - 1);
 }
 
 /* ONNX names are any strings ("onnx::Add_3", "0"); IR names are made into
@@ -95,7 +139,7 @@ int kl_onnx_bind(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k, kl_value *v) {
   /* A fresh IR value takes the ONNX name; an aliased one (Identity) keeps
    * its own. */
   if (v->kind == KL_VAL_NODE && v->producer && !strncmp(v->name, "kl_tmp", 6))
-    v->name = ir_name(c->g, n->output[k]);
+    kl_graph_rename_value(c->g, v, ir_name(c->g, n->output[k]));
   bind_name(c, n->output[k], v);
   return 0;
 }
@@ -144,7 +188,11 @@ kl_node *kl_onnx_emit_node(kl_onnx_ctx *c, kl_op op, kl_value **ins, int nins,
   }
   /* Temporary names until kl_onnx_bind gives the ONNX ones. */
   for (int k = 0; k < node->noutputs; k++)
-    node->outputs[k]->name = kl_graph_fresh_name(c->g, "kl_tmp");
+  {
+    char tmp[64]; /* unique without a search: the value count only grows */
+    snprintf(tmp, sizeof tmp, "kl_tmp_%d", c->g->values.len + k);
+    kl_graph_rename_value(c->g, node->outputs[k], kl_graph_fresh_value_name(c->g, tmp));
+  }
   return node;
 }
 
@@ -206,8 +254,10 @@ int kl_onnx_attr_ints(const Onnx__NodeProto *n, const char *name, const int64_t 
 enum { MAX_FOLD_NUMEL = 1 << 22 }; /* folding is for shapes and small tables */
 
 static kl_onnx_binding *binding_of(kl_onnx_ctx *c, const kl_value *v) {
-  for (int i = c->nvals - 1; i >= 0; i--)
-    if (c->vals[i].v == v) return &c->vals[i];
+  if (!c->index_cap) return NULL;
+  size_t mask = (size_t)c->index_cap - 1, k = (size_t)hash_ptr(v) & mask;
+  for (; c->by_value[k]; k = (k + 1) & mask)
+    if (c->vals[c->by_value[k] - 1].v == v) return &c->vals[c->by_value[k] - 1];
   return NULL;
 }
 
@@ -511,6 +561,7 @@ static int order_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp, size_t *order
   for (int i = 0; i < c->nvals; i++)
     if (c->vals[i].v || c->vals[i].is_seq) c->vals[w++] = c->vals[i];
   c->nvals = w;
+  reindex(c);
   free(placed);
   return rc;
 }
@@ -566,7 +617,7 @@ static int mark_outputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
       kl_value *ins[2] = {v, z};
       if (!z || !(v = kl_onnx_emit(c, v->dtype == KL_BOOL ? KL_OP_NE : KL_OP_ADD, ins, 2, NULL, 0)))
         return -1;
-      v->name = ir_name(c->g, name);
+      kl_graph_rename_value(c->g, v, ir_name(c->g, name));
     }
     /* The declared type, when given, must agree with what Kiln inferred. */
     kl_dtype dt;
@@ -620,6 +671,8 @@ kl_graph *kl_onnx_load_bytes(const unsigned char *data, size_t len, const char *
   }
   for (int i = 0; i < c.nvals; i++) kl_tensor_free(c.vals[i].konst);
   free(c.vals);
+  free(c.by_name);
+  free(c.by_value);
   onnx__model_proto__free_unpacked(m, NULL);
   if (rc) {
     kl_graph_free(c.g);

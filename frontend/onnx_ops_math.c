@@ -1,4 +1,7 @@
-/* onnx_ops_math.c - ONNX elementwise and arithmetic ops. */
+/* onnx_ops_math.c - ONNX elementwise and arithmetic ops, bit shifts,
+ * determinants, grid sampling and the window generators. */
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "onnx_internal.h"
@@ -322,6 +325,71 @@ static int convert_leaky_relu(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return bind(c, n, x ? kl_onnx_emit(c, KL_OP_LEAKY_RELU, &x, 1, &a, 1) : NULL);
 }
 
+/* ---- bit shifts, determinants, grid sampling ------------------------- */
+static int convert_bit_shift(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *ins[2] = {need_input(c, n, 0), need_input(c, n, 1)};
+  const char *d = kl_onnx_attr_string(c, n, "direction", "");
+  if (!ins[0] || !ins[1]) return -1;
+  if (strcmp(d, "LEFT") && strcmp(d, "RIGHT"))
+    return kl_onnx_fail(c, "direction must be \"LEFT\" or \"RIGHT\", got \"%s\"", d);
+  kl_attr a = kl_as("direction", d[0] == 'L' ? "left" : "right");
+  return bind(c, n, kl_onnx_emit(c, KL_OP_BITSHIFT, ins, 2, &a, 1));
+}
+
+static int convert_det(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  return bind(c, n, unary(c, KL_OP_DET, need_input(c, n, 0)));
+}
+
+/* GridSample-16 names the modes bilinear and bicubic, 20 linear and cubic. */
+static int convert_grid_sample(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *ins[2] = {need_input(c, n, 0), need_input(c, n, 1)};
+  const char *mode = kl_onnx_attr_string(c, n, "mode", c->opset >= 20 ? "linear" : "bilinear");
+  if (!ins[0] || !ins[1]) return -1;
+  if (!strcmp(mode, "bilinear")) mode = "linear";
+  else if (!strcmp(mode, "bicubic")) mode = "cubic";
+  kl_attr a[3] = {kl_as("mode", mode),
+                  kl_as("padding_mode", kl_onnx_attr_string(c, n, "padding_mode", "zeros")),
+                  kl_ai("align_corners", kl_onnx_attr_int(n, "align_corners", 0))};
+  return bind(c, n, kl_onnx_emit(c, KL_OP_GRID_SAMPLE, ins, 2, a, 3));
+}
+
+/* ---- windows --------------------------------------------------------- */
+#define PI 3.14159265358979323846 /* C11 has no M_PI */
+
+/* HannWindow, HammingWindow, BlackmanWindow: sum_k a_k cos(2 pi k i / N)
+ * with N = size (periodic) or size - 1 (symmetric), folded into a
+ * constant since the size decides the shape. */
+static int convert_window(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  static const struct { const char *op; double a[3]; } kinds[] = {
+      {"HannWindow", {0.5, -0.5, 0}},
+      {"HammingWindow", {25.0 / 46.0, -21.0 / 46.0, 0}},
+      {"BlackmanWindow", {0.42, -0.5, 0.08}},
+  };
+  const double *a = kinds[0].a;
+  for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++)
+    if (!strcmp(kinds[i].op, n->op_type)) a = kinds[i].a;
+  int64_t size;
+  kl_value *x = need_input(c, n, 0);
+  if (!x || kl_onnx_const_ints(c, x, "the window size", &size, 1) < 0) return -1;
+  if (size < 0 || size > KL_MAX_NUMEL)
+    return kl_onnx_fail(c, "the window size %lld is out of range", (long long)size);
+  kl_dtype t;
+  int64_t ot = kl_onnx_attr_int(n, "output_datatype", 1);
+  if (kl_onnx_dtype((int)ot, &t))
+    return kl_onnx_unsupported(c, "output_datatype %lld is not supported", (long long)ot);
+  double period = kl_onnx_attr_int(n, "periodic", 1) ? (double)size : (double)size - 1;
+  double *vals = malloc((size_t)(size ? size : 1) * sizeof *vals);
+  if (!vals) return kl_onnx_fail(c, "out of memory for a window of %lld", (long long)size);
+  for (int64_t i = 0; i < size; i++) {
+    double w = period > 0 ? 2 * PI * (double)i / period : 0;
+    vals[i] = a[0] + a[1] * cos(w) + a[2] * cos(2 * w);
+  }
+  kl_shape s = {.rank = 1, .dims = {size}};
+  kl_value *y = kl_onnx_constant(c, t, &s, vals, (int)size);
+  free(vals);
+  return bind(c, n, y);
+}
+
 /* Rows register at the first opset whose semantics the converter handles;
  * opset-1 rows ignore the legacy `consumed_inputs` attribute. */
 const kl_onnx_op kl_onnx_ops_math[] = {
@@ -359,5 +427,11 @@ const kl_onnx_op kl_onnx_ops_math[] = {
     {"Identity", 1, convert_identity},
     {"Max", 1, convert_variadic},      {"Min", 1, convert_variadic},
     {"Sum", 1, convert_variadic},      {"Mean", 1, convert_variadic},
+    {"BitShift", 11, convert_bit_shift},
+    {"Det", 11, convert_det},
+    {"GridSample", 16, convert_grid_sample},
+    {"HannWindow", 17, convert_window},
+    {"HammingWindow", 17, convert_window},
+    {"BlackmanWindow", 17, convert_window},
     {NULL, 0, NULL},
 };

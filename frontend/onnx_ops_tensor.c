@@ -172,7 +172,7 @@ static int convert_constant(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     y = kl_onnx_constant(c, KL_I64, &s, v, (int)a->n_ints);
     free(v);
   } else {
-    return kl_onnx_fail(c, "needs a value, value_float(s) or value_int(s) attribute "
+    return kl_onnx_unsupported(c, "needs a value, value_float(s) or value_int(s) attribute "
                            "(strings and sparse tensors are not supported)");
   }
   return y ? kl_onnx_bind(c, n, 0, y) : -1;

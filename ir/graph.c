@@ -29,8 +29,50 @@ void kl_graph_free(kl_graph *g) {
   free(g->inputs.items);
   free(g->params.items);
   free(g->outputs.items);
+  free(g->value_names.slots);
+  free(g->node_names.slots);
   kl_arena_free(&g->arena);
   free(g);
+}
+
+/* ---- name index ------------------------------------------------------ */
+static uint64_t hash_name(const char *s) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+typedef const char *(*name_of_fn)(const void *item);
+static const char *value_name_of(const void *v) { return ((const kl_value *)v)->name; }
+static const char *node_name_of(const void *n) { return ((const kl_node *)n)->name; }
+
+static void index_put(kl_name_index *ix, void *item, name_of_fn name_of);
+
+static void index_grow(kl_name_index *ix, name_of_fn name_of) {
+  kl_name_index old = *ix;
+  ix->cap = old.cap ? 2 * old.cap : 64;
+  ix->used = 0;
+  ix->slots = calloc((size_t)ix->cap, sizeof *ix->slots);
+  if (!ix->slots) abort();
+  for (int i = 0; i < old.cap; i++)
+    if (old.slots[i]) index_put(ix, old.slots[i], name_of);
+  free(old.slots);
+}
+
+static void index_put(kl_name_index *ix, void *item, name_of_fn name_of) {
+  if (2 * (ix->used + 1) > ix->cap) index_grow(ix, name_of);
+  size_t mask = (size_t)ix->cap - 1, i = (size_t)hash_name(name_of(item)) & mask;
+  while (ix->slots[i]) i = (i + 1) & mask;
+  ix->slots[i] = item;
+  ix->used++;
+}
+
+static void *index_get(const kl_name_index *ix, const char *name, name_of_fn name_of) {
+  if (!ix->cap) return NULL;
+  size_t mask = (size_t)ix->cap - 1, i = (size_t)hash_name(name) & mask;
+  for (; ix->slots[i]; i = (i + 1) & mask)
+    if (strcmp(name_of(ix->slots[i]), name) == 0) return ix->slots[i];
+  return NULL;
 }
 
 static kl_value *new_value(kl_graph *g, const char *name, kl_dtype t,
@@ -43,6 +85,7 @@ static kl_value *new_value(kl_graph *g, const char *name, kl_dtype t,
   v->loc = loc;
   v->id = g->values.len;
   VEC_PUSH(g->values, v);
+  index_put(&g->value_names, v, value_name_of);
   return v;
 }
 
@@ -84,16 +127,25 @@ int kl_graph_mark_output(kl_graph *g, kl_value *v, kl_error *err) {
 }
 
 kl_value *kl_graph_find_value(const kl_graph *g, const char *name) {
-  for (int i = 0; i < g->values.len; i++)
-    if (strcmp(g->values.items[i]->name, name) == 0) return g->values.items[i];
-  return NULL;
+  return index_get(&g->value_names, name, value_name_of);
+}
+
+kl_node *kl_graph_find_node(const kl_graph *g, const char *name) {
+  return index_get(&g->node_names, name, node_name_of);
+}
+
+void kl_graph_rename_value(kl_graph *g, kl_value *v, const char *name) {
+  v->name = kl_arena_strdup(&g->arena, name);
+  index_put(&g->value_names, v, value_name_of);
+}
+
+void kl_graph_rename_node(kl_graph *g, kl_node *n, const char *name) {
+  n->name = kl_arena_strdup(&g->arena, name);
+  index_put(&g->node_names, n, node_name_of);
 }
 
 static bool name_taken(const kl_graph *g, const char *name) {
-  if (kl_graph_find_value(g, name)) return true;
-  for (int i = 0; i < g->nodes.len; i++)
-    if (strcmp(g->nodes.items[i]->name, name) == 0) return true;
-  return false;
+  return kl_graph_find_value(g, name) || kl_graph_find_node(g, name);
 }
 
 const char *kl_graph_fresh_value_name(kl_graph *g, const char *base) {
@@ -295,10 +347,9 @@ kl_node *kl_graph_add_node(kl_graph *g, kl_op op, const char *name,
     n->name = kl_graph_fresh_name(g, name);
   } else { /* "<op>_<k>": never an op name or a keyword, so it parses back */
     char buf[64];
-    for (int k = 1;; k++) {
-      snprintf(buf, sizeof buf, "%s_%d", info->name, k);
-      if (!name_taken(g, buf)) break;
-    }
+    do
+      snprintf(buf, sizeof buf, "%s_%d", info->name, ++g->auto_names[op]);
+    while (name_taken(g, buf));
     n->name = kl_arena_strdup(&g->arena, buf);
   }
   n->inputs = kl_arena_alloc(&g->arena, (size_t)(ninputs + 1) * sizeof *n->inputs);
@@ -345,5 +396,6 @@ kl_node *kl_graph_add_node(kl_graph *g, kl_op op, const char *name,
   }
   n->id = g->nodes.len;
   VEC_PUSH(g->nodes, n);
+  index_put(&g->node_names, n, node_name_of);
   return n;
 }

@@ -194,6 +194,15 @@ typedef struct {
 
 #define KL_VEC(T) struct { T *items; int len, cap; }
 
+/* Hash index from names to values or nodes, so lookups stay O(1) in graphs
+ * of many thousands of nodes.  Entries are checked against the current
+ * name, so a renamed item's old entry is harmless; renames go through
+ * kl_graph_rename_*, which adds the new one. */
+typedef struct {
+  void **slots;   /* kl_value * or kl_node * */
+  int cap, used;
+} kl_name_index;
+
 struct kl_graph {
   kl_arena arena;
   const char *name;
@@ -203,6 +212,8 @@ struct kl_graph {
   KL_VEC(kl_value *) params;   /* params and consts */
   KL_VEC(kl_value *) outputs;  /* graph outputs, in declaration order */
   kl_train *train;             /* NULL unless a train block was given */
+  kl_name_index value_names, node_names;
+  int auto_names[KL_OP_COUNT]; /* last k used for "<op>_k" node names */
 };
 
 kl_graph *kl_graph_new(const char *name);
@@ -220,6 +231,11 @@ kl_value *kl_graph_add_const_data(kl_graph *g, const char *name, kl_dtype t,
                                   kl_loc loc);
 int kl_graph_mark_output(kl_graph *g, kl_value *v, kl_error *err);
 kl_value *kl_graph_find_value(const kl_graph *g, const char *name);
+kl_node *kl_graph_find_node(const kl_graph *g, const char *name);
+/* Rename (the name is copied into the graph); the caller keeps names
+ * unique. */
+void kl_graph_rename_value(kl_graph *g, kl_value *v, const char *name);
+void kl_graph_rename_node(kl_graph *g, kl_node *n, const char *name);
 
 /* Add a node; runs shape inference, creating its outputs (named from
  * `out_names` when given, else "<name>" / "<name>.K").  Returns NULL and

@@ -334,3 +334,142 @@ int kl_eval_DET(const kl_node *n, kl_tensor **in, kl_tensor **out,
   free(work);
   return 0;
 }
+
+/* ---- grid_sample ----------------------------------------------------- */
+enum { GS_LINEAR, GS_NEAREST, GS_CUBIC };
+enum { GS_ZEROS, GS_BORDER, GS_REFLECTION };
+
+static int pick(const char *s, const char *const *names, int n) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(s, names[i])) return i;
+  return -1;
+}
+
+static const char *const gs_modes[] = {"linear", "nearest", "cubic"};
+static const char *const gs_pads[] = {"zeros", "border", "reflection"};
+
+int kl_infer_GRID_SAMPLE(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0], *g = n->inputs[1];
+  char bx[256], bg[256];
+  bool ac;
+  const char *mode = kl_attr_string(n, "mode", "linear");
+  const char *pad = kl_attr_string(n, "padding_mode", "zeros");
+  if (pick(mode, gs_modes, 3) < 0)
+    return KL_NODE_FAIL(n, err, "mode must be \"linear\", \"nearest\" or \"cubic\", got \"%s\"",
+                        mode);
+  if (pick(pad, gs_pads, 3) < 0)
+    return KL_NODE_FAIL(n, err, "padding_mode must be \"zeros\", \"border\" or \"reflection\", "
+                        "got \"%s\"", pad);
+  if (kl_attr_flag(n, err, "align_corners", 0, &ac)) return -1;
+  if (check_type(n, err, x, T_FLOAT) || check_type(n, err, g, T_FLOAT)) return -1;
+  int k = x->shape.rank - 2;
+  if (k < 1 || g->shape.rank != k + 2 || g->shape.dims[0] != x->shape.dims[0] ||
+      g->shape.dims[k + 1] != k)
+    return KL_NODE_FAIL(n, err, "needs x [N, C, d1..dk] and grid [N, o1..ok, k], got %s and %s",
+                        kl_value_str(x, bx, sizeof bx), kl_value_str(g, bg, sizeof bg));
+  kl_shape s = x->shape;
+  for (int i = 0; i < k; i++) s.dims[2 + i] = g->shape.dims[1 + i];
+  return kl_set_checked_output(n, err, 0, x->dtype, &s);
+}
+
+/* Reflect v into [lo, hi] by the nearer border, as often as needed. */
+static double gs_reflect(double v, double lo, double hi) {
+  double range = hi - lo;
+  if (range <= 0) return lo;
+  if (v >= lo && v <= hi) return v;
+  double dx = v < lo ? lo - v : v - hi;
+  double m = floor(dx / range), r = dx - m * range;
+  bool even = fmod(m, 2) == 0;
+  return (v < lo) == even ? lo + r : hi - r;
+}
+
+/* Keys cubic weights for the taps at -1, 0, 1, 2 of fraction t. */
+static void gs_cubic(double t, double *w) {
+  const double a = -0.75;
+  double d[4] = {t + 1, t, 1 - t, 2 - t};
+  for (int i = 0; i < 4; i++) {
+    double x = d[i];
+    w[i] = x <= 1 ? ((a + 2) * x - (a + 3)) * x * x + 1
+                  : ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;
+  }
+}
+
+/* Taps of one axis: up to 4 indices (already moved inside by the padding
+ * mode, or -1 for a zero) and their weights. */
+typedef struct {
+  int ntaps;
+  int64_t idx[4];
+  double w[4];
+} gs_axis;
+
+static int64_t gs_tap(int64_t i, int64_t d, int pad, double lo, double hi) {
+  if (pad == GS_ZEROS) return i >= 0 && i < d ? i : -1;
+  if (pad == GS_BORDER) return i < 0 ? 0 : i >= d ? d - 1 : i;
+  int64_t r = (int64_t)gs_reflect((double)i, lo, hi); /* truncates, as ONNX */
+  return r < 0 ? 0 : r >= d ? d - 1 : r;
+}
+
+static void gs_axis_taps(double g, int64_t d, int mode, int pad, bool ac, gs_axis *a) {
+  double v = ac ? (g + 1) / 2 * (double)(d - 1) : ((g + 1) * (double)d - 1) / 2;
+  double lo = ac ? 0 : -0.5, hi = ac ? (double)d - 1 : (double)d - 0.5;
+  if (mode == GS_NEAREST) v = nearbyint(v);
+  if (v < lo || v > hi) { /* the point itself outside: border / reflection move it */
+    if (pad == GS_BORDER) v = v < 0 ? 0 : v > (double)d - 1 ? (double)d - 1 : v;
+    else if (pad == GS_REFLECTION) v = gs_reflect(v, lo, hi);
+  }
+  if (isnan(v)) v = lo;
+  double v0 = floor(v), t = v - v0;
+  int64_t i0 = (int64_t)fmax(fmin(v0, 1e15), -1e15);
+  if (mode == GS_NEAREST) {
+    a->ntaps = 1, a->w[0] = 1, a->idx[0] = gs_tap(i0, d, pad, lo, hi);
+  } else if (mode == GS_LINEAR) {
+    a->ntaps = 2, a->w[0] = 1 - t, a->w[1] = t;
+    for (int j = 0; j < 2; j++) a->idx[j] = gs_tap(i0 + j, d, pad, lo, hi);
+  } else {
+    a->ntaps = 4;
+    gs_cubic(t, a->w);
+    for (int j = 0; j < 4; j++) a->idx[j] = gs_tap(i0 - 1 + j, d, pad, lo, hi);
+  }
+}
+
+int kl_eval_GRID_SAMPLE(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                        kl_error *err) {
+  (void)err;
+  const kl_tensor *x = in[0], *g = in[1];
+  kl_tensor *y = out[0];
+  int mode = pick(kl_attr_string(n, "mode", "linear"), gs_modes, 3);
+  int pad = pick(kl_attr_string(n, "padding_mode", "zeros"), gs_pads, 3);
+  bool ac = kl_attr_int(n, "align_corners", 0) != 0;
+  int k = x->shape.rank - 2;
+  int64_t nb = x->shape.dims[0], ch = x->shape.dims[1], xin = 1, yout = 1;
+  int64_t xs[KL_MAX_RANK];
+  kl_shape_strides(&x->shape, xs);
+  for (int i = 0; i < k; i++) xin *= x->shape.dims[2 + i], yout *= y->shape.dims[2 + i];
+  for (int64_t b = 0; b < nb; b++)
+    for (int64_t o = 0; o < yout; o++) {
+      const double *gp = g->data + (b * yout + o) * k;
+      gs_axis ax[KL_MAX_RANK];
+      for (int i = 0; i < k; i++) /* grid[..., 0] is the last axis */
+        gs_axis_taps(gp[k - 1 - i], x->shape.dims[2 + i], mode, pad, ac, &ax[i]);
+      for (int64_t cc = 0; cc < ch; cc++) {
+        const double *xp = x->data + (b * ch + cc) * xin;
+        double acc = 0;
+        int t[KL_MAX_RANK] = {0};
+        for (;;) { /* every combination of one tap per axis */
+          double w = 1;
+          int64_t off = 0;
+          for (int i = 0; i < k && w != 0; i++) {
+            int64_t idx = ax[i].idx[t[i]];
+            if (idx < 0) w = 0;
+            else w *= ax[i].w[t[i]], off += idx * xs[2 + i];
+          }
+          if (w != 0) acc += w * xp[off];
+          int i = k - 1;
+          while (i >= 0 && ++t[i] == ax[i].ntaps) t[i--] = 0;
+          if (i < 0) break;
+        }
+        y->data[(b * ch + cc) * yout + o] = acc;
+      }
+    }
+  return 0;
+}
