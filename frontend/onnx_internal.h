@@ -25,6 +25,7 @@ extern const kl_onnx_op kl_onnx_ops_nn[];        /* onnx_ops_nn.c */
 extern const kl_onnx_op kl_onnx_ops_tensor[];    /* onnx_ops_tensor.c */
 extern const kl_onnx_op kl_onnx_ops_sequence[];  /* onnx_ops_sequence.c */
 extern const kl_onnx_op kl_onnx_ops_quant[];     /* onnx_ops_quant.c */
+extern const kl_onnx_op kl_onnx_ops_rnn[];       /* onnx_ops_rnn.c */
 
 /* A value is an IR tensor, or a sequence of them.  Sequences exist only
  * while loading: every position is a compile-time constant, so they unroll

@@ -9,7 +9,7 @@
 
 static const kl_onnx_op *const families[] = {kl_onnx_ops_math, kl_onnx_ops_nn,
                                              kl_onnx_ops_tensor, kl_onnx_ops_sequence,
-                                             kl_onnx_ops_quant};
+                                             kl_onnx_ops_quant, kl_onnx_ops_rnn};
 
 static const kl_onnx_op *find_converter(const char *op, int opset) {
   const kl_onnx_op *best = NULL;
