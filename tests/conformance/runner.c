@@ -327,6 +327,7 @@ int main(int argc, char **argv) {
     int nt = list_dir(dir, "test_", &tests);
     if (!nt) {
       fprintf(stderr, "conformance: no tests in %s\n", dir);
+      free(rs);
       return 2;
     }
     for (int t = 0; t < nt; t++) {
