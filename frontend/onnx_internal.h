@@ -26,6 +26,8 @@ extern const kl_onnx_op kl_onnx_ops_tensor[];    /* onnx_ops_tensor.c */
 extern const kl_onnx_op kl_onnx_ops_sequence[];  /* onnx_ops_sequence.c */
 extern const kl_onnx_op kl_onnx_ops_quant[];     /* onnx_ops_quant.c */
 extern const kl_onnx_op kl_onnx_ops_rnn[];       /* onnx_ops_rnn.c */
+extern const kl_onnx_op kl_onnx_ops_training[];  /* onnx_ops_training.c */
+/* Rows for ops outside the default domain are named "domain.Op". */
 
 /* A value is an IR tensor, or a sequence of them.  Sequences exist only
  * while loading: every position is a compile-time constant, so they unroll
@@ -54,6 +56,7 @@ struct kl_onnx_ctx {
   int index_cap;
   const Onnx__NodeProto *node; /* the node being converted */
   const char *blocking_input;  /* a graph input a compile-time value needs */
+  const Onnx__ModelProto *model;
 };
 
 /* ---- for converters -------------------------------------------------- */

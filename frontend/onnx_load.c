@@ -9,7 +9,8 @@
 
 static const kl_onnx_op *const families[] = {kl_onnx_ops_math, kl_onnx_ops_nn,
                                              kl_onnx_ops_tensor, kl_onnx_ops_sequence,
-                                             kl_onnx_ops_quant, kl_onnx_ops_rnn};
+                                             kl_onnx_ops_quant, kl_onnx_ops_rnn,
+                                             kl_onnx_ops_training};
 
 static const kl_onnx_op *find_converter(const char *op, int opset) {
   const kl_onnx_op *best = NULL;
@@ -18,6 +19,28 @@ static const kl_onnx_op *find_converter(const char *op, int opset) {
       if (!strcmp(r->op, op) && r->since <= opset && (!best || r->since > best->since))
         best = r;
   return best;
+}
+
+static bool is_default_domain(const char *d) {
+  return !d || !*d || !strcmp(d, "ai.onnx");
+}
+
+/* The opset the model imports for a domain; 0 when none. */
+static int domain_opset(const kl_onnx_ctx *c, const char *domain) {
+  if (is_default_domain(domain)) return c->opset;
+  for (size_t i = 0; i < c->model->n_opset_import; i++) {
+    const Onnx__OperatorSetIdProto *o = c->model->opset_import[i];
+    if (o->domain && !strcmp(o->domain, domain) && o->has_version) return (int)o->version;
+  }
+  return 0;
+}
+
+static const kl_onnx_op *node_converter(const kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  const char *op = n->op_type ? n->op_type : "";
+  if (is_default_domain(n->domain)) return find_converter(op, c->opset);
+  char key[300];
+  snprintf(key, sizeof key, "%.150s.%.140s", n->domain, op);
+  return find_converter(key, domain_opset(c, n->domain));
 }
 
 /* ---- value bindings -------------------------------------------------- */
@@ -486,25 +509,49 @@ static int add_inputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp, const kl_onnx_
 
 /* Every unsupported (op, opset, node) at once, so a user sees the whole
  * list in one try. */
+/* Every unsupported op at once, each with its count and first node, so a
+ * user sees the whole list in one try. */
 static int check_supported(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
-  char msg[sizeof c->err->msg];
-  size_t used = 0;
-  int count = 0;
+  enum { MAX_LISTED = 40 };
+  struct unsupported_op {
+    const Onnx__NodeProto *first;
+    int count;
+  } ops[MAX_LISTED];
+  int nops = 0, total = 0;
+  bool more = false;
   for (size_t i = 0; i < gp->n_node; i++) {
     const Onnx__NodeProto *n = gp->node[i];
-    const char *op = n->op_type ? n->op_type : "";
-    bool default_domain = !n->domain || !*n->domain || !strcmp(n->domain, "ai.onnx");
-    if (default_domain && find_converter(op, c->opset)) continue;
-    if (count++ < 40 && used < sizeof msg - 200)
-      used += (size_t)snprintf(msg + used, sizeof msg - used, "%s  %s%s%s (opset %d), node '%s'",
-                               count > 1 ? "\n" : "", default_domain ? "" : n->domain,
-                               default_domain ? "" : ".", op, c->opset, node_label(n));
+    if (node_converter(c, n)) continue;
+    total++;
+    int k = 0;
+    while (k < nops && (strcmp(ops[k].first->op_type ? ops[k].first->op_type : "",
+                               n->op_type ? n->op_type : "") ||
+                        strcmp(ops[k].first->domain ? ops[k].first->domain : "",
+                               n->domain ? n->domain : "")))
+      k++;
+    if (k < nops) ops[k].count++;
+    else if (nops < MAX_LISTED) ops[nops++] = (struct unsupported_op){n, 1};
+    else more = true;
   }
-  if (!count) return 0;
-  if (count > 40 && used < sizeof msg - 40)
-    snprintf(msg + used, sizeof msg - used, "\n  ... and %d more", count - 40);
-  kl_fail(c->err, (kl_loc){c->path, 0, 0}, "%d unsupported node%s:\n%s", count,
-          count == 1 ? "" : "s", msg);
+  if (!total) return 0;
+  char msg[sizeof c->err->msg];
+  size_t used = 0;
+  for (int k = 0; k < nops && used < sizeof msg - 200; k++) {
+    const Onnx__NodeProto *n = ops[k].first;
+    bool dflt = is_default_domain(n->domain);
+    used += (size_t)snprintf(msg + used, sizeof msg - used, "\n  %s%s%s (opset %d)",
+                             dflt ? "" : n->domain, dflt ? "" : ".", n->op_type ? n->op_type : "",
+                             domain_opset(c, n->domain));
+    if (ops[k].count > 1)
+      used += (size_t)snprintf(msg + used, sizeof msg - used, " x%d, first node '%s'",
+                               ops[k].count, node_label(n));
+    else
+      used += (size_t)snprintf(msg + used, sizeof msg - used, ", node '%s'", node_label(n));
+  }
+  if (more && used < sizeof msg - 60)
+    snprintf(msg + used, sizeof msg - used, "\n  ... and more ops");
+  kl_fail(c->err, (kl_loc){c->path, 0, 0}, "%d unsupported node%s:%s", total,
+          total == 1 ? "" : "s", msg);
   c->err->unsupported = true;
   return -1;
 }
@@ -577,7 +624,7 @@ static int convert_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
       if (n->input[k] && *n->input[k] && !lookup(c, n->input[k]))
         rc = kl_onnx_fail(c, "input '%s' is not defined", n->input[k]);
     if (rc) break;
-    rc = find_converter(n->op_type, c->opset)->convert(c, n);
+    rc = node_converter(c, n)->convert(c, n);
     for (size_t k = 0; k < n->n_output && !rc; k++)
       if (n->output[k] && *n->output[k] && !lookup(c, n->output[k]))
         rc = kl_onnx_unsupported(c, "output %zu ('%s') is not supported by Kiln's converter", k,
@@ -650,7 +697,7 @@ kl_graph *kl_onnx_load_bytes(const unsigned char *data, size_t len, const char *
     kl_fail(err, (kl_loc){path, 0, 0}, "not an ONNX model (the protobuf does not parse)");
     return NULL;
   }
-  kl_onnx_ctx c = {.path = path, .err = err};
+  kl_onnx_ctx c = {.path = path, .err = err, .model = m};
   int rc = 0;
   if (!m->graph) rc = kl_fail(err, (kl_loc){path, 0, 0}, "the model has no graph");
   if (!rc) rc = model_opset(&c, m);
