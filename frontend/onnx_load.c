@@ -635,6 +635,41 @@ static int convert_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
   return rc;
 }
 
+/* value_info declares types of intermediate values; where it gives a
+ * dtype and concrete dims, Kiln's inference must agree (a disagreement
+ * means a wrong model or a wrong converter, and either deserves a loud
+ * error naming the value).  Symbolic dims are not compared. */
+static int check_value_info(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
+  for (size_t i = 0; i < gp->n_value_info; i++) {
+    const Onnx__ValueInfoProto *vi = gp->value_info[i];
+    if (!vi->name || !vi->type || vi->type->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE)
+      continue;
+    kl_onnx_binding *b = lookup(c, vi->name);
+    if (!b || !b->v) continue;
+    const Onnx__TypeProto__Tensor *tt = vi->type->tensor_type;
+    kl_dtype dt;
+    if (tt->has_elem_type && kl_onnx_dtype(tt->elem_type, &dt) == 0 && dt != b->v->dtype)
+      return kl_fail(c->err, (kl_loc){c->path, 0, 0},
+                     "value '%s' is declared %s in value_info but computes to %s", vi->name,
+                     kl_dtype_name(dt), kl_dtype_name(b->v->dtype));
+    if (!tt->shape) continue;
+    bool same = (int)tt->shape->n_dim == b->v->shape.rank;
+    for (int d = 0; same && d < b->v->shape.rank; d++) {
+      const Onnx__TensorShapeProto__Dimension *dim = tt->shape->dim[d];
+      if (dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE)
+        same = dim->dim_value == b->v->shape.dims[d];
+    }
+    if (!same) {
+      char s[128];
+      return kl_fail(c->err, (kl_loc){c->path, 0, 0},
+                     "value '%s' has rank %zu or dims in value_info that differ from the "
+                     "computed %s%s", vi->name, tt->shape->n_dim, kl_dtype_name(b->v->dtype),
+                     kl_shape_str(&b->v->shape, s, sizeof s));
+    }
+  }
+  return 0;
+}
+
 static int mark_outputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
   if (gp->n_output == 0)
     return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "the graph has no outputs");
@@ -709,6 +744,7 @@ kl_graph *kl_onnx_load_bytes(const unsigned char *data, size_t len, const char *
   if (!rc) rc = add_initializers(&c, m->graph);
   if (!rc) rc = add_inputs(&c, m->graph, opt);
   if (!rc) rc = convert_nodes(&c, m->graph);
+  if (!rc) rc = check_value_info(&c, m->graph);
   if (!rc) rc = mark_outputs(&c, m->graph);
   if (!rc) rc = kl_verify(c.g, err);
   if (rc && opt) {

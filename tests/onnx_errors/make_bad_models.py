@@ -97,6 +97,11 @@ write("sequence_input", "not a tensor",
 write("declared_output_mismatch", "declared f32[3] but computes to f32[2]",
       m=model([relu("x", "y")], [vi("x", [2])], [vi("y", [3])]))
 
+vi_model = model([relu("x", "h"), relu("h", "y")], [vi("x", [2, 3])], [vi("y", [2, 3])])
+vi_model.graph.value_info.append(vi("h", [2, 4]))
+write("value_info_mismatch", "value 'h' has rank 2 or dims in value_info that differ",
+      m=vi_model)
+
 
 def external(name, location, offset, length, expect, fbytes=b"\0" * 16):
     t = raw_tensor("w", [4], b"")
