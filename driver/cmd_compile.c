@@ -1,16 +1,19 @@
 /* cmd_compile.c - `kiln compile`: today it emits the IR text; code
  * generation comes with the codegen issue. */
+#include <errno.h>
 #include <getopt.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "driver.h"
 
 static const char compile_help[] =
-    "usage: kiln compile MODEL --emit=ir [-o FILE] [options]\n"
+    "usage: kiln compile MODEL --emit=ir|cu [-o OUT] [options]\n"
     "Compile MODEL (.kl or .onnx).\n"
     "  --emit=ir             print the verified IR as text (.kl syntax)\n"
-    "  -o, --output FILE     write to FILE instead of standard output\n"
+    "  --emit=cu             write kernels.cu, model.c and model.h into folder OUT\n"
+    "  -o, --output OUT      the file (ir; default: standard output) or folder (cu)\n"
     KILN_MODEL_HELP
     "  -h, --help            show this help\n";
 
@@ -43,14 +46,35 @@ int kiln_cmd_compile(int argc, char **argv) {
     fprintf(stderr, "kiln compile: expected one MODEL file\n%s", compile_help);
     return KILN_EXIT_USAGE;
   }
-  if (!emit || strcmp(emit, "ir") != 0) {
-    fprintf(stderr, "kiln compile: --emit=%s: only --emit=ir is available so far\n",
-            emit ? emit : "(none)");
+  if (!emit || (strcmp(emit, "ir") && strcmp(emit, "cu"))) {
+    fprintf(stderr, "kiln compile: --emit=%s: choose ir or cu (exe and lib come with the CUDA "
+                    "runtime)\n", emit ? emit : "(none)");
+    return KILN_EXIT_USAGE;
+  }
+  if (!strcmp(emit, "cu") && !out_path) {
+    fprintf(stderr, "kiln compile: --emit=cu needs -o FOLDER\n");
     return KILN_EXIT_USAGE;
   }
   kl_graph *g = kiln_load_model(argv[optind], &mo);
   int rc = KILN_EXIT_ERROR;
-  if (g) {
+  if (g && !strcmp(emit, "cu")) {
+    kl_codegen_result cg;
+    kl_error err;
+    kl_codegen_options copt = {.prefix = g->name};
+    if (kl_codegen(g, &copt, &cg, &err)) {
+      kl_error_print(stderr, &err);
+    } else {
+      if ((mkdir(out_path, 0777) == 0 || errno == EEXIST) && !kiln_write_sources(&cg, out_path)) {
+        rc = KILN_EXIT_OK;
+        fprintf(stderr, "kiln: wrote %s/kernels.cu (%d kernels), model.c (%d GEMM calls), model.h; "
+                        "arena %zu bytes, weights %zu bytes\n", out_path, cg.nkernels, cg.ngemms,
+                cg.arena_bytes, cg.param_bytes);
+      } else if (rc) {
+        fprintf(stderr, "kiln: error: cannot create folder %s: %s\n", out_path, strerror(errno));
+      }
+      kl_codegen_result_free(&cg);
+    }
+  } else if (g) {
     FILE *f = out_path ? fopen(out_path, "w") : stdout;
     if (!f) {
       perror(out_path);

@@ -1,4 +1,5 @@
 /* cmd_run.c - `kiln run`: evaluate a model on given or generated inputs. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdlib.h>
@@ -14,7 +15,8 @@ static const char run_help[] =
     "  --input NAME=FILE     feed input NAME from a .npy or .pb file (repeatable)\n"
     "  --inputs-dir DIR      read input_0.npy (or .pb), input_1... in input order\n"
     "  --output-dir DIR      write output_0.npy, output_1.npy, ... in output order\n"
-    "  --device=interp       where to run (interp: the reference interpreter)\n"
+    "  --device=DEVICE       interp (the reference interpreter, default) or host\n"
+    "                        (compiled kernels on the CPU through the CUDA emulation)\n"
     "  --seed N              seed for inputs that are not given (default 0)\n"
     KILN_MODEL_HELP
     "  -h, --help            show this help\n"
@@ -170,6 +172,75 @@ static kl_graph *load_onnx_for_run(const char *path, const kiln_model_opts *mo,
   return g;
 }
 
+/* Compile g for the host device in a temporary folder and run it there;
+ * out[] receives new tensors. */
+static int run_compiled(const kl_graph *g, kl_tensor **in, kl_tensor **out, char *device_name,
+                        size_t n) {
+  kl_codegen_result cg;
+  kl_error err;
+  kl_codegen_options copt = {.prefix = g->name};
+  if (kl_codegen(g, &copt, &cg, &err)) {
+    kl_error_print(stderr, &err);
+    return -1;
+  }
+  char dir[4096], msg[1024];
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/kiln-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  int rc = -1;
+  const krt_model_api *api = NULL;
+  void *handle = NULL, *model = NULL;
+  krt_device *dev = NULL;
+  void **raw_in = calloc((size_t)g->inputs.len + 1, sizeof *raw_in);
+  void **raw_out = calloc((size_t)g->outputs.len + 1, sizeof *raw_out);
+  if (!raw_in || !raw_out) abort();
+  if (!mkdtemp(dir)) {
+    fprintf(stderr, "kiln: error: cannot make a build folder under %s: %s\n",
+            tmp && *tmp ? tmp : "/tmp", strerror(errno));
+    goto done;
+  }
+  if (!(handle = kiln_build_host(&cg, dir, &api))) goto done;
+  if (krt_device_open(KRT_DEVICE_HOST, &dev, msg, sizeof msg) ||
+      api->create(dev, &model, msg, sizeof msg)) {
+    fprintf(stderr, "kiln: error: %s\n", msg);
+    goto done;
+  }
+  for (int i = 0; i < g->inputs.len; i++) {
+    raw_in[i] = malloc((size_t)in[i]->numel * kl_dtype_size(in[i]->dtype) + 1);
+    if (!raw_in[i]) abort();
+    kl_tensor_to_raw(in[i], raw_in[i]);
+  }
+  for (int i = 0; i < g->outputs.len; i++) {
+    out[i] = kl_tensor_new(g->outputs.items[i]->dtype, &g->outputs.items[i]->shape);
+    raw_out[i] = malloc((size_t)out[i]->numel * kl_dtype_size(out[i]->dtype) + 1);
+    if (!raw_out[i]) abort();
+  }
+  if (api->run(model, (const void *const *)raw_in, raw_out, msg, sizeof msg)) {
+    fprintf(stderr, "kiln: error: %s\n", msg);
+    goto done;
+  }
+  for (int i = 0; i < g->outputs.len; i++) kl_tensor_from_raw(out[i], raw_out[i]);
+  snprintf(device_name, n, "%s", krt_device_name(dev));
+  rc = 0;
+done:
+  if (model) api->destroy(model);
+  krt_device_close(dev);
+  if (handle) dlclose(handle);
+  for (int i = 0; i < g->inputs.len; i++) free(raw_in[i]);
+  for (int i = 0; i < g->outputs.len; i++) free(raw_out[i]);
+  free(raw_in);
+  free(raw_out);
+  kl_codegen_result_free(&cg);
+  /* the build folder stays for a look when KILN_KEEP_BUILD is set */
+  if (!getenv("KILN_KEEP_BUILD") && strchr(dir, 'X') == NULL) {
+    char cmd[4300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) { /* best effort */ }
+  } else if (getenv("KILN_KEEP_BUILD")) {
+    fprintf(stderr, "kiln: build folder kept: %s\n", dir);
+  }
+  return rc;
+}
+
 int kiln_cmd_run(int argc, char **argv) {
   static const struct option longopts[] = {
       {"input", required_argument, NULL, OPT_INPUT},
@@ -183,7 +254,7 @@ int kiln_cmd_run(int argc, char **argv) {
   kiln_model_opts mo = {0};
   named_file files[256];
   int nfiles = 0;
-  const char *inputs_dir = NULL, *output_dir = NULL;
+  const char *inputs_dir = NULL, *output_dir = NULL, *device = "interp";
   uint64_t seed = 0;
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -206,10 +277,12 @@ int kiln_cmd_run(int argc, char **argv) {
     case OPT_INPUTS_DIR: inputs_dir = optarg; break;
     case OPT_OUTPUT_DIR: output_dir = optarg; break;
     case OPT_DEVICE:
-      if (strcmp(optarg, "interp") != 0) {
-        fprintf(stderr, "kiln run: --device=%s: only 'interp' exists so far\n", optarg);
+      if (strcmp(optarg, "interp") && strcmp(optarg, "host")) {
+        fprintf(stderr, "kiln run: --device=%s: choose interp or host (cuda comes with the "
+                        "GPU runtime)\n", optarg);
         return KILN_EXIT_USAGE;
       }
+      device = optarg;
       break;
     case OPT_SEED: {
       char *end;
@@ -247,7 +320,10 @@ int kiln_cmd_run(int argc, char **argv) {
   if (!in || !out) abort();
   if (!onnx && gather_inputs(g, files, nfiles, inputs_dir, seed, in)) goto done;
   kl_error err;
-  if (kl_interpret(g, in, out, &err)) {
+  char device_name[128] = "interp";
+  if (!strcmp(device, "host")) {
+    if (run_compiled(g, in, out, device_name, sizeof device_name)) goto done;
+  } else if (kl_interpret(g, in, out, &err)) {
     kl_error_print(stderr, &err);
     goto done;
   }
@@ -261,7 +337,7 @@ int kiln_cmd_run(int argc, char **argv) {
       if (kiln_write_tensor(path, out[i])) rc = KILN_EXIT_ERROR;
     }
   }
-  printf("device: interp\n");
+  printf("device: %s\n", device_name);
 done:
   for (int i = 0; i < g->inputs.len; i++) kl_tensor_free(in[i]);
   for (int i = 0; i < g->outputs.len; i++) kl_tensor_free(out[i]);

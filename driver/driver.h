@@ -2,7 +2,9 @@
 #ifndef KILN_DRIVER_H
 #define KILN_DRIVER_H
 
+#include "../codegen/codegen.h"
 #include "../frontend/frontend.h"
+#include "../runtime/kilnrt.h"
 #include "../ir/ir.h"
 
 /* Exit codes (docs/CLI.md): */
@@ -51,6 +53,12 @@ kl_tensor *kiln_read_tensor(const char *path);
 int kiln_write_tensor(const char *path, const kl_tensor *t);
 kl_tensor *kiln_random_tensor(const kl_value *decl, uint64_t seed);
 void kiln_print_summary(FILE *f, const char *label, const kl_tensor *t);
+
+/* Write kernels.cu, model.c and model.h into dir. */
+int kiln_write_sources(const kl_codegen_result *cg, const char *dir);
+/* Build them for the host device and load the model (dlclose the handle
+ * when done); NULL after printing the error. */
+void *kiln_build_host(const kl_codegen_result *cg, const char *dir, const krt_model_api **api);
 
 int kiln_cmd_run(int argc, char **argv);
 int kiln_cmd_compile(int argc, char **argv);

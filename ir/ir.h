@@ -35,6 +35,8 @@ typedef struct {
 } kl_shape;
 
 int64_t kl_shape_numel(const kl_shape *s);
+/* Strides of a row-major shape, in elements. */
+void kl_shape_strides(const kl_shape *s, int64_t *strides);
 bool kl_shape_equal(const kl_shape *a, const kl_shape *b);
 /* Writes "[2, 3, 4]" into buf. */
 const char *kl_shape_str(const kl_shape *s, char *buf, size_t n);

@@ -16,8 +16,6 @@
 int kl_node_fail(const kl_node *n, kl_error *err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Strides of a row-major shape, in elements. */
-void kl_shape_strides(const kl_shape *s, int64_t *strides);
 /* Flat index into a tensor of shape `src` for output multi-index `idx` of
  * shape `dst`, under NumPy broadcasting (src right-aligned against dst). */
 int64_t kl_broadcast_index(const kl_shape *src, const kl_shape *dst,

@@ -91,4 +91,107 @@ const krt_tensor *krt_tensor_set_find(const krt_tensor_set *set,
 /* Frees names, data and items, not the struct; NULL-safe. */
 void krt_tensor_set_free(krt_tensor_set *set);
 
+/* ---- devices ----------------------------------------------------------
+ * Compiled models run on a device: `cuda` (a GPU through the driver API,
+ * libcuda loaded at run time so a program starts without a driver) or
+ * `host` (the same CUDA C kernels compiled by the host compiler against
+ * runtime/emu, contractions through a CPU BLAS).  Every fallible call
+ * returns 0, or -1 with a message naming the call, the kernel or the
+ * sizes in err (errlen bytes; err may be NULL). */
+#include "emu/emu.h"
+
+typedef enum { KRT_DEVICE_AUTO, KRT_DEVICE_HOST, KRT_DEVICE_CUDA } krt_device_kind;
+typedef struct krt_device krt_device;
+
+/* AUTO takes the GPU when one works, else the host; the environment
+ * variable KILN_DEVICE=host|cuda|auto overrides AUTO. */
+int krt_device_open(krt_device_kind kind, krt_device **out, char *err, size_t errlen);
+void krt_device_close(krt_device *d);                 /* NULL-safe */
+krt_device_kind krt_device_kind_of(const krt_device *d);
+const char *krt_device_name(const krt_device *d);     /* "host (2 threads)", "cuda: NVIDIA H200" */
+/* "host" | "cuda" | "auto" -> kind; -1 for anything else. */
+int krt_device_kind_parse(const char *s, krt_device_kind *out);
+
+/* Device memory.  Out of memory names the bytes asked for and, on a GPU,
+ * the free and total memory. */
+int krt_malloc(krt_device *d, size_t bytes, void **ptr, char *err, size_t errlen);
+void krt_free(krt_device *d, void *ptr);              /* NULL-safe */
+int krt_upload(krt_device *d, void *dst, const void *src, size_t bytes, char *err,
+               size_t errlen);
+int krt_download(krt_device *d, void *dst, const void *src, size_t bytes, char *err,
+                 size_t errlen);
+int krt_memset_zero(krt_device *d, void *dst, size_t bytes, char *err, size_t errlen);
+/* Wait for all queued work; reports an asynchronous failure. */
+int krt_synchronize(krt_device *d, char *err, size_t errlen);
+
+/* The kernels of one compiled model: for the host, each kernel's emulator
+ * entry; for the GPU, cubin images per architecture and a PTX fallback,
+ * compiled from the same kernels.cu by NVRTC at `kiln compile` time. */
+typedef struct {
+  const char *name;
+  const kl_emu_kernel *host;   /* NULL in a GPU-only build */
+} krt_kernel_desc;
+
+typedef struct {
+  int sm;                      /* 80, 90, ... */
+  const unsigned char *data;
+  size_t size;
+} krt_cubin;
+
+typedef struct {
+  const krt_kernel_desc *kernels;
+  int nkernels;
+  const krt_cubin *cubins;
+  int ncubins;
+  const char *ptx;             /* NULL when none */
+} krt_module_desc;
+
+typedef struct krt_module krt_module;
+int krt_module_load(krt_device *d, const krt_module_desc *desc, krt_module **out, char *err,
+                    size_t errlen);
+void krt_module_unload(krt_module *m);                /* NULL-safe */
+/* Launch kernel `index` of the module; args as cuLaunchKernel takes them. */
+int krt_launch(krt_module *m, int index, kl_dim3 grid, kl_dim3 block, size_t dyn_shared,
+               void **args, char *err, size_t errlen);
+
+/* Row-major (batched) GEMM on device pointers: for each batch item b,
+ *   C_b = alpha * op(A_b) @ op(B_b) + beta * C_b,
+ * op(X) = X or X^T, A_b = a + b * stride_a elements (stride 0 broadcasts).
+ * f32/f64 compute in their type; f16/bf16 accumulate in f32. */
+typedef struct {
+  krt_dtype dtype;
+  int trans_a, trans_b;
+  int64_t m, n, k, batch;
+  const void *a; int64_t lda, stride_a;
+  const void *b; int64_t ldb, stride_b;
+  void *c;       int64_t ldc, stride_c;
+  double alpha, beta;
+} krt_gemm_desc;
+int krt_gemm(krt_device *d, const krt_gemm_desc *g, char *err, size_t errlen);
+
+/* ---- compiled models ---------------------------------------------------
+ * Each generated model.c exports one krt_model_api (as kiln_model() and as
+ * kiln_model_<name>()): what it takes and gives, and how to run it.  The
+ * kiln command loads it from a shared object; a user links it directly. */
+typedef struct {
+  const char *name;
+  krt_dtype dtype;
+  int rank;
+  int64_t dims[KRT_MAX_RANK];
+} krt_io_desc;
+
+typedef struct {
+  const char *model_name;
+  int ninputs, noutputs;
+  const krt_io_desc *inputs, *outputs;
+  size_t arena_bytes, param_bytes;
+  int nkernels;
+  /* create: allocate on `dev` and upload the weights; run: inputs and
+   * outputs are host buffers in the described dtypes and shapes. */
+  int (*create)(krt_device *dev, void **model, char *err, size_t errlen);
+  int (*run)(void *model, const void *const *inputs, void *const *outputs, char *err,
+             size_t errlen);
+  void (*destroy)(void *model);
+} krt_model_api;
+
 #endif /* KILN_KILNRT_H */

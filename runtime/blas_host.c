@@ -1,0 +1,127 @@
+/* blas_host.c - krt_gemm for the host device, through CBLAS (OpenBLAS).
+ *
+ * f32 and f64 go straight to cblas_sgemm / cblas_dgemm, one call per batch
+ * item (CBLAS has no strided batch).  CBLAS has no half types, so f16 and
+ * bf16 are widened to f32 temporaries, multiplied by cblas_sgemm and rounded
+ * back once: the same "accumulate in f32" contract as cuBLAS with
+ * CUBLAS_COMPUTE_32F, though the summation order differs.
+ *
+ * device.c has already checked shapes and leading dimensions (all fit in
+ * int, Debian's OpenBLAS being LP64) and that m, n, batch > 0. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "device_impl.h"
+
+static enum CBLAS_TRANSPOSE tr(int t) { return t ? CblasTrans : CblasNoTrans; }
+
+/* Batch item i of a matrix.  With k == 0, A and B may be NULL (nothing is
+ * read), and offsetting NULL is undefined, so it stays NULL. */
+static const void *item(const void *base, int64_t i, int64_t stride, size_t elem) {
+  return base ? (const char *)base + (size_t)(i * stride) * elem : NULL;
+}
+
+/* One stored matrix of a batch item: rows x cols, leading dimension ld. */
+typedef struct {
+  const uint16_t *src; /* first element, in halves */
+  int64_t rows, cols, ld;
+} half_mat;
+
+static void widen(krt_dtype t, half_mat h, float *dst) {
+  for (int64_t r = 0; r < h.rows; r++) {
+    const uint16_t *s = h.src + r * h.ld;
+    float *d = dst + r * h.cols;
+    if (t == KRT_F16)
+      for (int64_t c = 0; c < h.cols; c++) d[c] = krt_f16_to_f32(s[c]);
+    else
+      for (int64_t c = 0; c < h.cols; c++) d[c] = krt_bf16_to_f32(s[c]);
+  }
+}
+
+static void narrow(krt_dtype t, const float *src, uint16_t *dst, int64_t rows, int64_t cols,
+                   int64_t ld) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *s = src + r * cols;
+    uint16_t *d = dst + r * ld;
+    if (t == KRT_F16)
+      for (int64_t c = 0; c < cols; c++) d[c] = krt_f32_to_f16(s[c]);
+    else
+      for (int64_t c = 0; c < cols; c++) d[c] = krt_f32_to_bf16(s[c]);
+  }
+}
+
+static float *temp(int64_t rows, int64_t cols) {
+  /* rows, cols <= INT_MAX each: the product fits int64 but not always a
+   * byte count; anything near 2^60 elements is not going to be malloc'd. */
+  int64_t n = rows * cols;
+  if (n >= ((int64_t)1 << 60)) return NULL;
+  return malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+}
+
+static int gemm_half(const krt_gemm_desc *g, char *err, size_t errlen) {
+  const int64_t m = g->m, n = g->n, k = g->k;
+  half_mat A = {g->a, g->trans_a ? k : m, g->trans_a ? m : k, g->lda};
+  half_mat B = {g->b, g->trans_b ? n : k, g->trans_b ? k : n, g->ldb};
+  float *a = temp(A.rows, A.cols), *b = temp(B.rows, B.cols), *c = temp(m, n);
+  int rc = 0;
+  if (!a || !b || !c) {
+    rc = krt_err(err, errlen,
+                 "krt_gemm %s %lldx%lldx%lld on the host: out of memory for the f32 copies",
+                 krt_dtype_name(g->dtype), (long long)m, (long long)n, (long long)k);
+    goto out;
+  }
+  for (int64_t i = 0; i < g->batch; i++) {
+    /* A stride of 0 broadcasts one matrix: widen it once. */
+    if (k > 0 && (i == 0 || g->stride_a)) {
+      A.src = (const uint16_t *)g->a + i * g->stride_a;
+      widen(g->dtype, A, a);
+    }
+    if (k > 0 && (i == 0 || g->stride_b)) {
+      B.src = (const uint16_t *)g->b + i * g->stride_b;
+      widen(g->dtype, B, b);
+    }
+    uint16_t *ci = (uint16_t *)g->c + i * g->stride_c;
+    /* BLAS semantics: with beta == 0 C is not read, so NaN there is fine. */
+    if (g->beta != 0) {
+      half_mat C = {ci, m, n, g->ldc};
+      widen(g->dtype, C, c);
+    } else {
+      memset(c, 0, (size_t)(m * n) * sizeof(float));
+    }
+    cblas_sgemm(CblasRowMajor, tr(g->trans_a), tr(g->trans_b), (int)m, (int)n, (int)k,
+                (float)g->alpha, a, (int)(A.cols > 0 ? A.cols : 1), b,
+                (int)(B.cols > 0 ? B.cols : 1), (float)g->beta, c, (int)n);
+    narrow(g->dtype, c, ci, m, n, g->ldc);
+  }
+out:
+  free(a);
+  free(b);
+  free(c);
+  return rc;
+}
+
+int krt_blas_gemm(const krt_gemm_desc *g, char *err, size_t errlen) {
+  const int m = (int)g->m, n = (int)g->n, k = (int)g->k;
+  const int lda = (int)g->lda, ldb = (int)g->ldb, ldc = (int)g->ldc;
+  switch (g->dtype) {
+  case KRT_F32:
+    for (int64_t i = 0; i < g->batch; i++)
+      cblas_sgemm(CblasRowMajor, tr(g->trans_a), tr(g->trans_b), m, n, k, (float)g->alpha,
+                  item(g->a, i, g->stride_a, 4), lda, item(g->b, i, g->stride_b, 4), ldb,
+                  (float)g->beta, (float *)g->c + i * g->stride_c, ldc);
+    return 0;
+  case KRT_F64:
+    for (int64_t i = 0; i < g->batch; i++)
+      cblas_dgemm(CblasRowMajor, tr(g->trans_a), tr(g->trans_b), m, n, k, g->alpha,
+                  item(g->a, i, g->stride_a, 8), lda, item(g->b, i, g->stride_b, 8), ldb,
+                  g->beta, (double *)g->c + i * g->stride_c, ldc);
+    return 0;
+  case KRT_F16:
+  case KRT_BF16: return gemm_half(g, err, errlen);
+  default:
+    return krt_err(err, errlen, "krt_gemm: dtype %s is not supported on the host",
+                   krt_dtype_name(g->dtype));
+  }
+}

@@ -1,0 +1,239 @@
+/* device.c - the device API of kilnrt.h: picks a device, checks arguments,
+ * and dispatches to the device's vtable (device_host.c, device_cuda.c).
+ *
+ * Checks that do not depend on the device (NULL pointers, a kernel index out
+ * of range, GEMM shapes that do not fit their leading dimensions) live here,
+ * once, so that both devices reject the same calls with the same words. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device_impl.h"
+
+int krt_err(char *err, size_t errlen, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+/* ---- choosing a device ------------------------------------------------ */
+int krt_device_kind_parse(const char *s, krt_device_kind *out) {
+  static const struct {
+    const char *name;
+    krt_device_kind kind;
+  } kinds[] = {{"auto", KRT_DEVICE_AUTO}, {"host", KRT_DEVICE_HOST}, {"cuda", KRT_DEVICE_CUDA}};
+  if (!s) return -1;
+  for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+    if (strcmp(s, kinds[i].name) == 0) {
+      if (out) *out = kinds[i].kind;
+      return 0;
+    }
+  return -1;
+}
+
+static int open_with(const krt_device_ops *ops, krt_device **out, char *err, size_t errlen) {
+  krt_device *d = calloc(1, sizeof *d);
+  if (!d) return krt_err(err, errlen, "krt_device_open: out of memory");
+  d->ops = ops;
+  if (ops->open(d, err, errlen)) {
+    free(d);
+    return -1;
+  }
+  *out = d;
+  return 0;
+}
+
+int krt_device_open(krt_device_kind kind, krt_device **out, char *err, size_t errlen) {
+  if (!out) return krt_err(err, errlen, "krt_device_open: no place for the device (out is NULL)");
+  *out = NULL;
+  /* The environment only overrides AUTO: a program that asks for a device by
+   * name gets that device or an error. */
+  if (kind == KRT_DEVICE_AUTO) {
+    const char *env = getenv("KILN_DEVICE");
+    if (env && *env && krt_device_kind_parse(env, &kind))
+      return krt_err(err, errlen, "KILN_DEVICE=%s: expected host, cuda or auto", env);
+  }
+  switch (kind) {
+  case KRT_DEVICE_HOST: return open_with(&krt_host_ops, out, err, errlen);
+  case KRT_DEVICE_CUDA: return open_with(&krt_cuda_ops, out, err, errlen);
+  case KRT_DEVICE_AUTO: {
+    /* No GPU is the normal case on a laptop or a CI runner, not an error:
+     * why the GPU was passed over is for KILN_DEVICE=cuda to say. */
+    char ignored[256];
+    if (open_with(&krt_cuda_ops, out, ignored, sizeof ignored) == 0) return 0;
+    return open_with(&krt_host_ops, out, err, errlen);
+  }
+  }
+  return krt_err(err, errlen, "krt_device_open: unknown device kind %d", (int)kind);
+}
+
+void krt_device_close(krt_device *d) {
+  if (!d) return;
+  d->ops->close(d);
+  free(d);
+}
+
+krt_device_kind krt_device_kind_of(const krt_device *d) { return d->ops->kind; }
+
+const char *krt_device_name(const krt_device *d) { return d->name; }
+
+/* ---- memory ----------------------------------------------------------- */
+int krt_malloc(krt_device *d, size_t bytes, void **ptr, char *err, size_t errlen) {
+  if (!d || !ptr) return krt_err(err, errlen, "krt_malloc: device or result pointer is NULL");
+  *ptr = NULL;
+  /* Zero bytes is a valid request (an empty tensor) that cuMemAlloc refuses;
+   * NULL is a fine answer since nothing may be read through it. */
+  if (bytes == 0) return 0;
+  return d->ops->alloc(d, bytes, ptr, err, errlen);
+}
+
+void krt_free(krt_device *d, void *ptr) {
+  if (d && ptr) d->ops->release(d, ptr);
+}
+
+static int check_copy(const char *what, const krt_device *d, const void *dst, const void *src,
+                      size_t bytes, char *err, size_t errlen) {
+  if (!d) return krt_err(err, errlen, "%s: device is NULL", what);
+  if (bytes && (!dst || !src))
+    return krt_err(err, errlen, "%s of %zu bytes: %s pointer is NULL", what, bytes,
+                   !dst ? "destination" : "source");
+  return 0;
+}
+
+int krt_upload(krt_device *d, void *dst, const void *src, size_t bytes, char *err,
+               size_t errlen) {
+  if (check_copy("krt_upload", d, dst, src, bytes, err, errlen)) return -1;
+  return bytes ? d->ops->upload(d, dst, src, bytes, err, errlen) : 0;
+}
+
+int krt_download(krt_device *d, void *dst, const void *src, size_t bytes, char *err,
+                 size_t errlen) {
+  if (check_copy("krt_download", d, dst, src, bytes, err, errlen)) return -1;
+  return bytes ? d->ops->download(d, dst, src, bytes, err, errlen) : 0;
+}
+
+int krt_memset_zero(krt_device *d, void *dst, size_t bytes, char *err, size_t errlen) {
+  if (check_copy("krt_memset_zero", d, dst, dst, bytes, err, errlen)) return -1;
+  return bytes ? d->ops->memset_zero(d, dst, bytes, err, errlen) : 0;
+}
+
+int krt_synchronize(krt_device *d, char *err, size_t errlen) {
+  if (!d) return krt_err(err, errlen, "krt_synchronize: device is NULL");
+  return d->ops->synchronize(d, err, errlen);
+}
+
+/* ---- modules and launches ---------------------------------------------- */
+void krt_module_unload(krt_module *m) {
+  if (!m) return;
+  if (m->priv) m->dev->ops->module_unload(m);
+  for (int i = 0; i < m->nkernels && m->names; i++) free(m->names[i]);
+  free(m->names);
+  free(m->host);
+  free(m);
+}
+
+int krt_module_load(krt_device *d, const krt_module_desc *desc, krt_module **out, char *err,
+                    size_t errlen) {
+  if (!out) return krt_err(err, errlen, "krt_module_load: out is NULL");
+  *out = NULL;
+  if (!d || !desc) return krt_err(err, errlen, "krt_module_load: device or module is NULL");
+  if (desc->nkernels < 0 || (desc->nkernels > 0 && !desc->kernels) || desc->ncubins < 0 ||
+      (desc->ncubins > 0 && !desc->cubins))
+    return krt_err(err, errlen, "krt_module_load: bad module description (%d kernels, %d cubins)",
+                   desc->nkernels, desc->ncubins);
+  krt_module *m = calloc(1, sizeof *m);
+  if (!m) return krt_err(err, errlen, "krt_module_load: out of memory");
+  m->dev = d;
+  size_t n = desc->nkernels ? (size_t)desc->nkernels : 1;
+  m->names = calloc(n, sizeof *m->names);
+  m->host = calloc(n, sizeof *m->host);
+  if (!m->names || !m->host) goto oom;
+  for (int i = 0; i < desc->nkernels; i++, m->nkernels++) {
+    const char *name = desc->kernels[i].name;
+    if (!name || !*name) {
+      krt_err(err, errlen, "krt_module_load: kernel %d has no name", i);
+      goto fail;
+    }
+    if (!(m->names[i] = strdup(name))) goto oom;
+    m->host[i] = desc->kernels[i].host;
+  }
+  if (d->ops->module_load(m, desc, err, errlen)) goto fail;
+  *out = m;
+  return 0;
+oom:
+  krt_err(err, errlen, "krt_module_load: out of memory");
+fail:
+  m->priv = NULL;
+  krt_module_unload(m);
+  return -1;
+}
+
+int krt_launch(krt_module *m, int index, kl_dim3 grid, kl_dim3 block, size_t dyn_shared,
+               void **args, char *err, size_t errlen) {
+  if (!m) return krt_err(err, errlen, "krt_launch: module is NULL");
+  if (index < 0 || index >= m->nkernels)
+    return krt_err(err, errlen, "krt_launch: kernel index %d out of range (module has %d)",
+                   index, m->nkernels);
+  return m->dev->ops->launch(m, index, grid, block, dyn_shared, args, err, errlen);
+}
+
+/* ---- GEMM --------------------------------------------------------------- */
+/* Both BLAS interfaces take 32-bit sizes and leading dimensions (Debian's
+ * OpenBLAS is built without ILP64; cublasGemmStridedBatchedEx takes int), so
+ * everything is checked against INT_MAX here, once. */
+static int gemm_check(const krt_gemm_desc *g, char *err, size_t errlen) {
+  if (g->dtype != KRT_F32 && g->dtype != KRT_F64 && g->dtype != KRT_F16 &&
+      g->dtype != KRT_BF16)
+    return krt_err(err, errlen, "krt_gemm: dtype %s is not supported (f32, f64, f16, bf16)",
+                   krt_dtype_name(g->dtype));
+  if (g->m < 0 || g->n < 0 || g->k < 0 || g->batch < 0 || g->m > INT_MAX || g->n > INT_MAX ||
+      g->k > INT_MAX || g->batch > INT_MAX)
+    return krt_err(err, errlen,
+                   "krt_gemm: m=%lld n=%lld k=%lld batch=%lld: each must be in 0..%d",
+                   (long long)g->m, (long long)g->n, (long long)g->k, (long long)g->batch,
+                   INT_MAX);
+  int64_t cols_a = g->trans_a ? g->m : g->k, cols_b = g->trans_b ? g->k : g->n;
+  const struct {
+    char name;
+    int64_t ld, min, stride;
+  } ops[3] = {{'a', g->lda, cols_a, g->stride_a},
+              {'b', g->ldb, cols_b, g->stride_b},
+              {'c', g->ldc, g->n, g->stride_c}};
+  for (int i = 0; i < 3; i++) {
+    int64_t min = ops[i].min > 1 ? ops[i].min : 1;
+    if (ops[i].ld < min || ops[i].ld > INT_MAX)
+      return krt_err(err, errlen,
+                     "krt_gemm %lldx%lldx%lld: ld%c=%lld, expected %lld..%d (row-major, "
+                     "trans_a=%d trans_b=%d)",
+                     (long long)g->m, (long long)g->n, (long long)g->k, ops[i].name,
+                     (long long)ops[i].ld, (long long)min, INT_MAX, !!g->trans_a, !!g->trans_b);
+    if (ops[i].stride < 0)
+      return krt_err(err, errlen, "krt_gemm: stride_%c=%lld is negative", ops[i].name,
+                     (long long)ops[i].stride);
+  }
+  if (g->m == 0 || g->n == 0 || g->batch == 0) return 0;
+  /* Batch items must not share C: on a GPU they are written concurrently,
+   * so an accumulation through stride_c = 0 would race. */
+  if (g->batch > 1 && g->stride_c < (g->m - 1) * g->ldc + g->n)
+    return krt_err(err, errlen,
+                   "krt_gemm: stride_c=%lld makes the %lld C matrices (%lldx%lld, ldc=%lld) "
+                   "overlap",
+                   (long long)g->stride_c, (long long)g->batch, (long long)g->m,
+                   (long long)g->n, (long long)g->ldc);
+  if (!g->c || (g->k > 0 && (!g->a || !g->b)))
+    return krt_err(err, errlen, "krt_gemm: matrix %c is NULL",
+                   !g->c ? 'c' : !g->a ? 'a' : 'b');
+  return 0;
+}
+
+int krt_gemm(krt_device *d, const krt_gemm_desc *g, char *err, size_t errlen) {
+  if (!d || !g) return krt_err(err, errlen, "krt_gemm: device or description is NULL");
+  if (gemm_check(g, err, errlen)) return -1;
+  if (g->m == 0 || g->n == 0 || g->batch == 0) return 0;
+  return d->ops->gemm(d, g, err, errlen);
+}

@@ -1,0 +1,471 @@
+/* device_cuda.c - the cuda device: a GPU through the CUDA driver API, GEMM
+ * through cuBLAS.
+ *
+ * Neither library is linked.  libcuda.so.1 ships with the GPU driver, not
+ * with the toolkit, so a program linked against it would not even start on a
+ * machine without a GPU, where it should run on the host device instead.
+ * Both are dlopen'ed: libcuda when a cuda device is opened, cuBLAS (hundreds
+ * of MB) at the first krt_gemm.  cuda.h and cublas_api.h are included for
+ * their types only, and every entry point is declared with __typeof__ of the
+ * header's prototype so that a signature cannot drift from the ABI.  The
+ * versioned names (cuMemAlloc_v2, ...) are the ones cuda.h's macros select;
+ * the unversioned symbols are the old 32-bit ABI.
+ *
+ * The device uses the primary context: it is the one cuBLAS (through the
+ * runtime API inside it) uses, so kernels, copies and GEMMs share memory and
+ * the legacy default stream, which keeps them in order without events.
+ * Every entry point makes the context current first, since the caller may
+ * use the device from any thread. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_api.h>
+#include <cuda.h>
+
+#include "device_impl.h"
+
+/* ---- loading the libraries ------------------------------------------------ */
+#define CU_FUNCS(X)                                                                        \
+  X(cuInit) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)                      \
+  X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) X(cuCtxSetCurrent)           \
+  X(cuCtxSynchronize) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemcpyHtoD_v2)                  \
+  X(cuMemcpyDtoH_v2) X(cuMemsetD8_v2) X(cuMemGetInfo_v2) X(cuModuleLoadDataEx)             \
+  X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncSetAttribute) X(cuLaunchKernel)         \
+  X(cuGetErrorName) X(cuGetErrorString)
+
+#define BLAS_FUNCS(X)                                                                      \
+  X(cublasCreate_v2) X(cublasDestroy_v2) X(cublasGemmStridedBatchedEx)                     \
+  X(cublasGetStatusName) X(cublasGetStatusString)
+
+#define DECLARE(f) __typeof__(f) *f;
+static struct {
+  int loaded;
+  CU_FUNCS(DECLARE)
+} cu;
+static struct {
+  int loaded;
+  BLAS_FUNCS(DECLARE)
+} blas;
+#undef DECLARE
+
+/* The libraries are loaded once per process and never closed: the driver
+ * starts threads and registers exit handlers, and unloading it under them is
+ * a known way to crash at exit. */
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* dlsym returns void *; converting it to a function pointer is what POSIX
+ * requires to work, though ISO C leaves it undefined.  Going through memcpy
+ * says so without a -Wpedantic warning. */
+static int resolve(void *lib, const char *libname, const char *sym, void *fnptr, char *err,
+                   size_t errlen) {
+  void *p = dlsym(lib, sym);
+  if (!p)
+    return krt_err(err, errlen, "%s has no %s (driver or library too old for this program)",
+                   libname, sym);
+  memcpy(fnptr, &p, sizeof p);
+  return 0;
+}
+
+static int load_driver(char *err, size_t errlen) {
+  pthread_mutex_lock(&load_lock);
+  int rc = 0;
+  if (!cu.loaded) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      rc = krt_err(err, errlen, "no CUDA driver (libcuda.so.1 not found): %s", dlerror());
+      goto out;
+    }
+#define RESOLVE(f) \
+  if (rc == 0) rc = resolve(lib, "libcuda.so.1", #f, &cu.f, err, errlen);
+    CU_FUNCS(RESOLVE)
+#undef RESOLVE
+    if (rc) {
+      dlclose(lib); /* nothing of it was used */
+      memset(&cu, 0, sizeof cu);
+      goto out;
+    }
+    cu.loaded = 1;
+  }
+out:
+  pthread_mutex_unlock(&load_lock);
+  return rc;
+}
+
+static int load_cublas(char *err, size_t errlen) {
+  /* The versioned name is the ABI this file was written against; the
+   * unversioned one is what a developer install provides; the toolkit's own
+   * folder covers an install that is not on the loader's path. */
+  static const char *const names[] = {"libcublas.so.13", "libcublas.so",
+                                      "/usr/local/cuda/lib64/libcublas.so.13"};
+  pthread_mutex_lock(&load_lock);
+  int rc = 0;
+  if (!blas.loaded) {
+    void *lib = NULL;
+    char first_error[256] = "";
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
+      lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+      if (!lib && i == 0) snprintf(first_error, sizeof first_error, "%s", dlerror());
+    }
+    if (!lib) {
+      rc = krt_err(err, errlen, "krt_gemm: cuBLAS not found (libcublas.so.13, libcublas.so): %s",
+                   first_error);
+      goto out;
+    }
+#define RESOLVE(f) \
+  if (rc == 0) rc = resolve(lib, "libcublas", #f, &blas.f, err, errlen);
+    BLAS_FUNCS(RESOLVE)
+#undef RESOLVE
+    if (rc) {
+      dlclose(lib);
+      memset(&blas, 0, sizeof blas);
+      goto out;
+    }
+    blas.loaded = 1;
+  }
+out:
+  pthread_mutex_unlock(&load_lock);
+  return rc;
+}
+
+/* ---- errors -------------------------------------------------------------- */
+/* "<what>: CUDA_ERROR_X (description)", what naming the call and its kernel
+ * or sizes. */
+static int cu_fail(CUresult r, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int cu_fail(CUresult r, char *err, size_t errlen, const char *fmt, ...) {
+  if (!err || !errlen) return -1;
+  char what[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  const char *name = NULL, *desc = NULL;
+  if (cu.cuGetErrorName(r, &name) != CUDA_SUCCESS || !name) name = NULL;
+  if (cu.cuGetErrorString(r, &desc) != CUDA_SUCCESS || !desc) desc = "unknown error";
+  if (name)
+    snprintf(err, errlen, "%s: %s (%s)", what, name, desc);
+  else
+    snprintf(err, errlen, "%s: CUDA error %d (%s)", what, (int)r, desc);
+  return -1;
+}
+
+/* ---- the device ------------------------------------------------------------ */
+typedef struct {
+  CUdevice dev;
+  CUcontext ctx;
+  int sm;                  /* 90 for compute capability 9.0 */
+  cublasHandle_t blas;     /* created at the first krt_gemm */
+  char last_kernel[128];   /* for asynchronous errors seen at a synchronize */
+} cuda_dev;
+
+static CUdeviceptr dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
+
+static int use_ctx(cuda_dev *c, char *err, size_t errlen) {
+  CUresult r = cu.cuCtxSetCurrent(c->ctx);
+  return r == CUDA_SUCCESS ? 0 : cu_fail(r, err, errlen, "cuCtxSetCurrent");
+}
+
+static int cuda_open(krt_device *d, char *err, size_t errlen) {
+  if (load_driver(err, errlen)) return -1;
+  CUresult r = cu.cuInit(0);
+  if (r != CUDA_SUCCESS) return cu_fail(r, err, errlen, "cuInit");
+  cuda_dev *c = calloc(1, sizeof *c);
+  if (!c) return krt_err(err, errlen, "krt_device_open: out of memory");
+  int major = 0, minor = 0;
+  char gpu[128] = "";
+  if ((r = cu.cuDeviceGet(&c->dev, 0)) != CUDA_SUCCESS) {
+    cu_fail(r, err, errlen, "cuDeviceGet(0)");
+    goto fail;
+  }
+  if ((r = cu.cuDeviceGetName(gpu, (int)sizeof gpu, c->dev)) != CUDA_SUCCESS) {
+    cu_fail(r, err, errlen, "cuDeviceGetName");
+    goto fail;
+  }
+  if ((r = cu.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                   c->dev)) != CUDA_SUCCESS ||
+      (r = cu.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                   c->dev)) != CUDA_SUCCESS) {
+    cu_fail(r, err, errlen, "cuDeviceGetAttribute(compute capability) on %s", gpu);
+    goto fail;
+  }
+  c->sm = major * 10 + minor;
+  if ((r = cu.cuDevicePrimaryCtxRetain(&c->ctx, c->dev)) != CUDA_SUCCESS) {
+    cu_fail(r, err, errlen, "cuDevicePrimaryCtxRetain on %s", gpu);
+    goto fail;
+  }
+  if (use_ctx(c, err, errlen)) {
+    cu.cuDevicePrimaryCtxRelease_v2(c->dev);
+    goto fail;
+  }
+  snprintf(d->name, sizeof d->name, "cuda: %s", gpu);
+  d->priv = c;
+  return 0;
+fail:
+  free(c);
+  return -1;
+}
+
+static void cuda_close(krt_device *d) {
+  cuda_dev *c = d->priv;
+  if (c->blas && use_ctx(c, NULL, 0) == 0) blas.cublasDestroy_v2(c->blas);
+  /* Releasing the last reference destroys the context and with it every
+   * allocation and module still in it. */
+  cu.cuDevicePrimaryCtxRelease_v2(c->dev);
+  free(c);
+  d->priv = NULL;
+}
+
+static int cuda_alloc(krt_device *d, size_t bytes, void **ptr, char *err, size_t errlen) {
+  cuda_dev *c = d->priv;
+  if (use_ctx(c, err, errlen)) return -1;
+  CUdeviceptr p = 0;
+  CUresult r = cu.cuMemAlloc_v2(&p, bytes);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+    size_t free_b = 0, total_b = 0;
+    if (cu.cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS)
+      return krt_err(err, errlen,
+                     "cuMemAlloc: out of GPU memory on %s: %zu bytes (%.1f MiB) asked, "
+                     "%zu bytes (%.1f MiB) free of %zu (%.1f MiB) (CUDA_ERROR_OUT_OF_MEMORY)",
+                     d->name, bytes, (double)bytes / 1048576.0, free_b,
+                     (double)free_b / 1048576.0, total_b, (double)total_b / 1048576.0);
+  }
+  if (r != CUDA_SUCCESS) return cu_fail(r, err, errlen, "cuMemAlloc of %zu bytes", bytes);
+  *ptr = (void *)(uintptr_t)p;
+  return 0;
+}
+
+/* krt_free cannot report: an error here means the context is already broken,
+ * and the next synchronize or copy says so. */
+static void cuda_release(krt_device *d, void *ptr) {
+  cuda_dev *c = d->priv;
+  if (use_ctx(c, NULL, 0) == 0) cu.cuMemFree_v2(dptr(ptr));
+}
+
+static int cuda_upload(krt_device *d, void *dst, const void *src, size_t bytes, char *err,
+                       size_t errlen) {
+  cuda_dev *c = d->priv;
+  if (use_ctx(c, err, errlen)) return -1;
+  CUresult r = cu.cuMemcpyHtoD_v2(dptr(dst), src, bytes);
+  return r == CUDA_SUCCESS ? 0 : cu_fail(r, err, errlen, "cuMemcpyHtoD of %zu bytes", bytes);
+}
+
+static int cuda_download(krt_device *d, void *dst, const void *src, size_t bytes, char *err,
+                         size_t errlen) {
+  cuda_dev *c = d->priv;
+  if (use_ctx(c, err, errlen)) return -1;
+  CUresult r = cu.cuMemcpyDtoH_v2(dst, dptr(src), bytes);
+  if (r == CUDA_SUCCESS) return 0;
+  /* A copy waits for earlier kernels, so it is often where their faults
+   * surface. */
+  return cu_fail(r, err, errlen, "cuMemcpyDtoH of %zu bytes%s%s%s", bytes,
+                 c->last_kernel[0] ? " (after kernel " : "", c->last_kernel,
+                 c->last_kernel[0] ? ")" : "");
+}
+
+static int cuda_memset_zero(krt_device *d, void *dst, size_t bytes, char *err, size_t errlen) {
+  cuda_dev *c = d->priv;
+  if (use_ctx(c, err, errlen)) return -1;
+  CUresult r = cu.cuMemsetD8_v2(dptr(dst), 0, bytes);
+  return r == CUDA_SUCCESS ? 0 : cu_fail(r, err, errlen, "cuMemsetD8 of %zu bytes", bytes);
+}
+
+static int cuda_synchronize(krt_device *d, char *err, size_t errlen) {
+  cuda_dev *c = d->priv;
+  if (use_ctx(c, err, errlen)) return -1;
+  CUresult r = cu.cuCtxSynchronize();
+  if (r == CUDA_SUCCESS) return 0;
+  return cu_fail(r, err, errlen, "cuCtxSynchronize%s%s%s",
+                 c->last_kernel[0] ? " (last launch: kernel " : "", c->last_kernel,
+                 c->last_kernel[0] ? ")" : "");
+}
+
+/* ---- modules --------------------------------------------------------------- */
+typedef struct {
+  CUmodule mod;
+  CUfunction *fn;
+  int *dyn_allowed; /* dynamic shared bytes each kernel has been opted in to */
+} cuda_module;
+
+/* Load one image; for PTX, the JIT's log goes into the message. */
+static int load_image(cuda_dev *c, CUmodule *mod, const void *image, const char *what, char *err,
+                      size_t errlen) {
+  char log[2048] = "";
+  CUjit_option opt[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void *val[] = {log, (void *)(uintptr_t)sizeof log};
+  CUresult r = cu.cuModuleLoadDataEx(mod, image, 2, opt, val);
+  if (r == CUDA_SUCCESS) return 0;
+  log[sizeof log - 1] = '\0';
+  cu_fail(r, err, errlen, "cuModuleLoadDataEx(%s for sm_%d)", what, c->sm);
+  if (log[0] && err) {
+    size_t n = strlen(err);
+    if (n + 1 < errlen) snprintf(err + n, errlen - n, "\n%s", log);
+  }
+  return -1;
+}
+
+static void cuda_module_unload(krt_module *m) {
+  cuda_module *cm = m->priv;
+  cuda_dev *c = m->dev->priv;
+  if (cm->mod && use_ctx(c, NULL, 0) == 0) cu.cuModuleUnload(cm->mod);
+  free(cm->fn);
+  free(cm->dyn_allowed);
+  free(cm);
+  m->priv = NULL;
+}
+
+static int cuda_module_load(krt_module *m, const krt_module_desc *desc, char *err,
+                            size_t errlen) {
+  cuda_dev *c = m->dev->priv;
+  if (use_ctx(c, err, errlen)) return -1;
+  cuda_module *cm = calloc(1, sizeof *cm);
+  size_t n = m->nkernels ? (size_t)m->nkernels : 1;
+  if (cm) {
+    cm->fn = calloc(n, sizeof *cm->fn);
+    cm->dyn_allowed = calloc(n, sizeof *cm->dyn_allowed);
+  }
+  if (!cm || !cm->fn || !cm->dyn_allowed) {
+    if (cm) {
+      free(cm->fn);
+      free(cm->dyn_allowed);
+    }
+    free(cm);
+    return krt_err(err, errlen, "krt_module_load: out of memory");
+  }
+  m->priv = cm;
+  /* A cubin runs only on the architecture it was built for (exactly: sm_90a
+   * code does not run on sm_100); PTX is JIT-compiled by the driver for
+   * whatever GPU is there, at a cost paid at every load. */
+  const krt_cubin *cubin = NULL; /* its size is not needed: a cubin is an ELF
+                                   * image that carries its own length */
+  for (int i = 0; i < desc->ncubins; i++)
+    if (desc->cubins[i].sm == c->sm && desc->cubins[i].data) cubin = &desc->cubins[i];
+  int rc = -1;
+  if (cubin) rc = load_image(c, &cm->mod, cubin->data, "cubin", err, errlen);
+  if (rc && desc->ptx) rc = load_image(c, &cm->mod, desc->ptx, "PTX", err, errlen);
+  if (rc && !cubin && !desc->ptx) {
+    char have[256] = "";
+    size_t len = 0;
+    for (int i = 0; i < desc->ncubins && len + 16 < sizeof have; i++)
+      len += (size_t)snprintf(have + len, sizeof have - len, "%ssm_%d", i ? ", " : "",
+                              desc->cubins[i].sm);
+    krt_err(err, errlen,
+            "no code for this GPU (%s, sm_%d): the program has cubins for %s and no PTX; "
+            "compile it for sm_%d",
+            m->dev->name, c->sm, len ? have : "no architecture", c->sm);
+  }
+  if (rc) goto fail;
+  for (int i = 0; i < m->nkernels; i++) {
+    CUresult r = cu.cuModuleGetFunction(&cm->fn[i], cm->mod, m->names[i]);
+    if (r != CUDA_SUCCESS) {
+      cu_fail(r, err, errlen, "cuModuleGetFunction(kernel %s)", m->names[i]);
+      goto fail;
+    }
+  }
+  return 0;
+fail:
+  cuda_module_unload(m);
+  return -1;
+}
+
+/* Above 48 KiB of dynamic shared memory a kernel must opt in, once. */
+#define CUDA_DEFAULT_DYN_SHARED (48u * 1024u)
+
+static int cuda_launch(krt_module *m, int index, kl_dim3 grid, kl_dim3 block,
+                       size_t dyn_shared, void **args, char *err, size_t errlen) {
+  cuda_module *cm = m->priv;
+  cuda_dev *c = m->dev->priv;
+  const char *name = m->names[index];
+  if (use_ctx(c, err, errlen)) return -1;
+  if (dyn_shared > (size_t)0x7fffffff)
+    return krt_err(err, errlen, "kernel %s: %zu bytes of dynamic shared memory", name,
+                   dyn_shared);
+  if (dyn_shared > CUDA_DEFAULT_DYN_SHARED && (int)dyn_shared > cm->dyn_allowed[index]) {
+    CUresult r = cu.cuFuncSetAttribute(cm->fn[index],
+                                       CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                       (int)dyn_shared);
+    if (r != CUDA_SUCCESS)
+      return cu_fail(r, err, errlen,
+                     "cuFuncSetAttribute(kernel %s, max dynamic shared = %zu bytes)", name,
+                     dyn_shared);
+    cm->dyn_allowed[index] = (int)dyn_shared;
+  }
+  snprintf(c->last_kernel, sizeof c->last_kernel, "%s", name);
+  CUresult r = cu.cuLaunchKernel(cm->fn[index], grid.x, grid.y, grid.z, block.x, block.y,
+                                 block.z, (unsigned)dyn_shared, NULL, args, NULL);
+  if (r == CUDA_SUCCESS) return 0;
+  return cu_fail(r, err, errlen,
+                 "cuLaunchKernel(kernel %s, grid (%u,%u,%u), block (%u,%u,%u), %zu bytes "
+                 "dynamic shared)",
+                 name, grid.x, grid.y, grid.z, block.x, block.y, block.z, dyn_shared);
+}
+
+/* ---- GEMM -------------------------------------------------------------------- */
+static int blas_fail(cublasStatus_t s, char *err, size_t errlen, const char *what) {
+  return krt_err(err, errlen, "%s: %s (%s)", what, blas.cublasGetStatusName(s),
+                 blas.cublasGetStatusString(s));
+}
+
+/* cuBLAS is column-major.  A row-major m x n matrix is the same bytes as a
+ * column-major n x m one, its transpose, so C = op(A) op(B) is computed as
+ * C^T = op(B)^T op(A)^T: swap the operands and m with n, keep the flags. */
+static int cuda_gemm(krt_device *d, const krt_gemm_desc *g, char *err, size_t errlen) {
+  cuda_dev *c = d->priv;
+  if (use_ctx(c, err, errlen)) return -1;
+  if (!c->blas) {
+    if (load_cublas(err, errlen)) return -1;
+    cublasStatus_t s = blas.cublasCreate_v2(&c->blas);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      c->blas = NULL;
+      return blas_fail(s, err, errlen, "cublasCreate");
+    }
+  }
+  cudaDataType t;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  float alpha32 = (float)g->alpha, beta32 = (float)g->beta;
+  const void *alpha = &alpha32, *beta = &beta32;
+  switch (g->dtype) {
+  case KRT_F32: t = CUDA_R_32F; break;
+  case KRT_F16: t = CUDA_R_16F; break;
+  case KRT_BF16: t = CUDA_R_16BF; break;
+  case KRT_F64:
+    t = CUDA_R_64F;
+    compute = CUBLAS_COMPUTE_64F;
+    alpha = &g->alpha; /* the scale type follows the compute type */
+    beta = &g->beta;
+    break;
+  default:
+    return krt_err(err, errlen, "krt_gemm: dtype %s is not supported on cuda",
+                   krt_dtype_name(g->dtype));
+  }
+  cublasStatus_t s = blas.cublasGemmStridedBatchedEx(
+      c->blas, g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      (int)g->n, (int)g->m, (int)g->k, alpha, g->b, t, (int)g->ldb, g->stride_b, g->a, t,
+      (int)g->lda, g->stride_a, beta, g->c, t, (int)g->ldc, g->stride_c, (int)g->batch, compute,
+      CUBLAS_GEMM_DEFAULT);
+  if (s == CUBLAS_STATUS_SUCCESS) return 0;
+  char what[160];
+  snprintf(what, sizeof what, "cublasGemmStridedBatchedEx(%s, m=%lld n=%lld k=%lld batch=%lld)",
+           krt_dtype_name(g->dtype), (long long)g->m, (long long)g->n, (long long)g->k,
+           (long long)g->batch);
+  return blas_fail(s, err, errlen, what);
+}
+
+const krt_device_ops krt_cuda_ops = {
+    .kind = KRT_DEVICE_CUDA,
+    .open = cuda_open,
+    .close = cuda_close,
+    .alloc = cuda_alloc,
+    .release = cuda_release,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .memset_zero = cuda_memset_zero,
+    .synchronize = cuda_synchronize,
+    .module_load = cuda_module_load,
+    .module_unload = cuda_module_unload,
+    .launch = cuda_launch,
+    .gemm = cuda_gemm,
+};

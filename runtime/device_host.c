@@ -1,0 +1,127 @@
+/* device_host.c - the host device: memory is ordinary memory, kernels run
+ * through the CUDA emulator (runtime/emu), GEMM through CBLAS (blas_host.c).
+ *
+ * It exists to test the whole system without a GPU, so it keeps the GPU's
+ * contract where that is cheap (64-byte aligned allocations, the same launch
+ * limits via kl_emu_launch) rather than being fast. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT: the thread count in the name */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "device_impl.h"
+
+/* cudaMalloc gives 256-byte alignment and kernels may rely on some of it for
+ * vector loads (float4, double2: 16 bytes); 64 bytes covers those and a
+ * cache line without wasting much on small buffers. */
+#define HOST_ALIGN 64
+
+/* The emulator's worker count, computed the way emu.c does (it has no
+ * getter): $KL_EMU_THREADS, else the CPUs this process may run on. */
+static int host_threads(void) {
+  const char *env = getenv("KL_EMU_THREADS");
+  if (env && atoi(env) > 0) return atoi(env);
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+static int host_open(krt_device *d, char *err, size_t errlen) {
+  (void)err;
+  (void)errlen;
+  int n = host_threads();
+  snprintf(d->name, sizeof d->name, "host (%d thread%s)", n, n == 1 ? "" : "s");
+  return 0;
+}
+
+static void host_close(krt_device *d) { (void)d; }
+
+static int host_alloc(krt_device *d, size_t bytes, void **ptr, char *err, size_t errlen) {
+  (void)d;
+  /* aligned_alloc wants a multiple of the alignment. */
+  size_t rounded = (bytes + HOST_ALIGN - 1) & ~(size_t)(HOST_ALIGN - 1);
+  void *p = rounded >= bytes ? aligned_alloc(HOST_ALIGN, rounded) : NULL;
+  if (!p) return krt_err(err, errlen, "krt_malloc: out of host memory (%zu bytes asked)", bytes);
+  *ptr = p;
+  return 0;
+}
+
+static void host_release(krt_device *d, void *ptr) {
+  (void)d;
+  free(ptr);
+}
+
+static int host_copy(krt_device *d, void *dst, const void *src, size_t bytes, char *err,
+                     size_t errlen) {
+  (void)d;
+  (void)err;
+  (void)errlen;
+  memmove(dst, src, bytes); /* overlapping device-to-device copies stay defined */
+  return 0;
+}
+
+static int host_memset_zero(krt_device *d, void *dst, size_t bytes, char *err, size_t errlen) {
+  (void)d;
+  (void)err;
+  (void)errlen;
+  memset(dst, 0, bytes);
+  return 0;
+}
+
+/* kl_emu_launch returns only when the grid has finished: nothing is queued. */
+static int host_synchronize(krt_device *d, char *err, size_t errlen) {
+  (void)d;
+  (void)err;
+  (void)errlen;
+  return 0;
+}
+
+static int no_host_entry(const krt_module *m, int i, char *err, size_t errlen) {
+  return krt_err(err, errlen,
+                 "kernel %s was not built for the host (the program was compiled for the GPU "
+                 "only)",
+                 m->names[i]);
+}
+
+/* Check the entries up front so that a GPU-only program fails at load, not
+ * in the middle of a run. */
+static int host_module_load(krt_module *m, const krt_module_desc *desc, char *err,
+                            size_t errlen) {
+  (void)desc;
+  for (int i = 0; i < m->nkernels; i++)
+    if (!m->host[i] || !m->host[i]->fn) return no_host_entry(m, i, err, errlen);
+  m->priv = m; /* nothing to keep; non-NULL marks the module as loaded */
+  return 0;
+}
+
+static void host_module_unload(krt_module *m) { m->priv = NULL; }
+
+static int host_launch(krt_module *m, int index, kl_dim3 grid, kl_dim3 block,
+                       size_t dyn_shared, void **args, char *err, size_t errlen) {
+  if (!m->host[index] || !m->host[index]->fn) return no_host_entry(m, index, err, errlen);
+  return kl_emu_launch(m->host[index], grid, block, dyn_shared, args, err, errlen);
+}
+
+static int host_gemm(krt_device *d, const krt_gemm_desc *g, char *err, size_t errlen) {
+  (void)d;
+  return krt_blas_gemm(g, err, errlen);
+}
+
+const krt_device_ops krt_host_ops = {
+    .kind = KRT_DEVICE_HOST,
+    .open = host_open,
+    .close = host_close,
+    .alloc = host_alloc,
+    .release = host_release,
+    .upload = host_copy,
+    .download = host_copy,
+    .memset_zero = host_memset_zero,
+    .synchronize = host_synchronize,
+    .module_load = host_module_load,
+    .module_unload = host_module_unload,
+    .launch = host_launch,
+    .gemm = host_gemm,
+};

@@ -1,0 +1,67 @@
+/* device_impl.h - what device.c shares with the device files (device_host.c,
+ * device_cuda.c, blas_host.c).  Not installed: programs see only kilnrt.h.
+ *
+ * A device is a vtable plus that device's private state.  device.c checks
+ * the arguments every device would check the same way (NULL pointers, kernel
+ * index, GEMM shapes) so that the device files hold only what differs. */
+#ifndef KILN_DEVICE_IMPL_H
+#define KILN_DEVICE_IMPL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+
+#include "kilnrt.h"
+
+typedef struct krt_device_ops {
+  krt_device_kind kind;
+  /* Fill d->name and d->priv; on failure leave nothing to close. */
+  int (*open)(krt_device *d, char *err, size_t errlen);
+  void (*close)(krt_device *d);
+  /* bytes > 0 here; device.c handles 0. */
+  int (*alloc)(krt_device *d, size_t bytes, void **ptr, char *err, size_t errlen);
+  void (*release)(krt_device *d, void *ptr); /* ptr != NULL */
+  int (*upload)(krt_device *d, void *dst, const void *src, size_t bytes, char *err,
+                size_t errlen);
+  int (*download)(krt_device *d, void *dst, const void *src, size_t bytes, char *err,
+                  size_t errlen);
+  int (*memset_zero)(krt_device *d, void *dst, size_t bytes, char *err, size_t errlen);
+  int (*synchronize)(krt_device *d, char *err, size_t errlen);
+  /* m->dev, m->names and m->host are filled; set m->priv. */
+  int (*module_load)(krt_module *m, const krt_module_desc *desc, char *err, size_t errlen);
+  void (*module_unload)(krt_module *m);
+  /* index already checked against m->nkernels. */
+  int (*launch)(krt_module *m, int index, kl_dim3 grid, kl_dim3 block, size_t dyn_shared,
+                void **args, char *err, size_t errlen);
+  /* Shapes, strides and pointers already checked (krt_gemm_check); m, n and
+   * batch > 0. */
+  int (*gemm)(krt_device *d, const krt_gemm_desc *g, char *err, size_t errlen);
+} krt_device_ops;
+
+struct krt_device {
+  const krt_device_ops *ops;
+  char name[160];
+  void *priv;
+};
+
+/* The module keeps its own copy of the kernel names and host entries, so the
+ * caller's krt_module_desc may be temporary. */
+struct krt_module {
+  krt_device *dev;
+  int nkernels;
+  char **names;
+  const kl_emu_kernel **host;
+  void *priv;
+};
+
+extern const krt_device_ops krt_host_ops;
+extern const krt_device_ops krt_cuda_ops;
+
+/* printf into err (NULL-safe); always returns -1 so callers can
+ * `return krt_err(...)`. */
+int krt_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Host GEMM through CBLAS on plain host pointers (blas_host.c). */
+int krt_blas_gemm(const krt_gemm_desc *g, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,754 @@
+/* test_device.c - the device API of kilnrt.h on the host device: choosing a
+ * device (kinds, AUTO, KILN_DEVICE), memory, module load and launch through
+ * the emulator, and krt_gemm against a naive triple loop in double.
+ *
+ * Memory and GEMM tests run on every device that opens: the host, and cuda
+ * where a GPU works.  Without a GPU, opening cuda fails with a clear message
+ * and AUTO falls back to the host (those tests skip where a GPU works).
+ * With KILN_FAKE_CUDA=1 and the fake driver and cuBLAS of this folder on
+ * LD_LIBRARY_PATH (the unit_device_fake_cuda test), the cuda device runs
+ * everything but real kernels on the CPU, and the test_fake_cuda_* tests
+ * check its module selection and its error messages. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <dlfcn.h>
+
+#include <cmocka.h>
+
+#include "../../runtime/kilnrt.h"
+
+extern const kl_emu_kernel axpy__emu, block_reverse__emu;
+
+static kl_dim3 d3(unsigned x, unsigned y, unsigned z) {
+  kl_dim3 d = {x, y, z};
+  return d;
+}
+
+static krt_device *open_host(void) {
+  krt_device *d = NULL;
+  char err[256];
+  if (krt_device_open(KRT_DEVICE_HOST, &d, err, sizeof err)) fail_msg("%s", err);
+  return d;
+}
+
+#define OK(call)                                                                          \
+  do {                                                                                    \
+    if ((call) != 0) fail_msg("%s failed: %s", #call, err);                               \
+  } while (0)
+
+static int starts_with(const char *s, const char *prefix) {
+  return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+#define assert_prefix(s, prefix)                                                          \
+  do {                                                                                    \
+    if (!starts_with((s), (prefix))) fail_msg("expected \"%s...\", got \"%s\"", (prefix), (s)); \
+  } while (0)
+
+#define assert_contains(s, part)                                                          \
+  do {                                                                                    \
+    if (!strstr((s), (part))) fail_msg("expected \"%s\" in \"%s\"", (part), (s));          \
+  } while (0)
+
+/* KILN_DEVICE as the test found it, restored after each test that sets it. */
+static char *saved_env;
+static int save_env(void **state) {
+  (void)state;
+  const char *v = getenv("KILN_DEVICE");
+  saved_env = v ? strdup(v) : NULL;
+  unsetenv("KILN_DEVICE");
+  return 0;
+}
+static int restore_env(void **state) {
+  (void)state;
+  if (saved_env) setenv("KILN_DEVICE", saved_env, 1);
+  else unsetenv("KILN_DEVICE");
+  free(saved_env);
+  saved_env = NULL;
+  return 0;
+}
+
+/* Whether this machine has a working GPU (or the fake one). */
+static int cuda_works(void) {
+  krt_device *d = NULL;
+  if (krt_device_open(KRT_DEVICE_CUDA, &d, NULL, 0)) return 0;
+  krt_device_close(d);
+  return 1;
+}
+
+static krt_device *open_cuda(void) {
+  krt_device *d = NULL;
+  char err[512];
+  if (krt_device_open(KRT_DEVICE_CUDA, &d, err, sizeof err)) fail_msg("%s", err);
+  return d;
+}
+
+/* Run fn on the host device, then on cuda if it opens. */
+static void on_each_device(void (*fn)(krt_device *)) {
+  krt_device *d = open_host();
+  fn(d);
+  krt_device_close(d);
+  if (cuda_works()) {
+    d = open_cuda();
+    fn(d);
+    krt_device_close(d);
+  }
+}
+
+/* ---- choosing a device ---------------------------------------------------- */
+static void test_kind_parse(void **state) {
+  (void)state;
+  krt_device_kind k = KRT_DEVICE_CUDA;
+  assert_int_equal(krt_device_kind_parse("host", &k), 0);
+  assert_int_equal(k, KRT_DEVICE_HOST);
+  assert_int_equal(krt_device_kind_parse("cuda", &k), 0);
+  assert_int_equal(k, KRT_DEVICE_CUDA);
+  assert_int_equal(krt_device_kind_parse("auto", &k), 0);
+  assert_int_equal(k, KRT_DEVICE_AUTO);
+  k = KRT_DEVICE_HOST;
+  const char *bad[] = {"", "HOST", "gpu", "cuda ", "hos", "cpu"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    assert_int_equal(krt_device_kind_parse(bad[i], &k), -1);
+  assert_int_equal(krt_device_kind_parse(NULL, &k), -1);
+  assert_int_equal(k, KRT_DEVICE_HOST); /* untouched on failure */
+}
+
+static void test_open_host(void **state) {
+  (void)state;
+  const char *old = getenv("KL_EMU_THREADS");
+  char *saved = old ? strdup(old) : NULL;
+  setenv("KL_EMU_THREADS", "3", 1);
+  krt_device *d = open_host();
+  assert_int_equal(krt_device_kind_of(d), KRT_DEVICE_HOST);
+  assert_string_equal(krt_device_name(d), "host (3 threads)");
+  krt_device_close(d);
+  setenv("KL_EMU_THREADS", "1", 1);
+  d = open_host();
+  assert_string_equal(krt_device_name(d), "host (1 thread)");
+  krt_device_close(d);
+  if (saved) setenv("KL_EMU_THREADS", saved, 1);
+  else unsetenv("KL_EMU_THREADS");
+  free(saved);
+  d = open_host();
+  assert_prefix(krt_device_name(d), "host (");
+  krt_device_close(d);
+  krt_device_close(NULL);
+}
+
+static void test_open_cuda_without_driver(void **state) {
+  (void)state;
+  krt_device *d = (krt_device *)&d; /* must be reset to NULL */
+  char err[512] = "";
+  if (krt_device_open(KRT_DEVICE_CUDA, &d, err, sizeof err) == 0) {
+    krt_device_close(d);
+    skip();
+  }
+  assert_null(d);
+  /* No libcuda at all (this machine), or a driver without a usable GPU. */
+  if (!starts_with(err, "cuInit: ")) {
+    assert_prefix(err, "no CUDA driver (libcuda.so.1 not found): ");
+    assert_contains(err, "libcuda.so.1: cannot open shared object file");
+  }
+}
+
+static void test_auto_and_env(void **state) {
+  (void)state;
+  char err[512] = "";
+  krt_device *d = NULL;
+  int gpu = cuda_works();
+  /* AUTO without KILN_DEVICE: the GPU if it works, else the host, silently. */
+  OK(krt_device_open(KRT_DEVICE_AUTO, &d, err, sizeof err));
+  assert_int_equal(krt_device_kind_of(d), gpu ? KRT_DEVICE_CUDA : KRT_DEVICE_HOST);
+  krt_device_close(d);
+
+  setenv("KILN_DEVICE", "host", 1);
+  OK(krt_device_open(KRT_DEVICE_AUTO, &d, err, sizeof err));
+  assert_int_equal(krt_device_kind_of(d), KRT_DEVICE_HOST);
+  krt_device_close(d);
+
+  setenv("KILN_DEVICE", "auto", 1);
+  OK(krt_device_open(KRT_DEVICE_AUTO, &d, err, sizeof err));
+  assert_int_equal(krt_device_kind_of(d), gpu ? KRT_DEVICE_CUDA : KRT_DEVICE_HOST);
+  krt_device_close(d);
+
+  /* KILN_DEVICE=cuda makes the missing GPU an error, not a fallback. */
+  setenv("KILN_DEVICE", "cuda", 1);
+  int rc = krt_device_open(KRT_DEVICE_AUTO, &d, err, sizeof err);
+  if (gpu) {
+    assert_int_equal(rc, 0);
+    assert_int_equal(krt_device_kind_of(d), KRT_DEVICE_CUDA);
+    krt_device_close(d);
+  } else {
+    assert_int_equal(rc, -1);
+    assert_null(d);
+    assert_true(starts_with(err, "no CUDA driver") || starts_with(err, "cuInit: "));
+  }
+
+  /* The environment overrides AUTO only: an explicit kind wins. */
+  OK(krt_device_open(KRT_DEVICE_HOST, &d, err, sizeof err));
+  assert_int_equal(krt_device_kind_of(d), KRT_DEVICE_HOST);
+  krt_device_close(d);
+
+  setenv("KILN_DEVICE", "gpu", 1);
+  assert_int_equal(krt_device_open(KRT_DEVICE_AUTO, &d, err, sizeof err), -1);
+  assert_string_equal(err, "KILN_DEVICE=gpu: expected host, cuda or auto");
+
+  setenv("KILN_DEVICE", "", 1); /* empty is unset */
+  OK(krt_device_open(KRT_DEVICE_AUTO, &d, err, sizeof err));
+  krt_device_close(d);
+
+  assert_int_equal(krt_device_open((krt_device_kind)7, &d, err, sizeof err), -1);
+  assert_string_equal(err, "krt_device_open: unknown device kind 7");
+  assert_int_equal(krt_device_open(KRT_DEVICE_HOST, NULL, NULL, 0), -1);
+}
+
+/* ---- memory ------------------------------------------------------------------ */
+static void memory_on(krt_device *d) {
+  char err[256] = "";
+  enum { N = 1001 };
+  float src[N], back[N];
+  for (int i = 0; i < N; i++) src[i] = (float)i * 0.25f - 7.0f;
+  void *p = NULL;
+  OK(krt_malloc(d, sizeof src, &p, err, sizeof err));
+  assert_non_null(p);
+  assert_int_equal((uintptr_t)p % 64, 0);
+  OK(krt_upload(d, p, src, sizeof src, err, sizeof err));
+  memset(back, 0xff, sizeof back);
+  OK(krt_download(d, back, p, sizeof back, err, sizeof err));
+  assert_memory_equal(back, src, sizeof src);
+
+  /* Zero a middle range only. */
+  OK(krt_memset_zero(d, (char *)p + 40, 400, err, sizeof err));
+  OK(krt_synchronize(d, err, sizeof err));
+  OK(krt_download(d, back, p, sizeof back, err, sizeof err));
+  for (int i = 0; i < N; i++)
+    assert_true(back[i] == (i >= 10 && i < 110 ? 0.0f : src[i]));
+
+  /* Empty requests succeed and do nothing. */
+  void *z = (void *)&z;
+  OK(krt_malloc(d, 0, &z, err, sizeof err));
+  assert_null(z);
+  OK(krt_upload(d, NULL, NULL, 0, err, sizeof err));
+  OK(krt_memset_zero(d, NULL, 0, err, sizeof err));
+  krt_free(d, NULL);
+  krt_free(NULL, p); /* no device: nothing to do, and no crash */
+
+  assert_int_equal(krt_upload(d, p, NULL, 8, err, sizeof err), -1);
+  assert_string_equal(err, "krt_upload of 8 bytes: source pointer is NULL");
+  assert_int_equal(krt_download(d, NULL, p, 8, err, sizeof err), -1);
+  assert_string_equal(err, "krt_download of 8 bytes: destination pointer is NULL");
+  assert_int_equal(krt_malloc(d, 16, NULL, NULL, 0), -1); /* err may be NULL */
+  krt_free(d, p);
+}
+
+static void test_memory(void **state) {
+  (void)state;
+  on_each_device(memory_on);
+}
+
+/* Far more than any machine has: a message with the size, not a crash. */
+static void test_host_out_of_memory(void **state) {
+  (void)state;
+  char err[256] = "";
+  krt_device *d = open_host();
+  void *huge = NULL;
+  assert_int_equal(krt_malloc(d, SIZE_MAX - 8, &huge, err, sizeof err), -1);
+  assert_null(huge);
+  assert_string_equal(err, "krt_malloc: out of host memory (18446744073709551607 bytes asked)");
+  krt_device_close(d);
+}
+
+/* ---- modules and launches ------------------------------------------------------ */
+static void test_module_launch(void **state) {
+  (void)state;
+  char err[512] = "";
+  krt_device *d = open_host();
+  krt_kernel_desc kernels[] = {{"axpy", &axpy__emu}, {"block_reverse", &block_reverse__emu}};
+  krt_module_desc desc = {kernels, 2, NULL, 0, NULL};
+  krt_module *m = NULL;
+  OK(krt_module_load(d, &desc, &m, err, sizeof err));
+  memset(kernels, 0, sizeof kernels); /* the module keeps its own copy */
+
+  enum { N = 1000, B = 128, NB = 4 };
+  float x[NB * B], y[NB * B], back[NB * B];
+  for (int i = 0; i < NB * B; i++) {
+    x[i] = (float)i;
+    y[i] = 1.0f - (float)i;
+  }
+  void *dx, *dy;
+  OK(krt_malloc(d, sizeof x, &dx, err, sizeof err));
+  OK(krt_malloc(d, sizeof y, &dy, err, sizeof err));
+  OK(krt_upload(d, dx, x, sizeof x, err, sizeof err));
+  OK(krt_upload(d, dy, y, sizeof y, err, sizeof err));
+
+  float a = 2.0f;
+  int n = N < NB * B ? N : NB * B;
+  void *args[] = {&a, &dx, &dy, &n};
+  OK(krt_launch(m, 0, d3(3, 1, 1), d3(64, 1, 1), 0, args, err, sizeof err));
+  OK(krt_synchronize(d, err, sizeof err));
+  OK(krt_download(d, back, dy, sizeof back, err, sizeof err));
+  for (int i = 0; i < NB * B; i++) assert_true(back[i] == (i < n ? 2.0f * x[i] + y[i] : y[i]));
+
+  void *args2[] = {&dx, &dy};
+  OK(krt_launch(m, 1, d3(NB, 1, 1), d3(B, 1, 1), B * sizeof(float), args2, err, sizeof err));
+  OK(krt_download(d, back, dy, sizeof back, err, sizeof err));
+  for (int blk = 0; blk < NB; blk++)
+    for (int t = 0; t < B; t++) assert_true(back[blk * B + t] == x[blk * B + B - 1 - t]);
+
+  /* Errors name the kernel. */
+  assert_int_equal(krt_launch(m, 2, d3(1, 1, 1), d3(1, 1, 1), 0, args, err, sizeof err), -1);
+  assert_string_equal(err, "krt_launch: kernel index 2 out of range (module has 2)");
+  assert_int_equal(krt_launch(m, -1, d3(1, 1, 1), d3(1, 1, 1), 0, args, err, sizeof err), -1);
+  assert_int_equal(krt_launch(m, 0, d3(1, 1, 1), d3(2048, 1, 1), 0, args, err, sizeof err), -1);
+  assert_contains(err, "kernel axpy");
+  assert_int_equal(krt_launch(NULL, 0, d3(1, 1, 1), d3(1, 1, 1), 0, args, err, sizeof err), -1);
+
+  krt_free(d, dx);
+  krt_free(d, dy);
+  krt_module_unload(m);
+  krt_module_unload(NULL);
+
+  /* A GPU-only build (no host entries) is refused at load, by kernel name. */
+  krt_kernel_desc gpu_only[] = {{"axpy", &axpy__emu}, {"fused_softmax_3", NULL}};
+  krt_module_desc gdesc = {gpu_only, 2, NULL, 0, "// ptx"};
+  m = (krt_module *)&m;
+  assert_int_equal(krt_module_load(d, &gdesc, &m, err, sizeof err), -1);
+  assert_null(m);
+  assert_string_equal(err, "kernel fused_softmax_3 was not built for the host (the program was "
+                           "compiled for the GPU only)");
+
+  krt_kernel_desc unnamed[] = {{NULL, &axpy__emu}};
+  krt_module_desc udesc = {unnamed, 1, NULL, 0, NULL};
+  assert_int_equal(krt_module_load(d, &udesc, &m, err, sizeof err), -1);
+  assert_string_equal(err, "krt_module_load: kernel 0 has no name");
+
+  /* An empty module is fine (a graph with no kernels of its own). */
+  krt_module_desc empty = {NULL, 0, NULL, 0, NULL};
+  OK(krt_module_load(d, &empty, &m, err, sizeof err));
+  krt_module_unload(m);
+  krt_device_close(d);
+}
+
+/* ---- GEMM -------------------------------------------------------------------------- */
+static void put(krt_dtype t, void *buf, int64_t i, double v) {
+  switch (t) {
+  case KRT_F32: ((float *)buf)[i] = (float)v; break;
+  case KRT_F64: ((double *)buf)[i] = v; break;
+  case KRT_F16: ((uint16_t *)buf)[i] = krt_f32_to_f16((float)v); break;
+  case KRT_BF16: ((uint16_t *)buf)[i] = krt_f32_to_bf16((float)v); break;
+  default: fail();
+  }
+}
+
+static double get(krt_dtype t, const void *buf, int64_t i) {
+  switch (t) {
+  case KRT_F32: return ((const float *)buf)[i];
+  case KRT_F64: return ((const double *)buf)[i];
+  case KRT_F16: return krt_f16_to_f32(((const uint16_t *)buf)[i]);
+  case KRT_BF16: return krt_bf16_to_f32(((const uint16_t *)buf)[i]);
+  default: fail();
+  }
+  return 0;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static double uniform(void) { /* xorshift64, in [-1, 1) */
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return (double)(rng >> 11) / 4503599627370496.0 - 1.0;
+}
+
+typedef struct {
+  int ta, tb;
+  int64_t m, n, k, batch;
+  int pad;              /* extra columns in every leading dimension */
+  int bcast_a, bcast_b; /* stride 0 */
+  double alpha, beta;
+} gcase;
+
+/* Buffer of `count` elements of random values (already rounded to t). */
+static void *random_buf(krt_dtype t, int64_t count) {
+  void *b = malloc((size_t)(count > 0 ? count : 1) * krt_dtype_size(t));
+  assert_non_null(b);
+  for (int64_t i = 0; i < count; i++) put(t, b, i, uniform());
+  return b;
+}
+
+static void *to_device(krt_device *d, const void *host, size_t bytes) {
+  char err[256] = "";
+  void *p = NULL;
+  OK(krt_malloc(d, bytes, &p, err, sizeof err));
+  OK(krt_upload(d, p, host, bytes, err, sizeof err));
+  return p;
+}
+
+static void run_gemm(krt_device *d, krt_dtype t, gcase c) {
+  const size_t es = krt_dtype_size(t);
+  const int64_t rows_a = c.ta ? c.k : c.m, cols_a = c.ta ? c.m : c.k;
+  const int64_t rows_b = c.tb ? c.n : c.k, cols_b = c.tb ? c.k : c.n;
+  const int64_t lda = (cols_a ? cols_a : 1) + c.pad, ldb = (cols_b ? cols_b : 1) + c.pad,
+                ldc = c.n + c.pad;
+  const int64_t sa = c.bcast_a ? 0 : rows_a * lda, sb = c.bcast_b ? 0 : rows_b * ldb,
+                sc = c.m * ldc + c.pad;
+  const int64_t na = (c.bcast_a ? 1 : c.batch) * rows_a * lda,
+                nb = (c.bcast_b ? 1 : c.batch) * rows_b * ldb, nc = c.batch * sc;
+  void *A = random_buf(t, na), *B = random_buf(t, nb), *C0 = random_buf(t, nc);
+  void *C = malloc((size_t)nc * es);
+  assert_non_null(C);
+  void *dA = to_device(d, A, (size_t)na * es), *dB = to_device(d, B, (size_t)nb * es),
+       *dC = to_device(d, C0, (size_t)nc * es);
+
+  krt_gemm_desc g = {t,  c.ta, c.tb, c.m, c.n, c.k, c.batch, dA,      lda,
+                     sa, dB,   ldb,  sb,  dC,  ldc, sc,      c.alpha, c.beta};
+  char err[512] = "";
+  OK(krt_gemm(d, &g, err, sizeof err));
+  OK(krt_synchronize(d, err, sizeof err));
+  OK(krt_download(d, C, dC, (size_t)nc * es, err, sizeof err));
+
+  /* f32/f16/bf16 accumulate in f32; halves are rounded once at the end. */
+  const double tol = t == KRT_F64 ? 1e-13 : t == KRT_F32 ? 2e-6 : t == KRT_F16 ? 2e-3 : 1e-2;
+  for (int64_t b = 0; b < c.batch; b++)
+    for (int64_t i = 0; i < c.m; i++)
+      for (int64_t j = 0; j < ldc; j++) {
+        int64_t ci = b * sc + i * ldc + j;
+        double got = get(t, C, ci);
+        if (j >= c.n) { /* padding is never written */
+          assert_true(got == get(t, C0, ci));
+          continue;
+        }
+        double sum = 0, mag = 0;
+        for (int64_t p = 0; p < c.k; p++) {
+          double x = get(t, A, b * sa + (c.ta ? p * lda + i : i * lda + p));
+          double y = get(t, B, b * sb + (c.tb ? j * ldb + p : p * ldb + j));
+          sum += x * y;
+          mag += fabs(x * y);
+        }
+        double c0 = get(t, C0, ci);
+        double want = c.alpha * sum + c.beta * c0;
+        double scale = fabs(c.alpha) * mag + fabs(c.beta * c0) + 1e-30;
+        if (!(fabs(got - want) <= tol * scale))
+          fail_msg("%s gemm ta=%d tb=%d %lldx%lldx%lld batch %lld: C[%lld][%lld][%lld] = %.9g, "
+                   "want %.9g",
+                   krt_dtype_name(t), c.ta, c.tb, (long long)c.m, (long long)c.n,
+                   (long long)c.k, (long long)c.batch, (long long)b, (long long)i,
+                   (long long)j, got, want);
+      }
+  krt_free(d, dA);
+  krt_free(d, dB);
+  krt_free(d, dC);
+  free(A);
+  free(B);
+  free(C0);
+  free(C);
+}
+
+static const gcase gemm_cases[] = {
+    /* ta tb  m   n    k batch pad ba bb alpha beta */
+    {0, 0, 5, 7, 3, 1, 0, 0, 0, 1.0, 0.0},
+    {1, 0, 4, 6, 9, 1, 2, 0, 0, 0.5, 2.0},
+    {0, 1, 33, 17, 65, 1, 1, 0, 0, -1.5, 1.0},
+    {1, 1, 8, 3, 5, 3, 3, 0, 0, 2.0, -0.5},
+    {0, 1, 6, 5, 7, 4, 0, 1, 0, 1.0, 0.0},   /* one A for every batch item */
+    {1, 0, 3, 9, 4, 3, 1, 0, 1, 1.0, 1.0},   /* one B (a shared weight) */
+    {0, 0, 4, 4, 0, 2, 0, 0, 0, 1.0, 0.5},   /* k = 0: C = beta * C */
+    {0, 0, 70, 90, 130, 2, 0, 0, 0, 1.0, 0.0}, /* big enough for blocked kernels */
+    {1, 1, 1, 1, 1, 1, 0, 0, 0, 3.0, 0.0},
+};
+
+#define GEMM_TEST(T)                                                                      \
+  static void gemm_cases_##T(krt_device *d) {                                             \
+    for (size_t i = 0; i < sizeof gemm_cases / sizeof gemm_cases[0]; i++)                 \
+      run_gemm(d, KRT_##T, gemm_cases[i]);                                                 \
+  }                                                                                       \
+  static void test_gemm_##T(void **state) {                                               \
+    (void)state;                                                                          \
+    on_each_device(gemm_cases_##T);                                                       \
+  }
+GEMM_TEST(F32)
+GEMM_TEST(F64)
+GEMM_TEST(F16)
+GEMM_TEST(BF16)
+
+/* beta = 0 means C is not read (BLAS): NaN there must not leak through. */
+static void beta0_on(krt_device *d) {
+  const krt_dtype types[] = {KRT_F32, KRT_F64, KRT_F16, KRT_BF16};
+  for (size_t ti = 0; ti < 4; ti++) {
+    krt_dtype t = types[ti];
+    double a[4], b[4], c[4]; /* storage for 4 elements of any of the types */
+    for (int i = 0; i < 4; i++) {
+      put(t, a, i, i + 1); /* [[1 2] [3 4]] */
+      put(t, b, i, i == 0 || i == 3); /* identity */
+      put(t, c, i, NAN);
+    }
+    void *da = to_device(d, a, sizeof a), *db = to_device(d, b, sizeof b),
+         *dc = to_device(d, c, sizeof c);
+    krt_gemm_desc g = {t, 0, 0, 2, 2, 2, 1, da, 2, 0, db, 2, 0, dc, 2, 0, 1.0, 0.0};
+    char err[256] = "";
+    OK(krt_gemm(d, &g, err, sizeof err));
+    OK(krt_download(d, c, dc, sizeof c, err, sizeof err));
+    for (int i = 0; i < 4; i++) assert_true(get(t, c, i) == i + 1);
+    krt_free(d, da);
+    krt_free(d, db);
+    krt_free(d, dc);
+  }
+}
+
+static void test_gemm_beta0_ignores_c(void **state) {
+  (void)state;
+  on_each_device(beta0_on);
+}
+
+static void test_gemm_errors(void **state) {
+  (void)state;
+  krt_device *d = open_host();
+  float a[16] = {0}, b[16] = {0}, c[16] = {0};
+  char err[512] = "";
+  krt_gemm_desc ok = {KRT_F32, 0, 0, 2, 2, 2, 1, a, 2, 4, b, 2, 4, c, 2, 4, 1.0, 0.0};
+  OK(krt_gemm(d, &ok, err, sizeof err));
+
+  krt_gemm_desc g = ok;
+  g.dtype = KRT_I32;
+  assert_int_equal(krt_gemm(d, &g, err, sizeof err), -1);
+  assert_string_equal(err, "krt_gemm: dtype i32 is not supported (f32, f64, f16, bf16)");
+
+  g = ok;
+  g.trans_a = 1;
+  g.m = 3;
+  assert_int_equal(krt_gemm(d, &g, err, sizeof err), -1);
+  assert_prefix(err, "krt_gemm 3x2x2: lda=2, expected 3..");
+
+  g = ok;
+  g.k = -1;
+  assert_int_equal(krt_gemm(d, &g, err, sizeof err), -1);
+  assert_prefix(err, "krt_gemm: m=2 n=2 k=-1 batch=1: each must be in 0..");
+
+  g = ok;
+  g.k = (int64_t)1 << 31;
+  assert_int_equal(krt_gemm(d, &g, err, sizeof err), -1);
+
+  g = ok;
+  g.stride_b = -4;
+  assert_int_equal(krt_gemm(d, &g, err, sizeof err), -1);
+  assert_string_equal(err, "krt_gemm: stride_b=-4 is negative");
+
+  g = ok;
+  g.batch = 2;
+  g.stride_c = 0;
+  assert_int_equal(krt_gemm(d, &g, err, sizeof err), -1);
+  assert_prefix(err, "krt_gemm: stride_c=0 makes the 2 C matrices");
+
+  g = ok;
+  g.b = NULL;
+  assert_int_equal(krt_gemm(d, &g, err, sizeof err), -1);
+  assert_string_equal(err, "krt_gemm: matrix b is NULL");
+
+  /* Nothing to compute: fine even with NULL matrices. */
+  g = ok;
+  g.m = 0;
+  g.a = g.b = g.c = NULL;
+  OK(krt_gemm(d, &g, err, sizeof err));
+  assert_int_equal(krt_gemm(d, NULL, err, sizeof err), -1);
+  krt_device_close(d);
+}
+
+/* ---- the cuda device on the fake driver ------------------------------------------- */
+static int fake_cuda(void) { return getenv("KILN_FAKE_CUDA") != NULL; }
+
+/* A query function of fake_libcuda.c, from the copy libkilnrt loaded. */
+static void *fake_fn(const char *name) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  assert_non_null(lib);
+  void *p = dlsym(lib, name);
+  dlclose(lib);
+  assert_non_null(p);
+  return p;
+}
+static int fake_ctx_refs(void) {
+  int (*f)(void);
+  void *p = fake_fn("fake_cuda_ctx_refs");
+  memcpy(&f, &p, sizeof p);
+  return f();
+}
+static size_t fake_used(void) {
+  size_t (*f)(void);
+  void *p = fake_fn("fake_cuda_used");
+  memcpy(&f, &p, sizeof p);
+  return f();
+}
+static const char *fake_last_image(void) {
+  const char *(*f)(void);
+  void *p = fake_fn("fake_cuda_last_image");
+  memcpy(&f, &p, sizeof p);
+  return f();
+}
+
+static void test_fake_cuda_open(void **state) {
+  (void)state;
+  if (!fake_cuda()) skip();
+  char err[512] = "";
+  krt_device *d = open_cuda(), *d2 = open_cuda();
+  assert_int_equal(krt_device_kind_of(d), KRT_DEVICE_CUDA);
+  assert_string_equal(krt_device_name(d), "cuda: Fake GPU");
+  assert_int_equal(fake_ctx_refs(), 2); /* both share the primary context */
+  krt_device_close(d2);
+  krt_device_close(d);
+  assert_int_equal(fake_ctx_refs(), 0);
+
+  /* A driver without a GPU: a named error for cuda, the host for AUTO. */
+  setenv("FAKE_CUDA_NODEV", "1", 1);
+  d = (krt_device *)&d;
+  assert_int_equal(krt_device_open(KRT_DEVICE_CUDA, &d, err, sizeof err), -1);
+  assert_null(d);
+  assert_string_equal(err, "cuInit: CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)");
+  OK(krt_device_open(KRT_DEVICE_AUTO, &d, err, sizeof err));
+  assert_int_equal(krt_device_kind_of(d), KRT_DEVICE_HOST);
+  krt_device_close(d);
+  unsetenv("FAKE_CUDA_NODEV");
+}
+
+static void test_fake_cuda_out_of_memory(void **state) {
+  (void)state;
+  if (!fake_cuda()) skip();
+  char err[512] = "";
+  setenv("FAKE_CUDA_MEM", "1048576", 1);
+  krt_device *d = open_cuda();
+  void *p = NULL, *q = (void *)&q;
+  OK(krt_malloc(d, 4096, &p, err, sizeof err));
+  assert_int_equal(krt_malloc(d, 2u << 20, &q, err, sizeof err), -1);
+  assert_null(q);
+  assert_string_equal(err, "cuMemAlloc: out of GPU memory on cuda: Fake GPU: 2097152 bytes "
+                           "(2.0 MiB) asked, 1044480 bytes (1.0 MiB) free of 1048576 (1.0 MiB) "
+                           "(CUDA_ERROR_OUT_OF_MEMORY)");
+  krt_free(d, p);
+  assert_int_equal(fake_used(), 0);
+  krt_device_close(d);
+  unsetenv("FAKE_CUDA_MEM");
+}
+
+static const unsigned char cubin80[] = "cubin:sm_80", cubin90[] = "cubin:sm_90";
+static const krt_cubin two_cubins[] = {{80, cubin80, sizeof cubin80},
+                                       {90, cubin90, sizeof cubin90}};
+
+static void test_fake_cuda_modules(void **state) {
+  (void)state;
+  if (!fake_cuda()) skip();
+  char err[1024] = "";
+  krt_kernel_desc kernels[] = {{"axpy", NULL}, {"faults", &axpy__emu}};
+  krt_module_desc desc = {kernels, 2, two_cubins, 2, "ptx:generic"};
+  krt_module *m = NULL;
+
+  /* The cubin of the device's architecture, exactly. */
+  krt_device *d = open_cuda();
+  OK(krt_module_load(d, &desc, &m, err, sizeof err));
+  assert_string_equal(fake_last_image(), "cubin:sm_90");
+  krt_module_unload(m);
+  krt_device_close(d);
+
+  /* A newer GPU than any cubin: the PTX. */
+  setenv("FAKE_CUDA_SM", "100", 1);
+  d = open_cuda();
+  OK(krt_module_load(d, &desc, &m, err, sizeof err));
+  assert_string_equal(fake_last_image(), "ptx:generic");
+  krt_module_unload(m);
+
+  desc.ptx = NULL;
+  assert_int_equal(krt_module_load(d, &desc, &m, err, sizeof err), -1);
+  assert_null(m);
+  assert_string_equal(err, "no code for this GPU (cuda: Fake GPU, sm_100): the program has cubins "
+                           "for sm_80, sm_90 and no PTX; compile it for sm_100");
+
+  desc.ptx = "ptx:bad";
+  assert_int_equal(krt_module_load(d, &desc, &m, err, sizeof err), -1);
+  assert_string_equal(err, "cuModuleLoadDataEx(PTX for sm_100): CUDA_ERROR_INVALID_PTX (a PTX JIT "
+                           "compilation failed)\nptxas fatal: Unresolved extern function 'nope'");
+  krt_device_close(d);
+  unsetenv("FAKE_CUDA_SM");
+
+  d = open_cuda();
+  krt_kernel_desc missing[] = {{"axpy", NULL}, {"missing", NULL}};
+  krt_module_desc mdesc = {missing, 2, two_cubins, 2, NULL};
+  assert_int_equal(krt_module_load(d, &mdesc, &m, err, sizeof err), -1);
+  assert_string_equal(err, "cuModuleGetFunction(kernel missing): CUDA_ERROR_NOT_FOUND (named "
+                           "symbol not found)");
+  krt_device_close(d);
+  assert_int_equal(fake_ctx_refs(), 0);
+}
+
+static void test_fake_cuda_launch(void **state) {
+  (void)state;
+  if (!fake_cuda()) skip();
+  char err[512] = "";
+  krt_kernel_desc kernels[] = {{"axpy", NULL}, {"faults", NULL}};
+  krt_module_desc desc = {kernels, 2, two_cubins, 2, NULL};
+  krt_device *d = open_cuda();
+  krt_module *m = NULL;
+  OK(krt_module_load(d, &desc, &m, err, sizeof err));
+
+  enum { N = 100 };
+  float x[N], y[N], back[N];
+  for (int i = 0; i < N; i++) {
+    x[i] = (float)i;
+    y[i] = 0.5f;
+  }
+  void *dx = to_device(d, x, sizeof x), *dy = to_device(d, y, sizeof y);
+  float a = 3.0f;
+  int n = N;
+  void *args[] = {&a, &dx, &dy, &n};
+  OK(krt_launch(m, 0, d3(1, 1, 1), d3(128, 1, 1), 0, args, err, sizeof err));
+  /* Over 48 KiB of dynamic shared memory needs the kernel's opt-in, which
+   * the fake driver insists on like the real one. */
+  OK(krt_launch(m, 0, d3(1, 1, 1), d3(128, 1, 1), 64 * 1024, args, err, sizeof err));
+  OK(krt_synchronize(d, err, sizeof err));
+  OK(krt_download(d, back, dy, sizeof back, err, sizeof err));
+  for (int i = 0; i < N; i++) assert_true(back[i] == 0.5f + 6.0f * (float)i);
+
+  assert_int_equal(krt_launch(m, 0, d3(1, 1, 1), d3(2048, 1, 1), 0, args, err, sizeof err), -1);
+  assert_string_equal(err, "cuLaunchKernel(kernel axpy, grid (1,1,1), block (2048,1,1), 0 bytes "
+                           "dynamic shared): CUDA_ERROR_INVALID_VALUE (invalid argument)");
+
+  /* A fault shows up later, at the next synchronize, with the last kernel. */
+  OK(krt_launch(m, 1, d3(1, 1, 1), d3(32, 1, 1), 0, args, err, sizeof err));
+  assert_int_equal(krt_synchronize(d, err, sizeof err), -1);
+  assert_string_equal(err, "cuCtxSynchronize (last launch: kernel faults): "
+                           "CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered)");
+  krt_free(d, dx);
+  krt_free(d, dy);
+  krt_module_unload(m);
+  krt_device_close(d);
+  assert_int_equal(fake_used(), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_kind_parse),
+      cmocka_unit_test(test_open_host),
+      cmocka_unit_test_setup_teardown(test_open_cuda_without_driver, save_env, restore_env),
+      cmocka_unit_test_setup_teardown(test_auto_and_env, save_env, restore_env),
+      cmocka_unit_test(test_memory),
+      cmocka_unit_test(test_host_out_of_memory),
+      cmocka_unit_test(test_module_launch),
+      cmocka_unit_test(test_gemm_F32),
+      cmocka_unit_test(test_gemm_F64),
+      cmocka_unit_test(test_gemm_F16),
+      cmocka_unit_test(test_gemm_BF16),
+      cmocka_unit_test(test_gemm_beta0_ignores_c),
+      cmocka_unit_test(test_gemm_errors),
+      cmocka_unit_test_setup_teardown(test_fake_cuda_open, save_env, restore_env),
+      cmocka_unit_test(test_fake_cuda_out_of_memory),
+      cmocka_unit_test(test_fake_cuda_modules),
+      cmocka_unit_test(test_fake_cuda_launch),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  kl_emu_shutdown();
+  return rc;
+}
