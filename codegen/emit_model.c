@@ -2,6 +2,7 @@
  * every value lives (weights blob, one arena for intermediates, input and
  * output buffers), write one kernel or GEMM call per node, and the host code
  * and header around them. */
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,7 +17,6 @@ typedef struct {
   int index;     /* INPUT, OUTPUT */
 } location;
 
-typedef enum { EMIT_SKIP, EMIT_KERNEL, EMIT_GEMM, EMIT_UNSUPPORTED } emit_kind;
 
 typedef struct {
   const kl_graph *g;
@@ -34,55 +34,6 @@ static size_t value_bytes(const kl_value *v) {
 }
 
 static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
-
-static bool is_copy_op(kl_op op) {
-  return op == KL_OP_RESHAPE || op == KL_OP_FLATTEN || op == KL_OP_SQUEEZE ||
-         op == KL_OP_UNSQUEEZE || op == KL_OP_EXPAND || op == KL_OP_TRANSPOSE;
-}
-
-static bool is_reduce_op(kl_op op) {
-  return op == KL_OP_REDUCE_SUM || op == KL_OP_REDUCE_MEAN || op == KL_OP_REDUCE_MAX ||
-         op == KL_OP_REDUCE_MIN || op == KL_OP_REDUCE_PROD;
-}
-
-/* matmul operands as batch x [m, k] @ [k, n]: 1-D operands promoted, and
- * each operand's batch either full or broadcast whole (stride 0). */
-typedef struct {
-  int64_t m, n, k, batch, stride_a, stride_b;
-} mm_plan;
-
-static int plan_matmul(const kl_node *nd, mm_plan *p) {
-  const kl_shape *a = &nd->inputs[0]->shape, *b = &nd->inputs[1]->shape, *o = &nd->outputs[0]->shape;
-  p->k = a->dims[a->rank - 1];
-  p->m = a->rank >= 2 ? a->dims[a->rank - 2] : 1;
-  p->n = b->rank >= 2 ? b->dims[b->rank - 1] : 1;
-  int64_t ab = 1, bb = 1;
-  for (int d = 0; d < a->rank - 2; d++) ab *= a->dims[d];
-  for (int d = 0; d < b->rank - 2; d++) bb *= b->dims[d];
-  p->batch = 1;
-  for (int d = 0; d < o->rank - (a->rank >= 2 && b->rank >= 2 ? 2 : 1); d++) p->batch *= o->dims[d];
-  if (a->rank == 1 || b->rank == 1) p->batch = ab * bb; /* one of them is 1 */
-  if ((ab != 1 && ab != p->batch) || (bb != 1 && bb != p->batch)) return -1;
-  p->stride_a = ab == 1 ? 0 : p->m * p->k;
-  p->stride_b = bb == 1 ? 0 : p->k * p->n;
-  return 0;
-}
-
-static emit_kind classify(const kl_node *n, char *why, size_t len) {
-  *why = 0;
-  if (n->op == KL_OP_CONSTANT) return EMIT_SKIP; /* folded into the weights */
-  if (kl_cg_is_elementwise(n) || is_copy_op(n->op) || is_reduce_op(n->op) ||
-      n->op == KL_OP_SOFTMAX || n->op == KL_OP_LOG_SOFTMAX)
-    return EMIT_KERNEL;
-  if (n->op == KL_OP_MATMUL || n->op == KL_OP_GEMM) {
-    mm_plan p;
-    if (!kl_dtype_is_float(n->outputs[0]->dtype)) snprintf(why, len, "integer GEMM");
-    else if (n->op == KL_OP_MATMUL && plan_matmul(n, &p))
-      snprintf(why, len, "partly broadcast batch dims");
-    else return EMIT_GEMM;
-  }
-  return EMIT_UNSUPPORTED;
-}
 
 /* ---- where values live ----------------------------------------------- */
 static int add_param(cg_ctx *c, const kl_value *v, const kl_tensor *t) {
@@ -150,68 +101,106 @@ static void ptr(FILE *f, const cg_ctx *c, const kl_value *v) {
   }
 }
 
-/* ---- the three files ------------------------------------------------- */
-static void launch(FILE *f, const cg_ctx *c, const kl_node *n, int kernel, const kl_value *const *ins,
-                   int nins, const kl_value *out) {
-  int64_t numel = kl_shape_numel(&out->shape);
-  if (numel == 0) return;
-  if (n->op == KL_OP_SOFTMAX || n->op == KL_OP_LOG_SOFTMAX) /* one thread per row */
-    numel /= out->shape.dims[(kl_attr_int(n, "axis", -1) + out->shape.rank) % out->shape.rank];
-  int64_t blocks = (numel + BLOCK - 1) / BLOCK;
-  if (blocks > MAX_BLOCKS) blocks = MAX_BLOCKS;
-  fprintf(f, "  {\n");
-  for (int k = 0; k < nins; k++) {
-    fprintf(f, "    void *a%d = ", k);
-    ptr(f, c, ins[k]);
-    fprintf(f, ";\n");
-  }
-  fprintf(f, "    void *y = ");
-  ptr(f, c, out);
-  fprintf(f, ";\n    void *args[] = {");
-  for (int k = 0; k < nins; k++) fprintf(f, "&a%d, ", k);
-  fprintf(f, "&y};\n    if (krt_launch(m->mod, %d, (kl_dim3){%lld, 1, 1}, (kl_dim3){%d, 1, 1}, 0, args, err, errlen))\n"
-             "      return -1;\n  }\n", kernel, (long long)blocks, BLOCK);
+/* ---- the emitter: what templates write through ---------------------- */
+struct kl_cg_emitter {
+  cg_ctx *c;
+  FILE *kf, *rf;
+  int nkernels, ngemms;
+  const kl_node *node;
+};
+
+FILE *kl_cg_kernels(kl_cg_emitter *e) { return e->kf; }
+FILE *kl_cg_host(kl_cg_emitter *e) { return e->rf; }
+
+int kl_cg_new_kernel(kl_cg_emitter *e, char *name, size_t len) {
+  snprintf(name, len, "k%d", e->nkernels);
+  return e->nkernels++;
 }
 
-static void gemm_call(FILE *f, const cg_ctx *c, const kl_node *n, int *kernel, FILE *kf) {
-  const kl_value *a = n->inputs[0], *b = n->inputs[1], *out = n->outputs[0];
-  int64_t m, nn, k, batch = 1, sa = 0, sb = 0;
-  int ta = 0, tb = 0;
-  double alpha = 1, beta = 0;
-  if (n->op == KL_OP_MATMUL) {
-    mm_plan p;
-    plan_matmul(n, &p);
-    m = p.m, nn = p.n, k = p.k, batch = p.batch, sa = p.stride_a, sb = p.stride_b;
-  } else {
-    ta = (int)kl_attr_int(n, "trans_a", 0), tb = (int)kl_attr_int(n, "trans_b", 0);
-    alpha = kl_attr_float(n, "alpha", 1), beta = n->ninputs > 2 ? kl_attr_float(n, "beta", 1) : 0;
-    m = a->shape.dims[ta ? 1 : 0], k = a->shape.dims[ta ? 0 : 1], nn = b->shape.dims[tb ? 0 : 1];
-    if (n->ninputs > 2) { /* C broadcast into the output first, then += */
-      kl_node copy = *n;
-      copy.op = KL_OP_EXPAND;
-      kl_value *cin = n->inputs[2];
-      copy.inputs = &cin;
-      copy.ninputs = 1;
-      char name[32];
-      snprintf(name, sizeof name, "k%d", *kernel);
-      kl_cg_gather_copy(kf, name, &copy);
-      launch(f, c, n, (*kernel)++, (const kl_value *const *)&cin, 1, out);
-    }
+const char *kl_cg_ptr(kl_cg_emitter *e, const kl_value *v, char *buf, size_t len) {
+  const location *l = &e->c->loc[v->id];
+  switch (l->kind) {
+  case LOC_PARAM: snprintf(buf, len, "(void *)(m->params + %zu)", l->offset); break;
+  case LOC_ARENA: snprintf(buf, len, "(void *)(m->arena + %zu)", l->offset); break;
+  case LOC_INPUT: snprintf(buf, len, "m->io[%d]", l->index); break;
+  case LOC_OUTPUT: snprintf(buf, len, "m->io[%d]", e->c->g->inputs.len + l->index); break;
+  default: snprintf(buf, len, "NULL"); break;
   }
+  return buf;
+}
+
+/* Scratch is appended to the arena: one region per request for now (the
+ * memory planner will overlap them). */
+const char *kl_cg_scratch(kl_cg_emitter *e, size_t bytes, char *buf, size_t len) {
+  size_t off = align_up(e->c->arena_bytes);
+  e->c->arena_bytes = off + bytes;
+  snprintf(buf, len, "(void *)(m->arena + %zu)", off);
+  return buf;
+}
+
+void kl_cg_launch(kl_cg_emitter *e, int k, int64_t threads, const char *const *args, int nargs) {
+  if (threads <= 0) return;
+  int64_t blocks = (threads + BLOCK - 1) / BLOCK;
+  if (blocks > MAX_BLOCKS) blocks = MAX_BLOCKS;
+  FILE *f = e->rf;
+  fprintf(f, "  {\n");
+  for (int i = 0; i < nargs; i++) fprintf(f, "    void *p%d = %s;\n", i, args[i]);
+  fprintf(f, "    void *args[] = {");
+  for (int i = 0; i < nargs; i++) fprintf(f, "%s&p%d", i ? ", " : "", i);
+  fprintf(f, "};\n    if (krt_launch(m->mod, %d, (kl_dim3){%lld, 1, 1}, (kl_dim3){%d, 1, 1}, 0, args, "
+             "err, errlen))\n      return -1;\n  }\n", k, (long long)blocks, BLOCK);
+}
+
+void kl_cg_launch_node(kl_cg_emitter *e, int k, int64_t threads, const kl_node *n) {
+  char bufs[65][160];
+  const char *args[65];
+  int na = 0;
+  for (int i = 0; i < n->ninputs && na < 64; i++, na++)
+    args[na] = kl_cg_ptr(e, n->inputs[i], bufs[na], sizeof bufs[na]);
+  args[na] = kl_cg_ptr(e, n->outputs[0], bufs[na], sizeof bufs[na]);
+  na++;
+  kl_cg_launch(e, k, threads, args, na);
+}
+
+void kl_cg_emit_gemm(kl_cg_emitter *e, const kl_cg_gemm *g) {
+  fprintf(e->rf, "  {\n    krt_gemm_desc d = {.dtype = (krt_dtype)%d, .trans_a = %d, .trans_b = %d,\n"
+                 "      .m = %lld, .n = %lld, .k = %lld, .batch = %lld,\n"
+                 "      .a = %s, .lda = %lld, .stride_a = %lld,\n"
+                 "      .b = %s, .ldb = %lld, .stride_b = %lld,\n"
+                 "      .c = %s, .ldc = %lld, .stride_c = %lld, .alpha = %.17g, .beta = %.17g};\n"
+                 "    if (krt_gemm(m->dev, &d, err, errlen)) return -1;\n  }\n",
+          (int)g->dtype, g->trans_a, g->trans_b, (long long)g->m, (long long)g->n, (long long)g->k,
+          (long long)g->batch, g->a, (long long)g->lda, (long long)g->stride_a, g->b,
+          (long long)g->ldb, (long long)g->stride_b, g->c, (long long)g->ldc,
+          (long long)g->stride_c, g->alpha, g->beta);
+  e->ngemms++;
+}
+
+int kl_cg_fail(kl_cg_emitter *e, const kl_node *n, const char *fmt, ...) {
+  char body[700];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(body, sizeof body, fmt, ap);
+  va_end(ap);
+  return kl_fail(e->c->err, n->loc, "%s (node '%s'): %s", kl_ops[n->op].name, n->name, body);
+}
+
+void kl_cg_comment(kl_cg_emitter *e, const kl_node *n) {
   char shape[160];
-  fprintf(f, "  { /* %s: %s -> %s%s */\n    krt_gemm_desc d = {.dtype = (krt_dtype)%d, .trans_a = %d, "
-             ".trans_b = %d,\n      .m = %lld, .n = %lld, .k = %lld, .batch = %lld,\n      .a = ",
-          n->name, kl_ops[n->op].name, kl_dtype_name(out->dtype),
-          kl_shape_str(&out->shape, shape, sizeof shape), (int)out->dtype, ta, tb, (long long)m,
-          (long long)nn, (long long)k, (long long)batch);
-  ptr(f, c, a);
-  fprintf(f, ", .lda = %lld, .stride_a = %lld,\n      .b = ", (long long)(ta ? m : k), (long long)sa);
-  ptr(f, c, b);
-  fprintf(f, ", .ldb = %lld, .stride_b = %lld,\n      .c = ", (long long)(tb ? k : nn), (long long)sb);
-  ptr(f, c, out);
-  fprintf(f, ", .ldc = %lld, .stride_c = %lld, .alpha = %.17g, .beta = %.17g};\n"
-             "    if (krt_gemm(m->dev, &d, err, errlen)) return -1;\n  }\n",
-          (long long)nn, (long long)(m * nn), alpha, beta);
+  const kl_value *o = n->outputs[0];
+  kl_shape_str(&o->shape, shape, sizeof shape);
+  fprintf(e->kf, "/* %s: %s -> %s%s */\n", n->name, kl_ops[n->op].name, kl_dtype_name(o->dtype), shape);
+  fprintf(e->rf, "  /* %s: %s -> %s%s */\n", n->name, kl_ops[n->op].name, kl_dtype_name(o->dtype), shape);
+}
+
+static const kl_cg_template *const families[] = {kl_cg_templates_basic, kl_cg_templates_movement,
+                                                 kl_cg_templates_nn};
+
+static const kl_cg_template *find_template(const kl_node *n) {
+  for (size_t f = 0; f < sizeof families / sizeof *families; f++)
+    for (const kl_cg_template *t = families[f]; t->handles; t++)
+      if (t->handles(n)) return t;
+  return NULL;
 }
 
 static void io_table(FILE *f, const char *name, const kl_value *const *vals, int n) {
@@ -239,31 +228,26 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   /* run() first into a buffer: it numbers the kernels as it goes */
   char *run_text;
   size_t run_len;
-  FILE *rf = open_memstream(&run_text, &run_len);
-  int kernel = 0;
-  for (int i = 0; i < g->nodes.len; i++) {
+  kl_cg_emitter e = {.c = c, .kf = kf};
+  e.rf = open_memstream(&run_text, &run_len);
+  int rc = 0;
+  for (int i = 0; i < g->nodes.len && !rc; i++) {
     const kl_node *n = c->order[i];
-    char why[128], name[32];
-    if (!c->live[n->id]) continue;
-    emit_kind k = classify(n, why, sizeof why);
-    if (k == EMIT_SKIP) continue;
-    if (k == EMIT_GEMM) {
-      gemm_call(rf, c, n, &kernel, kf);
-      c->ngemms++;
-      continue;
-    }
-    snprintf(name, sizeof name, "k%d", kernel);
-    if (kl_cg_is_elementwise(n)) kl_cg_elementwise(kf, name, n);
-    else if (is_copy_op(n->op)) kl_cg_gather_copy(kf, name, n);
-    else if (is_reduce_op(n->op)) kl_cg_reduce(kf, name, n);
-    else kl_cg_softmax(kf, name, n);
-    char shape[160];
-    fprintf(rf, "  /* %s: %s -> %s%s */\n", n->name, kl_ops[n->op].name,
-            kl_dtype_name(n->outputs[0]->dtype), kl_shape_str(&n->outputs[0]->shape, shape, sizeof shape));
-    launch(rf, c, n, kernel++, (const kl_value *const *)n->inputs, n->ninputs, n->outputs[0]);
+    if (!c->live[n->id] || n->op == KL_OP_CONSTANT) continue; /* constants: in the weights */
+    e.node = n;
+    rc = find_template(n)->emit(&e, n);
   }
-  fclose(rf);
-  c->nkernels = kernel;
+  fclose(e.rf);
+  int kernel = e.nkernels;
+  c->nkernels = e.nkernels;
+  c->ngemms = e.ngemms;
+  if (rc) {
+    free(run_text);
+    fclose(kf);
+    fclose(mf);
+    fclose(hf);
+    return -1;
+  }
 
   fprintf(hf, "/* model.h - generated by kiln: the compiled model '%s'. */\n#ifndef KILN_MODEL_%s_H\n"
               "#define KILN_MODEL_%s_H\n#include \"kilnrt.h\"\n\n", g->name, prefix, prefix);
@@ -362,12 +346,10 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
   int missing = 0;
   for (int i = 0; i < nn; i++) {
     const kl_node *n = c.order[i];
-    char why[128];
-    if (!c.live[n->id] || classify(n, why, sizeof why) != EMIT_UNSUPPORTED) continue;
+    if (!c.live[n->id] || n->op == KL_OP_CONSTANT || find_template(n)) continue;
     if (missing++ < 12 && used < sizeof msg - 160)
-      used += (size_t)snprintf(msg + used, sizeof msg - used, "%s%s (node '%s')%s%s",
-                               missing > 1 ? ", " : "", kl_ops[n->op].name, n->name,
-                               *why ? ": " : "", why);
+      used += (size_t)snprintf(msg + used, sizeof msg - used, "%s%s (node '%s')",
+                               missing > 1 ? ", " : "", kl_ops[n->op].name, n->name);
   }
   if (missing) {
     rc = kl_fail(err, (kl_loc){0}, "%d node%s cannot be compiled yet: %s%s", missing,
