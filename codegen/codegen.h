@@ -25,6 +25,15 @@ typedef struct {
   size_t param_bytes;   /* weights and constants */
 } kl_codegen_result;
 
+/* NVRTC, loaded at run time: false (and why) when the library is not
+ * there.  kl_nvrtc_compile builds `src` (kernels.cu) against the prelude
+ * text for sm_XX (a cubin) or, with ptx, compute_XX (PTX text); *out is
+ * malloc'd.  *log (malloc'd, may be NULL) receives NVRTC's messages:
+ * warnings are there even when the compile succeeds. */
+bool kl_nvrtc_available(char *why, size_t len);
+int kl_nvrtc_compile(const char *src, const char *prelude, int sm, bool ptx, unsigned char **out,
+                     size_t *out_len, char **log, kl_error *err);
+
 int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_result *out,
                kl_error *err);
 void kl_codegen_result_free(kl_codegen_result *r);

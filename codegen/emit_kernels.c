@@ -104,7 +104,8 @@ static const char *expression(const kl_node *n, const char *ct, char *buf, size_
   case KL_OP_FLOOR: return F("floor%s(a)", s);
   case KL_OP_CEIL: return F("ceil%s(a)", s);
   case KL_OP_ROUND: return F("rint%s(a)", s); /* halves to even */
-  case KL_OP_SIGN: return "(a > 0 ? 1 : a < 0 ? -1 : a)";
+  case KL_OP_SIGN:
+    return !is_f && ct[0] == 'u' ? "(a > 0 ? 1 : 0)" : "(a > 0 ? 1 : a < 0 ? -1 : a)";
   case KL_OP_ISNAN: return "a != a";
   case KL_OP_LOGICAL_NOT: return "!a";
   case KL_OP_LOGICAL_AND: return "a && b";
@@ -127,24 +128,41 @@ bool kl_cg_is_elementwise(const kl_node *n) {
   return expression(n, compute_type(operand_dtype(n)), buf, sizeof buf) != NULL;
 }
 
-/* Flat offset of input `in` for output multi-index, as a chain of
- * div/mod by the output dims with each input's broadcast strides. */
+/* Flat offset of each input for output element i, as a chain of div/mod
+ * by the output dims with each input's broadcast strides.  Only the dims
+ * some input moves along are taken apart (no unused variables: NVRTC warns
+ * about them). */
 static void index_math(FILE *f, const kl_shape *out, const kl_value *const *ins, int nins) {
-  fprintf(f, "    int64_t r = i");
-  for (int k = 0; k < nins; k++) fprintf(f, ", o%d = 0", k);
-  fprintf(f, ";\n");
-  for (int d = out->rank - 1; d >= 0; d--) {
-    if (out->dims[d] == 1) continue;
-    fprintf(f, "    { int64_t q = r %% %lld; r /= %lld;", (long long)out->dims[d],
-            (long long)out->dims[d]);
-    for (int k = 0; k < nins; k++) {
+  int64_t stride[64][KL_MAX_RANK] = {{0}};
+  bool used[KL_MAX_RANK] = {0};
+  int outermost = out->rank;
+  /* an empty output runs no thread: no index math (and no % 0) */
+  for (int d = out->rank - 1; d >= 0 && kl_shape_numel(out) > 0; d--) {
+    for (int k = 0; k < nins && k < 64; k++) {
       const kl_shape *s = &ins[k]->shape;
       int sd = d - (out->rank - s->rank);
-      if (sd < 0 || s->dims[sd] == 1) continue;
-      int64_t stride = 1;
-      for (int e = sd + 1; e < s->rank; e++) stride *= s->dims[e];
-      fprintf(f, " o%d += q * %lld;", k, (long long)stride);
+      if (sd < 0 || s->dims[sd] == 1 || out->dims[d] == 1) continue;
+      int64_t st = 1;
+      for (int e = sd + 1; e < s->rank; e++) st *= s->dims[e];
+      stride[k][d] = st;
+      used[d] = true;
     }
+    if (used[d]) outermost = d;
+  }
+  fprintf(f, "    int64_t ");
+  for (int k = 0; k < nins; k++) fprintf(f, "%so%d = 0", k ? ", " : "", k);
+  if (outermost < out->rank) fprintf(f, ", r = i");
+  fprintf(f, ";\n");
+  for (int d = out->rank - 1; d >= outermost; d--) {
+    long long dim = (long long)out->dims[d];
+    if (!used[d]) {
+      if (dim != 1) fprintf(f, "    r /= %lld;\n", dim);
+      continue;
+    }
+    fprintf(f, "    { int64_t q = r %% %lld;", dim);
+    if (d > outermost) fprintf(f, " r /= %lld;", dim);
+    for (int k = 0; k < nins && k < 64; k++)
+      if (stride[k][d]) fprintf(f, " o%d += q * %lld;", k, (long long)stride[k][d]);
     fprintf(f, " }\n");
   }
 }
@@ -250,7 +268,7 @@ void kl_cg_softmax(FILE *f, const char *name, const kl_node *n) {
   char at[64], dst[64];
   snprintf(at, sizeof at, "in0[base + j * %lld]", (long long)inner);
   snprintf(dst, sizeof dst, "out[base + j * %lld]", (long long)inner);
-  fprintf(f, "    %s m = -KL_INF, sum = 0;\n", ct);
+  fprintf(f, "    %s m = -KL_INF;\n    double sum = 0; /* summed in double, as the interpreter */\n", ct);
   fprintf(f, "    for (int64_t j = 0; j < %lld; j++) { %s v = ", (long long)len, ct);
   load(f, in->dtype, at);
   fprintf(f, "; m = v > m ? v : m; }\n");
@@ -261,8 +279,8 @@ void kl_cg_softmax(FILE *f, const char *name, const kl_node *n) {
   load(f, in->dtype, at);
   fprintf(f, ";\n      ");
   store(f, out->dtype, dst,
-        n->op == KL_OP_SOFTMAX ? (s[0] ? "expf(v - m) / sum" : "exp(v - m) / sum")
-                               : (s[0] ? "v - m - logf(sum)" : "v - m - log(sum)"));
+        n->op == KL_OP_SOFTMAX ? (s[0] ? "expf(v - m) / (float)sum" : "exp(v - m) / sum")
+                               : (s[0] ? "v - m - logf((float)sum)" : "v - m - log(sum)"));
   fprintf(f, "    }\n  }\n}\n");
   entry(f, name, &in, 1, out);
 }
@@ -288,24 +306,28 @@ void kl_cg_reduce(FILE *f, const char *name, const kl_node *n) {
           kl_shape_str(&in->shape, shape, sizeof shape));
   params(f, name, &in, 1, out);
   grid_stride_loop(f, kl_shape_numel(&out->shape));
-  fprintf(f, "    int64_t r = i, base = 0;\n");
-  for (int d = r - 1; d >= 0; d--)
-    if (!reduced[d])
+  bool kept = false;
+  for (int d = 0; d < r; d++) kept |= !reduced[d] && in->shape.dims[d] != 1;
+  fprintf(f, kept ? "    int64_t r = i, base = 0;\n" : "    const int64_t base = 0;\n");
+  for (int d = r - 1; d >= 0 && kept; d--)
+    if (!reduced[d] && in->shape.dims[d] != 1)
       fprintf(f, "    { int64_t q = r %% %lld; r /= %lld; base += q * %lld; }\n",
               (long long)in->shape.dims[d], (long long)in->shape.dims[d], (long long)strides[d]);
   const char *init = "0";
   switch (n->op) {
   case KL_OP_REDUCE_PROD: init = "1"; break;
-  case KL_OP_REDUCE_MAX: init = is_f ? "-KL_INF" : "INT64_MIN"; break;
-  case KL_OP_REDUCE_MIN: init = is_f ? "KL_INF" : "INT64_MAX"; break;
+  /* limits spelled out: NVRTC has no <stdint.h> macros */
+  case KL_OP_REDUCE_MAX: init = is_f ? "-KL_INF" : "(-9223372036854775807LL - 1)"; break;
+  case KL_OP_REDUCE_MIN: init = is_f ? "KL_INF" : "9223372036854775807LL"; break;
   default: break;
   }
   if (!is_f && kl_dtype_is_unsigned(in->dtype) && n->op == KL_OP_REDUCE_MAX) init = "0";
-  if (!is_f && kl_dtype_is_unsigned(in->dtype) && n->op == KL_OP_REDUCE_MIN) init = "UINT64_MAX";
+  if (!is_f && kl_dtype_is_unsigned(in->dtype) && n->op == KL_OP_REDUCE_MIN)
+    init = "18446744073709551615ULL";
   fprintf(f, "    %s acc = %s;\n", acc, init);
-  fprintf(f, "    for (int64_t j = 0; j < %lldLL; j++) {\n      int64_t s = j, off = base;\n",
-          (long long)count);
-  for (int d = r - 1; d >= 0; d--)
+  fprintf(f, "    for (int64_t j = 0; j < %lldLL; j++) {\n      int64_t %soff = base;\n",
+          (long long)count, count > 0 ? "s = j, " : "");
+  for (int d = r - 1; d >= 0 && count > 0; d--) /* count 0: the loop never runs */
     if (reduced[d])
       fprintf(f, "      { int64_t q = s %% %lld; s /= %lld; off += q * %lld; }\n",
               (long long)in->shape.dims[d], (long long)in->shape.dims[d], (long long)strides[d]);

@@ -264,6 +264,11 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   fprintf(mf, "#ifdef KILN_HOST_KERNELS\n");
   for (int k = 0; k < kernel; k++) fprintf(mf, "extern const kl_emu_kernel k%d__emu;\n", k);
   fprintf(mf, "#define HOST_ENTRY(k) (&k##__emu)\n#else\n#define HOST_ENTRY(k) NULL\n#endif\n\n");
+  /* GPU images (cubins per architecture and PTX), compiled by NVRTC from
+   * kernels.cu, come in gpu_images.c when kiln compile wrote one. */
+  fprintf(mf, "#ifdef KILN_GPU_IMAGES\nextern const krt_cubin kiln_cubins[];\nextern const int kiln_ncubins;\n"
+              "extern const char kiln_ptx[];\n#define CUBINS kiln_cubins, kiln_ncubins, kiln_ptx\n#else\n"
+              "#define CUBINS NULL, 0, NULL\n#endif\n\n");
   fprintf(mf, "static const krt_kernel_desc kernels[] = {\n");
   for (int k = 0; k < kernel; k++) fprintf(mf, "  {\"k%d\", HOST_ENTRY(k%d)},\n", k, k);
   if (!kernel) fprintf(mf, "  {NULL, NULL},\n");
@@ -285,7 +290,7 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
               "  free(m);\n}\n\n", nio);
   fprintf(mf, "static int create(krt_device *dev, void **out, char *err, size_t errlen) {\n"
               "  model *m = calloc(1, sizeof *m);\n  if (!m) return -1;\n  m->dev = dev;\n"
-              "  krt_module_desc md = {kernels, %d, NULL, 0, NULL};\n"
+              "  krt_module_desc md = {kernels, %d, CUBINS};\n"
               "  if ((%d && krt_module_load(dev, &md, &m->mod, err, errlen)) ||\n"
               "      krt_malloc(dev, %zu, (void **)&m->arena, err, errlen) ||\n"
               "      krt_malloc(dev, %zu, (void **)&m->params, err, errlen) ||\n"

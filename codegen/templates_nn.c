@@ -1,7 +1,1054 @@
-/* templates_nn.c - kernel templates for the nn ops (see
- * codegen_impl.h for the template interface). */
+/* templates_nn.c - kernel templates for the nn ops (see codegen_impl.h for
+ * the template interface): layer_norm, rms_norm, batch_norm, conv2d (im2col
+ * + runtime GEMM, or straight to GEMM for 1x1), max/avg pools,
+ * global_avg_pool, cross_entropy, nll_loss, conv_transpose2d, resize and
+ * det.  Each kernel mirrors the interpreter's code in ir/ (ops_reduce.c,
+ * ops_contract.c, ops_ext_nn.c, ops_ext_math.c): same index math, same
+ * order of operations where it decides NaN and rounding, sums in double. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "codegen_impl.h"
 
+/* ---- small emitters ---------------------------------------------------- */
+
+typedef long long ll;
+
+/* One kernel parameter: its C type ("const float *") and name. */
+typedef struct {
+  char type[48];
+  const char *name;
+} karg;
+
+static karg in_arg(const kl_value *v, const char *name) {
+  karg a = {.name = name};
+  snprintf(a.type, sizeof a.type, "const %s *", kl_cg_storage(v->dtype));
+  return a;
+}
+
+static karg out_arg(kl_dtype t, const char *name) {
+  karg a = {.name = name};
+  snprintf(a.type, sizeof a.type, "%s *", kl_cg_storage(t));
+  return a;
+}
+
+static void kbegin(FILE *f, const kl_node *n, const char *name, const char *what, const karg *a,
+                   int na) {
+  char shape[160];
+  fprintf(f, "/* %s: %s%s -> %s%s */\n", n->name, kl_ops[n->op].name, what,
+          kl_dtype_name(n->outputs[0]->dtype),
+          kl_shape_str(&n->outputs[0]->shape, shape, sizeof shape));
+  fprintf(f, "KL_KERNEL void %s(", name);
+  for (int i = 0; i < na; i++) fprintf(f, "%s%s__restrict__ %s", i ? ", " : "", a[i].type, a[i].name);
+  fprintf(f, ") {\n");
+}
+
+static void kend(FILE *f, const char *name, const karg *a, int na) {
+  fprintf(f, "}\nKL_EMU_ENTRY(%s", name);
+  for (int i = 0; i < na; i++) fprintf(f, ", KL_ARG(%s, %d)", a[i].type, i);
+  fprintf(f, ");\n\n");
+}
+
+static void loop(FILE *f, int64_t n) {
+  fprintf(f, "  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < %lldLL;\n"
+             "       i += (int64_t)blockDim.x * gridDim.x) {\n", (ll)n);
+}
+
+/* Compute type: double for f64, float for the other floats, 64-bit
+ * integers for the integer types. */
+static const char *ctype(kl_dtype t) {
+  if (t == KL_F64) return "double";
+  if (kl_dtype_is_float(t)) return "float";
+  return kl_dtype_is_unsigned(t) ? "uint64_t" : "int64_t";
+}
+
+/* Expression of a stored element converted to compute type `to`. */
+static const char *ld(char *buf, size_t len, kl_dtype t, const char *to, const char *expr) {
+  if (t == KL_F16) snprintf(buf, len, "(%s)__half2float(%s)", to, expr);
+  else if (t == KL_BF16) snprintf(buf, len, "(%s)__bfloat162float(%s)", to, expr);
+  else snprintf(buf, len, "(%s)%s", to, expr);
+  return buf;
+}
+
+/* dst = value (any arithmetic type), rounded to dtype t. */
+static void st(FILE *f, kl_dtype t, const char *dst, const char *value) {
+  if (t == KL_F16) fprintf(f, "%s = __float2half((float)(%s));\n", dst, value);
+  else if (t == KL_BF16) fprintf(f, "%s = __float2bfloat16((float)(%s));\n", dst, value);
+  else if (t == KL_BOOL) fprintf(f, "%s = (uint8_t)((%s) != 0);\n", dst, value);
+  else fprintf(f, "%s = (%s)(%s);\n", dst, kl_cg_storage(t), value);
+}
+
+static const char *off_bytes(const char *base, int64_t bytes, char *buf, size_t len) {
+  if (!bytes) snprintf(buf, len, "%s", base);
+  else snprintf(buf, len, "(void *)((char *)%s + %lld)", base, (ll)bytes);
+  return buf;
+}
+
+static void host_comment(kl_cg_emitter *e, const kl_node *n) {
+  char shape[160];
+  fprintf(kl_cg_host(e), "  /* %s: %s -> %s%s */\n", n->name, kl_ops[n->op].name,
+          kl_dtype_name(n->outputs[0]->dtype),
+          kl_shape_str(&n->outputs[0]->shape, shape, sizeof shape));
+}
+
+/* Statements computing `dst`, the flat offset into a tensor of shape ps
+ * that broadcasts (NumPy, right-aligned) to shape ns, of flat index `src`
+ * of ns. */
+static void bcast_offset(FILE *f, const char *indent, const char *src, const char *dst,
+                         const kl_shape *ps, const kl_shape *ns) {
+  if (kl_shape_numel(ps) == kl_shape_numel(ns)) {
+    fprintf(f, "%sconst int64_t %s = %s;\n", indent, dst, src);
+    return;
+  }
+  fprintf(f, "%sint64_t %s = 0;\n%s{\n%s  int64_t q = %s;\n", indent, dst, indent, indent, src);
+  int64_t stride = 1;
+  for (int d = ns->rank - 1; d >= 0; d--) {
+    int sd = d - (ns->rank - ps->rank);
+    if (sd < 0) break;
+    int64_t dim = ns->dims[d];
+    if (ps->dims[sd] != 1) {
+      fprintf(f, "%s  %s += (q %% %lld) * %lld;\n", indent, dst, (ll)dim, (ll)stride);
+      stride *= ps->dims[sd];
+    }
+    fprintf(f, "%s  q /= %lld;\n", indent, (ll)dim);
+  }
+  fprintf(f, "%s  (void)q;\n%s}\n", indent, indent);
+}
+
+/* ---- layer_norm, rms_norm ---------------------------------------------- */
+static bool handles_norm(const kl_node *n) {
+  return (n->op == KL_OP_LAYER_NORM || n->op == KL_OP_RMS_NORM) &&
+         kl_dtype_is_float(n->inputs[0]->dtype);
+}
+
+/* One thread per row: mean, then the sum of squared deviations (two
+ * passes, in double), then the normalised row. */
+static int emit_norm(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *y = n->outputs[0];
+  int r = x->shape.rank, axis = (int)kl_attr_int(n, "axis", -1);
+  if (axis < 0) axis += r;
+  bool center = n->op == KL_OP_LAYER_NORM;
+  double eps = kl_attr_float(n, "epsilon", 1e-5);
+  kl_shape ns = {.rank = r - axis};
+  for (int d = axis; d < r; d++) ns.dims[d - axis] = x->shape.dims[d];
+  int64_t m = kl_shape_numel(&ns), numel = kl_shape_numel(&x->shape);
+  host_comment(e, n);
+  if (m == 0 || numel == 0) return 0;
+  char name[32], b1[128], what[64];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  static const char *const pnames[] = {"x", "scale", "bias"};
+  karg a[4];
+  int na = 0;
+  for (int i = 0; i < n->ninputs; i++) a[na++] = in_arg(n->inputs[i], pnames[i]);
+  a[na++] = out_arg(y->dtype, "out");
+  snprintf(what, sizeof what, " over axes %d.. (rows of %lld)", axis, (ll)m);
+  kbegin(f, n, name, what, a, na);
+  loop(f, numel / m);
+  fprintf(f, "    const int64_t base = i * %lldLL;\n", (ll)m);
+  fprintf(f, "    double mean = 0, sq = 0;\n");
+  if (center) {
+    fprintf(f, "    for (int64_t j = 0; j < %lldLL; j++) mean += %s;\n", (ll)m,
+            ld(b1, sizeof b1, x->dtype, "double", "x[base + j]"));
+    fprintf(f, "    mean /= (double)%lldLL;\n", (ll)m);
+  }
+  fprintf(f, "    for (int64_t j = 0; j < %lldLL; j++) {\n      const double d = %s - mean;\n"
+             "      sq += d * d;\n    }\n", (ll)m,
+          ld(b1, sizeof b1, x->dtype, "double", "x[base + j]"));
+  fprintf(f, "    const double inv = 1.0 / sqrt(sq / (double)%lldLL + %.17g);\n", (ll)m, eps);
+  fprintf(f, "    for (int64_t j = 0; j < %lldLL; j++) {\n", (ll)m);
+  char val[256];
+  snprintf(val, sizeof val, "(%s - mean) * inv", ld(b1, sizeof b1, x->dtype, "double", "x[base + j]"));
+  if (n->ninputs > 1) {
+    bcast_offset(f, "      ", "j", "os", &n->inputs[1]->shape, &ns);
+    char s[96];
+    strncat(val, " * ", sizeof val - strlen(val) - 1);
+    strncat(val, ld(s, sizeof s, n->inputs[1]->dtype, "double", "scale[os]"), sizeof val - strlen(val) - 1);
+  }
+  if (n->ninputs > 2) {
+    bcast_offset(f, "      ", "j", "ob", &n->inputs[2]->shape, &ns);
+    char s[96];
+    strncat(val, " + ", sizeof val - strlen(val) - 1);
+    strncat(val, ld(s, sizeof s, n->inputs[2]->dtype, "double", "bias[ob]"), sizeof val - strlen(val) - 1);
+  }
+  fprintf(f, "      ");
+  st(f, y->dtype, "out[base + j]", val);
+  fprintf(f, "    }\n  }\n");
+  kend(f, name, a, na);
+  kl_cg_launch_node(e, k, numel / m, n);
+  return 0;
+}
+
+/* ---- batch_norm ---------------------------------------------------------- */
+static bool handles_batch_norm(const kl_node *n) {
+  return n->op == KL_OP_BATCH_NORM && kl_dtype_is_float(n->inputs[0]->dtype);
+}
+
+/* Elementwise: y = (x - mean[c]) * (scale[c] / sqrt(var[c] + eps)) + bias[c],
+ * c the index on axis 1. */
+static int emit_batch_norm(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *y = n->outputs[0];
+  int64_t c = x->shape.dims[1], inner = 1, numel = kl_shape_numel(&x->shape);
+  for (int d = 2; d < x->shape.rank; d++) inner *= x->shape.dims[d];
+  double eps = kl_attr_float(n, "epsilon", 1e-5);
+  host_comment(e, n);
+  if (numel == 0) return 0;
+  char name[32], b[5][96];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  static const char *const pnames[] = {"x", "scale", "bias", "mean", "var"};
+  karg a[6];
+  for (int i = 0; i < 5; i++) a[i] = in_arg(n->inputs[i], pnames[i]);
+  a[5] = out_arg(y->dtype, "out");
+  kbegin(f, n, name, " (inference)", a, 6);
+  const char *ct = x->dtype == KL_F64 ? "double" : "float", *sf = x->dtype == KL_F64 ? "" : "f";
+  loop(f, numel);
+  fprintf(f, "    const int64_t ch = (i / %lldLL) %% %lldLL;\n", (ll)inner, (ll)c);
+  fprintf(f, "    const %s s = %s / sqrt%s(%s + (%s)%.17g);\n", ct,
+          ld(b[1], sizeof b[1], n->inputs[1]->dtype, ct, "scale[ch]"), sf,
+          ld(b[4], sizeof b[4], n->inputs[4]->dtype, ct, "var[ch]"), ct, eps);
+  char val[400];
+  snprintf(val, sizeof val, "(%s - %s) * s + %s", ld(b[0], sizeof b[0], x->dtype, ct, "x[i]"),
+           ld(b[3], sizeof b[3], n->inputs[3]->dtype, ct, "mean[ch]"),
+           ld(b[2], sizeof b[2], n->inputs[2]->dtype, ct, "bias[ch]"));
+  fprintf(f, "    ");
+  st(f, y->dtype, "out[i]", val);
+  fprintf(f, "  }\n");
+  kend(f, name, a, 6);
+  kl_cg_launch_node(e, k, numel, n);
+  return 0;
+}
+
+/* ---- conv2d: im2col + GEMM ------------------------------------------------ */
+typedef struct {
+  int64_t k[2], stride[2], dil[2], pad[4];
+} win;
+
+/* ints attribute into out[len], or dflt when absent. */
+static void ints_or(const kl_node *n, const char *attr, int len, int64_t dflt, int64_t *out) {
+  const int64_t *v;
+  int got = kl_attr_ints(n, attr, &v);
+  for (int i = 0; i < len; i++) out[i] = got == len ? v[i] : dflt;
+}
+
+static bool handles_conv(const kl_node *n) {
+  return n->op == KL_OP_CONV2D && kl_dtype_is_float(n->outputs[0]->dtype) &&
+         n->inputs[0]->dtype == n->outputs[0]->dtype && n->inputs[1]->dtype == n->outputs[0]->dtype;
+}
+
+/* Per group g and batch item b:
+ *   out[b, g*mpg .. , P] = w[g*mpg .., K] @ col[b, g*K .., P]
+ * with K = cpg*kH*kW, P = OH*OW, and col the im2col matrix of x (or x
+ * itself for an unpadded 1x1 stride-1 convolution).  The bias, when there
+ * is one, is written first and the GEMM adds to it (beta = 1). */
+static int emit_conv(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *w = n->inputs[1], *y = n->outputs[0];
+  const int64_t *xd = x->shape.dims, *yd = y->shape.dims;
+  int64_t nb = xd[0], c = xd[1], h = xd[2], wi = xd[3], m = w->shape.dims[0];
+  int64_t groups = kl_attr_int(n, "groups", 1), cpg = c / groups, mpg = m / groups;
+  win wn = {{w->shape.dims[2], w->shape.dims[3]}, {1, 1}, {1, 1}, {0, 0, 0, 0}};
+  ints_or(n, "strides", 2, 1, wn.stride);
+  ints_or(n, "dilations", 2, 1, wn.dil);
+  ints_or(n, "pads", 4, 0, wn.pad);
+  int64_t oh = yd[2], ow = yd[3], p = oh * ow, kk = cpg * wn.k[0] * wn.k[1];
+  size_t es = kl_dtype_size(x->dtype);
+  host_comment(e, n);
+  if (kl_shape_numel(&y->shape) == 0) return 0;
+  FILE *f = kl_cg_kernels(e);
+  char name[32], px[160], py[160], pw[160], pcol[160], tmp[4][200];
+  kl_cg_ptr(e, x, px, sizeof px);
+  kl_cg_ptr(e, y, py, sizeof py);
+  kl_cg_ptr(e, w, pw, sizeof pw);
+  bool direct = wn.k[0] == 1 && wn.k[1] == 1 && wn.stride[0] == 1 && wn.stride[1] == 1 &&
+                !wn.pad[0] && !wn.pad[1] && !wn.pad[2] && !wn.pad[3];
+  if (direct) {
+    snprintf(pcol, sizeof pcol, "%s", px);
+  } else {
+    kl_cg_scratch(e, (size_t)(nb * c * wn.k[0] * wn.k[1] * p) * es, pcol, sizeof pcol);
+    int k = kl_cg_new_kernel(e, name, sizeof name);
+    karg a[2] = {in_arg(x, "x"), out_arg(x->dtype, "col")};
+    char what[160];
+    snprintf(what, sizeof what, " im2col [%lld, %lld, %lld]", (ll)nb, (ll)(c * wn.k[0] * wn.k[1]), (ll)p);
+    kbegin(f, n, name, what, a, 2);
+    int64_t total = nb * c * wn.k[0] * wn.k[1] * p;
+    loop(f, total);
+    fprintf(f, "    int64_t r = i;\n"
+               "    const int64_t ox = r %% %lldLL; r /= %lldLL;\n"
+               "    const int64_t oy = r %% %lldLL; r /= %lldLL;\n"
+               "    const int64_t kx = r %% %lldLL; r /= %lldLL;\n"
+               "    const int64_t ky = r %% %lldLL; r /= %lldLL;\n"
+               "    const int64_t iy = oy * %lldLL - %lldLL + ky * %lldLL;\n"
+               "    const int64_t ix = ox * %lldLL - %lldLL + kx * %lldLL;\n",
+            (ll)ow, (ll)ow, (ll)oh, (ll)oh, (ll)wn.k[1], (ll)wn.k[1], (ll)wn.k[0], (ll)wn.k[0],
+            (ll)wn.stride[0], (ll)wn.pad[0], (ll)wn.dil[0], (ll)wn.stride[1], (ll)wn.pad[1],
+            (ll)wn.dil[1]);
+    /* r is now b * C + c: the plane of x */
+    const char *zero = x->dtype == KL_F16 ? "__float2half(0.0f)"
+                       : x->dtype == KL_BF16 ? "__float2bfloat16(0.0f)" : "0";
+    fprintf(f, "    if (iy >= 0 && iy < %lldLL && ix >= 0 && ix < %lldLL)\n"
+               "      col[i] = x[(r * %lldLL + iy) * %lldLL + ix];\n"
+               "    else\n      col[i] = %s;\n  }\n",
+            (ll)h, (ll)wi, (ll)h, (ll)wi, zero);
+    kend(f, name, a, 2);
+    const char *args[2] = {px, pcol};
+    kl_cg_launch(e, k, total, args, 2);
+  }
+  double beta = 0;
+  if (n->ninputs > 2) {
+    const kl_value *bias = n->inputs[2];
+    int k = kl_cg_new_kernel(e, name, sizeof name);
+    karg a[2] = {in_arg(bias, "bias"), out_arg(y->dtype, "out")};
+    kbegin(f, n, name, " bias", a, 2);
+    int64_t total = kl_shape_numel(&y->shape);
+    loop(f, total);
+    char b1[96], at[64];
+    snprintf(at, sizeof at, "bias[(i / %lldLL) %% %lldLL]", (ll)p, (ll)m);
+    fprintf(f, "    ");
+    st(f, y->dtype, "out[i]", ld(b1, sizeof b1, bias->dtype, ctype(bias->dtype), at));
+    fprintf(f, "  }\n");
+    kend(f, name, a, 2);
+    char pb[160];
+    const char *args[2] = {kl_cg_ptr(e, bias, pb, sizeof pb), py};
+    kl_cg_launch(e, k, total, args, 2);
+    beta = 1;
+  }
+  /* col row stride between batch items: C*kH*kW*P (im2col) or C*P (x) */
+  int64_t col_item = c * wn.k[0] * wn.k[1] * p;
+  kl_cg_gemm g = {.dtype = y->dtype, .m = mpg, .n = p, .k = kk, .lda = kk, .ldb = p, .ldc = p,
+                  .alpha = 1, .beta = beta};
+  if (groups <= nb) { /* one batched GEMM per group, over the items */
+    for (int64_t gi = 0; gi < groups; gi++) {
+      g.batch = nb;
+      g.a = off_bytes(pw, gi * mpg * kk * (int64_t)es, tmp[0], sizeof tmp[0]);
+      g.stride_a = 0;
+      g.b = off_bytes(pcol, gi * kk * p * (int64_t)es, tmp[1], sizeof tmp[1]);
+      g.stride_b = col_item;
+      g.c = off_bytes(py, gi * mpg * p * (int64_t)es, tmp[2], sizeof tmp[2]);
+      g.stride_c = m * p;
+      kl_cg_emit_gemm(e, &g);
+    }
+  } else { /* one batched GEMM per item, over the groups */
+    for (int64_t b = 0; b < nb; b++) {
+      g.batch = groups;
+      g.a = pw;
+      g.stride_a = mpg * kk;
+      g.b = off_bytes(pcol, b * col_item * (int64_t)es, tmp[1], sizeof tmp[1]);
+      g.stride_b = kk * p;
+      g.c = off_bytes(py, b * m * p * (int64_t)es, tmp[2], sizeof tmp[2]);
+      g.stride_c = mpg * p;
+      kl_cg_emit_gemm(e, &g);
+    }
+  }
+  return 0;
+}
+
+/* ---- max_pool2d, avg_pool2d ---------------------------------------------- */
+static bool handles_pool(const kl_node *n) {
+  return (n->op == KL_OP_MAX_POOL2D || n->op == KL_OP_AVG_POOL2D) &&
+         kl_dtype_is_float(n->inputs[0]->dtype);
+}
+
+/* One thread per output element, as pool_eval: max propagates NaN and is
+ * -inf over an empty window; avg sums in double and divides by the count
+ * of positions inside the input, or inside the padded input with
+ * count_include_pad. */
+static int emit_pool(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *y = n->outputs[0];
+  bool is_max = n->op == KL_OP_MAX_POOL2D;
+  win wn;
+  ints_or(n, "kernel", 2, 1, wn.k);
+  int64_t dstride[2];
+  ints_or(n, "strides", 2, -1, dstride);
+  for (int a = 0; a < 2; a++) wn.stride[a] = dstride[a] < 0 ? wn.k[a] : dstride[a];
+  ints_or(n, "pads", 4, 0, wn.pad);
+  if (is_max) ints_or(n, "dilations", 2, 1, wn.dil);
+  else wn.dil[0] = wn.dil[1] = 1;
+  bool include_pad = !is_max && kl_attr_int(n, "count_include_pad", 0) != 0;
+  int64_t h = x->shape.dims[2], wi = x->shape.dims[3], oh = y->shape.dims[2], ow = y->shape.dims[3];
+  int64_t total = kl_shape_numel(&y->shape);
+  host_comment(e, n);
+  if (total == 0) return 0;
+  char name[32], b1[96], what[160];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  karg a[2] = {in_arg(x, "x"), out_arg(y->dtype, "out")};
+  snprintf(what, sizeof what, " %lldx%lld/%lldx%lld", (ll)wn.k[0], (ll)wn.k[1], (ll)wn.stride[0],
+           (ll)wn.stride[1]);
+  kbegin(f, n, name, what, a, 2);
+  const char *ct = is_max ? ctype(x->dtype) : "double";
+  loop(f, total);
+  fprintf(f, "    const int64_t ox = i %% %lldLL, oy = (i / %lldLL) %% %lldLL, pl = i / %lldLL;\n",
+          (ll)ow, (ll)ow, (ll)oh, (ll)(oh * ow));
+  fprintf(f, "    const int64_t y0 = oy * %lldLL - %lldLL, x0 = ox * %lldLL - %lldLL;\n",
+          (ll)wn.stride[0], (ll)wn.pad[0], (ll)wn.stride[1], (ll)wn.pad[1]);
+  fprintf(f, "    %s acc = %s;\n", ct, is_max ? "-KL_INF" : "0");
+  if (!is_max && !include_pad) fprintf(f, "    int64_t count = 0;\n");
+  fprintf(f, "    for (int64_t ky = 0; ky < %lldLL; ky++) {\n"
+             "      const int64_t iy = y0 + ky * %lldLL;\n"
+             "      if (iy < 0 || iy >= %lldLL) continue;\n"
+             "      for (int64_t kx = 0; kx < %lldLL; kx++) {\n"
+             "        const int64_t ix = x0 + kx * %lldLL;\n"
+             "        if (ix < 0 || ix >= %lldLL) continue;\n",
+          (ll)wn.k[0], (ll)wn.dil[0], (ll)h, (ll)wn.k[1], (ll)wn.dil[1], (ll)wi);
+  char at[96];
+  snprintf(at, sizeof at, "x[(pl * %lldLL + iy) * %lldLL + ix]", (ll)h, (ll)wi);
+  fprintf(f, "        const %s v = %s;\n", ct, ld(b1, sizeof b1, x->dtype, ct, at));
+  if (is_max) fprintf(f, "        if (v > acc || v != v) acc = v;\n");
+  else fprintf(f, "        acc += v;\n%s", include_pad ? "" : "        count++;\n");
+  fprintf(f, "      }\n    }\n");
+  if (!is_max && include_pad) {
+    /* positions inside the padded input, not beyond it */
+    fprintf(f, "    const int64_t ny = (y0 + %lldLL < %lldLL ? y0 + %lldLL : %lldLL) - y0;\n"
+               "    const int64_t nx = (x0 + %lldLL < %lldLL ? x0 + %lldLL : %lldLL) - x0;\n"
+               "    const int64_t count = ny * nx;\n",
+            (ll)wn.k[0], (ll)(h + wn.pad[2]), (ll)wn.k[0], (ll)(h + wn.pad[2]), (ll)wn.k[1],
+            (ll)(wi + wn.pad[3]), (ll)wn.k[1], (ll)(wi + wn.pad[3]));
+  }
+  fprintf(f, "    ");
+  st(f, y->dtype, "out[i]", is_max ? "acc" : "acc / (double)count");
+  fprintf(f, "  }\n");
+  kend(f, name, a, 2);
+  kl_cg_launch_node(e, k, total, n);
+  return 0;
+}
+
+/* ---- global_avg_pool -------------------------------------------------------- */
+static bool handles_gap(const kl_node *n) {
+  return n->op == KL_OP_GLOBAL_AVG_POOL && kl_dtype_is_float(n->inputs[0]->dtype);
+}
+
+/* One thread per plane, summing in double. */
+static int emit_gap(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *y = n->outputs[0];
+  int64_t planes = kl_shape_numel(&y->shape);
+  host_comment(e, n);
+  if (planes == 0) return 0;
+  int64_t size = kl_shape_numel(&x->shape) / planes;
+  char name[32], b1[96];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  karg a[2] = {in_arg(x, "x"), out_arg(y->dtype, "out")};
+  kbegin(f, n, name, "", a, 2);
+  loop(f, planes);
+  char at[64];
+  snprintf(at, sizeof at, "x[i * %lldLL + j]", (ll)size);
+  fprintf(f, "    double acc = 0;\n    for (int64_t j = 0; j < %lldLL; j++) acc += %s;\n    ",
+          (ll)size, ld(b1, sizeof b1, x->dtype, "double", at));
+  char val[64];
+  snprintf(val, sizeof val, "acc / (double)%lldLL", (ll)size);
+  st(f, y->dtype, "out[i]", val);
+  fprintf(f, "  }\n");
+  kend(f, name, a, 2);
+  kl_cg_launch_node(e, k, planes, n);
+  return 0;
+}
+
+
+/* ---- run-time errors ---------------------------------------------------- */
+/* An index out of range is a run-time error in the interpreter.  Kernels
+ * cannot stop the run, so they record the first bad item in a flag word
+ * (0: none, else 0xFFFFFFFF - item, raised by atomicMax) and run() checks
+ * it after the kernel and fails with the interpreter's words. */
+static void c_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+    else if (ch < 32 || ch >= 127) fprintf(f, "\\%03o", ch);
+    else fputc(ch, f);
+  }
+  fputc('"', f);
+}
+
+static void flag_reset(kl_cg_emitter *e, const char *flag) {
+  fprintf(kl_cg_host(e), "  if (krt_memset_zero(m->dev, %s, 4, err, errlen)) return -1;\n", flag);
+}
+
+static void flag_check(kl_cg_emitter *e, const kl_node *n, const char *flag, const char *what,
+                       int64_t c) {
+  FILE *h = kl_cg_host(e);
+  char msg[600];
+  snprintf(msg, sizeof msg, "%s (node '%s'): %s is out of range [0, %lld) (item ", kl_ops[n->op].name,
+           n->name, what, (long long)c);
+  fprintf(h, "  {\n    unsigned bad = 0;\n"
+             "    if (krt_download(m->dev, &bad, %s, sizeof bad, err, errlen)) return -1;\n"
+             "    if (bad) {\n"
+             "      if (err && errlen) {\n"
+             "        static const char msg[] = ", flag);
+  c_string(h, msg);
+  fprintf(h, ";\n"
+             "        unsigned long long item = 0xFFFFFFFFull - bad;\n"
+             "        char digits[24];\n"
+             "        int nd = 0;\n"
+             "        size_t k = 0;\n"
+             "        do {\n          digits[nd++] = (char)('0' + item %% 10);\n          item /= 10;\n"
+             "        } while (item);\n"
+             "        for (; msg[k] && k + 1 < errlen; k++) err[k] = msg[k];\n"
+             "        while (nd && k + 1 < errlen) err[k++] = digits[--nd];\n"
+             "        if (k + 1 < errlen) err[k++] = ')';\n"
+             "        err[k] = 0;\n"
+             "      }\n      return -1;\n    }\n  }\n");
+}
+
+/* ---- cross_entropy, nll_loss ---------------------------------------------- */
+typedef enum { RED_MEAN, RED_SUM, RED_NONE } reduction;
+
+static reduction get_reduction(const kl_node *n) {
+  const char *s = kl_attr_string(n, "reduction", "mean");
+  return !strcmp(s, "sum") ? RED_SUM : !strcmp(s, "none") ? RED_NONE : RED_MEAN;
+}
+
+/* The final reduction: one thread sums the per-item losses (scratch,
+ * double) in order; with `pairs` the scratch holds (loss, weight) per item
+ * and the mean divides by the sum of the weights. */
+static void emit_final(kl_cg_emitter *e, const kl_node *n, const char *scr, int64_t items,
+                       reduction red, bool pairs) {
+  const kl_value *y = n->outputs[0];
+  char name[32], py[160];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  karg a[2] = {{"const double *", "loss"}, out_arg(y->dtype, "out")};
+  kbegin(f, n, name, red == RED_SUM ? " sum" : " mean", a, 2);
+  loop(f, 1);
+  fprintf(f, "    double total = 0, wsum = 0;\n"
+             "    for (int64_t j = 0; j < %lldLL; j++) {\n", (ll)items);
+  if (pairs) fprintf(f, "      total += loss[2 * j];\n      wsum += loss[2 * j + 1];\n");
+  else fprintf(f, "      total += loss[j];\n      wsum += 1;\n");
+  fprintf(f, "    }\n    ");
+  st(f, y->dtype, "out[i]", red == RED_SUM ? "total" : "total / wsum");
+  fprintf(f, "  }\n");
+  kend(f, name, a, 2);
+  const char *args[2] = {scr, kl_cg_ptr(e, y, py, sizeof py)};
+  kl_cg_launch(e, k, 1, args, 2);
+}
+
+static bool handles_cross_entropy(const kl_node *n) {
+  return n->op == KL_OP_CROSS_ENTROPY && kl_dtype_is_float(n->inputs[0]->dtype);
+}
+
+/* One thread per item: log-sum-exp over the class axis in double, then the
+ * loss of an index label (NaN for a label out of range: a GPU cannot stop
+ * the run) or of a probability row. */
+static int emit_cross_entropy(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *l = n->inputs[1], *y = n->outputs[0];
+  int r = x->shape.rank, axis = (int)kl_attr_int(n, "axis", -1);
+  if (axis < 0) axis += r;
+  reduction red = get_reduction(n);
+  int64_t c = x->shape.dims[axis], inner = 1, outer = 1;
+  for (int d = axis + 1; d < r; d++) inner *= x->shape.dims[d];
+  for (int d = 0; d < axis; d++) outer *= x->shape.dims[d];
+  int64_t items = outer * inner;
+  bool indices = !kl_dtype_is_float(l->dtype);
+  host_comment(e, n);
+  char scr[160], px[160], pl[160], py[160];
+  if (items == 0) {
+    if (red == RED_NONE) return 0;
+    /* sum 0, mean 0/0 */
+    kl_cg_scratch(e, 16, scr, sizeof scr);
+    emit_final(e, n, scr, 0, red, false);
+    return 0;
+  }
+  if (red != RED_NONE) kl_cg_scratch(e, (size_t)items * sizeof(double), scr, sizeof scr);
+  char name[32], b1[128], at[96];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  karg a[4] = {in_arg(x, "x"), in_arg(l, "labels"),
+               red == RED_NONE ? out_arg(y->dtype, "out") : (karg){"double *", "loss_"},
+               {"unsigned *", "bad_"}};
+  int na = indices ? 4 : 3;
+  char flag[160] = "";
+  if (indices) kl_cg_scratch(e, 4, flag, sizeof flag);
+  kbegin(f, n, name, red == RED_NONE ? " per item" : " per item (then reduced)", a, na);
+  loop(f, items);
+  fprintf(f, "    const int64_t base = (i / %lldLL) * %lldLL + i %% %lldLL;\n", (ll)inner,
+          (ll)(c * inner), (ll)inner);
+  snprintf(at, sizeof at, "x[base + j * %lldLL]", (ll)inner);
+  fprintf(f, "    double m = -KL_INF;\n"
+             "    for (int64_t j = 0; j < %lldLL; j++) {\n"
+             "      const double v = %s;\n"
+             "      if (v > m || v != v) m = v;\n    }\n", (ll)c, ld(b1, sizeof b1, x->dtype, "double", at));
+  fprintf(f, "    double s = 0;\n"
+             "    for (int64_t j = 0; j < %lldLL; j++) s += exp(%s - m);\n"
+             "    const double lse = m + log(s);\n", (ll)c, ld(b1, sizeof b1, x->dtype, "double", at));
+  if (indices) {
+    snprintf(at, sizeof at, "x[base + lab * %lldLL]", (ll)inner);
+    fprintf(f, "    const int64_t lab = (int64_t)labels[i];\n"
+               "    double loss = KL_NAN;\n"
+               "    if (lab >= 0 && lab < %lldLL) loss = lse - %s;\n"
+               "    else atomicMax(bad_, 0xFFFFFFFFu - (unsigned)i);\n", (ll)c,
+            ld(b1, sizeof b1, x->dtype, "double", at));
+  } else {
+    char b2[128], at2[96];
+    snprintf(at2, sizeof at2, "labels[base + j * %lldLL]", (ll)inner);
+    fprintf(f, "    double loss = 0;\n"
+               "    for (int64_t j = 0; j < %lldLL; j++) {\n"
+               "      const double p = %s;\n"
+               "      if (p != 0) loss -= p * (%s - lse);\n    }\n", (ll)c,
+            ld(b2, sizeof b2, l->dtype, "double", at2), ld(b1, sizeof b1, x->dtype, "double", at));
+  }
+  fprintf(f, "    ");
+  if (red == RED_NONE) st(f, y->dtype, "out[i]", "loss");
+  else fprintf(f, "loss_[i] = loss;\n");
+  fprintf(f, "  }\n");
+  kend(f, name, a, na);
+  const char *args[4] = {kl_cg_ptr(e, x, px, sizeof px), kl_cg_ptr(e, l, pl, sizeof pl),
+                         red == RED_NONE ? kl_cg_ptr(e, y, py, sizeof py) : scr, flag};
+  if (indices) flag_reset(e, flag);
+  kl_cg_launch(e, k, items, args, na);
+  if (indices) flag_check(e, n, flag, "label", c);
+  if (red != RED_NONE) emit_final(e, n, scr, items, red, false);
+  return 0;
+}
+
+static bool handles_nll(const kl_node *n) {
+  return n->op == KL_OP_NLL_LOSS && kl_dtype_is_float(n->inputs[0]->dtype);
+}
+
+/* One thread per item: loss = -x[b, t, ...] * weight[t] and its weight,
+ * both 0 where t is the ignore_index; NaN for a target out of range (the
+ * interpreter's run-time error). */
+static int emit_nll(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *t = n->inputs[1], *y = n->outputs[0];
+  const kl_value *w = n->ninputs > 2 ? n->inputs[2] : NULL;
+  reduction red = get_reduction(n);
+  bool has_ii = kl_node_attr(n, "ignore_index") != NULL;
+  int64_t ii = kl_attr_int(n, "ignore_index", 0);
+  int64_t nb = x->shape.dims[0], c = x->shape.dims[1];
+  int64_t inner = nb > 0 && c > 0 ? kl_shape_numel(&x->shape) / (nb * c) : 0;
+  int64_t items = nb * inner;
+  host_comment(e, n);
+  char scr[160];
+  if (items == 0) {
+    if (red == RED_NONE) return 0;
+    kl_cg_scratch(e, 16, scr, sizeof scr);
+    emit_final(e, n, scr, 0, red, true);
+    return 0;
+  }
+  if (red != RED_NONE) kl_cg_scratch(e, (size_t)items * 2 * sizeof(double), scr, sizeof scr);
+  char name[32], b1[128], b2[128];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  karg a[5];
+  int na = 0;
+  char flag[160];
+  kl_cg_scratch(e, 4, flag, sizeof flag);
+  a[na++] = in_arg(x, "x");
+  a[na++] = in_arg(t, "target");
+  if (w) a[na++] = in_arg(w, "weight");
+  a[na++] = red == RED_NONE ? out_arg(y->dtype, "out") : (karg){"double *", "loss_"};
+  a[na++] = (karg){"unsigned *", "bad_"};
+  kbegin(f, n, name, red == RED_NONE ? " per item" : " per item (then reduced)", a, na);
+  loop(f, items);
+  fprintf(f, "    const int64_t cls = (int64_t)target[i];\n"
+             "    double loss = 0, wt = 0;\n");
+  if (has_ii) fprintf(f, "    if (cls != %lldLL) {\n", (ll)ii);
+  else fprintf(f, "    {\n");
+  char at[96];
+  snprintf(at, sizeof at, "x[((i / %lldLL) * %lldLL + cls) * %lldLL + i %% %lldLL]", (ll)inner,
+           (ll)c, (ll)inner, (ll)inner);
+  fprintf(f, "      if (cls < 0 || cls >= %lldLL) {\n"
+             "        loss = KL_NAN;\n        wt = KL_NAN;\n"
+             "        atomicMax(bad_, 0xFFFFFFFFu - (unsigned)i);\n"
+             "      } else {\n"
+             "        wt = %s;\n"
+             "        loss = -%s * wt;\n      }\n    }\n",
+          (ll)c, w ? ld(b2, sizeof b2, w->dtype, "double", "weight[cls]") : "1.0",
+          ld(b1, sizeof b1, x->dtype, "double", at));
+  fprintf(f, "    ");
+  if (red == RED_NONE) {
+    st(f, y->dtype, "out[i]", "loss");
+    fprintf(f, "    (void)wt;\n");
+  } else {
+    fprintf(f, "loss_[2 * i] = loss;\n    loss_[2 * i + 1] = wt;\n");
+  }
+  fprintf(f, "  }\n");
+  kend(f, name, a, na);
+  char bufs[4][160];
+  const char *args[5];
+  int nargs = 0;
+  for (int i = 0; i < n->ninputs; i++) args[nargs] = kl_cg_ptr(e, n->inputs[i], bufs[nargs], 160), nargs++;
+  args[nargs++] = red == RED_NONE ? kl_cg_ptr(e, y, bufs[3], 160) : scr;
+  args[nargs++] = flag;
+  flag_reset(e, flag);
+  kl_cg_launch(e, k, items, args, nargs);
+  flag_check(e, n, flag, "target", c);
+  if (red != RED_NONE) emit_final(e, n, scr, items, red, true);
+  return 0;
+}
+
+/* ---- conv_transpose2d ------------------------------------------------------ */
+static bool handles_tconv(const kl_node *n) {
+  return n->op == KL_OP_CONV_TRANSPOSE2D && kl_dtype_is_float(n->outputs[0]->dtype);
+}
+
+/* One thread per output element (b, oc, oy, ox), gathering what the
+ * interpreter scatters: input pixel (iy, ix) reaches oy when
+ * oy = iy * stride - pad + ky * dil. */
+static int emit_tconv(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *w = n->inputs[1], *y = n->outputs[0];
+  const int64_t *xd = x->shape.dims;
+  int64_t nb = xd[0], c = xd[1], h = xd[2], wi = xd[3];
+  int64_t groups = kl_attr_int(n, "groups", 1), cpg = c / groups, mpg = w->shape.dims[1];
+  int64_t m = mpg * groups, kh = w->shape.dims[2], kw = w->shape.dims[3];
+  int64_t stride[2], pad[4], dil[2];
+  ints_or(n, "strides", 2, 1, stride);
+  ints_or(n, "pads", 4, 0, pad);
+  ints_or(n, "dilations", 2, 1, dil);
+  int64_t oh = y->shape.dims[2], ow = y->shape.dims[3], total = kl_shape_numel(&y->shape);
+  host_comment(e, n);
+  if (total == 0) return 0;
+  char name[32], b1[128], b2[128];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  karg a[4];
+  int na = 0;
+  a[na++] = in_arg(x, "x");
+  a[na++] = in_arg(w, "w");
+  if (n->ninputs > 2) a[na++] = in_arg(n->inputs[2], "bias");
+  a[na++] = out_arg(y->dtype, "out");
+  kbegin(f, n, name, "", a, na);
+  loop(f, total);
+  fprintf(f, "    const int64_t ox = i %% %lldLL, oy = (i / %lldLL) %% %lldLL;\n"
+             "    const int64_t oc = (i / %lldLL) %% %lldLL, b = i / %lldLL;\n"
+             "    const int64_t g = oc / %lldLL, j = oc %% %lldLL;\n",
+          (ll)ow, (ll)ow, (ll)oh, (ll)(oh * ow), (ll)m, (ll)(m * oh * ow), (ll)mpg, (ll)mpg);
+  if (n->ninputs > 2)
+    fprintf(f, "    double acc = %s;\n", ld(b1, sizeof b1, n->inputs[2]->dtype, "double", "bias[oc]"));
+  else
+    fprintf(f, "    double acc = 0;\n");
+  fprintf(f, "    for (int64_t icl = 0; icl < %lldLL; icl++) {\n"
+             "      const int64_t ic = g * %lldLL + icl;\n"
+             "      for (int64_t ky = 0; ky < %lldLL; ky++) {\n"
+             "        const int64_t ty = oy + %lldLL - ky * %lldLL;\n"
+             "        if (ty < 0 || ty %% %lldLL != 0 || ty / %lldLL >= %lldLL) continue;\n"
+             "        const int64_t iy = ty / %lldLL;\n"
+             "        for (int64_t kx = 0; kx < %lldLL; kx++) {\n"
+             "          const int64_t tx = ox + %lldLL - kx * %lldLL;\n"
+             "          if (tx < 0 || tx %% %lldLL != 0 || tx / %lldLL >= %lldLL) continue;\n"
+             "          const int64_t ix = tx / %lldLL;\n",
+          (ll)cpg, (ll)cpg, (ll)kh, (ll)pad[0], (ll)dil[0], (ll)stride[0], (ll)stride[0], (ll)h,
+          (ll)stride[0], (ll)kw, (ll)pad[1], (ll)dil[1], (ll)stride[1], (ll)stride[1], (ll)wi,
+          (ll)stride[1]);
+  char ax[96], aw[96];
+  snprintf(ax, sizeof ax, "x[((b * %lldLL + ic) * %lldLL + iy) * %lldLL + ix]", (ll)c, (ll)h, (ll)wi);
+  snprintf(aw, sizeof aw, "w[((ic * %lldLL + j) * %lldLL + ky) * %lldLL + kx]", (ll)mpg, (ll)kh, (ll)kw);
+  fprintf(f, "          acc += %s * %s;\n        }\n      }\n    }\n    ",
+          ld(b1, sizeof b1, x->dtype, "double", ax), ld(b2, sizeof b2, w->dtype, "double", aw));
+  st(f, y->dtype, "out[i]", "acc");
+  fprintf(f, "  }\n");
+  kend(f, name, a, na);
+  kl_cg_launch_node(e, k, total, n);
+  (void)nb;
+  return 0;
+}
+
+/* ---- resize ------------------------------------------------------------------ */
+/* The interpreter's tap computation (ops_ext_nn.c) runs here, at compile
+ * time: shapes are static, so every axis's taps (input index, weight) are
+ * tables in kernels.cu and the kernel only sums. */
+enum { R_NEAREST, R_LINEAR, R_CUBIC };
+enum {
+  C_HALF_PIXEL, C_HALF_PIXEL_SYM, C_PYTORCH_HALF_PIXEL, C_ALIGN_CORNERS, C_ASYMMETRIC,
+  C_TF_HALF_PIXEL_NN, C_TF_CROP_AND_RESIZE
+};
+enum { N_ROUND_FLOOR, N_ROUND_CEIL, N_FLOOR, N_CEIL };
+
+static int pick_name(const char *s, const char *const *names) {
+  for (int i = 0; names[i]; i++)
+    if (!strcmp(s, names[i])) return i;
+  return -1;
+}
+
+typedef struct {
+  int mode, coord, nearest;
+  double a, extrapolation;
+  bool exclude_outside;
+  int64_t sizes[KL_MAX_RANK];
+  double scales[KL_MAX_RANK], roi[2 * KL_MAX_RANK];
+} resize_cfg;
+
+static int resize_setup(const kl_node *n, resize_cfg *r) {
+  static const char *const modes[] = {"nearest", "linear", "cubic", NULL};
+  static const char *const coords[] = {"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
+                                       "align_corners", "asymmetric", "tf_half_pixel_for_nn",
+                                       "tf_crop_and_resize", NULL};
+  static const char *const nearests[] = {"round_prefer_floor", "round_prefer_ceil", "floor",
+                                         "ceil", NULL};
+  const kl_value *x = n->inputs[0];
+  int rank = x->shape.rank;
+  r->mode = pick_name(kl_attr_string(n, "mode", "nearest"), modes);
+  r->coord = pick_name(kl_attr_string(n, "coordinate_transformation_mode", "half_pixel"), coords);
+  r->nearest = pick_name(kl_attr_string(n, "nearest_mode", "round_prefer_floor"), nearests);
+  if (r->mode < 0 || r->coord < 0 || r->nearest < 0) return -1;
+  r->exclude_outside = kl_attr_int(n, "exclude_outside", 0) != 0;
+  r->a = kl_attr_float(n, "cubic_coeff_a", -0.75);
+  r->extrapolation = kl_attr_float(n, "extrapolation_value", 0.0);
+  for (int d = 0; d < rank; d++) {
+    r->sizes[d] = n->outputs[0]->shape.dims[d];
+    r->scales[d] = (double)r->sizes[d] / (double)x->shape.dims[d];
+    r->roi[d] = 0.0;
+    r->roi[rank + d] = 1.0;
+  }
+  const kl_attr *s = kl_node_attr(n, "scales"), *roi = kl_node_attr(n, "roi");
+  if (s && s->kind == KL_ATTR_FLOATS && s->n == rank)
+    memcpy(r->scales, s->floats, sizeof(double) * (size_t)rank);
+  if (roi && roi->kind == KL_ATTR_FLOATS && roi->n == 2 * rank)
+    memcpy(r->roi, roi->floats, sizeof(double) * (size_t)(2 * rank));
+  return 0;
+}
+
+typedef struct {
+  int64_t idx[4];
+  double w[4];
+  int ntap;
+} taps;
+
+static double source_coord(const resize_cfg *r, int d, int rank, int64_t o, int64_t in,
+                           bool *outside) {
+  double s = r->scales[d], width = s * (double)in, x = (double)o;
+  *outside = false;
+  switch (r->coord) {
+  case C_HALF_PIXEL: return (x + 0.5) / s - 0.5;
+  case C_HALF_PIXEL_SYM: {
+    double adj = (double)r->sizes[d] / width, center = (double)in / 2;
+    return center * (1 - adj) + (x + 0.5) / s - 0.5;
+  }
+  case C_PYTORCH_HALF_PIXEL: return width == 1 ? -0.5 : (x + 0.5) / s - 0.5;
+  case C_ALIGN_CORNERS: return width == 1 ? 0.0 : x * (double)(in - 1) / (width - 1);
+  case C_ASYMMETRIC: return x / s;
+  case C_TF_HALF_PIXEL_NN: return (x + 0.5) / s;
+  default: {
+    double r0 = r->roi[d], r1 = r->roi[rank + d], v;
+    if (width == 1) v = (r1 - r0) * (double)(in - 1) / 2;
+    else v = x * (r1 - r0) * (double)(in - 1) / (width - 1);
+    v += r0 * (double)(in - 1);
+    *outside = v < 0 || v > (double)(in - 1);
+    return v;
+  }
+  }
+}
+
+static void cubic_coeffs(double t, double a, double *c) {
+  double u = 1 - t;
+  c[0] = ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a;
+  c[1] = ((a + 2) * t - (a + 3)) * t * t + 1;
+  c[2] = ((a + 2) * u - (a + 3)) * u * u + 1;
+  c[3] = ((a * (u + 1) - 5 * a) * (u + 1) + 8 * a) * (u + 1) - 4 * a;
+}
+
+static void make_taps(const resize_cfg *r, int d, int rank, int64_t o, int64_t in, taps *tp) {
+  bool outside;
+  double x = source_coord(r, d, rank, o, in, &outside);
+  tp->ntap = 0;
+  if (outside) return;
+  if (!(x > -1e9)) x = -1e9;
+  if (!(x < 1e9)) x = 1e9;
+  double fl = floor(x), t = x - fl;
+  int64_t base = (int64_t)fl;
+  if (t == 0) {
+    base--;
+    t = 1;
+  }
+  int64_t first;
+  double c[4];
+  if (r->mode == R_NEAREST) {
+    bool right = true;
+    if (t < 1) {
+      switch (r->nearest) {
+      case N_ROUND_FLOOR: right = t > 0.5; break;
+      case N_ROUND_CEIL: right = t >= 0.5; break;
+      case N_FLOOR: right = false; break;
+      default: right = true; break;
+      }
+    }
+    first = base + (right ? 1 : 0);
+    tp->ntap = 1;
+    c[0] = 1;
+  } else if (r->mode == R_LINEAR) {
+    first = base;
+    tp->ntap = 2;
+    c[0] = 1 - t;
+    c[1] = t;
+  } else {
+    first = base - 1;
+    tp->ntap = 4;
+    cubic_coeffs(t, r->a, c);
+  }
+  double sum = 0;
+  for (int k = 0; k < tp->ntap; k++) {
+    int64_t i = first + k;
+    if (r->exclude_outside && (i < 0 || i >= in)) c[k] = 0;
+    sum += c[k];
+    tp->idx[k] = i < 0 ? 0 : i >= in ? in - 1 : i;
+    tp->w[k] = c[k];
+  }
+  if (r->exclude_outside && sum != 0)
+    for (int k = 0; k < tp->ntap; k++) tp->w[k] /= sum;
+}
+
+enum { RESIZE_MAX_TABLE = 1 << 20 }; /* taps in all, beyond which: no template */
+
+static bool handles_resize(const kl_node *n) {
+  if (n->op != KL_OP_RESIZE || n->inputs[0]->dtype == KL_BOOL || n->inputs[0]->shape.rank < 1)
+    return false;
+  resize_cfg r;
+  if (resize_setup(n, &r)) return false;
+  int64_t total = 0;
+  for (int d = 0; d < n->inputs[0]->shape.rank; d++) total += 4 * r.sizes[d];
+  return total <= RESIZE_MAX_TABLE;
+}
+
+static int emit_resize(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *y = n->outputs[0];
+  int rank = x->shape.rank;
+  resize_cfg r;
+  resize_setup(n, &r);
+  int64_t total = kl_shape_numel(&y->shape);
+  host_comment(e, n);
+  if (total == 0) return 0;
+  char name[32], b1[128];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  int64_t xs[KL_MAX_RANK];
+  kl_shape_strides(&x->shape, xs);
+  /* Per axis: nt[d] taps per output index (the nonzero ones, in order; the
+   * rest padded with weight 0, which the sum skips as the interpreter
+   * does); index -1 on the first tap marks "extrapolate". */
+  int nt[KL_MAX_RANK];
+  bool any_outside = false;
+  for (int d = 0; d < rank; d++) {
+    nt[d] = 1;
+    for (int64_t o = 0; o < r.sizes[d]; o++) {
+      taps tp;
+      make_taps(&r, d, rank, o, x->shape.dims[d], &tp);
+      int nz = 0;
+      for (int t = 0; t < tp.ntap; t++) nz += tp.w[t] != 0;
+      if (nz > nt[d]) nt[d] = nz;
+      any_outside |= tp.ntap == 0;
+    }
+    fprintf(f, "__device__ const int64_t %s_i%d[%lld] = {", name, d, (ll)(r.sizes[d] * nt[d]));
+    for (int64_t o = 0; o < r.sizes[d]; o++) {
+      taps tp;
+      make_taps(&r, d, rank, o, x->shape.dims[d], &tp);
+      int put = 0;
+      for (int t = 0; t < tp.ntap; t++)
+        if (tp.w[t] != 0) fprintf(f, "%s%lld", o || put ? ", " : "", (ll)(tp.idx[t] * xs[d])), put++;
+      for (; put < nt[d]; put++) fprintf(f, "%s%d", o || put ? ", " : "", tp.ntap == 0 && put == 0 ? -1 : 0);
+    }
+    fprintf(f, "};\n__device__ const double %s_w%d[%lld] = {", name, d, (ll)(r.sizes[d] * nt[d]));
+    for (int64_t o = 0; o < r.sizes[d]; o++) {
+      taps tp;
+      make_taps(&r, d, rank, o, x->shape.dims[d], &tp);
+      int put = 0;
+      for (int t = 0; t < tp.ntap; t++)
+        if (tp.w[t] != 0) fprintf(f, "%s%.17g", o || put ? ", " : "", tp.w[t]), put++;
+      for (; put < nt[d]; put++) fprintf(f, "%s0", o || put ? ", " : "");
+    }
+    fprintf(f, "};\n");
+  }
+  karg a[2] = {in_arg(x, "x"), out_arg(y->dtype, "out")};
+  kbegin(f, n, name, "", a, 2);
+  loop(f, total);
+  fprintf(f, "    int64_t r = i;\n");
+  for (int d = rank - 1; d >= 0; d--)
+    fprintf(f, "    const int64_t o%d = (r %% %lldLL) * %d;\n    r /= %lldLL;\n", d, (ll)r.sizes[d],
+            nt[d], (ll)r.sizes[d]);
+  fprintf(f, "    double acc = 0;\n");
+  if (any_outside) {
+    fprintf(f, "    if (");
+    for (int d = 0; d < rank; d++) fprintf(f, "%s%s_i%d[o%d] < 0", d ? " || " : "", name, d, d);
+    fprintf(f, ") {\n      acc = %.17g;\n    } else {\n", r.extrapolation);
+  } else {
+    fprintf(f, "    {\n");
+  }
+  for (int d = 0; d < rank; d++) {
+    int ind = 6 + 2 * d;
+    fprintf(f, "%*sfor (int t%d = 0; t%d < %d; t%d++) {\n", ind, "", d, d, nt[d], d);
+    if (d == 0)
+      fprintf(f, "%*s  const double w0 = %s_w0[o0 + t0];\n"
+                 "%*s  const int64_t f0 = %s_i0[o0 + t0];\n", ind, "", name, ind, "", name);
+    else
+      fprintf(f, "%*s  const double w%d = w%d * %s_w%d[o%d + t%d];\n"
+                 "%*s  const int64_t f%d = f%d + %s_i%d[o%d + t%d];\n",
+              ind, "", d, d - 1, name, d, d, d, ind, "", d, d - 1, name, d, d, d);
+  }
+  char at[32];
+  snprintf(at, sizeof at, "x[f%d]", rank - 1);
+  fprintf(f, "%*s  if (w%d != 0) acc += w%d * %s;\n", 6 + 2 * rank - 2, "", rank - 1, rank - 1,
+          ld(b1, sizeof b1, x->dtype, "double", at));
+  for (int d = rank - 1; d >= 0; d--) fprintf(f, "%*s}\n", 6 + 2 * d, "");
+  fprintf(f, "    }\n    ");
+  if (kl_dtype_is_float(y->dtype)) st(f, y->dtype, "out[i]", "acc");
+  else st(f, y->dtype, "out[i]", "acc != acc ? 0 : (int64_t)acc");
+  fprintf(f, "  }\n");
+  kend(f, name, a, 2);
+  kl_cg_launch_node(e, k, total, n);
+  return 0;
+}
+
+/* ---- det ------------------------------------------------------------------------ */
+static bool handles_det(const kl_node *n) {
+  return n->op == KL_OP_DET && kl_dtype_is_float(n->inputs[0]->dtype);
+}
+
+/* One thread per matrix: Gaussian elimination with partial pivoting in
+ * double on a private copy in scratch, as the interpreter's lu_det. */
+static int emit_det(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *y = n->outputs[0];
+  int64_t nn = x->shape.dims[x->shape.rank - 1], sz = nn * nn, batch = kl_shape_numel(&y->shape);
+  host_comment(e, n);
+  if (batch == 0) return 0;
+  char name[32], b1[128], scr[160], px[160], py[160];
+  kl_cg_scratch(e, (size_t)(batch * sz) * sizeof(double) + 8, scr, sizeof scr);
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  karg a[3] = {in_arg(x, "x"), {"double *", "work"}, out_arg(y->dtype, "out")};
+  kbegin(f, n, name, "", a, 3);
+  loop(f, batch);
+  char at[64];
+  snprintf(at, sizeof at, "x[i * %lldLL + j]", (ll)sz);
+  fprintf(f, "    double *const w = work + i * %lldLL;\n"
+             "    for (int64_t j = 0; j < %lldLL; j++) w[j] = %s;\n"
+             "    double det = 1.0;\n"
+             "    for (int64_t k = 0; k < %lldLL; k++) {\n"
+             "      int64_t p = k;\n"
+             "      for (int64_t r = k + 1; r < %lldLL; r++)\n"
+             "        if (fabs(w[r * %lldLL + k]) > fabs(w[p * %lldLL + k])) p = r;\n"
+             "      if (w[p * %lldLL + k] == 0) {\n        det = 0.0;\n        break;\n      }\n"
+             "      if (p != k) {\n"
+             "        for (int64_t j = 0; j < %lldLL; j++) {\n"
+             "          const double t = w[k * %lldLL + j];\n"
+             "          w[k * %lldLL + j] = w[p * %lldLL + j];\n"
+             "          w[p * %lldLL + j] = t;\n"
+             "        }\n        det = -det;\n      }\n"
+             "      const double piv = w[k * %lldLL + k];\n"
+             "      det *= piv;\n"
+             "      for (int64_t r = k + 1; r < %lldLL; r++) {\n"
+             "        const double q = w[r * %lldLL + k] / piv;\n"
+             "        for (int64_t j = k + 1; j < %lldLL; j++) w[r * %lldLL + j] -= q * w[k * %lldLL + j];\n"
+             "      }\n    }\n    ",
+          (ll)sz, (ll)sz, ld(b1, sizeof b1, x->dtype, "double", at), (ll)nn, (ll)nn, (ll)nn, (ll)nn,
+          (ll)nn, (ll)nn, (ll)nn, (ll)nn, (ll)nn, (ll)nn, (ll)nn, (ll)nn, (ll)nn, (ll)nn, (ll)nn,
+          (ll)nn);
+  st(f, y->dtype, "out[i]", "det");
+  fprintf(f, "  }\n");
+  kend(f, name, a, 3);
+  const char *args[3] = {kl_cg_ptr(e, x, px, sizeof px), scr, kl_cg_ptr(e, y, py, sizeof py)};
+  kl_cg_launch(e, k, batch, args, 3);
+  return 0;
+}
+
 const kl_cg_template kl_cg_templates_nn[] = {
+    {handles_norm, emit_norm},
+    {handles_batch_norm, emit_batch_norm},
+    {handles_conv, emit_conv},
+    {handles_pool, emit_pool},
+    {handles_gap, emit_gap},
+    {handles_cross_entropy, emit_cross_entropy},
+    {handles_nll, emit_nll},
+    {handles_tconv, emit_tconv},
+    {handles_resize, emit_resize},
+    {handles_det, emit_det},
     {NULL, NULL},
 };

@@ -1,7 +1,9 @@
 /* blas_host.c - krt_gemm for the host device, through CBLAS (OpenBLAS).
  *
- * f32 and f64 go straight to cblas_sgemm / cblas_dgemm, one call per batch
- * item (CBLAS has no strided batch).  CBLAS has no half types, so f16 and
+ * f64 goes straight to cblas_dgemm, one call per batch item (CBLAS has no
+ * strided batch).  f32 is widened to f64 and multiplied by cblas_dgemm:
+ * the host device is the test device that compiled code is checked on
+ * against the float64 interpreter, so it sums exactly rather than fast.  CBLAS has no half types, so f16 and
  * bf16 are widened to f32 temporaries, multiplied by cblas_sgemm and rounded
  * back once: the same "accumulate in f32" contract as cuBLAS with
  * CUBLAS_COMPUTE_32F, though the summation order differs.
@@ -102,16 +104,45 @@ out:
   return rc;
 }
 
+/* A row-major matrix of `rows` x `cols` with leading dimension ld, widened
+ * (or narrowed back) between f32 and f64. */
+static size_t span(int64_t rows, int64_t cols, int64_t ld) {
+  return rows && cols ? (size_t)((rows - 1) * ld + cols) : 0;
+}
+
+static int gemm_f32_via_f64(const krt_gemm_desc *g, char *err, size_t errlen) {
+  size_t na = span(g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda);
+  size_t nb = span(g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb);
+  size_t nc = span(g->m, g->n, g->ldc);
+  double *a = malloc((na + 1) * sizeof *a), *b = malloc((nb + 1) * sizeof *b),
+         *c = malloc((nc + 1) * sizeof *c);
+  int rc = 0;
+  if (!a || !b || !c) {
+    rc = krt_err(err, errlen, "krt_gemm: out of host memory for f64 temporaries");
+  } else {
+    for (int64_t i = 0; i < g->batch; i++) {
+      const float *fa = item(g->a, i, g->stride_a, 4), *fb = item(g->b, i, g->stride_b, 4);
+      float *fc = (float *)g->c + i * g->stride_c;
+      for (size_t j = 0; j < na; j++) a[j] = fa[j];
+      for (size_t j = 0; j < nb; j++) b[j] = fb[j];
+      for (size_t j = 0; j < nc; j++) c[j] = g->beta != 0 ? fc[j] : 0;
+      cblas_dgemm(CblasRowMajor, tr(g->trans_a), tr(g->trans_b), (int)g->m, (int)g->n, (int)g->k,
+                  g->alpha, a, (int)g->lda, b, (int)g->ldb, g->beta, c, (int)g->ldc);
+      for (int64_t r = 0; r < g->m; r++)
+        for (int64_t q = 0; q < g->n; q++) fc[r * g->ldc + q] = (float)c[r * g->ldc + q];
+    }
+  }
+  free(a);
+  free(b);
+  free(c);
+  return rc;
+}
+
 int krt_blas_gemm(const krt_gemm_desc *g, char *err, size_t errlen) {
   const int m = (int)g->m, n = (int)g->n, k = (int)g->k;
   const int lda = (int)g->lda, ldb = (int)g->ldb, ldc = (int)g->ldc;
   switch (g->dtype) {
-  case KRT_F32:
-    for (int64_t i = 0; i < g->batch; i++)
-      cblas_sgemm(CblasRowMajor, tr(g->trans_a), tr(g->trans_b), m, n, k, (float)g->alpha,
-                  item(g->a, i, g->stride_a, 4), lda, item(g->b, i, g->stride_b, 4), ldb,
-                  (float)g->beta, (float *)g->c + i * g->stride_c, ldc);
-    return 0;
+  case KRT_F32: return gemm_f32_via_f64(g, err, errlen);
   case KRT_F64:
     for (int64_t i = 0; i < g->batch; i++)
       cblas_dgemm(CblasRowMajor, tr(g->trans_a), tr(g->trans_b), m, n, k, g->alpha,
