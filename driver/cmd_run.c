@@ -15,8 +15,10 @@ static const char run_help[] =
     "  --input NAME=FILE     feed input NAME from a .npy or .pb file (repeatable)\n"
     "  --inputs-dir DIR      read input_0.npy (or .pb), input_1... in input order\n"
     "  --output-dir DIR      write output_0.npy, output_1.npy, ... in output order\n"
-    "  --device=DEVICE       interp (the reference interpreter, default) or host\n"
-    "                        (compiled kernels on the CPU through the CUDA emulation)\n"
+    "  --device=DEVICE       interp (the reference interpreter, default), host\n"
+    "                        (compiled kernels on the CPU through the CUDA emulation),\n"
+    "                        cuda (a GPU), or auto (cuda when one works, else host;\n"
+    "                        KILN_DEVICE=host|cuda|auto overrides auto)\n"
     "  --seed N              seed for inputs that are not given (default 0)\n"
     KILN_MODEL_HELP
     "  -h, --help            show this help\n"
@@ -172,10 +174,10 @@ static kl_graph *load_onnx_for_run(const char *path, const kiln_model_opts *mo,
   return g;
 }
 
-/* Compile g for the host device in a temporary folder and run it there;
+/* Compile g for a device (host or cuda) in a temporary folder and run it;
  * out[] receives new tensors. */
-static int run_compiled(const kl_graph *g, kl_tensor **in, kl_tensor **out, char *device_name,
-                        size_t n) {
+static int run_compiled(const kl_graph *g, krt_device_kind kind, kl_tensor **in, kl_tensor **out,
+                        char *device_name, size_t n) {
   kl_codegen_result cg;
   kl_error err;
   kl_codegen_options copt = {.prefix = g->name};
@@ -198,9 +200,14 @@ static int run_compiled(const kl_graph *g, kl_tensor **in, kl_tensor **out, char
             tmp && *tmp ? tmp : "/tmp", strerror(errno));
     goto done;
   }
-  if (!(handle = kiln_build_host(&cg, dir, &api))) goto done;
-  if (krt_device_open(KRT_DEVICE_HOST, &dev, msg, sizeof msg) ||
-      api->create(dev, &model, msg, sizeof msg)) {
+  /* the device first: auto decides whether GPU images are needed */
+  if (krt_device_open(kind, &dev, msg, sizeof msg)) {
+    fprintf(stderr, "kiln: error: %s\n", msg);
+    goto done;
+  }
+  if (!(handle = kiln_build_host(&cg, dir, krt_device_kind_of(dev) == KRT_DEVICE_CUDA, &api)))
+    goto done;
+  if (api->create(dev, &model, msg, sizeof msg)) {
     fprintf(stderr, "kiln: error: %s\n", msg);
     goto done;
   }
@@ -277,9 +284,9 @@ int kiln_cmd_run(int argc, char **argv) {
     case OPT_INPUTS_DIR: inputs_dir = optarg; break;
     case OPT_OUTPUT_DIR: output_dir = optarg; break;
     case OPT_DEVICE:
-      if (strcmp(optarg, "interp") && strcmp(optarg, "host")) {
-        fprintf(stderr, "kiln run: --device=%s: choose interp or host (cuda comes with the "
-                        "GPU runtime)\n", optarg);
+      if (strcmp(optarg, "interp") && strcmp(optarg, "host") && strcmp(optarg, "cuda") &&
+          strcmp(optarg, "auto")) {
+        fprintf(stderr, "kiln run: --device=%s: choose interp, host, cuda or auto\n", optarg);
         return KILN_EXIT_USAGE;
       }
       device = optarg;
@@ -321,8 +328,10 @@ int kiln_cmd_run(int argc, char **argv) {
   if (!onnx && gather_inputs(g, files, nfiles, inputs_dir, seed, in)) goto done;
   kl_error err;
   char device_name[128] = "interp";
-  if (!strcmp(device, "host")) {
-    if (run_compiled(g, in, out, device_name, sizeof device_name)) goto done;
+  if (strcmp(device, "interp")) {
+    krt_device_kind kind;
+    krt_device_kind_parse(device, &kind);
+    if (run_compiled(g, kind, in, out, device_name, sizeof device_name)) goto done;
   } else if (kl_interpret(g, in, out, &err)) {
     kl_error_print(stderr, &err);
     goto done;

@@ -56,9 +56,14 @@ void kiln_print_summary(FILE *f, const char *label, const kl_tensor *t);
 
 /* Write kernels.cu, model.c and model.h into dir. */
 int kiln_write_sources(const kl_codegen_result *cg, const char *dir);
-/* Build them for the host device and load the model (dlclose the handle
- * when done); NULL after printing the error. */
-void *kiln_build_host(const kl_codegen_result *cg, const char *dir, const krt_model_api **api);
+/* NVRTC for sm[0..nsm) plus PTX for the last, into dir/gpu_images.c. */
+int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm, int nsm,
+                    bool werror, bool timing);
+/* Build them into a shared object and load the model (dlclose the handle
+ * when done): host kernels always, GPU images too when `gpu`; NULL after
+ * printing the error. */
+void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
+                      const krt_model_api **api);
 
 int kiln_cmd_run(int argc, char **argv);
 int kiln_cmd_compile(int argc, char **argv);

@@ -98,7 +98,14 @@ expect weights_missing_file 1 "nope.safetensors" -- "$kiln" run m.kl --weights n
 expect dim_override 0 "x +f32\[5, 3\]" -- "$kiln" inspect m.kl --dim B=5
 expect dim_unknown 1 "no dim named 'Q'" -- "$kiln" inspect m.kl --dim Q=5
 expect dim_malformed 2 "NAME=VALUE" -- "$kiln" inspect m.kl --dim B
-expect device_unknown 2 "choose interp or host" -- "$kiln" run m.kl --device=tpu
+expect device_unknown 2 "choose interp, host, cuda or auto" -- "$kiln" run m.kl --device=tpu
+expect device_host 0 "device: host" -- "$kiln" run m.kl --device=host
+expect device_auto_falls_back 0 "device: host" -- "$kiln" run m.kl --device=auto
+if ! ldconfig -p 2>/dev/null | grep -q libcuda.so.1; then
+  expect device_cuda_without_driver 1 "no CUDA driver" -- "$kiln" run m.kl --device=cuda
+fi
+expect emit_cu 0 "wrote .*kernels.cu" -- "$kiln" compile m.kl --emit=cu -o cu_out
+expect emit_cu_needs_o 2 "needs -o" -- "$kiln" compile m.kl --emit=cu
 expect inspect_counts 0 "params: 1 tensors, 12 elements, 48 bytes" -- "$kiln" inspect m.kl
 expect compile_ir 0 "^let y = relu" -- "$kiln" compile m.kl --emit=ir
 expect compile_ir_file 0 "" -- "$kiln" compile m.kl --emit=ir -o m.ir
