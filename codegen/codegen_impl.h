@@ -56,6 +56,9 @@ int kl_cg_fail(kl_cg_emitter *e, const kl_node *n, const char *fmt, ...)
 /* A one-line comment naming the node, its op and output, in both streams. */
 void kl_cg_comment(kl_cg_emitter *e, const kl_node *n);
 bool kl_cg_is_elementwise(const kl_node *n);
+/* Integer div/mod: the kernel takes one more argument, an int flag it sets
+ * when a divisor is zero. */
+bool kl_cg_traps_zero_divisor(const kl_node *n);
 /* Kernel writers: each emits one kernel named `name` and its emulator
  * entry for node n. */
 void kl_cg_elementwise(FILE *f, const char *name, const kl_node *n);

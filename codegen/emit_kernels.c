@@ -107,6 +107,27 @@ static const char *expression(const kl_node *n, const char *ct, char *buf, size_
   case KL_OP_SIGN:
     return !is_f && ct[0] == 'u' ? "(a > 0 ? 1 : 0)" : "(a > 0 ? 1 : a < 0 ? -1 : a)";
   case KL_OP_ISNAN: return "a != a";
+  case KL_OP_ELU:
+    return is_f ? F("(a >= 0 ? a : %.17g * expm1%s(a))", kl_attr_float(n, "alpha", 1.0), s) : NULL;
+  case KL_OP_SOFTPLUS: /* log(1 + e^a) without overflow */
+    return is_f ? F("(log1p%s(exp%s(-fabs%s(a))) + (a > 0 ? a : 0))", s, s, s) : NULL;
+  case KL_OP_ISINF:
+    return F("((a == KL_INF && %d) || (a == -KL_INF && %d))",
+             (int)kl_attr_int(n, "detect_positive", 1), (int)kl_attr_int(n, "detect_negative", 1));
+  case KL_OP_MOD:
+    if (kl_attr_int(n, "fmod", 0)) return is_f ? F("fmod%s(a, b)", s) : "(b == 0 ? 0 : a % b)";
+    /* the divisor's sign, as Python's %; integer modulo by zero gives 0 on
+     * a device (the interpreter reports it) */
+    if (is_f)
+      return F("(fmod%s(a, b) != 0 && ((fmod%s(a, b) < 0) != (b < 0)) ? fmod%s(a, b) + b : "
+               "fmod%s(a, b))", s, s, s, s);
+    if (ct[0] == 'u') return "(b == 0 ? 0 : a % b)";
+    return "(b == 0 ? 0 : (a % b != 0 && ((a % b < 0) != (b < 0))) ? a % b + b : a % b)";
+  case KL_OP_BITSHIFT: {
+    int bits = (int)kl_dtype_size(n->inputs[0]->dtype) * 8;
+    bool left = !strcmp(kl_attr_string(n, "direction", "left"), "left");
+    return F("(b >= %d ? 0 : a %s b)", bits, left ? "<<" : ">>");
+  }
   case KL_OP_LOGICAL_NOT: return "!a";
   case KL_OP_LOGICAL_AND: return "a && b";
   case KL_OP_LOGICAL_OR: return "a || b";
@@ -172,12 +193,17 @@ static void grid_stride_loop(FILE *f, int64_t n) {
              "       i += (int64_t)blockDim.x * gridDim.x) {\n", (long long)n);
 }
 
-static void params(FILE *f, const char *name, const kl_value *const *ins, int nins,
-                   const kl_value *out) {
+static void params_extra(FILE *f, const char *name, const kl_value *const *ins, int nins,
+                         const kl_value *out, const char *extra) {
   fprintf(f, "KL_KERNEL void %s(", name);
   for (int k = 0; k < nins; k++)
     fprintf(f, "const %s *__restrict__ in%d, ", kl_cg_storage(ins[k]->dtype), k);
-  fprintf(f, "%s *__restrict__ out) {\n", kl_cg_storage(out->dtype));
+  fprintf(f, "%s *__restrict__ out%s) {\n", kl_cg_storage(out->dtype), extra);
+}
+
+static void params(FILE *f, const char *name, const kl_value *const *ins, int nins,
+                   const kl_value *out) {
+  params_extra(f, name, ins, nins, out, "");
 }
 
 static void entry(FILE *f, const char *name, const kl_value *const *ins, int nins,
@@ -188,15 +214,23 @@ static void entry(FILE *f, const char *name, const kl_value *const *ins, int nin
   fprintf(f, ", KL_ARG(%s *, %d));\n\n", kl_cg_storage(out->dtype), nins);
 }
 
+bool kl_cg_traps_zero_divisor(const kl_node *n) {
+  return (n->op == KL_OP_DIV || n->op == KL_OP_MOD) && !kl_dtype_is_float(n->inputs[0]->dtype);
+}
+
 void kl_cg_elementwise(FILE *f, const char *name, const kl_node *n) {
   const kl_value *out = n->outputs[0];
   const char *ct = compute_type(operand_dtype(n));
+  /* Integer division by zero is an error in the interpreter; a kernel
+   * cannot stop, so it raises a flag that run() checks afterwards. */
+  bool flag = kl_cg_traps_zero_divisor(n);
   char buf[256];
   const char *expr = expression(n, ct, buf, sizeof buf);
   char shape[160];
   fprintf(f, "/* %s: %s -> %s%s */\n", n->name, kl_ops[n->op].name, kl_dtype_name(out->dtype),
           kl_shape_str(&out->shape, shape, sizeof shape));
-  params(f, name, (const kl_value *const *)n->inputs, n->ninputs, out);
+  params_extra(f, name, (const kl_value *const *)n->inputs, n->ninputs, out,
+               flag ? ", int *__restrict__ zero_divisor" : "");
   grid_stride_loop(f, kl_shape_numel(&out->shape));
   index_math(f, &out->shape, (const kl_value *const *)n->inputs, n->ninputs);
   for (int k = 0; k < n->ninputs; k++) {
@@ -211,10 +245,19 @@ void kl_cg_elementwise(FILE *f, const char *name, const kl_node *n) {
     else fprintf(f, "(%s)%s", t, src);
     fprintf(f, ";\n");
   }
+  if (flag) fprintf(f, "    if (b == 0) zero_divisor[0] = 1;\n");
   fprintf(f, "    ");
   store(f, out->dtype, "out[i]", expr);
   fprintf(f, "  }\n}\n");
-  entry(f, name, (const kl_value *const *)n->inputs, n->ninputs, out);
+  if (!flag) {
+    entry(f, name, (const kl_value *const *)n->inputs, n->ninputs, out);
+    return;
+  }
+  fprintf(f, "KL_EMU_ENTRY(%s", name);
+  for (int k = 0; k < n->ninputs; k++)
+    fprintf(f, ", KL_ARG(const %s *, %d)", kl_cg_storage(n->inputs[k]->dtype), k);
+  fprintf(f, ", KL_ARG(%s *, %d), KL_ARG(int *, %d));\n\n", kl_cg_storage(out->dtype), n->ninputs,
+          n->ninputs + 1);
 }
 
 /* Data movement that only renumbers elements (reshape & co, expand,

@@ -64,7 +64,23 @@ static int emit_simple(kl_cg_emitter *e, const kl_node *n) {
   char shape[160];
   fprintf(kl_cg_host(e), "  /* %s: %s -> %s%s */\n", n->name, kl_ops[n->op].name,
           kl_dtype_name(n->outputs[0]->dtype), kl_shape_str(&n->outputs[0]->shape, shape, sizeof shape));
-  kl_cg_launch_node(e, k, threads, n);
+  if (!kl_cg_traps_zero_divisor(n)) {
+    kl_cg_launch_node(e, k, threads, n);
+    return 0;
+  }
+  char bufs[4][160], flag[160];
+  const char *args[4];
+  for (int i = 0; i < 2; i++) args[i] = kl_cg_ptr(e, n->inputs[i], bufs[i], sizeof bufs[i]);
+  args[2] = kl_cg_ptr(e, n->outputs[0], bufs[2], sizeof bufs[2]);
+  args[3] = kl_cg_scratch(e, sizeof(int), flag, sizeof flag);
+  FILE *h = kl_cg_host(e);
+  fprintf(h, "  if (krt_memset_zero(m->dev, %s, sizeof(int), err, errlen)) return -1;\n", flag);
+  kl_cg_launch(e, k, threads, args, 4);
+  fprintf(h, "  {\n    int zero = 0;\n"
+             "    if (krt_download(m->dev, &zero, %s, sizeof zero, err, errlen)) return -1;\n"
+             "    if (zero) {\n      if (err && errlen) snprintf(err, errlen, \"%%s\", \"%s (node '%s'): "
+             "integer %s by zero\");\n      return -1;\n    }\n  }\n",
+          flag, kl_ops[n->op].name, n->name, n->op == KL_OP_DIV ? "division" : "modulo");
   return 0;
 }
 
