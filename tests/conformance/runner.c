@@ -36,7 +36,9 @@ typedef struct {
   char host_reason[512];
 } result;
 
-static bool with_host; /* --device host: also compile each passing test */
+/* --device host|cuda: also compile each passing test for that device */
+static bool with_host;
+static krt_device_kind compiled_kind = KRT_DEVICE_HOST;
 
 static const double RTOL = 1e-3, ATOL = 1e-7;
 enum { TEST_SECONDS = 120 };
@@ -138,14 +140,16 @@ static void run_host(const kl_graph *g, kl_tensor **in, const char *dir, const c
   }
   char bdir[] = "/tmp/kiln-conf-XXXXXX", msg[1024], path[4600];
   const krt_model_api *api = NULL;
-  void *h = mkdtemp(bdir) ? kiln_build_host(&cg, bdir, false, &api) : NULL;
+  void *h = mkdtemp(bdir)
+                ? kiln_build_host(&cg, bdir, compiled_kind == KRT_DEVICE_CUDA, &api)
+                : NULL;
   krt_device *dev = NULL;
   void *model = NULL;
   int nin = g->inputs.len, nout = g->outputs.len;
   void **rin = calloc((size_t)nin + 1, sizeof *rin), **rout = calloc((size_t)nout + 1, sizeof *rout);
   r->host_status = FAIL;
   if (!h) snprintf(r->host_reason, sizeof r->host_reason, "the generated code did not build");
-  else if (krt_device_open(KRT_DEVICE_HOST, &dev, msg, sizeof msg) ||
+  else if (krt_device_open(compiled_kind, &dev, msg, sizeof msg) ||
            api->create(dev, &model, msg, sizeof msg))
     snprintf(r->host_reason, sizeof r->host_reason, "%s", msg);
   else {
@@ -390,7 +394,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--write-passing") && next) write_passing = argv[++i];
     else if (!strcmp(argv[i], "--filter") && next) filter = argv[++i];
     else if (!strcmp(argv[i], "-v")) verbose = true;
-    else if (!strcmp(argv[i], "--device") && next && !strcmp(next, "host")) with_host = true, i++;
+    else if (!strcmp(argv[i], "--device") && next &&
+             krt_device_kind_parse(next, &compiled_kind) == 0 && compiled_kind != KRT_DEVICE_AUTO)
+      with_host = true, i++;
     else { fprintf(stderr, "conformance: unknown argument '%s'\n", argv[i]); return 2; }
   }
   if (!nsuites) {
