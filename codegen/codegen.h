@@ -23,6 +23,7 @@ typedef struct {
   int ngemms;           /* runtime GEMM calls emitted */
   size_t arena_bytes;   /* intermediates */
   size_t param_bytes;   /* weights and constants */
+  unsigned char *params; /* their bytes: weights.bin, which model.c includes */
 } kl_codegen_result;
 
 /* NVRTC, loaded at run time: false (and why) when the library is not

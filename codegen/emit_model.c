@@ -273,10 +273,15 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   for (int k = 0; k < kernel; k++) fprintf(mf, "  {\"k%d\", HOST_ENTRY(k%d)},\n", k, k);
   if (!kernel) fprintf(mf, "  {NULL, NULL},\n");
   fprintf(mf, "};\n\n");
-  fprintf(mf, "/* weights and constants, %zu bytes */\nstatic const unsigned char params_blob[%zu] = {", c->param_bytes,
-          c->param_bytes ? c->param_bytes : 1);
-  for (size_t i = 0; i < c->param_bytes; i++) fprintf(mf, "%s%u,", i % 24 ? "" : "\n  ", c->params[i]);
-  fprintf(mf, "\n};\n\n");
+  /* The weights are not C text (megabytes of it would take the C compiler
+   * longer than everything else): they sit in weights.bin beside this file
+   * and the assembler includes them as they are. */
+  fprintf(mf, "/* weights and constants, %zu bytes, from weights.bin */\n#ifndef KILN_WEIGHTS_FILE\n"
+              "#define KILN_WEIGHTS_FILE \"weights.bin\"\n#endif\n"
+              "__asm__(\".section .rodata\\n.balign 64\\nkiln_weights_%s:\\n.incbin \\\"\" KILN_WEIGHTS_FILE "
+              "\"\\\"\\n.byte 0\\n.previous\\n\");\n"
+              "extern const unsigned char kiln_weights_%s[];\n#define params_blob kiln_weights_%s\n\n",
+          c->param_bytes, prefix, prefix, prefix);
   io_table(mf, "inputs", (const kl_value *const *)g->inputs.items, g->inputs.len);
   io_table(mf, "outputs", (const kl_value *const *)g->outputs.items, g->outputs.len);
   int nio = g->inputs.len + g->outputs.len;
@@ -368,6 +373,8 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
   out->ngemms = c.ngemms;
   out->arena_bytes = c.arena_bytes;
   out->param_bytes = c.param_bytes;
+  out->params = c.params;
+  c.params = NULL;
 done:
   free(c.loc);
   free(c.order);
@@ -378,6 +385,8 @@ done:
 }
 
 void kl_codegen_result_free(kl_codegen_result *r) {
+  free(r->params);
+  r->params = NULL;
   free(r->kernels_cu);
   free(r->model_c);
   free(r->model_h);

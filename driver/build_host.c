@@ -29,9 +29,21 @@ static int write_file(const char *dir, const char *name, const char *text) {
   return 0;
 }
 
+static int write_bytes_file(const char *dir, const char *name, const void *data, size_t n) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "wb");
+  if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f)) {
+    fprintf(stderr, "kiln: error: cannot write %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
 int kiln_write_sources(const kl_codegen_result *cg, const char *dir) {
   return write_file(dir, "kernels.cu", cg->kernels_cu) || write_file(dir, "model.c", cg->model_c) ||
-         write_file(dir, "model.h", cg->model_h);
+         write_file(dir, "model.h", cg->model_h) ||
+         write_bytes_file(dir, "weights.bin", cg->params, cg->param_bytes);
 }
 
 static double now_ms(void) {
@@ -141,10 +153,10 @@ void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
    * -O1 is enough for a test device and compiles fast. */
   snprintf(cmd, sizeof cmd,
            "%s -std=gnu11 -O1 -fno-math-errno -fPIC -shared -DKILN_HOST_KERNELS "
-           "%s -I'%s' -I'%s/emu' -x c %s/kernels.cu -x c %s/model.c %s%s -o %s/model.so -lm "
-           ">%s/build.log 2>&1",
+           "%s -I'%s' -I'%s/emu' -DKILN_WEIGHTS_FILE='\"'%s/weights.bin'\"' "
+           "-x c %s/kernels.cu -x c %s/model.c %s%s -o %s/model.so -lm >%s/build.log 2>&1",
            cc && *cc ? cc : "cc", gpu && cg->nkernels ? "-DKILN_GPU_IMAGES" : "", KILN_RUNTIME_DIR,
-           KILN_RUNTIME_DIR, qdir, qdir, gpu && cg->nkernels ? qdir : "",
+           KILN_RUNTIME_DIR, qdir, qdir, qdir, gpu && cg->nkernels ? qdir : "",
            gpu && cg->nkernels ? "/gpu_images.c" : "", qdir, qdir);
   int st = system(cmd);
   if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {

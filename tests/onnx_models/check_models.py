@@ -83,7 +83,7 @@ def run_set(kiln, model, data, extra, args):
     if nout == 0:
         return "no output_0.pb in %s" % data
     with tempfile.TemporaryDirectory(prefix="kiln-onnx-") as tmp:
-        cmd = [kiln, "run", model, "--inputs-dir", data, "--output-dir", tmp] + extra
+        cmd = [kiln, "run", model, "--inputs-dir", data, "--output-dir", tmp] + extra + args.kiln_arg
         try:
             p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                timeout=args.timeout)
@@ -177,6 +177,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--unsupported-ok", action="store_true",
                     help="models with unsupported nodes are not failures")
+    ap.add_argument("--kiln-arg", action="append", default=[],
+                    help="extra argument for `kiln run` (repeatable), e.g. --device=host")
     args = ap.parse_args()
     if args.outdir is None and not args.build:
         ap.error("give OUTDIR, --build, or both")
