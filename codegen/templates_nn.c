@@ -747,163 +747,22 @@ static int emit_tconv(kl_cg_emitter *e, const kl_node *n) {
 /* The interpreter's tap computation (ops_ext_nn.c) runs here, at compile
  * time: shapes are static, so every axis's taps (input index, weight) are
  * tables in kernels.cu and the kernel only sums. */
-enum { R_NEAREST, R_LINEAR, R_CUBIC };
-enum {
-  C_HALF_PIXEL, C_HALF_PIXEL_SYM, C_PYTORCH_HALF_PIXEL, C_ALIGN_CORNERS, C_ASYMMETRIC,
-  C_TF_HALF_PIXEL_NN, C_TF_CROP_AND_RESIZE
-};
-enum { N_ROUND_FLOOR, N_ROUND_CEIL, N_FLOOR, N_CEIL };
-
-static int pick_name(const char *s, const char *const *names) {
-  for (int i = 0; names[i]; i++)
-    if (!strcmp(s, names[i])) return i;
-  return -1;
-}
-
-typedef struct {
-  int mode, coord, nearest;
-  double a, extrapolation;
-  bool exclude_outside;
-  int64_t sizes[KL_MAX_RANK];
-  double scales[KL_MAX_RANK], roi[2 * KL_MAX_RANK];
-} resize_cfg;
-
-static int resize_setup(const kl_node *n, resize_cfg *r) {
-  static const char *const modes[] = {"nearest", "linear", "cubic", NULL};
-  static const char *const coords[] = {"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
-                                       "align_corners", "asymmetric", "tf_half_pixel_for_nn",
-                                       "tf_crop_and_resize", NULL};
-  static const char *const nearests[] = {"round_prefer_floor", "round_prefer_ceil", "floor",
-                                         "ceil", NULL};
-  const kl_value *x = n->inputs[0];
-  int rank = x->shape.rank;
-  r->mode = pick_name(kl_attr_string(n, "mode", "nearest"), modes);
-  r->coord = pick_name(kl_attr_string(n, "coordinate_transformation_mode", "half_pixel"), coords);
-  r->nearest = pick_name(kl_attr_string(n, "nearest_mode", "round_prefer_floor"), nearests);
-  if (r->mode < 0 || r->coord < 0 || r->nearest < 0) return -1;
-  r->exclude_outside = kl_attr_int(n, "exclude_outside", 0) != 0;
-  r->a = kl_attr_float(n, "cubic_coeff_a", -0.75);
-  r->extrapolation = kl_attr_float(n, "extrapolation_value", 0.0);
-  for (int d = 0; d < rank; d++) {
-    r->sizes[d] = n->outputs[0]->shape.dims[d];
-    r->scales[d] = (double)r->sizes[d] / (double)x->shape.dims[d];
-    r->roi[d] = 0.0;
-    r->roi[rank + d] = 1.0;
-  }
-  const kl_attr *s = kl_node_attr(n, "scales"), *roi = kl_node_attr(n, "roi");
-  if (s && s->kind == KL_ATTR_FLOATS && s->n == rank)
-    memcpy(r->scales, s->floats, sizeof(double) * (size_t)rank);
-  if (roi && roi->kind == KL_ATTR_FLOATS && roi->n == 2 * rank)
-    memcpy(r->roi, roi->floats, sizeof(double) * (size_t)(2 * rank));
-  return 0;
-}
-
-typedef struct {
-  int64_t idx[4];
-  double w[4];
-  int ntap;
-} taps;
-
-static double source_coord(const resize_cfg *r, int d, int rank, int64_t o, int64_t in,
-                           bool *outside) {
-  double s = r->scales[d], width = s * (double)in, x = (double)o;
-  *outside = false;
-  switch (r->coord) {
-  case C_HALF_PIXEL: return (x + 0.5) / s - 0.5;
-  case C_HALF_PIXEL_SYM: {
-    double adj = (double)r->sizes[d] / width, center = (double)in / 2;
-    return center * (1 - adj) + (x + 0.5) / s - 0.5;
-  }
-  case C_PYTORCH_HALF_PIXEL: return width == 1 ? -0.5 : (x + 0.5) / s - 0.5;
-  case C_ALIGN_CORNERS: return width == 1 ? 0.0 : x * (double)(in - 1) / (width - 1);
-  case C_ASYMMETRIC: return x / s;
-  case C_TF_HALF_PIXEL_NN: return (x + 0.5) / s;
-  default: {
-    double r0 = r->roi[d], r1 = r->roi[rank + d], v;
-    if (width == 1) v = (r1 - r0) * (double)(in - 1) / 2;
-    else v = x * (r1 - r0) * (double)(in - 1) / (width - 1);
-    v += r0 * (double)(in - 1);
-    *outside = v < 0 || v > (double)(in - 1);
-    return v;
-  }
-  }
-}
-
-static void cubic_coeffs(double t, double a, double *c) {
-  double u = 1 - t;
-  c[0] = ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a;
-  c[1] = ((a + 2) * t - (a + 3)) * t * t + 1;
-  c[2] = ((a + 2) * u - (a + 3)) * u * u + 1;
-  c[3] = ((a * (u + 1) - 5 * a) * (u + 1) + 8 * a) * (u + 1) - 4 * a;
-}
-
-static void make_taps(const resize_cfg *r, int d, int rank, int64_t o, int64_t in, taps *tp) {
-  bool outside;
-  double x = source_coord(r, d, rank, o, in, &outside);
-  tp->ntap = 0;
-  if (outside) return;
-  if (!(x > -1e9)) x = -1e9;
-  if (!(x < 1e9)) x = 1e9;
-  double fl = floor(x), t = x - fl;
-  int64_t base = (int64_t)fl;
-  if (t == 0) {
-    base--;
-    t = 1;
-  }
-  int64_t first;
-  double c[4];
-  if (r->mode == R_NEAREST) {
-    bool right = true;
-    if (t < 1) {
-      switch (r->nearest) {
-      case N_ROUND_FLOOR: right = t > 0.5; break;
-      case N_ROUND_CEIL: right = t >= 0.5; break;
-      case N_FLOOR: right = false; break;
-      default: right = true; break;
-      }
-    }
-    first = base + (right ? 1 : 0);
-    tp->ntap = 1;
-    c[0] = 1;
-  } else if (r->mode == R_LINEAR) {
-    first = base;
-    tp->ntap = 2;
-    c[0] = 1 - t;
-    c[1] = t;
-  } else {
-    first = base - 1;
-    tp->ntap = 4;
-    cubic_coeffs(t, r->a, c);
-  }
-  double sum = 0;
-  for (int k = 0; k < tp->ntap; k++) {
-    int64_t i = first + k;
-    if (r->exclude_outside && (i < 0 || i >= in)) c[k] = 0;
-    sum += c[k];
-    tp->idx[k] = i < 0 ? 0 : i >= in ? in - 1 : i;
-    tp->w[k] = c[k];
-  }
-  if (r->exclude_outside && sum != 0)
-    for (int k = 0; k < tp->ntap; k++) tp->w[k] /= sum;
-}
-
 enum { RESIZE_MAX_TABLE = 1 << 20 }; /* taps in all, beyond which: no template */
 
 static bool handles_resize(const kl_node *n) {
-  if (n->op != KL_OP_RESIZE || n->inputs[0]->dtype == KL_BOOL || n->inputs[0]->shape.rank < 1)
+  kl_resize_taps tp;
+  if (n->op != KL_OP_RESIZE || n->inputs[0]->dtype == KL_BOOL || n->inputs[0]->shape.rank < 1 ||
+      kl_resize_tap_at(n, 0, 0, &tp))
     return false;
-  resize_cfg r;
-  if (resize_setup(n, &r)) return false;
   int64_t total = 0;
-  for (int d = 0; d < n->inputs[0]->shape.rank; d++) total += 4 * r.sizes[d];
+  for (int d = 0; d < n->outputs[0]->shape.rank; d++) total += 4 * n->outputs[0]->shape.dims[d];
   return total <= RESIZE_MAX_TABLE;
 }
 
 static int emit_resize(kl_cg_emitter *e, const kl_node *n) {
   const kl_value *x = n->inputs[0], *y = n->outputs[0];
   int rank = x->shape.rank;
-  resize_cfg r;
-  resize_setup(n, &r);
+  const int64_t *sizes = y->shape.dims;
   int64_t total = kl_shape_numel(&y->shape);
   host_comment(e, n);
   if (total == 0) return 0;
@@ -919,27 +778,27 @@ static int emit_resize(kl_cg_emitter *e, const kl_node *n) {
   bool any_outside = false;
   for (int d = 0; d < rank; d++) {
     nt[d] = 1;
-    for (int64_t o = 0; o < r.sizes[d]; o++) {
-      taps tp;
-      make_taps(&r, d, rank, o, x->shape.dims[d], &tp);
+    for (int64_t o = 0; o < sizes[d]; o++) {
+      kl_resize_taps tp;
+      kl_resize_tap_at(n, d, o, &tp);
       int nz = 0;
       for (int t = 0; t < tp.ntap; t++) nz += tp.w[t] != 0;
       if (nz > nt[d]) nt[d] = nz;
       any_outside |= tp.ntap == 0;
     }
-    fprintf(f, "__device__ const int64_t %s_i%d[%lld] = {", name, d, (ll)(r.sizes[d] * nt[d]));
-    for (int64_t o = 0; o < r.sizes[d]; o++) {
-      taps tp;
-      make_taps(&r, d, rank, o, x->shape.dims[d], &tp);
+    fprintf(f, "__device__ const int64_t %s_i%d[%lld] = {", name, d, (ll)(sizes[d] * nt[d]));
+    for (int64_t o = 0; o < sizes[d]; o++) {
+      kl_resize_taps tp;
+      kl_resize_tap_at(n, d, o, &tp);
       int put = 0;
       for (int t = 0; t < tp.ntap; t++)
         if (tp.w[t] != 0) fprintf(f, "%s%lld", o || put ? ", " : "", (ll)(tp.idx[t] * xs[d])), put++;
       for (; put < nt[d]; put++) fprintf(f, "%s%d", o || put ? ", " : "", tp.ntap == 0 && put == 0 ? -1 : 0);
     }
-    fprintf(f, "};\n__device__ const double %s_w%d[%lld] = {", name, d, (ll)(r.sizes[d] * nt[d]));
-    for (int64_t o = 0; o < r.sizes[d]; o++) {
-      taps tp;
-      make_taps(&r, d, rank, o, x->shape.dims[d], &tp);
+    fprintf(f, "};\n__device__ const double %s_w%d[%lld] = {", name, d, (ll)(sizes[d] * nt[d]));
+    for (int64_t o = 0; o < sizes[d]; o++) {
+      kl_resize_taps tp;
+      kl_resize_tap_at(n, d, o, &tp);
       int put = 0;
       for (int t = 0; t < tp.ntap; t++)
         if (tp.w[t] != 0) fprintf(f, "%s%.17g", o || put ? ", " : "", tp.w[t]), put++;
@@ -952,13 +811,13 @@ static int emit_resize(kl_cg_emitter *e, const kl_node *n) {
   loop(f, total);
   fprintf(f, "    int64_t r = i;\n");
   for (int d = rank - 1; d >= 0; d--)
-    fprintf(f, "    const int64_t o%d = (r %% %lldLL) * %d;\n    r /= %lldLL;\n", d, (ll)r.sizes[d],
-            nt[d], (ll)r.sizes[d]);
+    fprintf(f, "    const int64_t o%d = (r %% %lldLL) * %d;\n    r /= %lldLL;\n", d, (ll)sizes[d],
+            nt[d], (ll)sizes[d]);
   fprintf(f, "    double acc = 0;\n");
   if (any_outside) {
     fprintf(f, "    if (");
     for (int d = 0; d < rank; d++) fprintf(f, "%s%s_i%d[o%d] < 0", d ? " || " : "", name, d, d);
-    fprintf(f, ") {\n      acc = %.17g;\n    } else {\n", r.extrapolation);
+    fprintf(f, ") {\n      acc = %.17g;\n    } else {\n", kl_attr_float(n, "extrapolation_value", 0.0));
   } else {
     fprintf(f, "    {\n");
   }

@@ -281,6 +281,17 @@ int kl_topo_order(const kl_graph *g, kl_node **order, kl_error *err);
 /* Stable IR text, in the syntax the .kl parser reads back. */
 void kl_print_graph(FILE *f, const kl_graph *g);
 
+/* The taps of a resize node (input index, weight) for output position o
+ * along axis d, as the interpreter computes them, so that compiled kernels
+ * use the very same coordinates; ntap 0 means outside (tf_crop_and_resize
+ * extrapolates).  -1 when the node's attributes are invalid. */
+typedef struct {
+  int64_t idx[4];
+  double w[4];
+  int ntap;
+} kl_resize_taps;
+int kl_resize_tap_at(const kl_node *n, int d, int64_t o, kl_resize_taps *out);
+
 /* ---- reference interpreter ------------------------------------------ */
 kl_tensor *kl_tensor_new(kl_dtype t, const kl_shape *s);
 void kl_tensor_free(kl_tensor *t);

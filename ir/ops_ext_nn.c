@@ -361,6 +361,18 @@ static void make_taps(const resize_cfg *r, int d, int rank, int64_t o,
     for (int k = 0; k < tp->ntap; k++) tp->w[k] /= sum;
 }
 
+int kl_resize_tap_at(const kl_node *n, int d, int64_t o, kl_resize_taps *out) {
+  resize_cfg r;
+  const kl_value *x = n->inputs[0];
+  if (n->op != KL_OP_RESIZE || d < 0 || d >= x->shape.rank || resize_setup(n, NULL, &r)) return -1;
+  taps tp;
+  make_taps(&r, d, x->shape.rank, o, x->shape.dims[d], &tp);
+  memcpy(out->idx, tp.idx, sizeof tp.idx);
+  memcpy(out->w, tp.w, sizeof tp.w);
+  out->ntap = tp.ntap;
+  return 0;
+}
+
 int kl_eval_RESIZE(const kl_node *n, kl_tensor **in, kl_tensor **out,
                    kl_error *err) {
   resize_cfg r;
