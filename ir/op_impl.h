@@ -37,4 +37,8 @@ int kl_attr_flag(const kl_node *n, kl_error *err, const char *name,
 int64_t kl_to_i64(double v);
 /* Two's-complement wrap of a 64-bit pattern to integer dtype t's width. */
 double kl_wrap_to(kl_dtype t, uint64_t u);
+/* Dtype checks shared by op rows: 0, or -1 with a message naming the
+ * input (floats only; anything but bool). */
+int kl_need_float(const kl_node *n, kl_error *err, const kl_value *v);
+int kl_need_numeric(const kl_node *n, kl_error *err, const kl_value *v);
 #endif

@@ -16,13 +16,9 @@ typedef enum {
 
 static int check_type(const kl_node *n, kl_error *err, const kl_value *v,
                       type_class c) {
+  if (c == T_FLOAT) return kl_need_float(n, err, v);
+  if (c == T_NUMERIC) return kl_need_numeric(n, err, v);
   char b[256];
-  if (c == T_FLOAT && !kl_dtype_is_float(v->dtype))
-    return KL_NODE_FAIL(n, err, "needs a floating-point input, got %s",
-                        kl_value_str(v, b, sizeof b));
-  if (c == T_NUMERIC && v->dtype == KL_BOOL)
-    return KL_NODE_FAIL(n, err, "does not accept bool, got %s (cast it first)",
-                        kl_value_str(v, b, sizeof b));
   if (c == T_BOOL && v->dtype != KL_BOOL)
     return KL_NODE_FAIL(n, err, "needs a bool input, got %s",
                         kl_value_str(v, b, sizeof b));

@@ -16,13 +16,6 @@ static int need_indices(const kl_node *n, kl_error *err, const kl_value *ix) {
                       kl_value_str(ix, b, sizeof b));
 }
 
-static int need_numeric(const kl_node *n, kl_error *err, const kl_value *v) {
-  if (v->dtype != KL_BOOL) return 0;
-  char b[300];
-  return KL_NODE_FAIL(n, err, "does not accept bool, got %s (cast it first)",
-                      kl_value_str(v, b, sizeof b));
-}
-
 /* An index element checked against an axis of size dim, negative counting
  * from the end.  Compared as a double first so a huge i64 never converts
  * out of range. */
@@ -302,7 +295,7 @@ int kl_infer_CUMSUM(kl_node *n, kl_error *err) {
   const kl_value *x = n->inputs[0];
   int axis;
   bool excl, rev;
-  if (need_numeric(n, err, x) ||
+  if (kl_need_numeric(n, err, x) ||
       kl_norm_axis(kl_attr_int(n, "axis", 0), x->shape.rank, &axis, n, err) ||
       kl_attr_flag(n, err, "exclusive", 0, &excl) ||
       kl_attr_flag(n, err, "reverse", 0, &rev))
@@ -342,7 +335,7 @@ int kl_infer_ARGMIN(kl_node *n, kl_error *err) {
   int axis;
   bool keep = true;
   char b[300];
-  if (need_numeric(n, err, x) ||
+  if (kl_need_numeric(n, err, x) ||
       kl_norm_axis(kl_attr_int(n, "axis", 0), x->shape.rank, &axis, n, err) ||
       kl_attr_flag(n, err, "keepdims", 1, &keep))
     return -1;
@@ -384,7 +377,7 @@ static int topk_setup(const kl_node *n, kl_error *err, const kl_value *x,
                       int *axis, int64_t *k) {
   char b[300];
   bool largest, sorted;
-  if (need_numeric(n, err, x)) return -1;
+  if (kl_need_numeric(n, err, x)) return -1;
   if (!kl_node_attr(n, "k")) return KL_NODE_FAIL(n, err, "k is required");
   if (x->shape.rank < 1)
     return KL_NODE_FAIL(n, err, "x must have rank >= 1, got %s",

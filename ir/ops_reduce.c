@@ -6,20 +6,6 @@
 
 #include "op_impl.h"
 
-static int need_float(const kl_node *n, kl_error *err, const kl_value *v) {
-  if (kl_dtype_is_float(v->dtype)) return 0;
-  char b[256];
-  return KL_NODE_FAIL(n, err, "needs a floating-point input, got %s",
-                      kl_value_str(v, b, sizeof b));
-}
-
-static int need_numeric(const kl_node *n, kl_error *err, const kl_value *v) {
-  if (v->dtype != KL_BOOL) return 0;
-  char b[256];
-  return KL_NODE_FAIL(n, err, "does not accept bool, got %s (cast it first)",
-                      kl_value_str(v, b, sizeof b));
-}
-
 /* View shape s as [outer, s[axis], inner]. */
 static void split_at(const kl_shape *s, int axis, int64_t *outer, int64_t *k,
                      int64_t *inner) {
@@ -59,7 +45,7 @@ static int reduce_mask(const kl_node *n, kl_error *err, int rank, bool *mask) {
 static int infer_reduce(kl_node *n, kl_error *err, reduce_kind kind) {
   const kl_value *x = n->inputs[0];
   bool mask[KL_MAX_RANK], keep = false;
-  if (need_numeric(n, err, x) || reduce_mask(n, err, x->shape.rank, mask) ||
+  if (kl_need_numeric(n, err, x) || reduce_mask(n, err, x->shape.rank, mask) ||
       kl_attr_flag(n, err, "keepdims", 0, &keep))
     return -1;
   kl_shape s = {0};
@@ -167,7 +153,7 @@ int kl_infer_ARGMAX(kl_node *n, kl_error *err) {
   const kl_value *x = n->inputs[0];
   int axis;
   bool keep = false;
-  if (need_numeric(n, err, x) ||
+  if (kl_need_numeric(n, err, x) ||
       kl_norm_axis(kl_attr_int(n, "axis", 0), x->shape.rank, &axis, n, err) ||
       kl_attr_flag(n, err, "keepdims", 1, &keep))
     return -1;
@@ -220,7 +206,7 @@ static double row_sum_exp(const double *x, int64_t k, int64_t st, double m) {
 static int infer_softmax(kl_node *n, kl_error *err) {
   const kl_value *x = n->inputs[0];
   int axis;
-  if (need_float(n, err, x) ||
+  if (kl_need_float(n, err, x) ||
       kl_norm_axis(kl_attr_int(n, "axis", -1), x->shape.rank, &axis, n, err))
     return -1;
   kl_set_output(n, 0, x->dtype, &x->shape);
@@ -276,7 +262,7 @@ static kl_shape norm_shape(const kl_shape *s, int axis) {
 static int infer_norm(kl_node *n, kl_error *err) {
   const kl_value *x = n->inputs[0];
   int axis;
-  if (need_float(n, err, x) ||
+  if (kl_need_float(n, err, x) ||
       kl_norm_axis(kl_attr_int(n, "axis", -1), x->shape.rank, &axis, n, err))
     return -1;
   kl_shape ns = norm_shape(&x->shape, axis), b;
@@ -368,7 +354,7 @@ static const char *const bn_names[] = {"x", "scale", "bias", "mean", "var"};
 int kl_infer_BATCH_NORM(kl_node *n, kl_error *err) {
   const kl_value *x = n->inputs[0];
   char bx[256], bp[256];
-  if (need_float(n, err, x)) return -1;
+  if (kl_need_float(n, err, x)) return -1;
   if (x->shape.rank < 2)
     return KL_NODE_FAIL(n, err, "x must have rank >= 2 (N, C, ...), got %s",
                         kl_value_str(x, bx, sizeof bx));
@@ -423,7 +409,7 @@ int kl_infer_CROSS_ENTROPY(kl_node *n, kl_error *err) {
   int axis;
   reduction red;
   char bx[256], bl[256];
-  if (need_float(n, err, x) ||
+  if (kl_need_float(n, err, x) ||
       kl_norm_axis(kl_attr_int(n, "axis", -1), x->shape.rank, &axis, n, err) ||
       get_reduction(n, err, &red))
     return -1;

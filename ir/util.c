@@ -342,3 +342,17 @@ double kl_rng_normal(kl_rng *r) {
   if (u1 < 1e-300) u1 = 1e-300;
   return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
+
+int kl_need_float(const kl_node *n, kl_error *err, const kl_value *v) {
+  if (kl_dtype_is_float(v->dtype)) return 0;
+  char b[256];
+  return kl_node_fail(n, err, "needs a floating-point input, got %s",
+                      kl_value_str(v, b, sizeof b));
+}
+
+int kl_need_numeric(const kl_node *n, kl_error *err, const kl_value *v) {
+  if (v->dtype != KL_BOOL) return 0;
+  char b[256];
+  return kl_node_fail(n, err, "does not accept bool, got %s (cast it first)",
+                      kl_value_str(v, b, sizeof b));
+}
