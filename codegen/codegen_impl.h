@@ -7,6 +7,13 @@
 #include "codegen.h"
 
 const char *kl_cg_storage(kl_dtype t);
+/* Arithmetic type of a dtype in kernels: float for f16/bf16/f32, double
+ * for f64, int64_t/uint64_t for integers. */
+const char *kl_cg_compute_type(kl_dtype t);
+/* Expression of a stored element `expr` of dtype t converted to `to`. */
+const char *kl_cg_load(char *buf, size_t len, kl_dtype t, const char *to, const char *expr);
+/* Statement `dst = value;` rounding value to dtype t's storage. */
+void kl_cg_store(FILE *f, kl_dtype t, const char *dst, const char *value);
 
 /* ---- templates ---------------------------------------------------------
  * A template turns one node into kernels (written to kernels.cu) and the

@@ -30,7 +30,7 @@ const char *kl_cg_storage(kl_dtype t) {
 
 /* Arithmetic happens in float for the 16- and 32-bit floats, in double
  * for f64, and in 64-bit integers for the integer types. */
-static const char *compute_type(kl_dtype t) {
+const char *kl_cg_compute_type(kl_dtype t) {
   if (t == KL_F64) return "double";
   if (kl_dtype_is_float(t)) return "float";
   return kl_dtype_is_unsigned(t) ? "uint64_t" : "int64_t";
@@ -39,11 +39,17 @@ static const char *compute_type(kl_dtype t) {
 static void load(FILE *f, kl_dtype t, const char *expr) {
   if (t == KL_F16) fprintf(f, "__half2float(%s)", expr);
   else if (t == KL_BF16) fprintf(f, "__bfloat162float(%s)", expr);
-  else fprintf(f, "(%s)%s", compute_type(t), expr);
+  else fprintf(f, "(%s)%s", kl_cg_compute_type(t), expr);
 }
 
-/* out = value, converting from compute type `from` to the dtype. */
-static void store(FILE *f, kl_dtype t, const char *dst, const char *value) {
+const char *kl_cg_load(char *buf, size_t len, kl_dtype t, const char *to, const char *expr) {
+  if (t == KL_F16) snprintf(buf, len, "(%s)__half2float(%s)", to, expr);
+  else if (t == KL_BF16) snprintf(buf, len, "(%s)__bfloat162float(%s)", to, expr);
+  else snprintf(buf, len, "(%s)%s", to, expr);
+  return buf;
+}
+
+void kl_cg_store(FILE *f, kl_dtype t, const char *dst, const char *value) {
   if (t == KL_F16) fprintf(f, "%s = __float2half((float)(%s));\n", dst, value);
   else if (t == KL_BF16) fprintf(f, "%s = __float2bfloat16((float)(%s));\n", dst, value);
   else if (t == KL_BOOL) fprintf(f, "%s = (uint8_t)((%s) != 0);\n", dst, value);
@@ -146,7 +152,7 @@ static kl_dtype operand_dtype(const kl_node *n) {
 bool kl_cg_is_elementwise(const kl_node *n) {
   char buf[256];
   if (kl_ops[n->op].kind != KL_KIND_ELEMENTWISE || n->noutputs != 1) return false;
-  return expression(n, compute_type(operand_dtype(n)), buf, sizeof buf) != NULL;
+  return expression(n, kl_cg_compute_type(operand_dtype(n)), buf, sizeof buf) != NULL;
 }
 
 /* Flat offset of each input for output element i, as a chain of div/mod
@@ -220,7 +226,7 @@ bool kl_cg_traps_zero_divisor(const kl_node *n) {
 
 void kl_cg_elementwise(FILE *f, const char *name, const kl_node *n) {
   const kl_value *out = n->outputs[0];
-  const char *ct = compute_type(operand_dtype(n));
+  const char *ct = kl_cg_compute_type(operand_dtype(n));
   /* Integer division by zero is an error in the interpreter; a kernel
    * cannot stop, so it raises a flag that run() checks afterwards. */
   bool flag = kl_cg_traps_zero_divisor(n);
@@ -247,7 +253,7 @@ void kl_cg_elementwise(FILE *f, const char *name, const kl_node *n) {
   }
   if (flag) fprintf(f, "    if (b == 0) zero_divisor[0] = 1;\n");
   fprintf(f, "    ");
-  store(f, out->dtype, "out[i]", expr);
+  kl_cg_store(f, out->dtype, "out[i]", expr);
   fprintf(f, "  }\n}\n");
   if (!flag) {
     entry(f, name, (const kl_value *const *)n->inputs, n->ninputs, out);
@@ -300,7 +306,7 @@ void kl_cg_softmax(FILE *f, const char *name, const kl_node *n) {
   int64_t len = in->shape.dims[axis], inner = 1, outer = 1;
   for (int d = axis + 1; d < r; d++) inner *= in->shape.dims[d];
   for (int d = 0; d < axis; d++) outer *= in->shape.dims[d];
-  const char *ct = compute_type(in->dtype), *s = !strcmp(ct, "double") ? "" : "f";
+  const char *ct = kl_cg_compute_type(in->dtype), *s = !strcmp(ct, "double") ? "" : "f";
   char shape[160];
   fprintf(f, "/* %s: %s over axis %d of %s%s */\n", n->name, kl_ops[n->op].name, axis,
           kl_dtype_name(in->dtype), kl_shape_str(&in->shape, shape, sizeof shape));
@@ -321,7 +327,7 @@ void kl_cg_softmax(FILE *f, const char *name, const kl_node *n) {
   fprintf(f, "    for (int64_t j = 0; j < %lld; j++) { %s v = ", (long long)len, ct);
   load(f, in->dtype, at);
   fprintf(f, ";\n      ");
-  store(f, out->dtype, dst,
+  kl_cg_store(f, out->dtype, dst,
         n->op == KL_OP_SOFTMAX ? (s[0] ? "expf(v - m) / (float)sum" : "exp(v - m) / sum")
                                : (s[0] ? "v - m - logf((float)sum)" : "v - m - log(sum)"));
   fprintf(f, "    }\n  }\n}\n");
@@ -389,7 +395,7 @@ void kl_cg_reduce(FILE *f, const char *name, const kl_node *n) {
   char value[64];
   if (n->op == KL_OP_REDUCE_MEAN) snprintf(value, sizeof value, "acc / %lld", (long long)count);
   else snprintf(value, sizeof value, "acc");
-  store(f, out->dtype, "out[i]", value);
+  kl_cg_store(f, out->dtype, "out[i]", value);
   fprintf(f, "  }\n}\n");
   entry(f, name, &in, 1, out);
 }

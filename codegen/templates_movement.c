@@ -25,26 +25,15 @@
 
 /* Arithmetic type of a dtype inside a kernel: float for the 16- and 32-bit
  * floats, double for f64, 64-bit integers otherwise (as emit_kernels.c). */
-static const char *ctype(kl_dtype t) {
-  if (t == KL_F64) return "double";
-  if (kl_dtype_is_float(t)) return "float";
-  return kl_dtype_is_unsigned(t) ? "uint64_t" : "int64_t";
-}
+static const char *ctype(kl_dtype t) { return kl_cg_compute_type(t); }
 
 /* Expression reading `expr` (an element in storage type t) as ctype(t). */
 static const char *ld(kl_dtype t, const char *expr, char *buf, size_t len) {
-  if (t == KL_F16) snprintf(buf, len, "__half2float(%s)", expr);
-  else if (t == KL_BF16) snprintf(buf, len, "__bfloat162float(%s)", expr);
-  else snprintf(buf, len, "(%s)%s", ctype(t), expr);
-  return buf;
+  return kl_cg_load(buf, len, t, ctype(t), expr);
 }
 
-/* Statement `dst = value;` converting value to storage type t. */
 static void st(FILE *f, kl_dtype t, const char *dst, const char *value) {
-  if (t == KL_F16) fprintf(f, "%s = __float2half((float)(%s));\n", dst, value);
-  else if (t == KL_BF16) fprintf(f, "%s = __float2bfloat16((float)(%s));\n", dst, value);
-  else if (t == KL_BOOL) fprintf(f, "%s = (uint8_t)((%s) != 0);\n", dst, value);
-  else fprintf(f, "%s = (%s)(%s);\n", dst, kl_cg_storage(t), value);
+  kl_cg_store(f, t, dst, value);
 }
 
 /* A zero of storage type t (the 16-bit floats are structs). */

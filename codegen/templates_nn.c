@@ -57,26 +57,14 @@ static void loop(FILE *f, int64_t n) {
 
 /* Compute type: double for f64, float for the other floats, 64-bit
  * integers for the integer types. */
-static const char *ctype(kl_dtype t) {
-  if (t == KL_F64) return "double";
-  if (kl_dtype_is_float(t)) return "float";
-  return kl_dtype_is_unsigned(t) ? "uint64_t" : "int64_t";
-}
+static const char *ctype(kl_dtype t) { return kl_cg_compute_type(t); }
 
-/* Expression of a stored element converted to compute type `to`. */
 static const char *ld(char *buf, size_t len, kl_dtype t, const char *to, const char *expr) {
-  if (t == KL_F16) snprintf(buf, len, "(%s)__half2float(%s)", to, expr);
-  else if (t == KL_BF16) snprintf(buf, len, "(%s)__bfloat162float(%s)", to, expr);
-  else snprintf(buf, len, "(%s)%s", to, expr);
-  return buf;
+  return kl_cg_load(buf, len, t, to, expr);
 }
 
-/* dst = value (any arithmetic type), rounded to dtype t. */
 static void st(FILE *f, kl_dtype t, const char *dst, const char *value) {
-  if (t == KL_F16) fprintf(f, "%s = __float2half((float)(%s));\n", dst, value);
-  else if (t == KL_BF16) fprintf(f, "%s = __float2bfloat16((float)(%s));\n", dst, value);
-  else if (t == KL_BOOL) fprintf(f, "%s = (uint8_t)((%s) != 0);\n", dst, value);
-  else fprintf(f, "%s = (%s)(%s);\n", dst, kl_cg_storage(t), value);
+  kl_cg_store(f, t, dst, value);
 }
 
 static const char *off_bytes(const char *base, int64_t bytes, char *buf, size_t len) {
