@@ -4,8 +4,6 @@
  * It exists to test the whole system without a GPU, so it keeps the GPU's
  * contract where that is cheap (64-byte aligned allocations, the same launch
  * limits via kl_emu_launch) rather than being fast. */
-#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT: the thread count in the name */
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,21 +16,10 @@
  * cache line without wasting much on small buffers. */
 #define HOST_ALIGN 64
 
-/* The emulator's worker count, computed the way emu.c does (it has no
- * getter): $KL_EMU_THREADS, else the CPUs this process may run on. */
-static int host_threads(void) {
-  const char *env = getenv("KL_EMU_THREADS");
-  if (env && atoi(env) > 0) return atoi(env);
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? (int)n : 1;
-}
-
 static int host_open(krt_device *d, char *err, size_t errlen) {
   (void)err;
   (void)errlen;
-  int n = host_threads();
+  int n = kl_emu_threads();
   snprintf(d->name, sizeof d->name, "host (%d thread%s)", n, n == 1 ? "" : "s");
   return 0;
 }

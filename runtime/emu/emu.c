@@ -733,6 +733,13 @@ oom:
   return -1;
 }
 
+int kl_emu_threads(void) {
+  pthread_mutex_lock(&pool.launch_lock);
+  int n = pool.want_threads > 0 ? pool.want_threads : default_threads();
+  pthread_mutex_unlock(&pool.launch_lock);
+  return n;
+}
+
 void kl_emu_set_threads(int n) {
   pthread_mutex_lock(&pool.launch_lock);
   if (pool.nworkers) pool_stop();

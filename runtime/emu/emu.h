@@ -55,6 +55,8 @@ int kl_emu_launch(const kl_emu_kernel *k, kl_dim3 grid, kl_dim3 block,
  * launch on; n <= 0 goes back to the default: $KL_EMU_THREADS, else the CPUs
  * this process may run on.  One worker makes float atomics deterministic. */
 void kl_emu_set_threads(int n);
+/* The number of workers the next launch uses. */
+int kl_emu_threads(void);
 
 /* Stop the workers and free their stacks and buffers (also fine to never
  * call; a later launch starts them again). */
