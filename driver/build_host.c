@@ -128,7 +128,7 @@ int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm,
 }
 
 /* Quote for /bin/sh: paths come from the user (--output-dir, TMPDIR). */
-static void quoted(char *out, size_t n, const char *s) {
+void kiln_shell_quote(char *out, size_t n, const char *s) {
   size_t k = 0;
   if (k < n) out[k++] = '\'';
   for (; *s && k + 5 < n; s++) {
@@ -139,6 +139,17 @@ static void quoted(char *out, size_t n, const char *s) {
   out[k < n ? k : n - 1] = 0;
 }
 
+void kiln_remove_build_dir(const char *dir) {
+  if (getenv("KILN_KEEP_BUILD")) {
+    fprintf(stderr, "kiln: build folder kept: %s\n", dir);
+    return;
+  }
+  char q[4200], cmd[4400];
+  kiln_shell_quote(q, sizeof q, dir);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", q);
+  if (system(cmd)) { /* best effort */ }
+}
+
 void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
                       const krt_model_api **api) {
   if (kiln_write_sources(cg, dir)) return NULL;
@@ -147,8 +158,8 @@ void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
   static const int archs[] = {80, 90};
   if (gpu && cg->nkernels && kiln_gpu_images(cg, dir, archs, 2, false, false)) return NULL;
   const char *cc = getenv("KILN_CC");
-  char qdir[4200], cmd[12000];
-  quoted(qdir, sizeof qdir, dir);
+  char qdir[4200], cmd[32768];
+  kiln_shell_quote(qdir, sizeof qdir, dir);
   /* -fno-math-errno keeps the math functions free of errno (as on a GPU);
    * -O1 is enough for a test device and compiles fast. */
   snprintf(cmd, sizeof cmd,

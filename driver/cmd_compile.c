@@ -1,5 +1,5 @@
-/* cmd_compile.c - `kiln compile`: today it emits the IR text; code
- * generation comes with the codegen issue. */
+/* cmd_compile.c - `kiln compile`: the IR as text, the generated sources,
+ * a standalone program or a static library. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -11,11 +11,14 @@
 #include "driver.h"
 
 static const char compile_help[] =
-    "usage: kiln compile MODEL --emit=ir|cu [-o OUT] [options]\n"
+    "usage: kiln compile MODEL --emit=ir|cu|exe|lib [-o OUT] [options]\n"
     "Compile MODEL (.kl or .onnx).\n"
     "  --emit=ir             print the verified IR as text (.kl syntax)\n"
     "  --emit=cu             write kernels.cu, model.c and model.h into folder OUT,\n"
     "                        and gpu_images.c with NVRTC's cubins and PTX\n"
+    "  --emit=exe            build the standalone program OUT (run OUT --help)\n"
+    "  --emit=lib            build folder OUT: libkiln_NAME.a, model.h, the runtime's\n"
+    "                        static libraries and kiln_NAME.pc for pkg-config\n"
     "  --arch LIST           GPU architectures (default sm_80,sm_90; PTX for the last)\n"
     "  --no-nvrtc            skip the GPU images (host device only)\n"
     "  --Werror              NVRTC warnings are errors\n"
@@ -43,6 +46,42 @@ static int parse_archs(const char *list, int *sm, int cap) {
     p++;
   }
   return n;
+}
+
+/* exe or lib: generated code built in a scratch folder (kept when
+ * KILN_KEEP_BUILD is set). */
+static int build_artifact(const kl_graph *g, const char *emit, const char *out,
+                          const kiln_gpu_opts *gpu) {
+  kl_codegen_result cg;
+  kl_error err;
+  kl_codegen_options copt = {.prefix = g->name};
+  double t0 = now_ms();
+  if (kl_codegen(g, &copt, &cg, &err)) {
+    kl_error_print(stderr, &err);
+    return KILN_EXIT_ERROR;
+  }
+  if (gpu->timing) fprintf(stderr, "kiln: time: codegen %.1f ms\n", now_ms() - t0);
+  char dir[4096];
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/kiln-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  int rc = KILN_EXIT_ERROR;
+  if (!mkdtemp(dir)) {
+    fprintf(stderr, "kiln: error: cannot make a build folder under %s: %s\n",
+            tmp && *tmp ? tmp : "/tmp", strerror(errno));
+  } else {
+    t0 = now_ms();
+    bool exe = !strcmp(emit, "exe");
+    if (!(exe ? kiln_build_exe : kiln_build_lib)(&cg, g->name, dir, out, gpu)) {
+      rc = KILN_EXIT_OK;
+      if (gpu->timing) fprintf(stderr, "kiln: time: host compiler %.1f ms\n", now_ms() - t0);
+      fprintf(stderr, "kiln: wrote %s%s (%d kernels, %d GEMM calls; arena %zu bytes, weights %zu "
+                      "bytes)\n", out, exe ? "" : "/", cg.nkernels, cg.ngemms, cg.arena_bytes,
+              cg.param_bytes);
+    }
+    kiln_remove_build_dir(dir);
+  }
+  kl_codegen_result_free(&cg);
+  return rc;
 }
 
 int kiln_cmd_compile(int argc, char **argv) {
@@ -87,20 +126,24 @@ int kiln_cmd_compile(int argc, char **argv) {
     fprintf(stderr, "kiln compile: expected one MODEL file\n%s", compile_help);
     return KILN_EXIT_USAGE;
   }
-  if (!emit || (strcmp(emit, "ir") && strcmp(emit, "cu"))) {
-    fprintf(stderr, "kiln compile: --emit=%s: choose ir or cu (exe and lib come with the CUDA "
-                    "runtime)\n", emit ? emit : "(none)");
+  if (!emit || (strcmp(emit, "ir") && strcmp(emit, "cu") && strcmp(emit, "exe") &&
+                strcmp(emit, "lib"))) {
+    fprintf(stderr, "kiln compile: --emit=%s: choose ir, cu, exe or lib\n", emit ? emit : "(none)");
     return KILN_EXIT_USAGE;
   }
-  if (!strcmp(emit, "cu") && !out_path) {
-    fprintf(stderr, "kiln compile: --emit=cu needs -o FOLDER\n");
+  if (strcmp(emit, "ir") && !out_path) {
+    fprintf(stderr, "kiln compile: --emit=%s needs -o %s\n", emit,
+            strcmp(emit, "exe") ? "FOLDER" : "PROGRAM");
     return KILN_EXIT_USAGE;
   }
   double t0 = now_ms();
   kl_graph *g = kiln_load_model(argv[optind], &mo);
   if (timing && g) fprintf(stderr, "kiln: time: front end %.1f ms\n", now_ms() - t0);
   int rc = KILN_EXIT_ERROR;
-  if (g && !strcmp(emit, "cu")) {
+  kiln_gpu_opts gpu = {sm, nsm, nvrtc, werror, timing};
+  if (g && (!strcmp(emit, "exe") || !strcmp(emit, "lib"))) {
+    rc = build_artifact(g, emit, out_path, &gpu);
+  } else if (g && !strcmp(emit, "cu")) {
     kl_codegen_result cg;
     kl_error err;
     kl_codegen_options copt = {.prefix = g->name};

@@ -237,14 +237,7 @@ done:
   free(raw_in);
   free(raw_out);
   kl_codegen_result_free(&cg);
-  /* the build folder stays for a look when KILN_KEEP_BUILD is set */
-  if (!getenv("KILN_KEEP_BUILD") && strchr(dir, 'X') == NULL) {
-    char cmd[4300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd)) { /* best effort */ }
-  } else if (getenv("KILN_KEEP_BUILD")) {
-    fprintf(stderr, "kiln: build folder kept: %s\n", dir);
-  }
+  if (strchr(dir, 'X') == NULL) kiln_remove_build_dir(dir); /* mkdtemp ran */
   return rc;
 }
 

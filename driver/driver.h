@@ -65,6 +65,26 @@ int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm,
 void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
                       const krt_model_api **api);
 
+/* rm -rf a scratch build folder, unless KILN_KEEP_BUILD is set (then say
+ * where it is). */
+void kiln_remove_build_dir(const char *dir);
+/* s quoted for /bin/sh, into out (n bytes). */
+void kiln_shell_quote(char *out, size_t n, const char *s);
+
+/* GPU images for the artifacts: NVRTC for sm[0..nsm) plus PTX. */
+typedef struct {
+  const int *sm;
+  int nsm;
+  bool nvrtc, werror, timing;
+} kiln_gpu_opts;
+/* A standalone program at `out`, built in the scratch folder `dir`. */
+int kiln_build_exe(const kl_codegen_result *cg, const char *prefix, const char *dir,
+                   const char *out, const kiln_gpu_opts *gpu);
+/* libkiln_<prefix>.a, model.h, kilnrt.h, the runtime's static libraries
+ * and kiln_<prefix>.pc in folder out_dir, built in `dir`. */
+int kiln_build_lib(const kl_codegen_result *cg, const char *prefix, const char *dir,
+                   const char *out_dir, const kiln_gpu_opts *gpu);
+
 int kiln_cmd_run(int argc, char **argv);
 int kiln_cmd_compile(int argc, char **argv);
 int kiln_cmd_inspect(int argc, char **argv);

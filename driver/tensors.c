@@ -10,7 +10,7 @@ kl_tensor *kiln_read_tensor(const char *path) {
   size_t n = strlen(path);
   if (n >= 3 && !strcmp(path + n - 3, ".pb")) {
     kl_error err;
-    kl_tensor *t = kl_read_tensor_pb(path, NULL, &err);
+    kl_tensor *t = kl_read_tensor_pb(path, &err);
     if (!t) kl_error_print(stderr, &err);
     return t;
   }

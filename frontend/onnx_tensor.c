@@ -4,34 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/kilnrt.h"
+#include "../runtime/onnx_tensor.h"
 #include "onnx_internal.h"
 
 int kl_onnx_dtype(int onnx_type, kl_dtype *out) {
-  switch (onnx_type) {
-  case ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT: *out = KL_F32; return 0;
-  case ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT16: *out = KL_F16; return 0;
-  case ONNX__TENSOR_PROTO__DATA_TYPE__BFLOAT16: *out = KL_BF16; return 0;
-  case ONNX__TENSOR_PROTO__DATA_TYPE__DOUBLE: *out = KL_F64; return 0;
-  case ONNX__TENSOR_PROTO__DATA_TYPE__INT8: *out = KL_I8; return 0;
-  case ONNX__TENSOR_PROTO__DATA_TYPE__INT32: *out = KL_I32; return 0;
-  case ONNX__TENSOR_PROTO__DATA_TYPE__INT64: *out = KL_I64; return 0;
-  case ONNX__TENSOR_PROTO__DATA_TYPE__BOOL: *out = KL_BOOL; return 0;
-  case ONNX__TENSOR_PROTO__DATA_TYPE__UINT8: *out = KL_U8; return 0;
-  case ONNX__TENSOR_PROTO__DATA_TYPE__INT16: *out = KL_I16; return 0;
-  case ONNX__TENSOR_PROTO__DATA_TYPE__UINT16: *out = KL_U16; return 0;
-  case ONNX__TENSOR_PROTO__DATA_TYPE__UINT32: *out = KL_U32; return 0;
-  case ONNX__TENSOR_PROTO__DATA_TYPE__UINT64: *out = KL_U64; return 0;
-  default: return -1;
-  }
-}
-
-static const char *onnx_type_name(int t) {
-  static const char *const names[] = {"undefined", "float", "uint8", "int8", "uint16",
-                                      "int16", "int32", "int64", "string", "bool",
-                                      "float16", "double", "uint32", "uint64",
-                                      "complex64", "complex128", "bfloat16"};
-  return t >= 0 && t <= 16 ? names[t] : "unknown";
+  krt_dtype t;
+  if (krt_onnx_dtype(onnx_type, &t)) return -1;
+  *out = (kl_dtype)t; /* the two enums share their order */
+  return 0;
 }
 
 /* Read [offset, offset+length) of an external data file that must lie in
@@ -111,86 +91,27 @@ int kl_onnx_tensor_data(const Onnx__TensorProto *t, const char *model_path,
                         kl_dtype *dtype, kl_shape *shape, void **raw,
                         kl_error *err) {
   kl_loc loc = {model_path, 0, 0};
-  const char *name = t->name ? t->name : "?";
+  char msg[400];
+  krt_tensor h;
   *raw = NULL;
-  if (!t->has_data_type || kl_onnx_dtype(t->data_type, dtype))
-  {
-    kl_fail(err, loc, "tensor '%s': data type %s is not supported", name,
-            onnx_type_name(t->has_data_type ? t->data_type : 0));
-    err->unsupported = true;
+  int rc = krt_onnx_tensor_header(t, &h, msg, sizeof msg);
+  if (rc) {
+    kl_fail(err, loc, "%s", msg);
+    err->unsupported = rc == -2;
     return -1;
   }
-  if (t->n_dims > KL_MAX_RANK)
-    return kl_fail(err, loc, "tensor '%s': rank %zu is above the limit of %d", name, t->n_dims,
-                   KL_MAX_RANK);
-  shape->rank = (int)t->n_dims;
-  int64_t numel = 1;
-  for (size_t d = 0; d < t->n_dims; d++) {
-    int64_t v = t->dims[d];
-    if (v < 0 || v > KL_MAX_NUMEL || (v && numel > KL_MAX_NUMEL / v))
-      return kl_fail(err, loc, "tensor '%s': dims are negative or hold more than %lld elements",
-                     name, (long long)KL_MAX_NUMEL);
-    shape->dims[d] = v;
-    numel *= v;
-  }
-  size_t esize = kl_dtype_size(*dtype), bytes = (size_t)numel * esize;
-  unsigned char *out = NULL;
-  int rc = 0;
-  /* Sizes are checked before anything is allocated: a few bytes of
-   * protobuf must not make us allocate gigabytes. */
+  *dtype = (kl_dtype)h.dtype;
+  shape->rank = h.rank;
+  for (int d = 0; d < h.rank; d++) shape->dims[d] = h.dims[d];
   if (t->has_data_location && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
-    rc = read_external(t, model_path, bytes, &out, err);
-  } else if (t->has_raw_data) {
-    if (t->raw_data.len != bytes)
-      rc = kl_fail(err, loc, "tensor '%s': raw_data has %zu bytes, but %s%s needs %zu", name,
-                   t->raw_data.len, kl_dtype_name(*dtype),
-                   kl_shape_str(shape, (char[128]){0}, 128), bytes);
-    else if (!(out = malloc(bytes ? bytes : 1)))
-      abort();
-    else if (bytes)
-      memcpy(out, t->raw_data.data, bytes);
-  } else {
-    /* Typed fields: f32 in float_data; f64 in double_data; i64 in
-     * int64_data; u32 and u64 in uint64_data; everything narrower (and
-     * f16/bf16 bit patterns) in int32_data. */
-    size_t have;
-    switch (*dtype) {
-    case KL_F32: have = t->n_float_data; break;
-    case KL_F64: have = t->n_double_data; break;
-    case KL_I64: have = t->n_int64_data; break;
-    case KL_U32: case KL_U64: have = t->n_uint64_data; break;
-    default: have = t->n_int32_data; break;
-    }
-    if (have != (size_t)numel) {
-      rc = kl_fail(err, loc, "tensor '%s': holds %zu values, but its shape needs %lld", name,
-                   have, (long long)numel);
-    } else {
-      if (!(out = malloc(bytes ? bytes : 1))) abort();
-      for (int64_t i = 0; i < numel; i++) {
-        unsigned char *p = out + (size_t)i * esize;
-        switch (*dtype) {
-        case KL_F32: memcpy(p, &t->float_data[i], 4); break;
-        case KL_F64: memcpy(p, &t->double_data[i], 8); break;
-        case KL_I64: memcpy(p, &t->int64_data[i], 8); break;
-        case KL_I32: memcpy(p, &t->int32_data[i], 4); break;
-        case KL_F16:
-        case KL_BF16: { uint16_t h = (uint16_t)t->int32_data[i]; memcpy(p, &h, 2); break; }
-        case KL_I8: *p = (unsigned char)(int8_t)t->int32_data[i]; break;
-        case KL_BOOL: *p = t->int32_data[i] != 0; break;
-        case KL_U8: *p = (unsigned char)t->int32_data[i]; break;
-        case KL_I16: case KL_U16: { uint16_t h = (uint16_t)t->int32_data[i]; memcpy(p, &h, 2); break; }
-        case KL_U32: { uint32_t x = (uint32_t)t->uint64_data[i]; memcpy(p, &x, 4); break; }
-        case KL_U64: memcpy(p, &t->uint64_data[i], 8); break;
-        default: break;
-        }
-      }
-    }
+    size_t bytes = (size_t)krt_tensor_numel(&h) * krt_dtype_size(h.dtype);
+    unsigned char *out = NULL;
+    if (read_external(t, model_path, bytes, &out, err)) return -1;
+    *raw = out;
+    return 0;
   }
-  if (rc) {
-    free(out);
-    return rc;
-  }
-  *raw = out;
+  if (krt_onnx_tensor_payload(t, &h, raw, msg, sizeof msg))
+    return kl_fail(err, loc, "%s", msg);
   return 0;
 }
 
@@ -223,31 +144,22 @@ unsigned char *kl_onnx_read_file(const char *path, size_t *len, kl_error *err) {
   return buf;
 }
 
-kl_tensor *kl_read_tensor_pb(const char *path, char **name, kl_error *err) {
-  size_t len;
-  unsigned char *buf = kl_onnx_read_file(path, &len, err);
-  if (!buf) return NULL;
-  Onnx__TensorProto *t = onnx__tensor_proto__unpack(NULL, len, buf);
-  free(buf);
-  if (!t) {
-    kl_fail(err, (kl_loc){path, 0, 0}, "not a TensorProto (.pb) file");
+kl_tensor *kl_read_tensor_pb(const char *path, kl_error *err) {
+  krt_tensor raw;
+  char msg[600];
+  if (krt_pb_read(path, &raw, msg, sizeof msg)) {
+    kl_fail(err, (kl_loc){0}, "%s", msg);
     return NULL;
   }
-  kl_dtype dt;
-  kl_shape s;
-  void *raw;
-  kl_tensor *out = NULL;
-  if (kl_onnx_tensor_data(t, path, &dt, &s, &raw, err) == 0) {
-    out = kl_tensor_new(dt, &s);
-    if (kl_tensor_from_raw(out, raw)) {
-      kl_fail(err, (kl_loc){path, 0, 0},
-              "an i64 value lies beyond 2^53, which the interpreter cannot represent exactly");
-      kl_tensor_free(out);
-      out = NULL;
-    }
-    free(raw);
-    if (out && name) *name = t->name && *t->name ? strdup(t->name) : NULL;
+  kl_shape s = {.rank = raw.rank};
+  for (int d = 0; d < raw.rank; d++) s.dims[d] = raw.dims[d];
+  kl_tensor *out = kl_tensor_new((kl_dtype)raw.dtype, &s);
+  if (kl_tensor_from_raw(out, raw.data)) {
+    kl_fail(err, (kl_loc){path, 0, 0},
+            "an i64 value lies beyond 2^53, which the interpreter cannot represent exactly");
+    kl_tensor_free(out);
+    out = NULL;
   }
-  onnx__tensor_proto__free_unpacked(t, NULL);
+  krt_tensor_free(&raw);
   return out;
 }

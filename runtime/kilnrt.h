@@ -69,6 +69,10 @@ int krt_npy_read(const char *path, krt_tensor *out, char *errbuf,
 int krt_npy_write(const char *path, const krt_tensor *t, char *errbuf,
                   size_t errlen);
 
+/* ONNX TensorProto (.pb), the tensors of ONNX's test data: raw_data or
+ * the typed fields, every dtype above; external data is refused. */
+int krt_pb_read(const char *path, krt_tensor *out, char *errbuf, size_t errlen);
+
 /* .safetensors: a named list of tensors.  Reading keeps the header's order
  * and ignores "__metadata__"; writing stores tensors in the given order. */
 typedef struct {
@@ -193,5 +197,11 @@ typedef struct {
              size_t errlen);
   void (*destroy)(void *model);
 } krt_model_api;
+
+/* The command line of a standalone compiled program (kiln compile
+ * --emit=exe): `--input NAME=FILE`, `--inputs-dir`, `--output-dir`,
+ * `--device`, `--iters`; see --help.  Returns the exit status: 0, 1 for bad
+ * input or a failed run, 2 for a bad command line. */
+int krt_exe_main(const krt_model_api *api, int argc, char **argv);
 
 #endif /* KILN_KILNRT_H */

@@ -168,7 +168,7 @@ static void run_host(const kl_graph *g, kl_tensor **in, const char *dir, const c
         kl_tensor *got = kl_tensor_new(g->outputs.items[k]->dtype, &g->outputs.items[k]->shape);
         kl_tensor_from_raw(got, rout[k]);
         snprintf(path, sizeof path, "%s/%s/output_%d.pb", dir, set, k);
-        kl_tensor *want = kl_read_tensor_pb(path, NULL, &err);
+        kl_tensor *want = kl_read_tensor_pb(path, &err);
         if (want) bf16_from_bits(want, got->dtype);
         if (!want || compare(got, want, k, r->host_reason, sizeof r->host_reason))
           r->host_status = FAIL;
@@ -207,7 +207,7 @@ static void run_test(const char *dir, result *r) {
     kl_error err;
     for (int k = 0; k < nnames; k++) {
       snprintf(path, sizeof path, "%s/%s/input_%d.pb", dir, sets[s], k);
-      if (access(path, F_OK) == 0 && !(data[k] = kl_read_tensor_pb(path, NULL, &err))) {
+      if (access(path, F_OK) == 0 && !(data[k] = kl_read_tensor_pb(path, &err))) {
         /* A model whose inputs Kiln cannot take (a sequence, an optional)
          * has test data that is no TensorProto either: say why. */
         kl_onnx_options plain = {0};
@@ -256,7 +256,7 @@ static void run_test(const char *dir, result *r) {
     }
     for (int k = 0; g && k < g->outputs.len && r->status == PASS; k++) {
       snprintf(path, sizeof path, "%s/%s/output_%d.pb", dir, sets[s], k);
-      kl_tensor *want = kl_read_tensor_pb(path, NULL, &err);
+      kl_tensor *want = kl_read_tensor_pb(path, &err);
       if (want) bf16_from_bits(want, out[k]->dtype);
       if (!want) {
         r->status = FAIL;

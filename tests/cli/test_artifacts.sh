@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# The artifacts of `kiln compile`: the standalone program (--emit=exe) and
+# the static library (--emit=lib), checked against the interpreter, and the
+# run-time errors a user meets with bad inputs.  Usage: test_artifacts.sh KILN
+set -u
+kiln=$(realpath "$1")
+root=$(cd "$(dirname "$0")/../.." && pwd)
+py=${PYTHON:-python3}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+passed=0 failed=0
+onnx_data=/usr/share/libonnx-testdata/data/node
+
+ok() { passed=$((passed + 1)); echo "PASS $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/  /' <<<"$2" | head -12; }
+
+# expect NAME CODE PATTERN -- CMD...: exit code CODE and PATTERN in stdout+stderr
+expect() {
+  local name=$1 code=$2 pattern=$3
+  shift 4
+  local out rc
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ "$rc" -eq "$code" ] && grep -qE -- "$pattern" <<<"$out" &&
+     ! grep -qE "Sanitizer|runtime error:" <<<"$out"; then
+    ok "$name"
+  else
+    bad "$name: exit $rc (want $code)" "$out"
+  fi
+}
+
+# same NAME A.npy B.npy: equal at 1e-5 relative (NumPy decides)
+same() {
+  local out
+  if out=$("$py" -c '
+import sys, numpy as np
+a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, a.shape, b.dtype, b.shape)
+np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+' "$2" "$3" 2>&1); then ok "$1"; else bad "$1" "$out"; fi
+}
+
+"$py" - <<'PY'
+import numpy as np
+rng = np.random.default_rng(7)
+np.save("x.npy", rng.standard_normal((32, 784), dtype=np.float32))
+np.save("labels.npy", rng.integers(0, 10, 32))
+np.save("x_short.npy", rng.standard_normal((32, 783), dtype=np.float32))
+np.save("x_f64.npy", rng.standard_normal((32, 784)))
+open("garbage.npy", "wb").write(b"\x93NUMPY\x01\x00garbage")
+open("garbage.pb", "wb").write(b"\xff\xff\xff\xff")
+PY
+
+# ---- the standalone program -----------------------------------------------
+expect exe_builds 0 "wrote .*mlp_exe" -- "$kiln" compile "$root/examples/mlp.kl" --emit=exe -o mlp_exe
+expect exe_needs_o 2 "needs -o PROGRAM" -- "$kiln" compile "$root/examples/mlp.kl" --emit=exe
+expect exe_help 0 "0 x: f32\[32,784\]" -- ./mlp_exe --help
+expect exe_runs 0 "median: [0-9.]+ ms per run \(3 runs\)" -- \
+  ./mlp_exe --input x=x.npy --input labels=labels.npy --iters 3
+expect exe_summary 0 "probs: f32\[32,10\]  min" -- ./mlp_exe --input x=x.npy --input labels=labels.npy
+expect exe_writes 0 "device: " -- ./mlp_exe --input x=x.npy --input labels=labels.npy --output-dir out
+expect interp_writes 0 "device: interp" -- \
+  "$kiln" run "$root/examples/mlp.kl" --input x=x.npy --input labels=labels.npy --output-dir ref
+same exe_matches_interpreter out/output_0.npy ref/output_0.npy
+
+# No driver needed to start: libcuda is loaded at run time, never linked.
+if ldd ./mlp_exe | grep -qE "libcuda|libcudart|libcublas"; then
+  bad exe_links_no_cuda "$(ldd ./mlp_exe)"
+else
+  ok exe_links_no_cuda
+fi
+if ! ldconfig -p 2>/dev/null | grep -q "libcuda.so.1"; then
+  expect exe_auto_without_driver 0 "device: host" -- ./mlp_exe --input x=x.npy --input labels=labels.npy
+  expect exe_cuda_without_driver 1 "no CUDA driver" -- \
+    ./mlp_exe --input x=x.npy --input labels=labels.npy --device cuda
+  expect exe_env_device 1 "no CUDA driver" -- \
+    env KILN_DEVICE=cuda ./mlp_exe --input x=x.npy --input labels=labels.npy
+fi
+expect exe_host_device 0 "device: host" -- ./mlp_exe --input x=x.npy --input labels=labels.npy --device host
+
+# Bad input at run time: a clear message and a non-zero exit.
+expect exe_missing_file 1 "input 'x': nothere.npy: No such file" -- \
+  ./mlp_exe --input x=nothere.npy --input labels=labels.npy
+expect exe_missing_input 1 "input 'labels' \(i64\[32\]\) is not given" -- ./mlp_exe --input x=x.npy
+expect exe_misshapen 1 "input 'x' must be f32\[32,784\], the file holds f32\[32,783\]" -- \
+  ./mlp_exe --input x=x_short.npy --input labels=labels.npy
+expect exe_wrong_dtype 1 "input 'x' must be f32\[32,784\], the file holds f64\[32,784\]" -- \
+  ./mlp_exe --input x=x_f64.npy --input labels=labels.npy
+expect exe_garbage_npy 1 "input 'x': garbage.npy: " -- ./mlp_exe --input x=garbage.npy --input labels=labels.npy
+expect exe_garbage_pb 1 "input 'x': garbage.pb: not an ONNX TensorProto" -- \
+  ./mlp_exe --input x=garbage.pb --input labels=labels.npy
+expect exe_unwritable_output 1 "--output-dir x.npy/out: Not a directory" -- \
+  ./mlp_exe --input x=x.npy --input labels=labels.npy --output-dir x.npy/out
+expect exe_output_is_file 1 "--output-dir x.npy: not a directory" -- \
+  ./mlp_exe --input x=x.npy --input labels=labels.npy --output-dir x.npy
+expect exe_unknown_input 2 "no input named 'y'" -- ./mlp_exe --input y=x.npy
+expect exe_bad_iters 2 "--iters takes a count" -- ./mlp_exe --iters 0
+expect exe_bad_device 2 "--device takes auto, host or cuda" -- ./mlp_exe --device tpu
+expect exe_stray_argument 2 "unexpected argument" -- ./mlp_exe extra
+
+# An ONNX model fed the .pb files of its own test data.
+if [ -d "$onnx_data/test_conv_with_strides_padding" ]; then
+  t=$onnx_data/test_conv_with_strides_padding
+  expect exe_onnx_builds 0 "wrote" -- "$kiln" compile "$t/model.onnx" --emit=exe -o conv_exe
+  expect exe_onnx_runs 0 "device: " -- ./conv_exe --inputs-dir "$t/test_data_set_0" --output-dir conv_out
+  if out=$("$py" -c '
+import sys, numpy as np, onnx.numpy_helper as nh, onnx
+want = nh.to_array(onnx.load_tensor(sys.argv[1]))
+np.testing.assert_allclose(np.load(sys.argv[2]), want, rtol=1e-5, atol=1e-6)
+' "$t/test_data_set_0/output_0.pb" conv_out/output_0.npy 2>&1); then ok exe_onnx_matches_test_data
+  else bad exe_onnx_matches_test_data "$out"; fi
+fi
+
+# ---- the static library ------------------------------------------------------
+# Two models in one program: each library keeps its kernels to itself.
+expect lib_builds 0 "wrote lib_mlp/" -- "$kiln" compile "$root/examples/mlp.kl" --emit=lib -o lib_mlp
+expect lib_builds_second 0 "wrote lib_cnn/" -- "$kiln" compile "$root/examples/cnn.kl" --emit=lib -o lib_cnn
+cat >use.c <<'C'
+/* A user's program: run mlp on x.npy and labels.npy, write out.npy; run cnn
+ * too, to show that two compiled models link side by side. */
+#include <stdio.h>
+#include <stdlib.h>
+#include "model.h"
+const krt_model_api *kiln_model_cnn(void);
+
+static int run(const krt_model_api *m, krt_device *dev, const void **in, void **out) {
+  void *model;
+  char err[1024];
+  if (m->create(dev, &model, err, sizeof err) || m->run(model, in, out, err, sizeof err)) {
+    fprintf(stderr, "%s: %s\n", m->model_name, err);
+    return 1;
+  }
+  m->destroy(model);
+  return 0;
+}
+
+int main(void) {
+  char err[1024];
+  krt_device *dev;
+  krt_tensor x, labels;
+  if (krt_device_open(KRT_DEVICE_HOST, &dev, err, sizeof err) ||
+      krt_npy_read("x.npy", &x, err, sizeof err) || krt_npy_read("labels.npy", &labels, err, sizeof err)) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  const krt_model_api *mlp = kiln_model_mlp(), *cnn = kiln_model_cnn();
+  krt_tensor y = {mlp->outputs[0].dtype, mlp->outputs[0].rank, {0}, NULL};
+  for (int d = 0; d < y.rank; d++) y.dims[d] = mlp->outputs[0].dims[d];
+  y.data = malloc((size_t)krt_tensor_numel(&y) * krt_dtype_size(y.dtype));
+  const void *in[] = {x.data, labels.data};
+  void *out[] = {y.data};
+  if (run(mlp, dev, in, out) || krt_npy_write("lib_out.npy", &y, err, sizeof err)) return 1;
+  /* cnn on zeros: it only has to run */
+  void *cin[8], *cout[8];
+  for (int i = 0; i < cnn->ninputs; i++) cin[i] = calloc(1, 64 << 20);
+  for (int i = 0; i < cnn->noutputs; i++) cout[i] = calloc(1, 64 << 20);
+  if (run(cnn, dev, (const void **)cin, cout)) return 1;
+  printf("ran %s and %s with %d + %d bytes of arena\n", mlp->model_name, cnn->model_name,
+         (int)mlp_ARENA_BYTES, (int)cnn->arena_bytes);
+  for (int i = 0; i < cnn->ninputs; i++) free(cin[i]);
+  for (int i = 0; i < cnn->noutputs; i++) free(cout[i]);
+  krt_tensor_free(&x);
+  krt_tensor_free(&labels);
+  krt_tensor_free(&y);
+  krt_device_close(dev);
+  return 0;
+}
+C
+export PKG_CONFIG_PATH=$tmp/lib_mlp:$tmp/lib_cnn
+expect lib_pkg_config 0 "-lkiln_mlp" -- pkg-config --libs kiln_mlp
+expect lib_links_two_models 0 "" -- bash -c \
+  "cc -std=c11 -Wall -Werror use.c \$(pkg-config --cflags --libs kiln_mlp) -L lib_cnn -lkiln_cnn \$(pkg-config --libs kiln_mlp) -o use"
+expect lib_runs 0 "ran mlp and cnn" -- ./use
+same lib_matches_interpreter lib_out.npy ref/output_0.npy
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
