@@ -48,6 +48,17 @@ PY
   summary+=("$line")
 done
 
+echo "== fused vs unfused, fp32 and fp16, on cuda (kiln bench; run_ms includes the"
+echo "   host<->device copies of inputs and outputs that run() makes)"
+for ex in transformer cnn; do
+  for prec in fp32 fp16; do
+    build/kiln bench "examples/$ex.kl" --device=cuda --iters 50 --precision=$prec \
+      >"$out/bench-$ex-$prec.txt" 2>&1
+    cat "$out/bench-$ex-$prec.txt"
+    summary+=("bench $ex $prec: $(grep -E '^(kernels|run ms)' "$out/bench-$ex-$prec.txt" | tr -s ' ' | tr '\n' ';')")
+  done
+done
+
 echo "== compile time (NVRTC included)"
 bench/compile_time.sh build/kiln | tee "$out/compile.md"
 

@@ -2,17 +2,24 @@
  * code that runs them (model.c) and its public header (model.h).  One
  * public header for the codegen/ folder.
  *
- * Today every node is its own group, so every kernel computes one node
- * (fusion, the next issue, makes groups of many); contractions are calls to
- * the runtime's GEMM.  Ops without a kernel template yet are reported, all
- * at once, as an error. */
+ * Before any code is written: nodes computed from weights alone are
+ * evaluated (constant folding), reshapes become views of their input's
+ * buffer, and the fusion pass (passes/fusion.c) groups the rest, each group
+ * one kernel (elementwise chains, row groups around reductions and
+ * softmax; contractions are calls to the runtime's GEMM).  After it: the
+ * memory plan gives every buffer its arena offset.  Ops without a kernel
+ * template are reported, all at once, as an error. */
 #ifndef KILN_CODEGEN_H
 #define KILN_CODEGEN_H
 
 #include "../ir/ir.h"
+#include "../passes/passes.h"
 
 typedef struct {
   const char *prefix;   /* C identifier for the model's symbols ("mlp") */
+  size_t mem_limit;     /* bytes the planned arena may take; 0: no limit */
+  bool no_fuse;         /* one kernel per node (--no-fuse): same pipeline,
+                           singleton groups */
 } kl_codegen_options;
 
 typedef struct {
@@ -21,7 +28,22 @@ typedef struct {
   char *model_h;
   int nkernels;         /* kernels emitted */
   int ngemms;           /* runtime GEMM calls emitted */
-  size_t arena_bytes;   /* intermediates */
+  int nlaunches;        /* kernel launches and GEMM calls per run */
+  int ngroups, nfused_nodes; /* fusion groups; nodes in groups of two or more */
+  /* per node id (malloc'd): its group, or -1 for nodes that run no kernel
+   * of their own: dead, folded into the weights, or views (reshape) */
+  int *node_group;
+  kl_group_kind *group_kind; /* per group */
+  size_t dram_bytes;    /* estimated bytes each run reads and writes in
+                           device memory: per group, what it reads from
+                           outside and what it stores */
+  size_t arena_bytes;   /* intermediates: the planned arena */
+  size_t arena_lower_bound; /* the most bytes alive at one step */
+  size_t naive_bytes;   /* every intermediate in a place of its own */
+  kl_membuf *membufs;   /* the plan (names malloc'd): values, then scratch */
+  int nmembufs, nvalue_membufs; /* [0, nvalue_membufs) are values */
+  char **step_names;    /* the node run at each step */
+  int nsteps, peak_step;
   size_t param_bytes;   /* weights and constants */
   unsigned char *params; /* their bytes: weights.bin, which model.c includes */
 } kl_codegen_result;

@@ -30,6 +30,8 @@ typedef struct {
 extern const kl_cg_template kl_cg_templates_basic[];    /* templates_basic.c */
 extern const kl_cg_template kl_cg_templates_movement[]; /* templates_movement.c */
 extern const kl_cg_template kl_cg_templates_nn[];       /* templates_nn.c */
+extern const kl_cg_template kl_cg_templates_sample[];   /* templates_sample.c */
+extern const kl_cg_template kl_cg_templates_integer[];  /* templates_integer.c */
 
 /* The kernels.cu stream, and a fresh kernel: its name ("k7") and index. */
 FILE *kl_cg_kernels(kl_cg_emitter *e);
@@ -47,6 +49,13 @@ const char *kl_cg_scratch(kl_cg_emitter *e, size_t bytes, char *buf, size_t len)
 void kl_cg_launch(kl_cg_emitter *e, int k, int64_t threads, const char *const *args, int nargs);
 /* The same with the node's inputs then its output as arguments. */
 void kl_cg_launch_node(kl_cg_emitter *e, int k, int64_t threads, const kl_node *n);
+/* Launch kernel `k` on an explicit 1-D grid of `grid_x` blocks of `block_x`
+ * threads (kernels that map blocks to rows or tiles); nothing when grid_x
+ * is 0.  The _node form passes the node's inputs then its output. */
+void kl_cg_launch_grid(kl_cg_emitter *e, int k, int64_t grid_x, int block_x,
+                       const char *const *args, int nargs);
+void kl_cg_launch_node_grid(kl_cg_emitter *e, int k, int64_t grid_x, int block_x,
+                            const kl_node *n);
 /* A runtime GEMM (see krt_gemm_desc): pointers as expressions. */
 typedef struct {
   kl_dtype dtype;
@@ -58,19 +67,96 @@ typedef struct {
   double alpha, beta;
 } kl_cg_gemm;
 void kl_cg_emit_gemm(kl_cg_emitter *e, const kl_cg_gemm *g);
+/* Plan the arena (memory_plan.c): offsets into bufs, the checker, and the
+ * limit (0: none), over which the error names the largest buffers alive at
+ * the peak step. */
+int kl_cg_plan_memory(kl_membuf *bufs, int n, const char *const *step_names, int nsteps,
+                      size_t limit, kl_memplan_stats *st, kl_error *err);
 int kl_cg_fail(kl_cg_emitter *e, const kl_node *n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A one-line comment naming the node, its op and output, in both streams. */
 void kl_cg_comment(kl_cg_emitter *e, const kl_node *n);
 bool kl_cg_is_elementwise(const kl_node *n);
-/* Integer div/mod: the kernel takes one more argument, an int flag it sets
- * when a divisor is zero. */
+/* Integer div/mod, and signed integer pow (0 to a negative power): the
+ * kernel takes one more argument, an int flag it sets when a divisor is
+ * zero. */
 bool kl_cg_traps_zero_divisor(const kl_node *n);
 /* Kernel writers: each emits one kernel named `name` and its emulator
- * entry for node n. */
+ * entry for node n.  The first two are grid-stride kernels over the
+ * output's elements (kl_cg_launch); the others return their grid. */
+typedef struct {
+  int64_t blocks; /* 0: nothing to launch */
+  int threads;    /* per block */
+} kl_cg_grid;
 void kl_cg_elementwise(FILE *f, const char *name, const kl_node *n);
 void kl_cg_gather_copy(FILE *f, const char *name, const kl_node *n);
-void kl_cg_softmax(FILE *f, const char *name, const kl_node *n);
-void kl_cg_reduce(FILE *f, const char *name, const kl_node *n);
+kl_cg_grid kl_cg_transpose(FILE *f, const char *name, const kl_node *n);
+kl_cg_grid kl_cg_softmax(FILE *f, const char *name, const kl_node *n);
+kl_cg_grid kl_cg_reduce(FILE *f, const char *name, const kl_node *n);
+
+/* ---- row kernels ---------------------------------------------------------
+ * `rows` contiguous rows of `len` elements: a warp per row when rows are
+ * short (up to 8 rows per block), else a block per row.  A kernel declares
+ * its shared arrays, begins (row, lane), loops over its row's elements
+ * (j), and combines a per-thread `acc` across the row's threads. */
+typedef struct {
+  int64_t rows, len;
+  int threads;        /* per row: 32 (a warp) or the whole block */
+  int rows_per_block; /* up to 8 (a warp each), or 1 */
+} kl_cg_rows;
+kl_cg_rows kl_cg_plan_rows(int64_t rows, int64_t len);
+kl_cg_grid kl_cg_rows_grid(const kl_cg_rows *p);
+/* At the top of the kernel: the per-warp partials of one combine (nothing
+ * when a warp has the row). */
+void kl_cg_rows_shared(FILE *f, const kl_cg_rows *p, const char *type, const char *name);
+/* `row` (int64_t) and `lane` (int, 0..threads-1); threads past the last
+ * row return. */
+void kl_cg_rows_begin(FILE *f, const kl_cg_rows *p);
+/* Opens `for (int64_t j = lane; j < len; j += threads) {`. */
+void kl_cg_rows_loop(FILE *f, const kl_cg_rows *p, const char *indent);
+/* Combines `acc` (a `type`) over the row's threads with `update`, a
+ * statement of acc and v (v the other partial): every thread of the row
+ * ends with the same acc.  `shared` names the array of kl_cg_rows_shared. */
+void kl_cg_rows_combine(FILE *f, const kl_cg_rows *p, const char *indent, const char *type,
+                        const char *update, const char *shared);
+
+/* ---- fusion groups (emit_fused.c) ---------------------------------------
+ * Pieces of emit_kernels.c the fused kernels share. */
+const char *kl_cg_expression(const kl_node *n, const char *ct, char *buf, size_t len);
+const char *kl_cg_operand_type(const kl_node *n); /* compute type of n's operands */
+void kl_cg_index_math(FILE *f, const kl_shape *out, const kl_value *const *ins, int nins);
+void kl_cg_grid_stride_loop(FILE *f, int64_t n);
+
+/* What a fused group reads (values made outside it) and writes (values
+ * stored: graph outputs and values other groups read), kernel argument
+ * order: inputs, then outputs. */
+enum { KL_CG_MAX_FUSED_IO = 48 };
+typedef struct {
+  const kl_value *in[KL_CG_MAX_FUSED_IO], *out[KL_CG_MAX_FUSED_IO];
+  int nin, nout;
+  /* in[k] is read element for element (broadcast); else only as a
+   * batch_norm's per-channel parameter */
+  bool elementwise_read[KL_CG_MAX_FUSED_IO];
+} kl_cg_fused_args;
+/* Inference batch_norm over axis 1 with 1-D parameters: fusible as a
+ * per-channel scale and shift. */
+bool kl_cg_is_channel_affine(const kl_node *n);
+void kl_cg_fused_io(kl_node *const *nodes, int n, const bool *stored, kl_cg_fused_args *io);
+/* The kernel of an elementwise group: nodes[0..n) of one output shape in
+ * schedule order. */
+void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, int n,
+                             const kl_cg_fused_args *io);
+
+/* ---- row groups (emit_rows.c) -------------------------------------------
+ * Elementwise nodes around reductions over the innermost axis (sum, mean,
+ * max, min with keepdims) and softmax / log_softmax: one row kernel. */
+void kl_cg_reduce_ops(const kl_node *n, const char **acc, const char **init, const char **update);
+const char *kl_cg_softmax_value(const kl_node *n, bool dbl);
+/* What a row group can hold besides elementwise nodes: 1 for a
+ * reduction, 2 for softmax / log_softmax; 0 for anything else. */
+int kl_cg_row_kind(const kl_node *n);
+/* The kernel of a row group over rows of `shape`; returns its grid. */
+kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, int n,
+                            const kl_shape *shape, const kl_cg_fused_args *io);
 
 #endif

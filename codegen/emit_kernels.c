@@ -2,9 +2,12 @@
  * are static, so sizes, strides and broadcast index maps are written into
  * each kernel as constants.  Kernels use the portable vocabulary of
  * runtime/emu/kiln_prelude.h, so the same source builds with NVRTC and with
- * the host compiler.  Today each node gets its own kernel, written plainly
- * (grid-stride loops, one thread per row for row kernels); fusion and tuned
- * templates come with the next issues. */
+ * the host compiler.  These are the kernels of single nodes: grid-stride
+ * loops for elementwise ops and copies, row kernels (a warp or a block per
+ * row, combined by shuffles and shared memory) for reductions and softmax,
+ * shared-memory tiles for transposes.  Groups of fused nodes get theirs
+ * from emit_fused.c and emit_rows.c, built from the pieces exported here. */
+#include <math.h>
 #include <string.h>
 
 #include "codegen_impl.h"
@@ -86,7 +89,8 @@ static const char *expression(const kl_node *n, const char *ct, char *buf, size_
   case KL_OP_SUB: return "a - b";
   case KL_OP_MUL: return "a * b";
   case KL_OP_DIV: return is_f ? "a / b" : "(b == 0 ? 0 : a / b)"; /* the GPU traps nothing */
-  case KL_OP_POW: return is_f ? F("pow%s(a, b)", s) : NULL;
+  case KL_OP_POW: /* integers: kiln_prelude.h's powers by squaring */
+    return is_f ? F("pow%s(a, b)", s) : ct[0] == 'u' ? "kl_upow(a, b)" : "kl_ipow(a, b)";
   case KL_OP_MAXIMUM: return is_f ? "(a != a || a > b ? a : b)" : "(a > b ? a : b)";
   case KL_OP_MINIMUM: return is_f ? "(a != a || a < b ? a : b)" : "(a < b ? a : b)";
   case KL_OP_EQ: return "a == b";
@@ -221,7 +225,9 @@ static void entry(FILE *f, const char *name, const kl_value *const *ins, int nin
 }
 
 bool kl_cg_traps_zero_divisor(const kl_node *n) {
-  return (n->op == KL_OP_DIV || n->op == KL_OP_MOD) && !kl_dtype_is_float(n->inputs[0]->dtype);
+  kl_dtype t = n->inputs[0]->dtype;
+  if (n->op == KL_OP_POW) return kl_dtype_is_int(t) && !kl_dtype_is_unsigned(t); /* 0 ** -1 */
+  return (n->op == KL_OP_DIV || n->op == KL_OP_MOD) && !kl_dtype_is_float(t);
 }
 
 void kl_cg_elementwise(FILE *f, const char *name, const kl_node *n) {
@@ -251,7 +257,9 @@ void kl_cg_elementwise(FILE *f, const char *name, const kl_node *n) {
     else fprintf(f, "(%s)%s", t, src);
     fprintf(f, ";\n");
   }
-  if (flag) fprintf(f, "    if (b == 0) zero_divisor[0] = 1;\n");
+  if (flag) /* pow: 0 to a negative power divides by zero */
+    fprintf(f, "    if (%s) zero_divisor[0] = 1;\n",
+            n->op == KL_OP_POW ? "a == 0 && b < 0" : "b == 0");
   fprintf(f, "    ");
   kl_cg_store(f, out->dtype, "out[i]", expr);
   fprintf(f, "  }\n}\n");
@@ -297,15 +305,253 @@ void kl_cg_gather_copy(FILE *f, const char *name, const kl_node *n) {
   entry(f, name, &in, 1, out);
 }
 
-/* softmax / log_softmax over one axis: one thread per row, two passes in
- * float (max, then sum of exponentials). */
-void kl_cg_softmax(FILE *f, const char *name, const kl_node *n) {
+/* ---- grids and row kernels ------------------------------------------------ */
+enum { GRID_BLOCK = 256, GRID_MAX_BLOCKS = 4096 };
+
+/* The grid of a grid-stride kernel over n threads (as kl_cg_launch). */
+static kl_cg_grid grid_stride(int64_t n) {
+  int64_t blocks = (n + GRID_BLOCK - 1) / GRID_BLOCK;
+  kl_cg_grid g = {n > 0 ? (blocks < GRID_MAX_BLOCKS ? blocks : GRID_MAX_BLOCKS) : 0, GRID_BLOCK};
+  return g;
+}
+
+/* A warp per row up to 1024 elements (32 per lane); beyond, a block of 256
+ * threads per row, or of 1024 for very long rows (a whole-tensor
+ * reduction has one row). */
+kl_cg_rows kl_cg_plan_rows(int64_t rows, int64_t len) {
+  kl_cg_rows p = {rows, len, 32, rows > 0 && rows < 8 ? (int)rows : 8};
+  if (len > 1024) {
+    p.threads = len > 16384 ? 1024 : 256;
+    p.rows_per_block = 1;
+  }
+  return p;
+}
+
+kl_cg_grid kl_cg_rows_grid(const kl_cg_rows *p) {
+  kl_cg_grid g = {0, p->threads * p->rows_per_block};
+  if (p->rows > 0 && p->len > 0) g.blocks = (p->rows + p->rows_per_block - 1) / p->rows_per_block;
+  return g;
+}
+
+void kl_cg_rows_shared(FILE *f, const kl_cg_rows *p, const char *type, const char *name) {
+  if (p->threads > 32) fprintf(f, "  KL_SHARED(%s, %s, [%d]);\n", type, name, p->threads / 32);
+}
+
+void kl_cg_rows_begin(FILE *f, const kl_cg_rows *p) {
+  if (p->threads > 32 || p->rows_per_block == 1) {
+    fprintf(f, "  const int64_t row = blockIdx.x;\n  const int lane = (int)threadIdx.x;\n");
+    return;
+  }
+  fprintf(f, "  const int64_t row = (int64_t)blockIdx.x * %d + (threadIdx.x >> 5);\n",
+          p->rows_per_block);
+  if (p->rows % p->rows_per_block) /* whole warps leave: the shuffles stay full */
+    fprintf(f, "  if (row >= %lldLL) return;\n", (long long)p->rows);
+  fprintf(f, "  const int lane = (int)(threadIdx.x & 31);\n");
+}
+
+void kl_cg_rows_loop(FILE *f, const kl_cg_rows *p, const char *indent) {
+  fprintf(f, "%sfor (int64_t j = lane; j < %lldLL; j += %d) {\n", indent, (long long)p->len,
+          p->threads);
+}
+
+/* Butterfly shuffles leave the warp's result in every lane; with a block
+ * per row, each warp's result goes through shared memory and every thread
+ * combines them in the same order, so all agree bit for bit. */
+void kl_cg_rows_combine(FILE *f, const kl_cg_rows *p, const char *in, const char *type,
+                        const char *update, const char *shared) {
+  fprintf(f, "%sfor (int o = 16; o > 0; o >>= 1) {\n"
+             "%s  const %s v = __shfl_xor_sync(0xffffffffu, acc, o);\n%s  %s\n%s}\n",
+          in, in, type, in, update, in);
+  if (p->threads == 32) return;
+  fprintf(f, "%sif ((lane & 31) == 0) %s[lane >> 5] = acc;\n%s__syncthreads();\n%sacc = %s[0];\n",
+          in, shared, in, in, shared);
+  fprintf(f, "%sfor (int w = 1; w < %d; w++) {\n%s  const %s v = %s[w];\n%s  %s\n%s}\n", in,
+          p->threads / 32, in, type, shared, in, update, in);
+}
+
+/* An empty output: a kernel that is never launched (its index math would
+ * divide by the zero dims). */
+static kl_cg_grid empty_kernel(FILE *f, const char *name, const kl_node *n) {
   const kl_value *in = n->inputs[0], *out = n->outputs[0];
-  int r = in->shape.rank, axis = (int)kl_attr_int(n, "axis", -1);
-  if (axis < 0) axis += r;
-  int64_t len = in->shape.dims[axis], inner = 1, outer = 1;
-  for (int d = axis + 1; d < r; d++) inner *= in->shape.dims[d];
-  for (int d = 0; d < axis; d++) outer *= in->shape.dims[d];
+  char shape[160];
+  fprintf(f, "/* %s: %s -> %s%s, empty */\n", n->name, kl_ops[n->op].name,
+          kl_dtype_name(out->dtype), kl_shape_str(&out->shape, shape, sizeof shape));
+  params(f, name, &in, 1, out);
+  fprintf(f, "  (void)in0;\n  (void)out;\n}\n");
+  entry(f, name, &in, 1, out);
+  kl_cg_grid g = {0, GRID_BLOCK};
+  return g;
+}
+
+/* ---- transpose ------------------------------------------------------------ */
+/* A transpose with size-1 axes dropped and runs of axes that stay adjacent
+ * merged: dims (input order), and perm (output axis d is input axis
+ * perm[d]). */
+typedef struct {
+  int rank;
+  int64_t dims[KL_MAX_RANK];
+  int perm[KL_MAX_RANK];
+} perm_view;
+
+static perm_view simplify_transpose(const kl_node *n) {
+  const kl_shape *s = &n->inputs[0]->shape;
+  int r = s->rank, packed[KL_MAX_RANK], nk = 0, out_axis[KL_MAX_RANK], no = 0;
+  const int64_t *p;
+  int np = kl_attr_ints(n, "perm", &p);
+  for (int a = 0; a < r; a++) packed[a] = s->dims[a] == 1 ? -1 : nk++;
+  for (int d = 0; d < r; d++) { /* the packed input axes, in output order */
+    int a = np == r ? (int)((p[d] + r) % r) : r - 1 - d;
+    if (packed[a] >= 0) out_axis[no++] = packed[a];
+  }
+  int64_t packed_dims[KL_MAX_RANK];
+  for (int a = 0; a < r; a++)
+    if (packed[a] >= 0) packed_dims[packed[a]] = s->dims[a];
+  /* groups: runs of consecutive input axes in output order */
+  int lo[KL_MAX_RANK], hi[KL_MAX_RANK], ng = 0;
+  for (int k = 0; k < no; k++) {
+    if (ng && out_axis[k] == hi[ng - 1] + 1) {
+      hi[ng - 1] = out_axis[k];
+    } else {
+      lo[ng] = hi[ng] = out_axis[k];
+      ng++;
+    }
+  }
+  perm_view v = {.rank = ng};
+  for (int g = 0; g < ng; g++) {
+    int at = 0; /* the group's place in input order */
+    for (int h = 0; h < ng; h++) at += lo[h] < lo[g];
+    v.dims[at] = 1;
+    for (int a = lo[g]; a <= hi[g]; a++) v.dims[at] *= packed_dims[a];
+    v.perm[g] = at;
+  }
+  return v;
+}
+
+/* Tiles pay when the output's innermost axis is not the input's and both
+ * are long enough; with a short one the plain gather's strided side is
+ * nearly coalesced already. */
+static bool tiled_transpose(const perm_view *v) {
+  int r = v->rank;
+  return r >= 2 && v->perm[r - 1] != r - 1 && v->dims[r - 1] >= 8 && v->dims[v->perm[r - 1]] >= 8;
+}
+
+/* 32x32 tiles through shared memory (a padding column against bank
+ * conflicts), blocks of 32x8 threads, one block per tile: reads run along
+ * the input's innermost axis (a), writes along the output's (input axis
+ * b); the other axes are the batch, taken apart from the block index. */
+static kl_cg_grid transpose_tiles(FILE *f, const char *name, const kl_node *n,
+                                  const perm_view *v) {
+  const kl_value *in = n->inputs[0], *out = n->outputs[0];
+  int r = v->rank, b = v->perm[r - 1], pa = 0, outermost = -1;
+  int64_t in_str[KL_MAX_RANK], out_str[KL_MAX_RANK], out_dims[KL_MAX_RANK];
+  for (int d = 0; d < r; d++) out_dims[d] = v->dims[v->perm[d]];
+  in_str[r - 1] = out_str[r - 1] = 1;
+  for (int d = r - 2; d >= 0; d--) {
+    in_str[d] = in_str[d + 1] * v->dims[d + 1];
+    out_str[d] = out_str[d + 1] * out_dims[d + 1];
+  }
+  long long batch = 1;
+  for (int d = r - 1; d >= 0; d--) {
+    if (v->perm[d] == r - 1) {
+      pa = d;
+    } else if (d != r - 1) {
+      batch *= out_dims[d];
+      outermost = d;
+    }
+  }
+  long long A = v->dims[r - 1], B = v->dims[b], ta = (A + 31) / 32, tb = (B + 31) / 32;
+  char shape[160];
+  fprintf(f, "/* %s: %s -> %s%s, 32x32 tiles through shared memory */\n", n->name,
+          kl_ops[n->op].name, kl_dtype_name(out->dtype),
+          kl_shape_str(&out->shape, shape, sizeof shape));
+  params(f, name, &in, 1, out);
+  fprintf(f, "  KL_SHARED(%s, tile, [32][33]);\n", kl_cg_storage(in->dtype));
+  fprintf(f, "  const int tx = (int)(threadIdx.x & 31), ty = (int)(threadIdx.x >> 5);\n");
+  fprintf(f, "  const int64_t t = blockIdx.x, a0 = t %% %lldLL * 32, "
+             "b0 = t / %lldLL %% %lldLL * 32;\n", ta, ta, tb);
+  if (batch == 1) {
+    fprintf(f, "  const int64_t ib = 0, ob = 0;\n");
+  } else { /* innermost batch axis first */
+    fprintf(f, "  int64_t rest = t / %lldLL, ib = 0, ob = 0;\n", ta * tb);
+    for (int d = r - 2; d >= 0; d--) {
+      if (d == pa) continue;
+      fprintf(f, "  { const int64_t q = rest %% %lldLL;", (long long)out_dims[d]);
+      if (d > outermost) fprintf(f, " rest /= %lldLL;", (long long)out_dims[d]);
+      fprintf(f, " ib += q * %lldLL; ob += q * %lldLL; }\n", (long long)in_str[v->perm[d]],
+              (long long)out_str[d]);
+    }
+  }
+  fprintf(f, "  for (int y = ty; y < 32; y += 8) {\n    const int64_t a = a0 + tx, b = b0 + y;\n"
+             "    if (a < %lldLL && b < %lldLL) tile[y][tx] = in0[ib + b * %lldLL + a];\n  }\n"
+             "  __syncthreads();\n", A, B, (long long)in_str[b]);
+  fprintf(f, "  for (int y = ty; y < 32; y += 8) {\n    const int64_t a = a0 + y, b = b0 + tx;\n"
+             "    if (a < %lldLL && b < %lldLL) out[ob + a * %lldLL + b] = tile[tx][y];\n  }\n}\n",
+          A, B, (long long)out_str[pa]);
+  entry(f, name, &in, 1, out);
+  kl_cg_grid g = {ta * tb * batch, 256};
+  return g;
+}
+
+kl_cg_grid kl_cg_transpose(FILE *f, const char *name, const kl_node *n) {
+  perm_view v = simplify_transpose(n);
+  if (kl_shape_numel(&n->outputs[0]->shape) == 0) return empty_kernel(f, name, n);
+  if (tiled_transpose(&v)) return transpose_tiles(f, name, n, &v);
+  kl_cg_gather_copy(f, name, n);
+  return grid_stride(kl_shape_numel(&n->outputs[0]->shape));
+}
+
+/* ---- softmax ------------------------------------------------------------- */
+/* Max in the compute type, sum of exponentials in double (as the
+ * interpreter), the result from both; a NaN anywhere in the row makes
+ * the row NaN. */
+static const char *softmax_value(const kl_node *n, bool dbl) {
+  if (n->op == KL_OP_SOFTMAX) return dbl ? "exp(v - m) / sum" : "expf(v - m) / (float)sum";
+  return dbl ? "v - m - log(sum)" : "v - m - logf((float)sum)";
+}
+
+/* Contiguous rows (axis innermost): a row kernel. */
+static kl_cg_grid softmax_rows(FILE *f, const char *name, const kl_node *n, int64_t rows,
+                               int64_t len) {
+  const kl_value *in = n->inputs[0], *out = n->outputs[0];
+  const char *ct = kl_cg_compute_type(in->dtype), *s = !strcmp(ct, "double") ? "" : "f";
+  kl_cg_rows p = kl_cg_plan_rows(rows, len);
+  char shape[160];
+  fprintf(f, "/* %s: %s over the rows of %s%s, %s per row */\n", n->name, kl_ops[n->op].name,
+          kl_dtype_name(in->dtype), kl_shape_str(&in->shape, shape, sizeof shape),
+          p.threads == 32 ? "a warp" : "a block");
+  params(f, name, &in, 1, out);
+  kl_cg_rows_shared(f, &p, ct, "part_max");
+  kl_cg_rows_shared(f, &p, "double", "part_sum");
+  kl_cg_rows_begin(f, &p);
+  fprintf(f, "  const int64_t base = row * %lldLL;\n  %s m;\n  double sum;\n", (long long)len, ct);
+  const char *max = "acc = (v != v || v > acc) ? v : acc;";
+  fprintf(f, "  {\n    %s acc = -KL_INF;\n", ct);
+  kl_cg_rows_loop(f, &p, "    ");
+  fprintf(f, "      const %s v = ", ct);
+  load(f, in->dtype, "in0[base + j]");
+  fprintf(f, ";\n      %s\n    }\n", max);
+  kl_cg_rows_combine(f, &p, "    ", ct, max, "part_max");
+  fprintf(f, "    m = acc;\n  }\n  {\n    double acc = 0; /* in double, as the interpreter */\n");
+  kl_cg_rows_loop(f, &p, "    ");
+  fprintf(f, "      const %s v = ", ct);
+  load(f, in->dtype, "in0[base + j]");
+  fprintf(f, ";\n      acc += exp%s(v - m);\n    }\n", s);
+  kl_cg_rows_combine(f, &p, "    ", "double", "acc += v;", "part_sum");
+  fprintf(f, "    sum = acc;\n  }\n");
+  kl_cg_rows_loop(f, &p, "  ");
+  fprintf(f, "    const %s v = ", ct);
+  load(f, in->dtype, "in0[base + j]");
+  fprintf(f, ";\n    ");
+  kl_cg_store(f, out->dtype, "out[base + j]", softmax_value(n, !s[0]));
+  fprintf(f, "  }\n}\n");
+  entry(f, name, &in, 1, out);
+  return kl_cg_rows_grid(&p);
+}
+
+/* Strided rows (axis not innermost): one thread per row. */
+static kl_cg_grid softmax_strided(FILE *f, const char *name, const kl_node *n, int axis,
+                                  int64_t outer, int64_t len, int64_t inner) {
+  const kl_value *in = n->inputs[0], *out = n->outputs[0];
   const char *ct = kl_cg_compute_type(in->dtype), *s = !strcmp(ct, "double") ? "" : "f";
   char shape[160];
   fprintf(f, "/* %s: %s over axis %d of %s%s */\n", n->name, kl_ops[n->op].name, axis,
@@ -320,40 +566,168 @@ void kl_cg_softmax(FILE *f, const char *name, const kl_node *n) {
   fprintf(f, "    %s m = -KL_INF;\n    double sum = 0; /* summed in double, as the interpreter */\n", ct);
   fprintf(f, "    for (int64_t j = 0; j < %lld; j++) { %s v = ", (long long)len, ct);
   load(f, in->dtype, at);
-  fprintf(f, "; m = v > m ? v : m; }\n");
+  fprintf(f, "; m = (v != v || v > m) ? v : m; }\n");
   fprintf(f, "    for (int64_t j = 0; j < %lld; j++) { %s v = ", (long long)len, ct);
   load(f, in->dtype, at);
   fprintf(f, "; sum += exp%s(v - m); }\n", s);
   fprintf(f, "    for (int64_t j = 0; j < %lld; j++) { %s v = ", (long long)len, ct);
   load(f, in->dtype, at);
   fprintf(f, ";\n      ");
-  kl_cg_store(f, out->dtype, dst,
-        n->op == KL_OP_SOFTMAX ? (s[0] ? "expf(v - m) / (float)sum" : "exp(v - m) / sum")
-                               : (s[0] ? "v - m - logf((float)sum)" : "v - m - log(sum)"));
+  kl_cg_store(f, out->dtype, dst, softmax_value(n, !s[0]));
   fprintf(f, "    }\n  }\n}\n");
   entry(f, name, &in, 1, out);
+  return grid_stride(outer * inner);
 }
 
-/* reduce_*: one thread per output element walks its reduced elements,
- * accumulating in double (floats) or 64-bit integers. */
-void kl_cg_reduce(FILE *f, const char *name, const kl_node *n) {
+/* softmax / log_softmax over one axis. */
+kl_cg_grid kl_cg_softmax(FILE *f, const char *name, const kl_node *n) {
+  const kl_shape *s = &n->inputs[0]->shape;
+  int r = s->rank, axis = (int)kl_attr_int(n, "axis", -1);
+  if (axis < 0) axis += r;
+  int64_t len = s->dims[axis], inner = 1, outer = 1;
+  for (int d = axis + 1; d < r; d++) inner *= s->dims[d];
+  for (int d = 0; d < axis; d++) outer *= s->dims[d];
+  if (kl_shape_numel(s) == 0) return empty_kernel(f, name, n);
+  if (inner == 1) return softmax_rows(f, name, n, outer, len);
+  return softmax_strided(f, name, n, axis, outer, len, inner);
+}
+
+/* ---- reductions ------------------------------------------------------------ */
+/* How a reduction accumulates: in double (floats) or 64-bit integers, with
+ * integer products wrapping as uint64_t like the interpreter's; max/min
+ * let a NaN win.  `update` folds v into acc, in any order. */
+typedef struct {
+  const char *acc, *init, *update;
+} reduce_ops;
+
+static reduce_ops reduce_ops_of(const kl_node *n) {
+  kl_dtype t = n->inputs[0]->dtype;
+  bool is_f = kl_dtype_is_float(t), uns = kl_dtype_is_unsigned(t);
+  reduce_ops r = {is_f ? "double" : uns ? "uint64_t" : "int64_t", "0", "acc += v;"};
+  switch (n->op) {
+  case KL_OP_REDUCE_PROD:
+    r.init = "1";
+    r.update = "acc *= v;";
+    if (!is_f) r.acc = "uint64_t";
+    break;
+  /* limits spelled out: NVRTC has no <stdint.h> macros */
+  case KL_OP_REDUCE_MAX:
+    r.init = is_f ? "-KL_INF" : uns ? "0" : "(-9223372036854775807LL - 1)";
+    r.update = is_f ? "acc = (v != v || v > acc) ? v : acc;" : "acc = v > acc ? v : acc;";
+    break;
+  case KL_OP_REDUCE_MIN:
+    r.init = is_f ? "KL_INF" : uns ? "18446744073709551615ULL" : "9223372036854775807LL";
+    r.update = is_f ? "acc = (v != v || v < acc) ? v : acc;" : "acc = v < acc ? v : acc;";
+    break;
+  default: break;
+  }
+  return r;
+}
+
+/* Statement `const ACC v = in0[at];` (converted to the accumulator). */
+static void reduce_load(FILE *f, const char *indent, const kl_value *in, const reduce_ops *r,
+                        const char *at) {
+  fprintf(f, "%sconst %s v = (%s)", indent, r->acc, r->acc);
+  if (in->dtype == KL_F16 || in->dtype == KL_BF16) load(f, in->dtype, at);
+  else fprintf(f, "%s", at);
+  fprintf(f, ";\n");
+}
+
+/* `dst = result;`: the mean divides by the count. */
+static void reduce_store(FILE *f, const kl_node *n, const char *dst, int64_t count) {
+  char value[64];
+  if (n->op == KL_OP_REDUCE_MEAN) snprintf(value, sizeof value, "acc / %lld", (long long)count);
+  else snprintf(value, sizeof value, "acc");
+  kl_cg_store(f, n->outputs[0]->dtype, dst, value);
+}
+
+static void reduce_head(FILE *f, const char *name, const kl_node *n, const char *how) {
+  const kl_value *in = n->inputs[0];
+  char shape[160];
+  fprintf(f, "/* %s: %s of %s%s%s */\n", n->name, kl_ops[n->op].name, kl_dtype_name(in->dtype),
+          kl_shape_str(&in->shape, shape, sizeof shape), how);
+  params(f, name, &in, 1, n->outputs[0]);
+}
+
+/* Reduced axes innermost: rows of len contiguous elements. */
+static kl_cg_grid reduce_rows(FILE *f, const char *name, const kl_node *n, int64_t rows,
+                              int64_t len) {
+  reduce_ops r = reduce_ops_of(n);
+  kl_cg_rows p = kl_cg_plan_rows(rows, len);
+  reduce_head(f, name, n, p.threads == 32 ? ", a warp per row" : ", a block per row");
+  kl_cg_rows_shared(f, &p, r.acc, "part");
+  kl_cg_rows_begin(f, &p);
+  fprintf(f, "  %s acc = %s;\n", r.acc, r.init);
+  kl_cg_rows_loop(f, &p, "  ");
+  char at[64];
+  snprintf(at, sizeof at, "in0[row * %lldLL + j]", (long long)len);
+  reduce_load(f, "    ", n->inputs[0], &r, at);
+  fprintf(f, "    %s\n  }\n", r.update);
+  kl_cg_rows_combine(f, &p, "  ", r.acc, r.update, "part");
+  fprintf(f, "  if (lane == 0) ");
+  reduce_store(f, n, "out[row]", len);
+  fprintf(f, "}\n");
+  entry(f, name, (const kl_value *const *)n->inputs, 1, n->outputs[0]);
+  return kl_cg_rows_grid(&p);
+}
+
+/* A reduced axis of len with `inner` contiguous kept elements after it:
+ * each output element (column) is a thread's, so neighbouring threads
+ * read neighbouring elements; a block is C columns by S slices of the
+ * reduced axis, the slices' partials combined through shared memory. */
+static kl_cg_grid reduce_columns(FILE *f, const char *name, const kl_node *n, int64_t outer,
+                                 int64_t len, int64_t inner) {
+  reduce_ops r = reduce_ops_of(n);
+  int64_t cols = outer * inner;
+  int c = 1, s = 1;
+  while (c < 32 && c < cols) c *= 2;
+  while (s < 256 / c && s < len) s *= 2;
+  c = 256 / s;
+  char how[64];
+  snprintf(how, sizeof how, ", %d columns x %d slices per block", c, s);
+  reduce_head(f, name, n, how);
+  if (s > 1) fprintf(f, "  KL_SHARED(%s, part, [%d][%d]);\n", r.acc, s, c);
+  fprintf(f, "  const int col = (int)(threadIdx.x %% %d);\n", c);
+  if (s > 1) fprintf(f, "  const int slice = (int)(threadIdx.x / %d);\n", c);
+  fprintf(f, "  const int64_t q = (int64_t)blockIdx.x * %d + col;\n", c);
+  fprintf(f, "  %s acc = %s;\n", r.acc, r.init);
+  fprintf(f, "  if (q < %lldLL) {\n", (long long)cols);
+  if (outer == 1) fprintf(f, "    const int64_t base = q;\n");
+  else fprintf(f, "    const int64_t base = q / %lldLL * %lldLL + q %% %lldLL;\n", (long long)inner,
+               (long long)(len * inner), (long long)inner);
+  fprintf(f, "    for (int64_t j = %s; j < %lldLL; j += %d) {\n", s > 1 ? "slice" : "0",
+          (long long)len, s);
+  char at[64];
+  snprintf(at, sizeof at, "in0[base + j * %lldLL]", (long long)inner);
+  reduce_load(f, "      ", n->inputs[0], &r, at);
+  fprintf(f, "      %s\n    }\n  }\n", r.update);
+  if (s > 1) {
+    fprintf(f, "  part[slice][col] = acc;\n  __syncthreads();\n"
+               "  if (slice != 0 || q >= %lldLL) return;\n", (long long)cols);
+    fprintf(f, "  for (int k = 1; k < %d; k++) {\n    const %s v = part[k][col];\n    %s\n  }\n", s,
+            r.acc, r.update);
+  } else {
+    fprintf(f, "  if (q >= %lldLL) return;\n", (long long)cols);
+  }
+  fprintf(f, "  ");
+  reduce_store(f, n, "out[q]", len);
+  fprintf(f, "}\n");
+  entry(f, name, (const kl_value *const *)n->inputs, 1, n->outputs[0]);
+  kl_cg_grid g = {(cols + c - 1) / c, 256};
+  return g;
+}
+
+/* Any other set of axes: one thread per output element walks its reduced
+ * elements. */
+static kl_cg_grid reduce_generic(FILE *f, const char *name, const kl_node *n, const bool *reduced) {
   const kl_value *in = n->inputs[0], *out = n->outputs[0];
   int r = in->shape.rank;
-  bool reduced[KL_MAX_RANK] = {0};
-  const int64_t *axes;
-  int na = kl_attr_ints(n, "axes", &axes);
-  for (int d = 0; d < r; d++) reduced[d] = na < 0;
-  for (int k = 0; k < na; k++) reduced[(axes[k] % r + r) % r] = true;
   int64_t strides[KL_MAX_RANK], count = 1;
   kl_shape_strides(&in->shape, strides);
   for (int d = 0; d < r; d++)
     if (reduced[d]) count *= in->shape.dims[d];
-  bool is_f = kl_dtype_is_float(in->dtype);
-  const char *acc = is_f ? "double" : kl_dtype_is_unsigned(in->dtype) ? "uint64_t" : "int64_t";
-  char shape[160], at[32];
-  fprintf(f, "/* %s: %s of %s%s */\n", n->name, kl_ops[n->op].name, kl_dtype_name(in->dtype),
-          kl_shape_str(&in->shape, shape, sizeof shape));
-  params(f, name, &in, 1, out);
+  reduce_ops ops = reduce_ops_of(n);
+  reduce_head(f, name, n, "");
   grid_stride_loop(f, kl_shape_numel(&out->shape));
   bool kept = false;
   for (int d = 0; d < r; d++) kept |= !reduced[d] && in->shape.dims[d] != 1;
@@ -362,40 +736,117 @@ void kl_cg_reduce(FILE *f, const char *name, const kl_node *n) {
     if (!reduced[d] && in->shape.dims[d] != 1)
       fprintf(f, "    { int64_t q = r %% %lld; r /= %lld; base += q * %lld; }\n",
               (long long)in->shape.dims[d], (long long)in->shape.dims[d], (long long)strides[d]);
-  const char *init = "0";
-  switch (n->op) {
-  case KL_OP_REDUCE_PROD: init = "1"; break;
-  /* limits spelled out: NVRTC has no <stdint.h> macros */
-  case KL_OP_REDUCE_MAX: init = is_f ? "-KL_INF" : "(-9223372036854775807LL - 1)"; break;
-  case KL_OP_REDUCE_MIN: init = is_f ? "KL_INF" : "9223372036854775807LL"; break;
-  default: break;
-  }
-  if (!is_f && kl_dtype_is_unsigned(in->dtype) && n->op == KL_OP_REDUCE_MAX) init = "0";
-  if (!is_f && kl_dtype_is_unsigned(in->dtype) && n->op == KL_OP_REDUCE_MIN)
-    init = "18446744073709551615ULL";
-  fprintf(f, "    %s acc = %s;\n", acc, init);
+  fprintf(f, "    %s acc = %s;\n", ops.acc, ops.init);
   fprintf(f, "    for (int64_t j = 0; j < %lldLL; j++) {\n      int64_t %soff = base;\n",
           (long long)count, count > 0 ? "s = j, " : "");
   for (int d = r - 1; d >= 0 && count > 0; d--) /* count 0: the loop never runs */
     if (reduced[d])
       fprintf(f, "      { int64_t q = s %% %lld; s /= %lld; off += q * %lld; }\n",
               (long long)in->shape.dims[d], (long long)in->shape.dims[d], (long long)strides[d]);
-  snprintf(at, sizeof at, "in0[off]");
-  fprintf(f, "      const %s v = ", acc);
-  if (in->dtype == KL_F16 || in->dtype == KL_BF16) load(f, in->dtype, at);
-  else fprintf(f, "(%s)%s", acc, at);
-  fprintf(f, ";\n      ");
-  switch (n->op) {
-  case KL_OP_REDUCE_PROD: fprintf(f, "acc *= v;\n"); break;
-  case KL_OP_REDUCE_MAX: fprintf(f, "acc = (v != v || v > acc) ? v : acc;\n"); break;
-  case KL_OP_REDUCE_MIN: fprintf(f, "acc = (v != v || v < acc) ? v : acc;\n"); break;
-  default: fprintf(f, "acc += v;\n"); break;
-  }
-  fprintf(f, "    }\n    ");
-  char value[64];
-  if (n->op == KL_OP_REDUCE_MEAN) snprintf(value, sizeof value, "acc / %lld", (long long)count);
-  else snprintf(value, sizeof value, "acc");
-  kl_cg_store(f, out->dtype, "out[i]", value);
+  reduce_load(f, "      ", in, &ops, "in0[off]");
+  fprintf(f, "      %s\n    }\n    ", ops.update);
+  reduce_store(f, n, "out[i]", count);
   fprintf(f, "  }\n}\n");
   entry(f, name, &in, 1, out);
+  return grid_stride(kl_shape_numel(&out->shape));
 }
+
+/* C literal of a value of dtype t (already rounded to it). */
+static const char *literal(kl_dtype t, double v, char *buf, size_t len) {
+  if (kl_dtype_is_float(t)) {
+    if (isnan(v)) snprintf(buf, len, "KL_NAN");
+    else if (isinf(v)) snprintf(buf, len, v > 0 ? "KL_INF" : "-KL_INF");
+    else snprintf(buf, len, "%.17g", v);
+  } else if (kl_dtype_is_unsigned(t) || t == KL_BOOL) {
+    snprintf(buf, len, "%lluULL", (unsigned long long)v);
+  } else if (v <= -9223372036854775808.0) {
+    snprintf(buf, len, "(-9223372036854775807LL - 1)");
+  } else {
+    snprintf(buf, len, "%lldLL", (long long)v);
+  }
+  return buf;
+}
+
+/* Nothing to reduce: every output is the interpreter's value for an empty
+ * reduction (its identity, rounded to the dtype; NaN for a mean), which
+ * it computes now. */
+static bool reduce_empty(FILE *f, const char *name, const kl_node *n, kl_cg_grid *g) {
+  const kl_value *in = n->inputs[0], *out = n->outputs[0];
+  kl_tensor *x = kl_tensor_new(in->dtype, &in->shape), *y = kl_tensor_new(out->dtype, &out->shape);
+  kl_error err;
+  bool ok = kl_ops[n->op].eval(n, &x, &y, &err) == 0;
+  double v = kl_dtype_round(out->dtype, y->data[0]);
+  kl_tensor_free(x);
+  kl_tensor_free(y);
+  if (!ok) return false;
+  char lit[64];
+  reduce_head(f, name, n, ", empty");
+  fprintf(f, "  (void)in0;\n");
+  grid_stride_loop(f, kl_shape_numel(&out->shape));
+  fprintf(f, "    ");
+  kl_cg_store(f, out->dtype, "out[i]", literal(out->dtype, v, lit, sizeof lit));
+  fprintf(f, "  }\n}\n");
+  entry(f, name, &in, 1, out);
+  *g = grid_stride(kl_shape_numel(&out->shape));
+  return true;
+}
+
+/* reduce_*: size-1 axes dropped and neighbours of the same kind merged,
+ * the input is [rows, len] with len reduced (a row kernel), or [outer,
+ * len, inner] with len reduced (columns); else the generic kernel. */
+kl_cg_grid kl_cg_reduce(FILE *f, const char *name, const kl_node *n) {
+  const kl_shape *s = &n->inputs[0]->shape;
+  int r = s->rank;
+  bool reduced[KL_MAX_RANK] = {0};
+  const int64_t *axes;
+  int na = kl_attr_ints(n, "axes", &axes);
+  for (int d = 0; d < r; d++) reduced[d] = na < 0;
+  for (int k = 0; k < na; k++) reduced[(axes[k] % r + r) % r] = true;
+  int64_t count = 1, numel_out = kl_shape_numel(&n->outputs[0]->shape);
+  for (int d = 0; d < r; d++)
+    if (reduced[d]) count *= s->dims[d];
+  kl_cg_grid g;
+  if (numel_out == 0) return empty_kernel(f, name, n);
+  if (count == 0 && reduce_empty(f, name, n, &g)) return g;
+  int64_t dims[KL_MAX_RANK];
+  bool red[KL_MAX_RANK];
+  int k = 0;
+  for (int d = 0; d < r && count > 0; d++) {
+    if (s->dims[d] == 1) continue;
+    if (k && red[k - 1] == reduced[d]) {
+      dims[k - 1] *= s->dims[d];
+    } else {
+      dims[k] = s->dims[d];
+      red[k++] = reduced[d];
+    }
+  }
+  if (k >= 1 && k <= 2 && red[k - 1] && (k == 1 || !red[0]))
+    return reduce_rows(f, name, n, k == 2 ? dims[0] : 1, dims[k - 1]);
+  if (k >= 2 && k <= 3 && !red[k - 1] && red[k - 2] && (k == 2 || !red[0]))
+    return reduce_columns(f, name, n, k == 3 ? dims[0] : 1, dims[k - 2], dims[k - 1]);
+  return reduce_generic(f, name, n, reduced);
+}
+
+/* ---- for the fused kernels of emit_fused.c ----------------------------- */
+const char *kl_cg_expression(const kl_node *n, const char *ct, char *buf, size_t len) {
+  return expression(n, ct, buf, len);
+}
+
+const char *kl_cg_operand_type(const kl_node *n) {
+  return kl_cg_compute_type(operand_dtype(n));
+}
+
+void kl_cg_index_math(FILE *f, const kl_shape *out, const kl_value *const *ins, int nins) {
+  index_math(f, out, ins, nins);
+}
+
+void kl_cg_grid_stride_loop(FILE *f, int64_t n) { grid_stride_loop(f, n); }
+
+/* How a row reduction accumulates (see reduce_ops_of). */
+void kl_cg_reduce_ops(const kl_node *n, const char **acc, const char **init, const char **update) {
+  reduce_ops r = reduce_ops_of(n);
+  *acc = r.acc, *init = r.init, *update = r.update;
+}
+
+/* softmax / log_softmax of v given the row's max m and sum of exp(v - m). */
+const char *kl_cg_softmax_value(const kl_node *n, bool dbl) { return softmax_value(n, dbl); }

@@ -2,19 +2,20 @@
  * every value lives (weights blob, one arena for intermediates, input and
  * output buffers), write one kernel or GEMM call per node, and the host code
  * and header around them. */
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codegen_impl.h"
 
-enum { ALIGN = 256, BLOCK = 256, MAX_BLOCKS = 4096 };
+enum { ALIGN = KL_MEM_ALIGN, BLOCK = 256, MAX_BLOCKS = 4096 };
 
 typedef enum { LOC_NONE, LOC_PARAM, LOC_ARENA, LOC_INPUT, LOC_OUTPUT } loc_kind;
 typedef struct {
   loc_kind kind;
-  size_t offset; /* PARAM, ARENA */
-  int index;     /* INPUT, OUTPUT */
+  size_t offset; /* PARAM */
+  int index;     /* INPUT, OUTPUT; ARENA: its buffer in the memory plan */
 } location;
 
 
@@ -26,7 +27,21 @@ typedef struct {
   size_t param_bytes, arena_bytes;
   kl_node **order;
   bool *live;
-  int nkernels, ngemms;
+  int nkernels, ngemms, nlaunches;
+  /* The memory plan: arena buffers (values first, then scratch) whose
+   * offsets are names in run() until kl_memplan decides them. */
+  kl_membuf *bufs;
+  int nbufs, cap_bufs, nvalue_bufs;
+  int step, nsteps;       /* the node being emitted, and how many were */
+  const kl_node **at_step; /* per step */
+  kl_memplan_stats mem;
+  size_t mem_limit;       /* 0: none */
+  kl_fusion fusion;       /* the groups, one kernel each */
+  int *step_group;        /* per step: its group */
+  bool *alias;            /* per node id: its output is its input's buffer */
+  bool *folded;           /* per node id: computed now, from weights alone */
+  kl_tensor **known;      /* per value id: weights and folded values, while placing */
+  size_t dram_bytes;
 } cg_ctx;
 
 static size_t value_bytes(const kl_value *v) {
@@ -36,6 +51,26 @@ static size_t value_bytes(const kl_value *v) {
 static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
 /* ---- where values live ----------------------------------------------- */
+/* A request for arena space, alive at no step until a node uses it. */
+static int add_buf(cg_ctx *c, const char *name, size_t bytes) {
+  if (c->nbufs == c->cap_bufs) {
+    c->cap_bufs = c->cap_bufs ? 2 * c->cap_bufs : 64;
+    c->bufs = realloc(c->bufs, (size_t)c->cap_bufs * sizeof *c->bufs);
+    if (!c->bufs) abort();
+  }
+  char *copy = strdup(name);
+  if (!copy) abort();
+  c->bufs[c->nbufs] = (kl_membuf){copy, bytes, INT_MAX, -1, -1, 0};
+  return c->nbufs++;
+}
+
+/* Buffer b is used at the current step. */
+static void use_buf(cg_ctx *c, int b) {
+  kl_membuf *m = &c->bufs[b];
+  if (c->step < m->first) m->first = c->step;
+  if (c->step > m->last) m->last = c->step;
+}
+
 static int add_param(cg_ctx *c, const kl_value *v, const kl_tensor *t) {
   size_t off = align_up(c->param_bytes), bytes = value_bytes(v);
   unsigned char *grown = realloc(c->params, off + bytes + 1);
@@ -48,6 +83,72 @@ static int add_param(cg_ctx *c, const kl_value *v, const kl_tensor *t) {
   return 0;
 }
 
+/* A node whose output can be its input's bytes: same element order and
+ * width, and an output that need not be a buffer of its own. */
+static bool is_alias(const cg_ctx *c, const kl_node *n) {
+  if (n->op != KL_OP_RESHAPE && n->op != KL_OP_FLATTEN && n->op != KL_OP_SQUEEZE &&
+      n->op != KL_OP_UNSQUEEZE)
+    return false;
+  const kl_value *in = n->inputs[0], *out = n->outputs[0];
+  location l = c->loc[in->id];
+  return c->loc[out->id].kind == LOC_NONE && l.kind != LOC_NONE &&
+         kl_dtype_size(in->dtype) == kl_dtype_size(out->dtype) &&
+         kl_shape_numel(&in->shape) == kl_shape_numel(&out->shape);
+}
+
+/* Constant folding: a node computed from weights and constants alone
+ * (a causal mask, a scale) is evaluated at compile time by the
+ * interpreter, and its result stored with the weights.  Small inputs only,
+ * so compile time stays short, and no result larger than its inputs, so
+ * the weights do not grow (an expand of a scalar stays a kernel). */
+enum { FOLD_MAX_INPUT_ELEMENTS = 1 << 16 };
+
+static void choose_folded(cg_ctx *c) {
+  const kl_graph *g = c->g;
+  for (int i = 0; i < g->nodes.len; i++) {
+    const kl_node *n = c->order[i];
+    if (!c->live[n->id]) continue;
+    if (n->op == KL_OP_CONSTANT) {
+      c->folded[n->id] = true;
+      continue;
+    }
+    size_t in_bytes = 0, out_bytes = 0;
+    int64_t elements = 0;
+    bool fold = n->ninputs > 0;
+    for (int k = 0; k < n->ninputs && fold; k++) {
+      const kl_value *v = n->inputs[k];
+      fold = v->kind == KL_VAL_PARAM || v->kind == KL_VAL_CONST ||
+             (v->kind == KL_VAL_NODE && c->folded[v->producer->id]);
+      in_bytes += value_bytes(v);
+      elements += kl_shape_numel(&v->shape);
+    }
+    for (int k = 0; k < n->noutputs; k++) out_bytes += value_bytes(n->outputs[k]);
+    c->folded[n->id] = fold && elements <= FOLD_MAX_INPUT_ELEMENTS && out_bytes <= in_bytes;
+  }
+}
+
+static int fold_node(cg_ctx *c, const kl_node *n) {
+  kl_tensor *in[64] = {0}, *out[16] = {0};
+  if (n->ninputs > 64 || n->noutputs > 16)
+    return kl_fail(c->err, n->loc, "internal error: %s (node '%s') has too many operands to fold",
+                   kl_ops[n->op].name, n->name);
+  for (int k = 0; k < n->ninputs; k++) in[k] = c->known[n->inputs[k]->id];
+  for (int k = 0; k < n->noutputs; k++)
+    out[k] = kl_tensor_new(n->outputs[k]->dtype, &n->outputs[k]->shape);
+  int rc = kl_ops[n->op].eval(n, in, out, c->err);
+  for (int k = 0; k < n->noutputs; k++) {
+    kl_tensor *t = out[k];
+    if (!rc) {
+      for (int64_t e = 0; e < t->numel; e++) t->data[e] = kl_dtype_round(t->dtype, t->data[e]);
+      add_param(c, n->outputs[k], t);
+      c->known[n->outputs[k]->id] = t;
+    } else {
+      kl_tensor_free(t);
+    }
+  }
+  return rc;
+}
+
 static int place_values(cg_ctx *c) {
   const kl_graph *g = c->g;
   for (int i = 0; i < g->inputs.len; i++) c->loc[g->inputs.items[i]->id] = (location){LOC_INPUT, 0, i};
@@ -55,7 +156,7 @@ static int place_values(cg_ctx *c) {
    * input, a weight or a constant is read back from where it lives. */
   for (int i = 0; i < g->outputs.len; i++) {
     const kl_value *v = g->outputs.items[i];
-    if (v->kind == KL_VAL_NODE && v->producer->op != KL_OP_CONSTANT)
+    if (v->kind == KL_VAL_NODE && !c->folded[v->producer->id])
       c->loc[v->id] = (location){LOC_OUTPUT, 0, i};
   }
   for (int i = 0; i < g->params.len; i++) {
@@ -63,42 +164,60 @@ static int place_values(cg_ctx *c) {
     const kl_value *v = g->params.items[i];
     if (kl_value_materialize(v, &t, c->err)) return -1;
     add_param(c, v, t);
-    kl_tensor_free(t);
+    c->known[v->id] = t;
   }
   for (int i = 0; i < g->nodes.len; i++) {
     const kl_node *n = c->order[i];
     if (!c->live[n->id]) continue;
-    if (n->op == KL_OP_CONSTANT) { /* evaluated now, stored with the weights */
-      kl_tensor *t = kl_tensor_new(n->outputs[0]->dtype, &n->outputs[0]->shape);
-      if (kl_ops[n->op].eval(n, NULL, &t, c->err)) { kl_tensor_free(t); return -1; }
-      for (int64_t k = 0; k < t->numel; k++) t->data[k] = kl_dtype_round(t->dtype, t->data[k]);
-      add_param(c, n->outputs[0], t);
-      kl_tensor_free(t);
+    if (c->folded[n->id]) { /* evaluated now, stored with the weights */
+      if (fold_node(c, n)) return -1;
       continue;
     }
-    /* One slot each, for now: memory planning (a later issue) will reuse
-     * the space of values that are no longer alive. */
+    /* reshape & co renumber nothing: the output is the input's buffer
+     * under another shape, and no kernel runs */
+    if (is_alias(c, n)) {
+      c->alias[n->id] = true;
+      c->loc[n->outputs[0]->id] = c->loc[n->inputs[0]->id];
+      continue;
+    }
+    /* an arena buffer each: plan_memory gives them offsets; a value that
+     * stays inside its fused kernel needs none */
+    bool fused = c->fusion.groups[c->fusion.group_of[n->id]].count > 1;
     for (int k = 0; k < n->noutputs; k++) {
       kl_value *v = n->outputs[k];
-      if (c->loc[v->id].kind != LOC_NONE) continue;
-      size_t off = align_up(c->arena_bytes);
-      c->loc[v->id] = (location){LOC_ARENA, off, 0};
-      c->arena_bytes = off + value_bytes(v);
+      if (c->loc[v->id].kind != LOC_NONE || (fused && !c->fusion.stored[v->id])) continue;
+      c->loc[v->id] = (location){LOC_ARENA, 0, add_buf(c, v->name, value_bytes(v))};
     }
   }
+  c->nvalue_bufs = c->nbufs;
   return 0;
 }
 
+/* Name of buffer b's offset in model.c, defined before run(). */
+static const char *buf_macro(const cg_ctx *c, int b, char *buf, size_t len) {
+  snprintf(buf, len, "%s_%d", b < c->nvalue_bufs ? "ARENA" : "SCRATCH", b);
+  return buf;
+}
+
 /* C expression for a value's device pointer inside run(). */
-static void ptr(FILE *f, const cg_ctx *c, const kl_value *v) {
+static const char *ptr_expr(const cg_ctx *c, const kl_value *v, char *buf, size_t len) {
   const location *l = &c->loc[v->id];
+  char name[32];
   switch (l->kind) {
-  case LOC_PARAM: fprintf(f, "(void *)(m->params + %zu)", l->offset); break;
-  case LOC_ARENA: fprintf(f, "(void *)(m->arena + %zu)", l->offset); break;
-  case LOC_INPUT: fprintf(f, "m->io[%d]", l->index); break;
-  case LOC_OUTPUT: fprintf(f, "m->io[%d]", c->g->inputs.len + l->index); break;
-  default: fprintf(f, "NULL"); break;
+  case LOC_PARAM: snprintf(buf, len, "(void *)(m->params + %zu)", l->offset); break;
+  case LOC_ARENA:
+    snprintf(buf, len, "(void *)(m->arena + %s)", buf_macro(c, l->index, name, sizeof name));
+    break;
+  case LOC_INPUT: snprintf(buf, len, "m->io[%d]", l->index); break;
+  case LOC_OUTPUT: snprintf(buf, len, "m->io[%d]", c->g->inputs.len + l->index); break;
+  default: snprintf(buf, len, "NULL"); break;
   }
+  return buf;
+}
+
+static void ptr(FILE *f, const cg_ctx *c, const kl_value *v) {
+  char buf[160];
+  fputs(ptr_expr(c, v, buf, sizeof buf), f);
 }
 
 /* ---- the emitter: what templates write through ---------------------- */
@@ -117,24 +236,20 @@ int kl_cg_new_kernel(kl_cg_emitter *e, char *name, size_t len) {
   return e->nkernels++;
 }
 
+/* A pointer asked for is a use: it keeps an arena value alive at this step. */
 const char *kl_cg_ptr(kl_cg_emitter *e, const kl_value *v, char *buf, size_t len) {
   const location *l = &e->c->loc[v->id];
-  switch (l->kind) {
-  case LOC_PARAM: snprintf(buf, len, "(void *)(m->params + %zu)", l->offset); break;
-  case LOC_ARENA: snprintf(buf, len, "(void *)(m->arena + %zu)", l->offset); break;
-  case LOC_INPUT: snprintf(buf, len, "m->io[%d]", l->index); break;
-  case LOC_OUTPUT: snprintf(buf, len, "m->io[%d]", e->c->g->inputs.len + l->index); break;
-  default: snprintf(buf, len, "NULL"); break;
-  }
-  return buf;
+  if (l->kind == LOC_ARENA) use_buf(e->c, l->index);
+  return ptr_expr(e->c, v, buf, len);
 }
 
-/* Scratch is appended to the arena: one region per request for now (the
- * memory planner will overlap them). */
+/* Scratch lives in the arena during its node's step only. */
 const char *kl_cg_scratch(kl_cg_emitter *e, size_t bytes, char *buf, size_t len) {
-  size_t off = align_up(e->c->arena_bytes);
-  e->c->arena_bytes = off + bytes;
-  snprintf(buf, len, "(void *)(m->arena + %zu)", off);
+  char what[300], name[32];
+  snprintf(what, sizeof what, "scratch of %s", e->node ? e->node->name : "?");
+  int b = add_buf(e->c, what, bytes);
+  use_buf(e->c, b);
+  snprintf(buf, len, "(void *)(m->arena + %s)", buf_macro(e->c, b, name, sizeof name));
   return buf;
 }
 
@@ -160,6 +275,30 @@ void kl_cg_launch_node(kl_cg_emitter *e, int k, int64_t threads, const kl_node *
   args[na] = kl_cg_ptr(e, n->outputs[0], bufs[na], sizeof bufs[na]);
   na++;
   kl_cg_launch(e, k, threads, args, na);
+}
+
+void kl_cg_launch_grid(kl_cg_emitter *e, int k, int64_t grid_x, int block_x,
+                       const char *const *args, int nargs) {
+  if (grid_x <= 0) return;
+  FILE *f = e->rf;
+  fprintf(f, "  {\n");
+  for (int i = 0; i < nargs; i++) fprintf(f, "    void *p%d = %s;\n", i, args[i]);
+  fprintf(f, "    void *args[] = {");
+  for (int i = 0; i < nargs; i++) fprintf(f, "%s&p%d", i ? ", " : "", i);
+  fprintf(f, "};\n    if (krt_launch(m->mod, %d, (kl_dim3){%lld, 1, 1}, (kl_dim3){%d, 1, 1}, 0, args, "
+             "err, errlen))\n      return -1;\n  }\n", k, (long long)grid_x, block_x);
+}
+
+void kl_cg_launch_node_grid(kl_cg_emitter *e, int k, int64_t grid_x, int block_x,
+                            const kl_node *n) {
+  char bufs[65][160];
+  const char *args[65];
+  int na = 0;
+  for (int i = 0; i < n->ninputs && na < 64; i++, na++)
+    args[na] = kl_cg_ptr(e, n->inputs[i], bufs[na], sizeof bufs[na]);
+  args[na] = kl_cg_ptr(e, n->outputs[0], bufs[na], sizeof bufs[na]);
+  na++;
+  kl_cg_launch_grid(e, k, grid_x, block_x, args, na);
 }
 
 void kl_cg_emit_gemm(kl_cg_emitter *e, const kl_cg_gemm *g) {
@@ -194,7 +333,8 @@ void kl_cg_comment(kl_cg_emitter *e, const kl_node *n) {
 }
 
 static const kl_cg_template *const families[] = {kl_cg_templates_basic, kl_cg_templates_movement,
-                                                 kl_cg_templates_nn};
+                                                 kl_cg_templates_nn, kl_cg_templates_sample,
+                                                 kl_cg_templates_integer};
 
 static const kl_cg_template *find_template(const kl_node *n) {
   for (size_t f = 0; f < sizeof families / sizeof *families; f++)
@@ -216,6 +356,135 @@ static void io_table(FILE *f, const char *name, const kl_value *const *vals, int
   fprintf(f, "};\n");
 }
 
+/* ---- the memory plan ---------------------------------------------------- */
+/* A node's arena inputs and outputs are alive at its step, whether or not
+ * its template asks for their pointers. */
+static void use_node_values(cg_ctx *c, const kl_node *n) {
+  for (int k = 0; k < n->ninputs; k++)
+    if (c->loc[n->inputs[k]->id].kind == LOC_ARENA) use_buf(c, c->loc[n->inputs[k]->id].index);
+  for (int k = 0; k < n->noutputs; k++)
+    if (c->loc[n->outputs[k]->id].kind == LOC_ARENA) use_buf(c, c->loc[n->outputs[k]->id].index);
+}
+
+/* Nodes whose one kernel reads element i of an input, then writes element
+ * i of the output, and nothing else: the output may overwrite that input.
+ * (Their kernels declare the pointers __restrict__; that stays sound since
+ * each element is read before it is written, by the same thread.) */
+static bool runs_in_place(const kl_node *n) {
+  if (kl_cg_is_elementwise(n)) return true;
+  return n->op == KL_OP_RESHAPE || n->op == KL_OP_FLATTEN || n->op == KL_OP_SQUEEZE ||
+         n->op == KL_OP_UNSQUEEZE;
+}
+
+/* Let an output take the buffer of an input its kernel is the last to
+ * read, when they match element for element (no broadcast, same width):
+ * such a node's output, or the one output of a fused group.  An input's
+ * buffer goes to one output at most. */
+static void choose_in_place(cg_ctx *c) {
+  bool *taken = calloc((size_t)c->nbufs + 1, sizeof *taken);
+  if (!taken) abort();
+  for (int s = 0; s < c->nsteps; s++) {
+    const kl_group *gr = &c->fusion.groups[c->step_group[s]];
+    kl_node *const *members = c->fusion.nodes + gr->first;
+    kl_cg_fused_args io;
+    if (gr->count == 1) {
+      const kl_node *n = members[0];
+      if (n->noutputs != 1 || !runs_in_place(n)) continue;
+      io.nin = io.nout = 0;
+      for (int k = 0; k < n->ninputs && k < KL_CG_MAX_FUSED_IO; k++) io.in[io.nin++] = n->inputs[k];
+      io.out[io.nout++] = n->outputs[0];
+    } else {
+      kl_cg_fused_io(members, gr->count, c->fusion.stored, &io);
+      /* The kernel's pointers are __restrict__, so the compiler may move a
+       * load past a store to another pointer.  With one output, every load
+       * feeds that store and must come first; with more, an input loaded
+       * for a later output could be read after an earlier output took its
+       * place. */
+      if (io.nout != 1) continue;
+    }
+    for (int o = 0; o < io.nout; o++) {
+      const location *lo = &c->loc[io.out[o]->id];
+      if (lo->kind != LOC_ARENA) continue;
+      /* a row kernel's lane 0 writes a row's scalars while other lanes may
+       * still read that row's inputs: only its row values go in place */
+      if (gr->kind == KL_GROUP_ROWS && !kl_shape_equal(&io.out[o]->shape, &gr->shape)) continue;
+      kl_membuf *out = &c->bufs[lo->index];
+      int64_t numel = kl_shape_numel(&io.out[o]->shape);
+      for (int k = 0; k < io.nin && out->inplace_of < 0; k++) {
+        const kl_value *in = io.in[k];
+        const location *li = &c->loc[in->id];
+        if (li->kind != LOC_ARENA || li->index >= lo->index || taken[li->index] ||
+            kl_shape_numel(&in->shape) != numel ||
+            kl_dtype_size(in->dtype) != kl_dtype_size(io.out[o]->dtype) || !out->bytes)
+          continue;
+        const kl_membuf *b = &c->bufs[li->index];
+        if (b->last == s && b->first < s && out->first == s) {
+          out->inplace_of = li->index;
+          taken[li->index] = true;
+        }
+      }
+    }
+  }
+  free(taken);
+}
+
+static int plan_memory(cg_ctx *c) {
+  choose_in_place(c);
+  const char **step_names = malloc(((size_t)c->nsteps + 1) * sizeof *step_names);
+  if (!step_names) abort();
+  for (int s = 0; s < c->nsteps; s++) step_names[s] = c->at_step[s]->name;
+  int rc = kl_cg_plan_memory(c->bufs, c->nbufs, step_names, c->nsteps, c->mem_limit, &c->mem,
+                             c->err);
+  free(step_names);
+  c->arena_bytes = c->mem.arena;
+  return rc;
+}
+
+/* The offsets of the plan, for run(). */
+static void write_offsets(FILE *f, const cg_ctx *c) {
+  fprintf(f, "/* The memory plan: arena offsets (bytes, live steps), %zu bytes in all; the\n"
+             " * most alive at one step is %zu, every buffer apart would take %zu. */\n",
+          c->mem.arena, c->mem.lower_bound, c->mem.naive);
+  for (int b = 0; b < c->nbufs; b++) {
+    const kl_membuf *m = &c->bufs[b];
+    char name[32];
+    fprintf(f, "#define %s ((size_t)%zu) /* ", buf_macro(c, b, name, sizeof name), m->offset);
+    for (const char *p = m->name; *p; p++) /* a name must not end the comment */
+      if (*p != '\n' && !(p[0] == '*' && p[1] == '/')) fputc(*p, f);
+    fprintf(f, ": %zu bytes, steps %d-%d", m->bytes, m->first, m->last);
+    if (m->inplace_of >= 0) fprintf(f, ", in place of %s", buf_macro(c, m->inplace_of, name, sizeof name));
+    fprintf(f, " */\n");
+  }
+  fprintf(f, "\n");
+}
+
+/* A group of two or more nodes: one elementwise or row kernel. */
+static void emit_fused_group(kl_cg_emitter *e, const kl_group *gr, kl_node *const *members,
+                             int count) {
+  cg_ctx *c = e->c;
+  kl_cg_fused_args io;
+  kl_cg_fused_io(members, count, c->fusion.stored, &io);
+  char name[32], bufs[2 * KL_CG_MAX_FUSED_IO][160], shape[160];
+  const char *args[2 * KL_CG_MAX_FUSED_IO];
+  int k = kl_cg_new_kernel(e, name, sizeof name), na = 0;
+  kl_cg_grid grid = {0, 0};
+  if (gr->kind == KL_GROUP_ROWS) grid = kl_cg_fused_rows(e->kf, name, members, count, &gr->shape, &io);
+  else kl_cg_fused_elementwise(e->kf, name, members, count, &io);
+  const kl_shape *s = &gr->shape;
+  fprintf(e->rf, "  /* fused: %d nodes, %s .. %s -> %s */\n", count, members[0]->name,
+          members[count - 1]->name, kl_shape_str(s, shape, sizeof shape));
+  for (int i = 0; i < io.nin; i++, na++) {
+    args[na] = kl_cg_ptr(e, io.in[i], bufs[na], sizeof bufs[na]);
+    c->dram_bytes += value_bytes(io.in[i]);
+  }
+  for (int i = 0; i < io.nout; i++, na++) {
+    args[na] = kl_cg_ptr(e, io.out[i], bufs[na], sizeof bufs[na]);
+    c->dram_bytes += value_bytes(io.out[i]);
+  }
+  if (grid.threads) kl_cg_launch_grid(e, k, grid.blocks, grid.threads, args, na);
+  else kl_cg_launch(e, k, kl_shape_numel(s), args, na);
+}
+
 static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   const kl_graph *g = c->g;
   size_t klen, mlen, hlen;
@@ -231,13 +500,35 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   kl_cg_emitter e = {.c = c, .kf = kf};
   e.rf = open_memstream(&run_text, &run_len);
   int rc = 0;
-  for (int i = 0; i < g->nodes.len && !rc; i++) {
-    const kl_node *n = c->order[i];
-    if (!c->live[n->id] || n->op == KL_OP_CONSTANT) continue; /* constants: in the weights */
-    e.node = n;
-    rc = find_template(n)->emit(&e, n);
+  /* one step per group: a node's own template, or one fused kernel */
+  for (int gi = 0; gi < c->fusion.ngroups && !rc; gi++) {
+    const kl_group *gr = &c->fusion.groups[gi];
+    kl_node *const *members = c->fusion.nodes + gr->first;
+    e.node = members[gr->count - 1];
+    c->at_step[c->step] = e.node;
+    c->step_group[c->step] = gi;
+    for (int m = 0; m < gr->count; m++) use_node_values(c, members[m]);
+    if (gr->count == 1 && c->alias[members[0]->id]) {
+      char shape[160];
+      fprintf(e.rf, "  /* %s: %s -> %s, the input's buffer: no kernel */\n", members[0]->name,
+              kl_ops[members[0]->op].name,
+              kl_shape_str(&members[0]->outputs[0]->shape, shape, sizeof shape));
+    } else if (gr->count == 1) {
+      const kl_node *n = members[0];
+      for (int k = 0; k < n->ninputs; k++) c->dram_bytes += value_bytes(n->inputs[k]);
+      for (int k = 0; k < n->noutputs; k++) c->dram_bytes += value_bytes(n->outputs[k]);
+      rc = find_template(n)->emit(&e, n);
+    } else {
+      emit_fused_group(&e, gr, members, gr->count);
+    }
+    c->step++;
   }
+  c->nsteps = c->step;
   fclose(e.rf);
+  /* every launch and GEMM call of run() */
+  for (const char *p = run_text; p && (p = strstr(p, "krt_launch(")); p++) c->nlaunches++;
+  for (const char *p = run_text; p && (p = strstr(p, "krt_gemm(")); p++) c->nlaunches++;
+  if (!rc) rc = plan_memory(c);
   int kernel = e.nkernels;
   c->nkernels = e.nkernels;
   c->ngemms = e.ngemms;
@@ -310,6 +601,7 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
               "    if (krt_malloc(dev, io_bytes(d) ? io_bytes(d) : 1, &m->io[i], err, errlen)) {\n"
               "      destroy(m);\n      return -1;\n    }\n  }\n  *out = m;\n  return 0;\n}\n\n",
           nio, g->inputs.len, g->inputs.len);
+  write_offsets(mf, c);
   fprintf(mf, "static int run(void *self, const void *const *in, void *const *out, char *err, size_t errlen) {\n"
               "  model *m = self;\n"
               "  for (int i = 0; i < %d; i++)\n"
@@ -338,29 +630,50 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   return 0;
 }
 
+/* Nodes an elementwise kernel can take together: those with a scalar
+ * expression, except integer division and the like, whose kernels raise
+ * an error flag of their own. */
+static bool fusible_in_rows(const kl_node *n) {
+  return kl_cg_is_elementwise(n) && !kl_cg_traps_zero_divisor(n);
+}
+
+/* ... and, in elementwise kernels, inference batch_norm too: a per-channel
+ * scale and shift (conv -> batch_norm -> relu becomes GEMM + one kernel). */
+static bool fusible_elementwise(const kl_node *n) {
+  return fusible_in_rows(n) || kl_cg_is_channel_affine(n);
+}
+
 int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_result *out,
                kl_error *err) {
   memset(out, 0, sizeof *out);
-  cg_ctx c = {.g = g, .err = err};
+  cg_ctx c = {.g = g, .err = err, .mem_limit = opt ? opt->mem_limit : 0};
   int nn = g->nodes.len, rc = 0;
   c.loc = calloc((size_t)g->values.len + 1, sizeof *c.loc);
   c.order = calloc((size_t)nn + 1, sizeof *c.order);
   c.live = calloc((size_t)nn + 1, sizeof *c.live);
-  if (!c.loc || !c.order || !c.live) abort();
-  if ((rc = kl_topo_order(g, c.order, err))) goto done;
+  c.at_step = calloc((size_t)nn + 1, sizeof *c.at_step);
+  c.step_group = calloc((size_t)nn + 1, sizeof *c.step_group);
+  c.alias = calloc((size_t)nn + 1, sizeof *c.alias);
+  c.folded = calloc((size_t)nn + 1, sizeof *c.folded);
+  c.known = calloc((size_t)g->values.len + 1, sizeof *c.known);
+  if (!c.loc || !c.order || !c.live || !c.at_step || !c.step_group || !c.alias || !c.folded ||
+      !c.known)
+    abort();
+  if ((rc = kl_schedule(g, c.order, err))) goto done;
   for (int i = 0; i < g->outputs.len; i++)
     if (g->outputs.items[i]->producer) c.live[g->outputs.items[i]->producer->id] = true;
   for (int i = nn - 1; i >= 0; i--)
     if (c.live[c.order[i]->id])
       for (int k = 0; k < c.order[i]->ninputs; k++)
         if (c.order[i]->inputs[k]->producer) c.live[c.order[i]->inputs[k]->producer->id] = true;
+  choose_folded(&c);
   /* Every op without a template, at once. */
   char msg[900];
   size_t used = 0;
   int missing = 0;
   for (int i = 0; i < nn; i++) {
     const kl_node *n = c.order[i];
-    if (!c.live[n->id] || n->op == KL_OP_CONSTANT || find_template(n)) continue;
+    if (!c.live[n->id] || c.folded[n->id] || find_template(n)) continue;
     if (missing++ < 12 && used < sizeof msg - 160)
       used += (size_t)snprintf(msg + used, sizeof msg - used, "%s%s (node '%s')",
                                missing > 1 ? ", " : "", kl_ops[n->op].name, n->name);
@@ -371,26 +684,88 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
     err->unsupported = true;
     goto done;
   }
+  /* the groups: elementwise nodes fuse unless --no-fuse */
+  kl_node **todo = calloc((size_t)nn + 1, sizeof *todo);
+  int ntodo = 0;
+  if (!todo) abort();
+  for (int i = 0; i < nn; i++)
+    if (c.live[c.order[i]->id] && !c.folded[c.order[i]->id]) todo[ntodo++] = c.order[i];
+  kl_fusion_options fo = {.enabled = !(opt && opt->no_fuse), .max_group_nodes = 16,
+                          .elementwise = fusible_elementwise, .row_kind = kl_cg_row_kind,
+                          .row_elementwise = fusible_in_rows};
+  int fuse_rc = kl_fuse(g, todo, ntodo, &fo, &c.fusion);
+  free(todo);
+  if (fuse_rc) {
+    rc = kl_fail(err, (kl_loc){0}, "internal error: the fusion groups form a cycle");
+    goto done;
+  }
   if ((rc = place_values(&c))) goto done;
   rc = write_all(&c, opt && opt->prefix ? opt->prefix : "model", out);
   out->nkernels = c.nkernels;
   out->ngemms = c.ngemms;
+  out->nlaunches = c.nlaunches;
+  out->dram_bytes = c.dram_bytes;
+  out->ngroups = c.fusion.ngroups;
+  out->node_group = malloc(((size_t)nn + 1) * sizeof *out->node_group);
+  out->group_kind = malloc(((size_t)c.fusion.ngroups + 1) * sizeof *out->group_kind);
+  if (!out->node_group || !out->group_kind) abort();
+  for (int i = 0; i < nn; i++) {
+    int gi = c.fusion.group_of[i];
+    out->node_group[i] = gi >= 0 && !c.alias[i] ? gi : -1;
+  }
+  for (int gi = 0; gi < c.fusion.ngroups; gi++) out->group_kind[gi] = c.fusion.groups[gi].kind;
+  for (int gi = 0; gi < c.fusion.ngroups; gi++)
+    if (c.fusion.groups[gi].count > 1) out->nfused_nodes += c.fusion.groups[gi].count;
   out->arena_bytes = c.arena_bytes;
+  out->arena_lower_bound = c.mem.lower_bound;
+  out->naive_bytes = c.mem.naive;
   out->param_bytes = c.param_bytes;
   out->params = c.params;
   c.params = NULL;
+  /* the plan, for pictures and reports: it owns the names from here */
+  out->membufs = c.bufs;
+  out->nmembufs = c.nbufs;
+  out->nvalue_membufs = c.nvalue_bufs;
+  c.bufs = NULL;
+  out->nsteps = c.nsteps;
+  out->peak_step = c.mem.peak_step;
+  out->step_names = calloc((size_t)c.nsteps + 1, sizeof *out->step_names);
+  if (!out->step_names) abort();
+  for (int s = 0; s < c.nsteps; s++)
+    if (!(out->step_names[s] = strdup(c.at_step[s]->name))) abort();
 done:
   free(c.loc);
   free(c.order);
   free(c.live);
+  free(c.at_step);
+  free(c.step_group);
+  free(c.alias);
+  free(c.folded);
+  for (int v = 0; v < g->values.len; v++) kl_tensor_free(c.known[v]);
+  free(c.known);
+  kl_fusion_free(&c.fusion);
   free(c.params);
+  for (int b = 0; b < c.nbufs && c.bufs; b++) free((char *)c.bufs[b].name);
+  free(c.bufs);
   if (rc) kl_codegen_result_free(out);
   return rc;
 }
 
 void kl_codegen_result_free(kl_codegen_result *r) {
+  free(r->node_group);
+  free(r->group_kind);
+  r->node_group = NULL;
+  r->group_kind = NULL;
   free(r->params);
   r->params = NULL;
+  for (int b = 0; b < r->nmembufs; b++) free((char *)r->membufs[b].name);
+  free(r->membufs);
+  r->membufs = NULL;
+  r->nmembufs = 0;
+  for (int s = 0; s < r->nsteps && r->step_names; s++) free(r->step_names[s]);
+  free(r->step_names);
+  r->step_names = NULL;
+  r->nsteps = 0;
   free(r->kernels_cu);
   free(r->model_c);
   free(r->model_h);

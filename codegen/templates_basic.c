@@ -46,24 +46,26 @@ static bool handles_softmax(const kl_node *n) {
   return n->op == KL_OP_SOFTMAX || n->op == KL_OP_LOG_SOFTMAX;
 }
 
-/* One kernel, one thread per output element (per row for softmax). */
+/* One kernel: a grid-stride one over the output's elements, or one that
+ * chose its own grid (row and column reductions, tiled transposes). */
 static int emit_simple(kl_cg_emitter *e, const kl_node *n) {
   char name[32];
   int k = kl_cg_new_kernel(e, name, sizeof name);
   FILE *kf = kl_cg_kernels(e);
   int64_t threads = kl_shape_numel(&n->outputs[0]->shape);
+  kl_cg_grid grid = {0, 0}; /* no threads: grid-stride */
   if (kl_cg_is_elementwise(n)) kl_cg_elementwise(kf, name, n);
+  else if (n->op == KL_OP_TRANSPOSE) grid = kl_cg_transpose(kf, name, n);
   else if (is_copy_op(n->op)) kl_cg_gather_copy(kf, name, n);
-  else if (is_reduce_op(n->op)) kl_cg_reduce(kf, name, n);
-  else {
-    kl_cg_softmax(kf, name, n);
-    const kl_shape *s = &n->outputs[0]->shape;
-    int axis = (int)((kl_attr_int(n, "axis", -1) + s->rank) % s->rank);
-    threads = s->dims[axis] ? threads / s->dims[axis] : 0;
-  }
+  else if (is_reduce_op(n->op)) grid = kl_cg_reduce(kf, name, n);
+  else grid = kl_cg_softmax(kf, name, n);
   char shape[160];
   fprintf(kl_cg_host(e), "  /* %s: %s -> %s%s */\n", n->name, kl_ops[n->op].name,
           kl_dtype_name(n->outputs[0]->dtype), kl_shape_str(&n->outputs[0]->shape, shape, sizeof shape));
+  if (grid.threads) {
+    kl_cg_launch_node_grid(e, k, grid.blocks, grid.threads, n);
+    return 0;
+  }
   if (!kl_cg_traps_zero_divisor(n)) {
     kl_cg_launch_node(e, k, threads, n);
     return 0;
@@ -79,8 +81,10 @@ static int emit_simple(kl_cg_emitter *e, const kl_node *n) {
   fprintf(h, "  {\n    int zero = 0;\n"
              "    if (krt_download(m->dev, &zero, %s, sizeof zero, err, errlen)) return -1;\n"
              "    if (zero) {\n      if (err && errlen) snprintf(err, errlen, \"%%s\", \"%s (node '%s'): "
-             "integer %s by zero\");\n      return -1;\n    }\n  }\n",
-          flag, kl_ops[n->op].name, n->name, n->op == KL_OP_DIV ? "division" : "modulo");
+             "%s\");\n      return -1;\n    }\n  }\n",
+          flag, kl_ops[n->op].name, n->name,
+          n->op == KL_OP_POW ? "zero raised to a negative power"
+          : n->op == KL_OP_DIV ? "integer division by zero" : "integer modulo by zero");
   return 0;
 }
 

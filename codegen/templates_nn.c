@@ -110,8 +110,9 @@ static bool handles_norm(const kl_node *n) {
          kl_dtype_is_float(n->inputs[0]->dtype);
 }
 
-/* One thread per row: mean, then the sum of squared deviations (two
- * passes, in double), then the normalised row. */
+/* A row kernel (kl_cg_rows): the mean, then the sum of squared deviations
+ * (two passes over the row, in double, as the interpreter), each combined
+ * across the row's threads, then the normalised row. */
 static int emit_norm(kl_cg_emitter *e, const kl_node *n) {
   const kl_value *x = n->inputs[0], *y = n->outputs[0];
   int r = x->shape.rank, axis = (int)kl_attr_int(n, "axis", -1);
@@ -123,7 +124,8 @@ static int emit_norm(kl_cg_emitter *e, const kl_node *n) {
   int64_t m = kl_shape_numel(&ns), numel = kl_shape_numel(&x->shape);
   host_comment(e, n);
   if (m == 0 || numel == 0) return 0;
-  char name[32], b1[128], what[64];
+  kl_cg_rows p = kl_cg_plan_rows(numel / m, m);
+  char name[32], b1[128], what[96];
   int k = kl_cg_new_kernel(e, name, sizeof name);
   FILE *f = kl_cg_kernels(e);
   static const char *const pnames[] = {"x", "scale", "bias"};
@@ -131,40 +133,48 @@ static int emit_norm(kl_cg_emitter *e, const kl_node *n) {
   int na = 0;
   for (int i = 0; i < n->ninputs; i++) a[na++] = in_arg(n->inputs[i], pnames[i]);
   a[na++] = out_arg(y->dtype, "out");
-  snprintf(what, sizeof what, " over axes %d.. (rows of %lld)", axis, (ll)m);
+  snprintf(what, sizeof what, " over axes %d.. (rows of %lld, a %s each)", axis, (ll)m,
+           p.threads == 32 ? "warp" : "block");
   kbegin(f, n, name, what, a, na);
-  loop(f, numel / m);
-  fprintf(f, "    const int64_t base = i * %lldLL;\n", (ll)m);
-  fprintf(f, "    double mean = 0, sq = 0;\n");
+  if (center) kl_cg_rows_shared(f, &p, "double", "part_mean");
+  kl_cg_rows_shared(f, &p, "double", "part_sq");
+  kl_cg_rows_begin(f, &p);
+  const char *xj = ld(b1, sizeof b1, x->dtype, "double", "x[base + j]");
+  fprintf(f, "  const int64_t base = row * %lldLL;\n  double mean = 0, sq;\n", (ll)m);
   if (center) {
-    fprintf(f, "    for (int64_t j = 0; j < %lldLL; j++) mean += %s;\n", (ll)m,
-            ld(b1, sizeof b1, x->dtype, "double", "x[base + j]"));
-    fprintf(f, "    mean /= (double)%lldLL;\n", (ll)m);
+    fprintf(f, "  {\n    double acc = 0;\n");
+    kl_cg_rows_loop(f, &p, "    ");
+    fprintf(f, "      acc += %s;\n    }\n", xj);
+    kl_cg_rows_combine(f, &p, "    ", "double", "acc += v;", "part_mean");
+    fprintf(f, "    mean = acc / (double)%lldLL;\n  }\n", (ll)m);
   }
-  fprintf(f, "    for (int64_t j = 0; j < %lldLL; j++) {\n      const double d = %s - mean;\n"
-             "      sq += d * d;\n    }\n", (ll)m,
-          ld(b1, sizeof b1, x->dtype, "double", "x[base + j]"));
-  fprintf(f, "    const double inv = 1.0 / sqrt(sq / (double)%lldLL + %.17g);\n", (ll)m, eps);
-  fprintf(f, "    for (int64_t j = 0; j < %lldLL; j++) {\n", (ll)m);
+  fprintf(f, "  {\n    double acc = 0;\n");
+  kl_cg_rows_loop(f, &p, "    ");
+  fprintf(f, "      const double d = %s - mean;\n      acc += d * d;\n    }\n", xj);
+  kl_cg_rows_combine(f, &p, "    ", "double", "acc += v;", "part_sq");
+  fprintf(f, "    sq = acc;\n  }\n");
+  fprintf(f, "  const double inv = 1.0 / sqrt(sq / (double)%lldLL + %.17g);\n", (ll)m, eps);
+  kl_cg_rows_loop(f, &p, "  ");
   char val[256];
-  snprintf(val, sizeof val, "(%s - mean) * inv", ld(b1, sizeof b1, x->dtype, "double", "x[base + j]"));
+  snprintf(val, sizeof val, "(%s - mean) * inv", xj);
   if (n->ninputs > 1) {
-    bcast_offset(f, "      ", "j", "os", &n->inputs[1]->shape, &ns);
+    bcast_offset(f, "    ", "j", "os", &n->inputs[1]->shape, &ns);
     char s[96];
     strncat(val, " * ", sizeof val - strlen(val) - 1);
     strncat(val, ld(s, sizeof s, n->inputs[1]->dtype, "double", "scale[os]"), sizeof val - strlen(val) - 1);
   }
   if (n->ninputs > 2) {
-    bcast_offset(f, "      ", "j", "ob", &n->inputs[2]->shape, &ns);
+    bcast_offset(f, "    ", "j", "ob", &n->inputs[2]->shape, &ns);
     char s[96];
     strncat(val, " + ", sizeof val - strlen(val) - 1);
     strncat(val, ld(s, sizeof s, n->inputs[2]->dtype, "double", "bias[ob]"), sizeof val - strlen(val) - 1);
   }
-  fprintf(f, "      ");
+  fprintf(f, "    ");
   st(f, y->dtype, "out[base + j]", val);
-  fprintf(f, "    }\n  }\n");
+  fprintf(f, "  }\n");
   kend(f, name, a, na);
-  kl_cg_launch_node(e, k, numel / m, n);
+  kl_cg_grid g = kl_cg_rows_grid(&p);
+  kl_cg_launch_node_grid(e, k, g.blocks, g.threads, n);
   return 0;
 }
 

@@ -23,11 +23,17 @@ static const char compile_help[] =
     "  --no-nvrtc            skip the GPU images (host device only)\n"
     "  --Werror              NVRTC warnings are errors\n"
     "  --time                print the time of each phase on stderr\n"
+    "  --mem-limit=SIZE      fail when the planned arena of intermediates exceeds SIZE\n"
+    "  --no-fuse             one kernel per node (the same pipeline, singleton groups)\n"
+    "                        bytes (K, M, G: KiB, MiB, GiB)\n"
     "  -o, --output OUT      the file (ir; default: standard output) or folder (cu)\n"
     KILN_MODEL_HELP
     "  -h, --help            show this help\n";
 
-enum { OPT_EMIT = 2100, OPT_ARCH, OPT_NO_NVRTC, OPT_WERROR, OPT_TIME };
+enum { OPT_EMIT = 2100, OPT_ARCH, OPT_NO_NVRTC, OPT_WERROR, OPT_TIME, OPT_MEM_LIMIT, OPT_NO_FUSE };
+
+static size_t mem_limit; /* --mem-limit, for every kl_codegen below; 0: none */
+static bool no_fuse;     /* --no-fuse */
 
 static double now_ms(void) {
   struct timespec t;
@@ -54,7 +60,7 @@ static int build_artifact(const kl_graph *g, const char *emit, const char *out,
                           const kiln_gpu_opts *gpu) {
   kl_codegen_result cg;
   kl_error err;
-  kl_codegen_options copt = {.prefix = g->name};
+  kl_codegen_options copt = {.prefix = g->name, .mem_limit = mem_limit, .no_fuse = no_fuse};
   double t0 = now_ms();
   if (kl_codegen(g, &copt, &cg, &err)) {
     kl_error_print(stderr, &err);
@@ -91,11 +97,15 @@ int kiln_cmd_compile(int argc, char **argv) {
       {"no-nvrtc", no_argument, NULL, OPT_NO_NVRTC},
       {"Werror", no_argument, NULL, OPT_WERROR},
       {"time", no_argument, NULL, OPT_TIME},
+      {"mem-limit", required_argument, NULL, OPT_MEM_LIMIT},
+      {"no-fuse", no_argument, NULL, OPT_NO_FUSE},
       {"output", required_argument, NULL, 'o'},
       {"help", no_argument, NULL, 'h'},
       KILN_MODEL_LONGOPTS,
       {0}};
   kiln_model_opts mo = {0};
+  mem_limit = 0;
+  no_fuse = false;
   const char *emit = NULL, *out_path = NULL;
   int sm[8] = {80, 90}, nsm = 2;
   bool nvrtc = true, werror = false, timing = false;
@@ -114,9 +124,17 @@ int kiln_cmd_compile(int argc, char **argv) {
     case OPT_NO_NVRTC: nvrtc = false; break;
     case OPT_WERROR: werror = true; break;
     case OPT_TIME: timing = true; break;
+    case OPT_NO_FUSE: no_fuse = true; break;
+    case OPT_MEM_LIMIT:
+      if (kiln_parse_mem_limit("compile", optarg, &mem_limit)) return KILN_EXIT_USAGE;
+      break;
     case OPT_DIM:
     case OPT_WEIGHTS:
     case OPT_SHAPE:
+    case OPT_PRECISION:
+    case OPT_IO_PRECISION:
+    case OPT_FP32_OPS:
+    case OPT_FP32_NODES:
       if (kiln_model_opt(&mo, c, optarg)) return KILN_EXIT_USAGE;
       break;
     default: fputs(compile_help, stderr); return KILN_EXIT_USAGE;
@@ -146,7 +164,7 @@ int kiln_cmd_compile(int argc, char **argv) {
   } else if (g && !strcmp(emit, "cu")) {
     kl_codegen_result cg;
     kl_error err;
-    kl_codegen_options copt = {.prefix = g->name};
+    kl_codegen_options copt = {.prefix = g->name, .mem_limit = mem_limit, .no_fuse = no_fuse};
     t0 = now_ms();
     int cg_rc = kl_codegen(g, &copt, &cg, &err);
     if (timing && !cg_rc) fprintf(stderr, "kiln: time: codegen %.1f ms\n", now_ms() - t0);
@@ -161,8 +179,9 @@ int kiln_cmd_compile(int argc, char **argv) {
         else if (nvrtc && cg.nkernels && kiln_gpu_images(&cg, out_path, sm, nsm, werror, timing))
           rc = KILN_EXIT_ERROR;
         fprintf(stderr, "kiln: wrote %s/kernels.cu (%d kernels), model.c (%d GEMM calls), model.h; "
-                        "arena %zu bytes, weights %zu bytes\n", out_path, cg.nkernels, cg.ngemms,
-                cg.arena_bytes, cg.param_bytes);
+                        "arena %zu bytes (lower bound %zu, naive sum %zu), weights %zu bytes\n",
+                out_path, cg.nkernels, cg.ngemms, cg.arena_bytes, cg.arena_lower_bound,
+                cg.naive_bytes, cg.param_bytes);
       } else if (rc) {
         fprintf(stderr, "kiln: error: cannot create folder %s: %s\n", out_path, strerror(errno));
       }

@@ -7,26 +7,89 @@
 
 static const char inspect_help[] =
     "usage: kiln inspect MODEL [options]\n"
-    "Print inputs, outputs, parameters (count and bytes) and op counts.\n"
+    "Print inputs, outputs, parameters (count and bytes) and op counts; with\n"
+    "--precision (or --io-precision, --fp32-ops, --fp32-nodes) also the type and\n"
+    "class (allow, deny, follow, keep) chosen for each node.\n"
+    "  --memplan FILE.svg    compile the model and draw its memory plan (buffers\n"
+    "                        over schedule steps); print the planned arena, the\n"
+    "                        lower bound and the naive sum\n"
+    "  --dot FILE            write the graph for Graphviz, each fusion group (one\n"
+    "                        kernel) a cluster; dashed: no kernel (folded, views)\n"
+    "  --no-fuse             with --memplan or --dot: one kernel per node\n"
     KILN_MODEL_HELP
     "  -h, --help            show this help\n";
+
+enum { OPT_MEMPLAN = 2200, OPT_DOT, OPT_NO_FUSE };
+
+/* Compile g, print the three numbers of its memory plan and draw it, and
+ * the graph with its fusion groups. */
+static int compiled(const kl_graph *g, const char *svg, const char *dot, bool no_fuse) {
+  kl_codegen_result cg;
+  kl_error err;
+  kl_codegen_options copt = {.prefix = g->name, .no_fuse = no_fuse};
+  if (kl_codegen(g, &copt, &cg, &err)) {
+    kl_error_print(stderr, &err);
+    return KILN_EXIT_ERROR;
+  }
+  printf("memory plan: arena %zu bytes, lower bound %zu, naive sum %zu (planned / lower bound "
+         "%.3f; %d buffers, %d steps)\n", cg.arena_bytes, cg.arena_lower_bound, cg.naive_bytes,
+         cg.arena_lower_bound ? (double)cg.arena_bytes / (double)cg.arena_lower_bound : 1.0,
+         cg.nmembufs, cg.nsteps);
+  printf("kernels: %d (%d groups, %d nodes fused), GEMM calls %d, launches %d, est. DRAM bytes "
+         "%zu\n", cg.nkernels, cg.ngroups, cg.nfused_nodes, cg.ngemms, cg.nlaunches, cg.dram_bytes);
+  int rc = KILN_EXIT_OK;
+  if (svg && kiln_write_memplan_svg(&cg, g->name, svg)) rc = KILN_EXIT_ERROR;
+  if (dot && kiln_write_dot(g, &cg, dot)) rc = KILN_EXIT_ERROR;
+  kl_codegen_result_free(&cg);
+  return rc;
+}
 
 static void print_value(const kl_value *v) {
   char s[160];
   printf("  %-24s %s%s\n", v->name, kl_dtype_name(v->dtype), kl_shape_str(&v->shape, s, sizeof s));
 }
 
+/* After the precision pass: each node, in run order, with the type it
+ * computes in and its class. */
+static void print_precision(const kl_graph *g, const kiln_model_opts *mo) {
+  kl_node **order = calloc((size_t)g->nodes.len + 1, sizeof *order);
+  if (!order) abort();
+  kl_error err;
+  if (kl_topo_order(g, order, &err)) /* cyclic: creation order */
+    memcpy(order, g->nodes.items, (size_t)g->nodes.len * sizeof *order);
+  printf("precision %s, inputs and outputs %s (node, op, type, class):\n",
+         kl_dtype_name(mo->prec.low), mo->prec.io_set ? kl_dtype_name(mo->prec.io) : "as declared");
+  for (int i = 0; i < g->nodes.len; i++) {
+    const kl_node *n = order[i];
+    printf("  %-32s %-18s %-5s %s\n", n->name, kl_ops[n->op].name,
+           kl_dtype_name(kl_precision_node_dtype(n)),
+           kl_precision_class_name(kl_precision_node_class(n, &mo->prec)));
+  }
+  free(order);
+}
+
 int kiln_cmd_inspect(int argc, char **argv) {
   static const struct option longopts[] = {
-      {"help", no_argument, NULL, 'h'}, KILN_MODEL_LONGOPTS, {0}};
+      {"help", no_argument, NULL, 'h'}, {"memplan", required_argument, NULL, OPT_MEMPLAN},
+      {"dot", required_argument, NULL, OPT_DOT}, {"no-fuse", no_argument, NULL, OPT_NO_FUSE},
+      KILN_MODEL_LONGOPTS, {0}};
   kiln_model_opts mo = {0};
+  const char *svg = NULL, *dot = NULL;
+  bool no_fuse = false;
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
     case 'h': fputs(inspect_help, stdout); return KILN_EXIT_OK;
+    case OPT_MEMPLAN: svg = optarg; break;
+    case OPT_DOT: dot = optarg; break;
+    case OPT_NO_FUSE: no_fuse = true; break;
     case OPT_DIM:
     case OPT_WEIGHTS:
     case OPT_SHAPE:
+    case OPT_PRECISION:
+    case OPT_IO_PRECISION:
+    case OPT_FP32_OPS:
+    case OPT_FP32_NODES:
       if (kiln_model_opt(&mo, c, optarg)) return KILN_EXIT_USAGE;
       break;
     default: fputs(inspect_help, stderr); return KILN_EXIT_USAGE;
@@ -62,6 +125,8 @@ int kiln_cmd_inspect(int argc, char **argv) {
     if (counts[op]) printf("  %-20s %d\n", kl_ops[op].name, counts[op]);
   if (g->train)
     printf("train: loss '%s', optimizer %s\n", g->train->loss, g->train->optimizer);
+  if (mo.precision) print_precision(g, &mo);
+  int rc = svg || dot ? compiled(g, svg, dot, no_fuse) : KILN_EXIT_OK;
   kl_graph_free(g);
-  return KILN_EXIT_OK;
+  return rc;
 }

@@ -20,11 +20,14 @@ static const char run_help[] =
     "                        cuda (a GPU), or auto (cuda when one works, else host;\n"
     "                        KILN_DEVICE=host|cuda|auto overrides auto)\n"
     "  --seed N              seed for inputs that are not given (default 0)\n"
+    "  --mem-limit=SIZE      host, cuda: fail when the planned arena exceeds SIZE\n"
+    "  --no-fuse             host, cuda: one kernel per node\n"
+    "                        bytes (K, M, G: KiB, MiB, GiB)\n"
     KILN_MODEL_HELP
     "  -h, --help            show this help\n"
     "Inputs that are not given are filled with seeded random values.\n";
 
-enum { OPT_INPUT = 2000, OPT_INPUTS_DIR, OPT_OUTPUT_DIR, OPT_DEVICE, OPT_SEED };
+enum { OPT_INPUT = 2000, OPT_INPUTS_DIR, OPT_OUTPUT_DIR, OPT_DEVICE, OPT_SEED, OPT_MEM_LIMIT, OPT_NO_FUSE };
 
 typedef struct {
   const char *name, *path;
@@ -70,10 +73,11 @@ static int check_input_names(const named_file *files, int nfiles, const char *co
 
 /* A value read from `path` for input `decl`: right dtype and shape. */
 static int check_value(const kl_value *decl, kl_tensor *t, const char *path) {
-  /* NumPy has no bfloat16: an f32 file feeds a bf16 input. */
-  if (decl->dtype == KL_BF16 && t->dtype == KL_F32) {
-    t->dtype = KL_BF16;
-    for (int64_t k = 0; k < t->numel; k++) t->data[k] = kl_dtype_round(KL_BF16, t->data[k]);
+  /* NumPy has no bfloat16, and --io-precision turns f32 inputs into f16 or
+   * bf16: an f32 file feeds a bf16 or f16 input. */
+  if ((decl->dtype == KL_BF16 || decl->dtype == KL_F16) && t->dtype == KL_F32) {
+    t->dtype = decl->dtype;
+    for (int64_t k = 0; k < t->numel; k++) t->data[k] = kl_dtype_round(t->dtype, t->data[k]);
   }
   if (t->dtype != decl->dtype || !kl_shape_equal(&t->shape, &decl->shape)) {
     char a[128], b[128];
@@ -141,7 +145,7 @@ static kl_graph *load_onnx_for_run(const char *path, const kiln_model_opts *mo,
     g = kl_onnx_load_for_inputs(path, name_ptrs, values, n, frozen, &opt, &err);
     if (!g) kl_error_print(stderr, &err);
   }
-  if (g && mo->weights && kiln_apply_weights(g, mo->weights)) {
+  if (g && ((mo->weights && kiln_apply_weights(g, mo->weights)) || kiln_apply_precision(g, mo))) {
     kl_graph_free(g);
     g = NULL;
   }
@@ -176,11 +180,12 @@ static kl_graph *load_onnx_for_run(const char *path, const kiln_model_opts *mo,
 
 /* Compile g for a device (host or cuda) in a temporary folder and run it;
  * out[] receives new tensors. */
-static int run_compiled(const kl_graph *g, krt_device_kind kind, kl_tensor **in, kl_tensor **out,
-                        char *device_name, size_t n) {
+static int run_compiled(const kl_graph *g, krt_device_kind kind, const kl_codegen_options *base, kl_tensor **in,
+                        kl_tensor **out, char *device_name, size_t n) {
   kl_codegen_result cg;
   kl_error err;
-  kl_codegen_options copt = {.prefix = g->name};
+  kl_codegen_options copt = *base;
+  copt.prefix = g->name;
   if (kl_codegen(g, &copt, &cg, &err)) {
     kl_error_print(stderr, &err);
     return -1;
@@ -248,6 +253,8 @@ int kiln_cmd_run(int argc, char **argv) {
       {"output-dir", required_argument, NULL, OPT_OUTPUT_DIR},
       {"device", required_argument, NULL, OPT_DEVICE},
       {"seed", required_argument, NULL, OPT_SEED},
+      {"mem-limit", required_argument, NULL, OPT_MEM_LIMIT},
+      {"no-fuse", no_argument, NULL, OPT_NO_FUSE},
       {"help", no_argument, NULL, 'h'},
       KILN_MODEL_LONGOPTS,
       {0}};
@@ -256,6 +263,7 @@ int kiln_cmd_run(int argc, char **argv) {
   int nfiles = 0;
   const char *inputs_dir = NULL, *output_dir = NULL, *device = "interp";
   uint64_t seed = 0;
+  kl_codegen_options copt = {0};
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
@@ -284,6 +292,10 @@ int kiln_cmd_run(int argc, char **argv) {
       }
       device = optarg;
       break;
+    case OPT_NO_FUSE: copt.no_fuse = true; break;
+    case OPT_MEM_LIMIT:
+      if (kiln_parse_mem_limit("run", optarg, &copt.mem_limit)) return KILN_EXIT_USAGE;
+      break;
     case OPT_SEED: {
       char *end;
       errno = 0;
@@ -297,6 +309,10 @@ int kiln_cmd_run(int argc, char **argv) {
     case OPT_DIM:
     case OPT_WEIGHTS:
     case OPT_SHAPE:
+    case OPT_PRECISION:
+    case OPT_IO_PRECISION:
+    case OPT_FP32_OPS:
+    case OPT_FP32_NODES:
       if (kiln_model_opt(&mo, c, optarg)) return KILN_EXIT_USAGE;
       break;
     default: fputs(run_help, stderr); return KILN_EXIT_USAGE;
@@ -324,7 +340,7 @@ int kiln_cmd_run(int argc, char **argv) {
   if (strcmp(device, "interp")) {
     krt_device_kind kind;
     krt_device_kind_parse(device, &kind);
-    if (run_compiled(g, kind, in, out, device_name, sizeof device_name)) goto done;
+    if (run_compiled(g, kind, &copt, in, out, device_name, sizeof device_name)) goto done;
   } else if (kl_interpret(g, in, out, &err)) {
     kl_error_print(stderr, &err);
     goto done;

@@ -22,26 +22,45 @@ typedef struct {
   const char *weights; /* --weights FILE.safetensors */
   kl_shape_binding shapes[32]; /* --shape NAME=d0,d1,... (ONNX inputs) */
   int nshapes;
+  /* --precision, --io-precision, --fp32-ops, --fp32-nodes: the precision
+   * pass runs when any is given (prec.low is then set) */
+  bool precision;
+  kl_precision_options prec;
+  const char *fp32_ops[64], *fp32_nodes[256];
 } kiln_model_opts;
 
 /* getopt_long values for the shared options. */
-enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE };
+enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE, OPT_PRECISION, OPT_IO_PRECISION, OPT_FP32_OPS,
+       OPT_FP32_NODES };
 #define KILN_MODEL_LONGOPTS                                                    \
   {"dim", required_argument, NULL, OPT_DIM},                                   \
   {"weights", required_argument, NULL, OPT_WEIGHTS},                           \
-  {"shape", required_argument, NULL, OPT_SHAPE}
+  {"shape", required_argument, NULL, OPT_SHAPE},                               \
+  {"precision", required_argument, NULL, OPT_PRECISION},                       \
+  {"io-precision", required_argument, NULL, OPT_IO_PRECISION},                 \
+  {"fp32-ops", required_argument, NULL, OPT_FP32_OPS},                         \
+  {"fp32-nodes", required_argument, NULL, OPT_FP32_NODES}
 #define KILN_MODEL_HELP                                                        \
   "  --dim NAME=V          set a `dim` of the model (repeatable)\n"            \
   "  --weights FILE        replace params/consts with the tensors of a "       \
   ".safetensors file\n"                                                       \
-  "  --shape NAME=D0,D1,.. bind the shape of an ONNX input with symbolic dims\n"
+  "  --shape NAME=D0,D1,.. bind the shape of an ONNX input with symbolic dims\n" \
+  "  --precision=P         fp32 (default), fp16 or bf16: matmul, gemm and conv\n" \
+  "                        (and the elementwise ops between them) in P, softmax,\n" \
+  "                        norms, reductions, exp/log and losses in fp32\n"    \
+  "  --io-precision=P      inputs and outputs in P (default: as declared)\n"   \
+  "  --fp32-ops OP,...     keep these ops in fp32 too (repeatable)\n"          \
+  "  --fp32-nodes NAME,... keep these nodes in fp32 (repeatable)\n"
 
 /* Handle a shared option; -1 (message printed) on a bad value. */
 /* Names are cut out of `arg` in place (argv outlives the options). */
 int kiln_model_opt(kiln_model_opts *o, int opt, char *arg);
-/* Read a model (.kl or .onnx), apply --weights; NULL after printing the
- * error. */
+/* Read a model (.kl or .onnx), apply --weights and the precision options;
+ * NULL after printing the error. */
 kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o);
+/* The precision pass, when the options ask for it (kiln_load_model calls
+ * it); -1 after printing the error. */
+int kiln_apply_precision(kl_graph *g, const kiln_model_opts *o);
 
 /* Replace params/consts with the tensors of a .safetensors file; -1 after
  * printing the error. */
@@ -56,6 +75,14 @@ void kiln_print_summary(FILE *f, const char *label, const kl_tensor *t);
 
 /* Write kernels.cu, model.c and model.h into dir. */
 int kiln_write_sources(const kl_codegen_result *cg, const char *dir);
+/* The memory plan as an SVG picture (memplan_svg.c); -1 after printing the
+ * error. */
+int kiln_write_memplan_svg(const kl_codegen_result *cg, const char *model, const char *path);
+/* The graph for Graphviz, fusion groups as clusters (inspect_dot.c); -1
+ * after printing the error. */
+int kiln_write_dot(const kl_graph *g, const kl_codegen_result *cg, const char *path);
+/* --mem-limit=SIZE: bytes, or K/M/G (1024-based); -1 after printing why. */
+int kiln_parse_mem_limit(const char *cmd, const char *arg, size_t *out);
 /* NVRTC for sm[0..nsm) plus PTX for the last, into dir/gpu_images.c. */
 int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm, int nsm,
                     bool werror, bool timing);
@@ -88,5 +115,6 @@ int kiln_build_lib(const kl_codegen_result *cg, const char *prefix, const char *
 int kiln_cmd_run(int argc, char **argv);
 int kiln_cmd_compile(int argc, char **argv);
 int kiln_cmd_inspect(int argc, char **argv);
+int kiln_cmd_bench(int argc, char **argv);
 
 #endif

@@ -8,9 +8,10 @@ static const char main_help[] =
     "usage: kiln COMMAND [options]\n"
     "Kiln, an ahead-of-time graph compiler.\n"
     "commands:\n"
-    "  run MODEL        evaluate a model (reference interpreter)\n"
-    "  compile MODEL    compile a model (--emit=ir prints the IR)\n"
+    "  run MODEL        evaluate a model (interpreter, or compiled: --device)\n"
+    "  compile MODEL    compile a model (--emit=ir|cu|exe|lib)\n"
     "  inspect MODEL    inputs, outputs, parameters and op counts\n"
+    "  bench MODEL      compile fused and unfused, run both, compare\n"
     "  help             show this help\n"
     "`kiln COMMAND --help` describes each command.\n"
     "exit codes: 0 success, 1 error in the model or its inputs, 2 bad command\n"
@@ -34,6 +35,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "run")) return kiln_cmd_run(argc - 1, argv + 1);
   if (!strcmp(cmd, "compile")) return kiln_cmd_compile(argc - 1, argv + 1);
   if (!strcmp(cmd, "inspect")) return kiln_cmd_inspect(argc - 1, argv + 1);
+  if (!strcmp(cmd, "bench")) return kiln_cmd_bench(argc - 1, argv + 1);
   fprintf(stderr, "kiln: unknown command '%s'\n%s", cmd, main_help);
   return KILN_EXIT_USAGE;
 }

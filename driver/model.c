@@ -1,5 +1,7 @@
 /* model.c - reading a model and applying the shared options. */
+#include <errno.h>
 #include <getopt.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,7 +39,57 @@ static int parse_shape(kiln_model_opts *o, char *arg) {
   return 0;
 }
 
+/* fp32, fp16 or bf16 (the names users know from frameworks). */
+static int parse_precision(const char *flag, const char *arg, kl_dtype *out) {
+  static const struct { const char *name; kl_dtype t; } names[] = {
+      {"fp32", KL_F32}, {"fp16", KL_F16}, {"bf16", KL_BF16}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!strcmp(arg, names[i].name)) {
+      *out = names[i].t;
+      return 0;
+    }
+  fprintf(stderr, "kiln: --%s=%s: choose fp32, fp16 or bf16\n", flag, arg);
+  return -1;
+}
+
+/* --fp32-ops / --fp32-nodes A,B,...: names cut out of arg in place. */
+static int parse_name_list(const char *flag, char *arg, const char **list, int *n, int cap,
+                           bool ops) {
+  for (char *name = strtok(arg, ","); name; name = strtok(NULL, ",")) {
+    kl_op op;
+    if (ops && kl_op_lookup(name, &op)) {
+      fprintf(stderr, "kiln: --%s: no op is named '%s'\n", flag, name);
+      return -1;
+    }
+    if (*n == cap) {
+      fprintf(stderr, "kiln: --%s: more than %d names\n", flag, cap);
+      return -1;
+    }
+    list[(*n)++] = name;
+  }
+  return 0;
+}
+
+static int precision_opt(kiln_model_opts *o, int opt, char *arg) {
+  o->precision = true;
+  o->prec.fp32_ops = o->fp32_ops;
+  o->prec.fp32_nodes = o->fp32_nodes;
+  switch (opt) {
+  case OPT_PRECISION: return parse_precision("precision", arg, &o->prec.low);
+  case OPT_IO_PRECISION:
+    o->prec.io_set = true;
+    return parse_precision("io-precision", arg, &o->prec.io);
+  case OPT_FP32_OPS:
+    return parse_name_list("fp32-ops", arg, o->fp32_ops, &o->prec.nfp32_ops, 64, true);
+  default:
+    return parse_name_list("fp32-nodes", arg, o->fp32_nodes, &o->prec.nfp32_nodes, 256, false);
+  }
+}
+
 int kiln_model_opt(kiln_model_opts *o, int opt, char *arg) {
+  if (opt == OPT_PRECISION || opt == OPT_IO_PRECISION || opt == OPT_FP32_OPS ||
+      opt == OPT_FP32_NODES)
+    return precision_opt(o, opt, arg);
   if (opt == OPT_WEIGHTS) {
     o->weights = arg;
     return 0;
@@ -124,9 +176,39 @@ kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o) {
     kl_error_print(stderr, &err);
     return NULL;
   }
-  if (o->weights && kiln_apply_weights(g, o->weights)) {
+  if ((o->weights && kiln_apply_weights(g, o->weights)) || kiln_apply_precision(g, o)) {
     kl_graph_free(g);
     return NULL;
   }
   return g;
+}
+
+int kiln_apply_precision(kl_graph *g, const kiln_model_opts *o) {
+  kl_error err;
+  if (!o->precision || !kl_assign_precision(g, &o->prec, &err)) return 0;
+  kl_error_print(stderr, &err);
+  return -1;
+}
+
+int kiln_parse_mem_limit(const char *cmd, const char *arg, size_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = arg[0] >= '0' && arg[0] <= '9' ? strtoull(arg, &end, 10) : 0;
+  unsigned shift = 0;
+  if (v && !errno) {
+    switch (*end) {
+    case 'k': case 'K': shift = 10, end++; break;
+    case 'm': case 'M': shift = 20, end++; break;
+    case 'g': case 'G': shift = 30, end++; break;
+    default: break;
+    }
+    if (shift && (*end == 'B' || *end == 'b')) end++;
+  }
+  if (!v || errno || *end || v > (SIZE_MAX >> shift)) {
+    fprintf(stderr, "kiln %s: --mem-limit=%s: give a positive number of bytes, with K, M or G for "
+                    "KiB, MiB or GiB (e.g. 512M)\n", cmd, arg);
+    return -1;
+  }
+  *out = (size_t)v << shift;
+  return 0;
 }

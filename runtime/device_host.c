@@ -24,7 +24,13 @@ static int host_open(krt_device *d, char *err, size_t errlen) {
   return 0;
 }
 
-static void host_close(krt_device *d) { (void)d; }
+/* The emulator's worker threads stop with the device (the next launch
+ * starts them again): a program that closes its device leaves no threads
+ * behind, parked or otherwise, for whatever runs at exit. */
+static void host_close(krt_device *d) {
+  (void)d;
+  kl_emu_shutdown();
+}
 
 static int host_alloc(krt_device *d, size_t bytes, void **ptr, char *err, size_t errlen) {
   (void)d;

@@ -4,7 +4,8 @@
  *   - the host C compiler: kiln_emu.h, the CUDA emulation header.
  * The portable vocabulary (KL_KERNEL, KL_SHARED, KL_DYN_SHARED, KL_EMU_ENTRY,
  * KL_ARG, KL_INF, KL_NAN, KL_FLT_MAX, int8_t..uint64_t, __half,
- * __nv_bfloat16 and their conversions) is listed in kiln_emu.h.
+ * __nv_bfloat16 and their conversions) is listed in kiln_emu.h; the integer
+ * powers kl_upow and kl_ipow, defined at the end, work on both.
  *
  * NVRTC has no system headers: this file must reach it either through
  * -I<dir of this file> or as a named header in nvrtcCreateProgram (the code
@@ -95,5 +96,22 @@ __device__ __forceinline__ __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) 
 #else /* host */
 #include "kiln_emu.h"
 #endif
+
+/* Integer power as the interpreter computes it (i_pow in
+ * ir/ops_elementwise.c): by squaring, wrapping modulo 2^64.  A negative
+ * exponent truncates 1/a^|b| toward zero, so only a = 1 and a = -1 give
+ * nonzero results; 0 to a negative power gives 0 here and run() reports it. */
+__device__ __forceinline__ uint64_t kl_upow(uint64_t a, uint64_t b) {
+  uint64_t acc = 1;
+  for (; b; b >>= 1) {
+    if (b & 1) acc *= a;
+    a *= a;
+  }
+  return acc;
+}
+__device__ __forceinline__ int64_t kl_ipow(int64_t a, int64_t b) {
+  if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;
+  return (int64_t)kl_upow((uint64_t)a, (uint64_t)b);
+}
 
 #endif

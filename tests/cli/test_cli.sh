@@ -116,5 +116,32 @@ for ex in mlp cnn transformer; do
   expect "example_$ex" 0 "device: interp" -- "$kiln" run "$root/examples/$ex.kl"
 done
 
+# the memory plan: three numbers, a limit, a picture
+tf="$root/examples/transformer.kl"
+expect mem_plan_numbers 0 "arena [0-9]+ bytes \(lower bound [0-9]+, naive sum [0-9]+\)" -- \
+  "$kiln" compile "$tf" --emit=cu -o tf_out --no-nvrtc
+expect mem_limit_fits 0 "wrote .*kernels.cu" -- "$kiln" compile "$tf" --emit=cu -o tf_out --no-nvrtc --mem-limit=1M
+expect mem_limit_exceeded 1 "memory limit exceeded: the planned arena takes [0-9]+ bytes.*the limit is 16384 bytes.*at the peak, step [0-9]+ \(node '[^']+'\).*the largest: '[^']+' \([0-9]+ bytes\)" -- \
+  "$kiln" compile "$tf" --emit=cu -o tf_out --no-nvrtc --mem-limit=16K
+expect mem_limit_run 1 "memory limit exceeded" -- "$kiln" run "$tf" --device=host --mem-limit=16k
+expect mem_limit_bad 2 "--mem-limit=12X: give a positive number" -- "$kiln" compile "$tf" --emit=cu -o tf_out --mem-limit=12X
+expect mem_limit_zero 2 "--mem-limit=0" -- "$kiln" run "$tf" --device=host --mem-limit=0
+expect inspect_memplan 0 "memory plan: arena [0-9]+ bytes, lower bound [0-9]+, naive sum [0-9]+" -- \
+  "$kiln" inspect "$tf" --memplan plan.svg
+expect inspect_memplan_svg 0 "<title>h1: [0-9]+ bytes at offset" -- cat plan.svg
+
+# fusion: the groups as a picture, and kiln bench's table and JSON
+expect inspect_dot 0 "kernels: [0-9]+ \([0-9]+ groups" -- "$kiln" inspect "$root/examples/transformer.kl" --dot t.dot
+expect inspect_dot_clusters 0 "subgraph cluster_.*" -- cat t.dot
+expect inspect_dot_no_fuse 0 "kernels: " -- "$kiln" inspect "$root/examples/transformer.kl" --dot u.dot --no-fuse
+expect dot_no_fuse_no_clusters 1 "" -- grep -q "subgraph" u.dot
+expect bench_table 0 "fused/unfused" -- "$kiln" bench "$root/examples/mlp.kl" --iters 2 --device=host
+expect bench_json 0 "ok" -- bash -c "'$kiln' bench '$root/examples/mlp.kl' --iters 2 --device=host --json |
+  '${PYTHON:-python3}' -c 'import json,sys; d=json.load(sys.stdin); s=d[\"fused\"]
+assert set(d) >= {\"model\",\"device\",\"precision\",\"fused\",\"unfused\"}
+assert {\"kernels\",\"launches\",\"dram_bytes\",\"arena_bytes\",\"arena_lower_bound\",\"naive_bytes\",\"compile_ms\",\"run_ms\"} <= set(s)
+assert s[\"kernels\"] < d[\"unfused\"][\"kernels\"]; print(\"ok\")'"
+expect bench_bad_iters 2 "--iters takes" -- "$kiln" bench "$root/examples/mlp.kl" --iters 0
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -6,7 +6,7 @@
  *
  * usage: conformance DATA_DIR [--suite NAME]... [--expected FILE]
  *                    [--markdown FILE --scope FILE] [--write-passing FILE]
- *                    [--filter SUBSTR] [-v] */
+ *                    [--filter SUBSTR] [--device host|cuda [--no-fuse] [--nvrtc]] [-v] */
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -36,6 +36,11 @@ typedef struct {
   char host_reason[512];
 } result;
 
+/* --no-fuse: compile with one kernel per node */
+static bool no_fuse;
+/* --nvrtc: also compile each compiled test's kernels.cu with NVRTC for
+ * sm_90; an error or a warning fails the test (read: the prelude text) */
+static char *nvrtc_prelude;
 /* --device host|cuda: also compile each passing test for that device */
 static bool with_host;
 static krt_device_kind compiled_kind = KRT_DEVICE_HOST;
@@ -132,7 +137,7 @@ static void run_host(const kl_graph *g, kl_tensor **in, const char *dir, const c
                      result *r) {
   kl_codegen_result cg;
   kl_error err;
-  kl_codegen_options opt = {.prefix = "model"};
+  kl_codegen_options opt = {.prefix = "model", .no_fuse = no_fuse};
   if (kl_codegen(g, &opt, &cg, &err)) {
     r->host_status = err.unsupported ? UNSUPPORTED : FAIL;
     snprintf(r->host_reason, sizeof r->host_reason, "%s", err.msg);
@@ -183,6 +188,20 @@ static void run_host(const kl_graph *g, kl_tensor **in, const char *dir, const c
   for (int i = 0; i < nout; i++) free(rout[i]);
   free(rin);
   free(rout);
+  if (r->host_status == PASS && nvrtc_prelude) {
+    unsigned char *img = NULL;
+    size_t len;
+    char *log = NULL;
+    if (kl_nvrtc_compile(cg.kernels_cu, nvrtc_prelude, 90, false, &img, &len, &log, &err)) {
+      r->host_status = FAIL;
+      snprintf(r->host_reason, sizeof r->host_reason, "NVRTC sm_90: %s", err.msg);
+    } else if (log && strstr(log, "warning")) {
+      r->host_status = FAIL;
+      snprintf(r->host_reason, sizeof r->host_reason, "NVRTC sm_90 warns: %s", log);
+    }
+    free(img);
+    free(log);
+  }
   kl_codegen_result_free(&cg);
   char cmd[200];
   snprintf(cmd, sizeof cmd, "rm -rf %s", bdir);
@@ -394,6 +413,18 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--write-passing") && next) write_passing = argv[++i];
     else if (!strcmp(argv[i], "--filter") && next) filter = argv[++i];
     else if (!strcmp(argv[i], "-v")) verbose = true;
+    else if (!strcmp(argv[i], "--no-fuse")) no_fuse = true;
+    else if (!strcmp(argv[i], "--nvrtc")) {
+      char why[300];
+      FILE *pf = fopen(KILN_RUNTIME_DIR "/emu/kiln_prelude.h", "rb");
+      if (!kl_nvrtc_available(why, sizeof why) || !pf) {
+        fprintf(stderr, "conformance: --nvrtc: %s\n", pf ? why : "no kiln_prelude.h");
+        return 2;
+      }
+      nvrtc_prelude = calloc(1, 1 << 20);
+      if (!nvrtc_prelude || !fread(nvrtc_prelude, 1, (1 << 20) - 1, pf)) return 2;
+      fclose(pf);
+    }
     else if (!strcmp(argv[i], "--device") && next &&
              krt_device_kind_parse(next, &compiled_kind) == 0 && compiled_kind != KRT_DEVICE_AUTO)
       with_host = true, i++;
@@ -510,5 +541,6 @@ int main(int argc, char **argv) {
   /* The closing line counts the guard: each guarded test is one check. */
   if (expected) printf("%d passed, %d failed\n", guarded - regressions, regressions);
   free(rs);
+  free(nvrtc_prelude);
   return regressions ? 1 : 0;
 }

@@ -4,6 +4,7 @@
     python3 tests/onnx_models/check_models.py KILN [OUTDIR] [--build]
                     [--rtol 1e-4] [--atol 1e-5] [-k SUBSTR] [-j JOBS]
                     [--timeout S] [--unsupported-ok]
+                    [--against-interp [--interp-rtol 1e-5]]
 
 OUTDIR holds one folder per model (written by build_models.py): model.onnx,
 test_data_set_N/input_K.pb and output_K.pb, and optionally args.json (a
@@ -95,6 +96,14 @@ def run_set(kiln, model, data, extra, args):
         if p.returncode != 0:
             return why_failed(p.returncode, err.strip() or
                               p.stdout.decode(errors="replace").strip())
+        ref = None
+        if args.against_interp:  # also the interpreter, on the same inputs
+            ref = os.path.join(tmp, "interp")
+            q = subprocess.run([kiln, "run", model, "--inputs-dir", data, "--output-dir", ref,
+                                "--device=interp"] + extra, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=args.timeout)
+            if q.returncode != 0:
+                return "the interpreter failed: " + q.stderr.decode(errors="replace").strip()[:400]
         for k in range(nout):
             got_path = os.path.join(tmp, "output_%d.npy" % k)
             if not os.path.exists(got_path):
@@ -104,6 +113,12 @@ def run_set(kiln, model, data, extra, args):
                           args.rtol, args.atol)
             if why:
                 return "output %d: %s" % (k, why)
+            if ref is not None:
+                want = np.load(os.path.join(ref, "output_%d.npy" % k), allow_pickle=False)
+                why = compare(got, want, args.interp_rtol,
+                              args.interp_rtol * float(np.max(np.abs(want), initial=0)))
+                if why:
+                    return "output %d against the interpreter: %s" % (k, why)
         if os.path.exists(os.path.join(tmp, "output_%d.npy" % nout)):
             return "more outputs than the %d expected" % nout
     return None
@@ -171,6 +186,12 @@ def main():
     # Runtime about the same.
     ap.add_argument("--rtol", type=float, default=1e-4)
     ap.add_argument("--atol", type=float, default=1e-5)
+    # Compiled against the interpreter: relative to each element and to the
+    # output's largest magnitude (a sum of many terms near zero has error
+    # relative to its terms, not to itself).
+    ap.add_argument("--against-interp", action="store_true",
+                    help="also compare with `kiln run --device=interp`")
+    ap.add_argument("--interp-rtol", type=float, default=1e-5)
     ap.add_argument("-k", dest="filter", default="",
                     help="only models whose name contains this")
     ap.add_argument("-j", dest="jobs", type=int, default=os.cpu_count() or 1)

@@ -1,0 +1,179 @@
+/* templates_sample.c - kernel templates for sampling at coordinates read at
+ * run time (see codegen_impl.h for the template interface): grid_sample,
+ * linear, nearest and cubic, over any number of spatial axes.
+ *
+ * The kernel mirrors kl_eval_GRID_SAMPLE (ir/ops_ext_math.c) step by step,
+ * in double as the interpreter: the same coordinate formulas, the same
+ * padding of the point and of each tap, and the same sum (taps in the same
+ * order, products of weights built axis by axis, zero weights skipped so
+ * that 0 * inf never turns into NaN).  mode, padding_mode, align_corners
+ * and the sizes are written into the helpers as constants. */
+#include <string.h>
+
+#include "codegen_impl.h"
+
+typedef long long ll;
+
+enum { LINEAR, NEAREST, CUBIC };
+enum { ZEROS, BORDER, REFLECTION };
+
+static int pick(const char *s, const char *const *names, int n) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(s, names[i])) return i;
+  return -1;
+}
+
+static int gs_mode(const kl_node *n) {
+  static const char *const names[] = {"linear", "nearest", "cubic"};
+  return pick(kl_attr_string(n, "mode", "linear"), names, 3);
+}
+
+static int gs_padding(const kl_node *n) {
+  static const char *const names[] = {"zeros", "border", "reflection"};
+  return pick(kl_attr_string(n, "padding_mode", "zeros"), names, 3);
+}
+
+static int gs_ntaps(int mode) { return mode == NEAREST ? 1 : mode == LINEAR ? 2 : 4; }
+
+static bool handles_grid_sample(const kl_node *n) {
+  return n->op == KL_OP_GRID_SAMPLE && gs_mode(n) >= 0 && gs_padding(n) >= 0 &&
+         kl_dtype_is_float(n->inputs[0]->dtype) && kl_dtype_is_float(n->inputs[1]->dtype);
+}
+
+/* `name`_reflect (gs_reflect): v reflected into [lo, hi] by the nearer
+ * border, as often as needed. */
+static void write_reflect(FILE *f, const char *name) {
+  fprintf(f, "__device__ double %s_reflect(double v, double lo, double hi) {\n"
+             "  const double range = hi - lo;\n"
+             "  if (range <= 0) return lo;\n"
+             "  if (v >= lo && v <= hi) return v;\n"
+             "  const double dx = v < lo ? lo - v : v - hi;\n"
+             "  const double m = floor(dx / range), r = dx - m * range;\n"
+             "  const bool even = fmod(m, 2.0) == 0;\n"
+             "  return (v < lo) == even ? lo + r : hi - r;\n}\n", name);
+}
+
+/* `name`_tap (gs_tap): tap index i of an axis of length d moved inside by
+ * the padding mode, or -1 for a zero. */
+static void write_tap(FILE *f, const char *name, int pad) {
+  fprintf(f, "__device__ int64_t %s_tap(int64_t i, int64_t d, double lo, double hi) {\n", name);
+  if (pad == ZEROS) {
+    fprintf(f, "  (void)lo;\n  (void)hi;\n  return i >= 0 && i < d ? i : -1;\n}\n");
+  } else if (pad == BORDER) {
+    fprintf(f, "  (void)lo;\n  (void)hi;\n  return i < 0 ? 0 : i >= d ? d - 1 : i;\n}\n");
+  } else { /* the reflected coordinate truncates, as ONNX */
+    fprintf(f, "  const int64_t r = (int64_t)%s_reflect((double)i, lo, hi);\n"
+               "  return r < 0 ? 0 : r >= d ? d - 1 : r;\n}\n", name);
+  }
+}
+
+/* `name`_taps (gs_axis_taps): the taps of one axis of length d for the
+ * normalised coordinate g: indices (-1 for a zero) and weights. */
+static void write_taps(FILE *f, const char *name, int mode, int pad, bool ac) {
+  fprintf(f, "__device__ void %s_taps(double g, int64_t d, int64_t *idx, double *w) {\n", name);
+  if (ac)
+    fprintf(f, "  const double lo = 0, hi = (double)d - 1;\n"
+               "  double v = (g + 1) / 2 * (double)(d - 1);\n");
+  else
+    fprintf(f, "  const double lo = -0.5, hi = (double)d - 0.5;\n"
+               "  double v = ((g + 1) * (double)d - 1) / 2;\n");
+  if (mode == NEAREST) fprintf(f, "  v = rint(v); /* halves to even */\n");
+  /* a point outside: border and reflection move it in, zeros keeps it */
+  if (pad == BORDER)
+    fprintf(f, "  if (v < lo || v > hi) v = v < 0 ? 0 : v > (double)d - 1 ? (double)d - 1 : v;\n");
+  else if (pad == REFLECTION)
+    fprintf(f, "  if (v < lo || v > hi) v = %s_reflect(v, lo, hi);\n", name);
+  fprintf(f, "  if (v != v) v = lo;\n"
+             "  const double v0 = floor(v), t = v - v0;\n"
+             "  const int64_t i0 = (int64_t)fmax(fmin(v0, 1e15), -1e15);\n");
+  if (mode == NEAREST) {
+    fprintf(f, "  (void)t;\n  w[0] = 1;\n  idx[0] = %s_tap(i0, d, lo, hi);\n", name);
+  } else if (mode == LINEAR) {
+    fprintf(f, "  w[0] = 1 - t;\n  w[1] = t;\n"
+               "  for (int j = 0; j < 2; j++) idx[j] = %s_tap(i0 + j, d, lo, hi);\n", name);
+  } else { /* Keys cubic, a = -0.75, taps at -1, 0, 1, 2 */
+    fprintf(f, "  const double a = -0.75, dist[4] = {t + 1, t, 1 - t, 2 - t};\n"
+               "  for (int j = 0; j < 4; j++) {\n"
+               "    const double x = dist[j];\n"
+               "    w[j] = x <= 1 ? ((a + 2) * x - (a + 3)) * x * x + 1\n"
+               "                  : ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;\n"
+               "    idx[j] = %s_tap(i0 - 1 + j, d, lo, hi);\n  }\n", name);
+  }
+  fprintf(f, "}\n");
+}
+
+/* One thread per output element (b, c, o1..ok): the taps of each axis,
+ * then the weighted sum over every combination of one tap per axis. */
+static void write_kernel(FILE *f, const char *name, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *g = n->inputs[1], *y = n->outputs[0];
+  int k = x->shape.rank - 2, nt = gs_ntaps(gs_mode(n));
+  int64_t xs[KL_MAX_RANK], xin = 1, yout = 1;
+  kl_shape_strides(&x->shape, xs);
+  for (int a = 0; a < k; a++) xin *= x->shape.dims[2 + a], yout *= y->shape.dims[2 + a];
+  char b1[128], at[160], shape[160];
+  fprintf(f, "/* mode %s, padding_mode %s, align_corners %d; x %s%s */\n",
+          kl_attr_string(n, "mode", "linear"), kl_attr_string(n, "padding_mode", "zeros"),
+          (int)kl_attr_int(n, "align_corners", 0), kl_dtype_name(x->dtype),
+          kl_shape_str(&x->shape, shape, sizeof shape));
+  fprintf(f, "KL_KERNEL void %s(const %s *__restrict__ x, const %s *__restrict__ grid, "
+             "%s *__restrict__ out) {\n", name, kl_cg_storage(x->dtype), kl_cg_storage(g->dtype),
+          kl_cg_storage(y->dtype));
+  fprintf(f, "  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < %lldLL;\n"
+             "       i += (int64_t)blockDim.x * gridDim.x) {\n", (ll)kl_shape_numel(&y->shape));
+  /* i = (b * C + c) * yout + o; the grid row of (b, o) holds k coordinates */
+  fprintf(f, "    const int64_t o = i %% %lldLL, b = i / %lldLL;\n", (ll)yout,
+          (ll)(yout * x->shape.dims[1]));
+  fprintf(f, "    const %s *const xp = x + (i / %lldLL) * %lldLL;\n", kl_cg_storage(x->dtype),
+          (ll)yout, (ll)xin);
+  fprintf(f, "    const %s *const gp = grid + (b * %lldLL + o) * %d;\n", kl_cg_storage(g->dtype),
+          (ll)yout, k);
+  for (int a = 0; a < k; a++) { /* grid[..., 0] addresses the last axis */
+    snprintf(at, sizeof at, "gp[%d]", k - 1 - a);
+    fprintf(f, "    int64_t i%d[%d];\n    double w%d[%d];\n    %s_taps(%s, %lldLL, i%d, w%d);\n",
+            a, nt, a, nt, name, kl_cg_load(b1, sizeof b1, g->dtype, "double", at),
+            (ll)x->shape.dims[2 + a], a, a);
+  }
+  fprintf(f, "    double acc = 0;\n");
+  for (int a = 0; a < k; a++) {
+    int ind = 4 + 2 * a;
+    fprintf(f, "%*sfor (int t%d = 0; t%d < %d; t%d++) {\n", ind, "", a, a, nt, a);
+    fprintf(f, "%*s  if (i%d[t%d] < 0) continue;\n", ind, "", a, a);
+    /* p: the product of the weights so far; f: the offset so far */
+    if (a == 0) fprintf(f, "%*s  const double p0 = w0[t0];\n", ind, "");
+    else fprintf(f, "%*s  const double p%d = p%d * w%d[t%d];\n", ind, "", a, a - 1, a, a);
+    fprintf(f, "%*s  if (p%d == 0) continue;\n", ind, "", a);
+    fprintf(f, "%*s  const int64_t f%d = ", ind, "", a);
+    if (a > 0) fprintf(f, "f%d + ", a - 1);
+    fprintf(f, "i%d[t%d] * %lldLL;\n", a, a, (ll)xs[2 + a]);
+  }
+  snprintf(at, sizeof at, "xp[f%d]", k - 1);
+  fprintf(f, "%*s  acc += p%d * %s;\n", 2 + 2 * k, "", k - 1,
+          kl_cg_load(b1, sizeof b1, x->dtype, "double", at));
+  for (int a = k - 1; a >= 0; a--) fprintf(f, "%*s}\n", 4 + 2 * a, "");
+  fprintf(f, "    ");
+  kl_cg_store(f, y->dtype, "out[i]", "acc");
+  fprintf(f, "  }\n}\nKL_EMU_ENTRY(%s, KL_ARG(const %s *, 0), KL_ARG(const %s *, 1), "
+             "KL_ARG(%s *, 2));\n\n", name, kl_cg_storage(x->dtype), kl_cg_storage(g->dtype),
+          kl_cg_storage(y->dtype));
+}
+
+static int emit_grid_sample(kl_cg_emitter *e, const kl_node *n) {
+  kl_cg_comment(e, n);
+  int64_t threads = kl_shape_numel(&n->outputs[0]->shape);
+  if (threads == 0) return 0; /* no kernel: its index math would divide by 0 */
+  char name[32];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  int pad = gs_padding(n);
+  if (pad == REFLECTION) write_reflect(f, name);
+  write_tap(f, name, pad);
+  write_taps(f, name, gs_mode(n), pad, kl_attr_int(n, "align_corners", 0) != 0);
+  write_kernel(f, name, n);
+  kl_cg_launch_node(e, k, threads, n);
+  return 0;
+}
+
+const kl_cg_template kl_cg_templates_sample[] = {
+    {handles_grid_sample, emit_grid_sample},
+    {NULL, NULL},
+};

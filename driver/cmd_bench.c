@@ -1,0 +1,244 @@
+/* cmd_bench.c - `kiln bench`: compile a model fused and unfused through the
+ * same pipeline, run both on one device, and print what fusion buys: static
+ * counts (kernels, launches, estimated DRAM bytes, planned arena against
+ * its lower bound) and measured times, with fused/unfused ratios. */
+#include <errno.h>
+#include <dlfcn.h>
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "driver.h"
+
+static const char bench_help[] =
+    "usage: kiln bench MODEL [options]\n"
+    "Compile MODEL fused and unfused, run both, and print one table.\n"
+    "  --device=DEVICE       host, cuda or auto (default; KILN_DEVICE overrides)\n"
+    "  --iters N             timed runs per side after one warm-up (default 10)\n"
+    "  --json                print one JSON object instead of the table\n"
+    KILN_MODEL_HELP
+    "  -h, --help            show this help\n"
+    "Inputs are seeded random values; times are medians on a possibly shared\n"
+    "machine, so read the ratios, not the absolute numbers.\n";
+
+enum { OPT_DEVICE = 2300, OPT_ITERS, OPT_JSON };
+
+typedef struct {
+  int kernels, launches;
+  size_t dram_bytes, arena_bytes, arena_lower_bound, naive_bytes;
+  double compile_ms, run_ms;
+} side;
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static int by_value(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Compile g (fused or not) for dev, run it iters times on `in`. */
+static int measure(const kl_graph *g, bool fuse, krt_device *dev, void **in, long iters, side *s,
+                   char *device_name, size_t n) {
+  kl_codegen_result cg;
+  kl_error err;
+  kl_codegen_options copt = {.prefix = g->name, .no_fuse = !fuse};
+  double t0 = now_ms();
+  if (kl_codegen(g, &copt, &cg, &err)) {
+    kl_error_print(stderr, &err);
+    return -1;
+  }
+  s->kernels = cg.nkernels;
+  s->launches = cg.nlaunches;
+  s->dram_bytes = cg.dram_bytes;
+  s->arena_bytes = cg.arena_bytes;
+  s->arena_lower_bound = cg.arena_lower_bound;
+  s->naive_bytes = cg.naive_bytes;
+  char dir[4096], msg[1024];
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/kiln-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  const krt_model_api *api = NULL;
+  void *handle = NULL, *model = NULL, **out = NULL;
+  double *times = calloc((size_t)iters, sizeof *times);
+  int rc = -1;
+  if (!times) abort();
+  if (!mkdtemp(dir)) {
+    fprintf(stderr, "kiln: error: cannot make a build folder: %s\n", strerror(errno));
+    goto done;
+  }
+  handle = kiln_build_host(&cg, dir, krt_device_kind_of(dev) == KRT_DEVICE_CUDA, &api);
+  s->compile_ms = now_ms() - t0;
+  if (!handle) goto done;
+  if (api->create(dev, &model, msg, sizeof msg)) {
+    fprintf(stderr, "kiln: error: %s\n", msg);
+    goto done;
+  }
+  out = calloc((size_t)g->outputs.len + 1, sizeof *out);
+  if (!out) abort();
+  for (int i = 0; i < g->outputs.len; i++) {
+    const kl_value *v = g->outputs.items[i];
+    if (!(out[i] = malloc((size_t)kl_shape_numel(&v->shape) * kl_dtype_size(v->dtype) + 1))) abort();
+  }
+  for (long it = -1; it < iters; it++) { /* one warm-up run */
+    double r0 = now_ms();
+    if (api->run(model, (const void *const *)in, out, msg, sizeof msg)) {
+      fprintf(stderr, "kiln: error: %s\n", msg);
+      goto done;
+    }
+    if (it >= 0) times[it] = now_ms() - r0;
+  }
+  qsort(times, (size_t)iters, sizeof *times, by_value);
+  s->run_ms = iters % 2 ? times[iters / 2] : (times[iters / 2 - 1] + times[iters / 2]) / 2;
+  snprintf(device_name, n, "%s", krt_device_name(dev));
+  rc = 0;
+done:
+  if (model) api->destroy(model);
+  if (handle) dlclose(handle);
+  for (int i = 0; out && i < g->outputs.len; i++) free(out[i]);
+  free(out);
+  free(times);
+  kl_codegen_result_free(&cg);
+  if (strchr(dir, 'X') == NULL) kiln_remove_build_dir(dir);
+  return rc;
+}
+
+static double ratio(double a, double b) { return b > 0 ? a / b : 0; }
+
+static void print_table(const char *model, const char *device, const char *precision,
+                        const side *f, const side *u, long iters) {
+  printf("kiln bench %s  (device: %s, precision: %s)\n", model, device, precision);
+  printf("%-22s %16s %16s %14s\n", "", "fused", "unfused", "fused/unfused");
+#define ROW(label, fmt, field)                                                              \
+  printf("%-22s %16" fmt " %16" fmt " %14.3f\n", label, f->field, u->field,                 \
+         ratio((double)f->field, (double)u->field))
+  ROW("kernels", "d", kernels);
+  ROW("launches", "d", launches);
+  ROW("dram bytes (est.)", "zu", dram_bytes);
+  ROW("arena bytes", "zu", arena_bytes);
+  ROW("arena lower bound", "zu", arena_lower_bound);
+  ROW("naive bytes", "zu", naive_bytes);
+  printf("%-22s %16.1f %16.1f %14.3f\n", "compile ms", f->compile_ms, u->compile_ms,
+         ratio(f->compile_ms, u->compile_ms));
+  printf("%-22s %16.3f %16.3f %14.3f\n", "run ms (median)", f->run_ms, u->run_ms,
+         ratio(f->run_ms, u->run_ms));
+#undef ROW
+  printf("arena / lower bound: fused %.3f, unfused %.3f; runs: %ld per side\n",
+         ratio((double)f->arena_bytes, (double)f->arena_lower_bound),
+         ratio((double)u->arena_bytes, (double)u->arena_lower_bound), iters);
+}
+
+static void json_string(const char *s) {
+  putchar('"');
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\') printf("\\%c", *s);
+    else if ((unsigned char)*s < 0x20) printf("\\u%04x", *s);
+    else putchar(*s);
+  }
+  putchar('"');
+}
+
+static void json_side(const char *key, const side *s) {
+  printf("\"%s\": {\"kernels\": %d, \"launches\": %d, \"dram_bytes\": %zu, \"arena_bytes\": %zu, "
+         "\"arena_lower_bound\": %zu, \"naive_bytes\": %zu, \"compile_ms\": %.3f, \"run_ms\": %.4f}",
+         key, s->kernels, s->launches, s->dram_bytes, s->arena_bytes, s->arena_lower_bound,
+         s->naive_bytes, s->compile_ms, s->run_ms);
+}
+
+int kiln_cmd_bench(int argc, char **argv) {
+  static const struct option longopts[] = {
+      {"device", required_argument, NULL, OPT_DEVICE},
+      {"iters", required_argument, NULL, OPT_ITERS},
+      {"json", no_argument, NULL, OPT_JSON},
+      {"help", no_argument, NULL, 'h'},
+      KILN_MODEL_LONGOPTS,
+      {0}};
+  kiln_model_opts mo = {0};
+  krt_device_kind kind = KRT_DEVICE_AUTO;
+  long iters = 10;
+  bool json = false;
+  int c;
+  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'h': fputs(bench_help, stdout); return KILN_EXIT_OK;
+    case OPT_DEVICE:
+      if (krt_device_kind_parse(optarg, &kind)) {
+        fprintf(stderr, "kiln bench: --device takes host, cuda or auto, got '%s'\n", optarg);
+        return KILN_EXIT_USAGE;
+      }
+      break;
+    case OPT_ITERS: {
+      char *end;
+      errno = 0;
+      iters = strtol(optarg, &end, 10);
+      if (errno || *end || end == optarg || iters < 1 || iters > 100000) {
+        fprintf(stderr, "kiln bench: --iters takes a count from 1 to 100000, got '%s'\n", optarg);
+        return KILN_EXIT_USAGE;
+      }
+      break;
+    }
+    case OPT_JSON: json = true; break;
+    case OPT_DIM:
+    case OPT_WEIGHTS:
+    case OPT_SHAPE:
+    case OPT_PRECISION:
+    case OPT_IO_PRECISION:
+    case OPT_FP32_OPS:
+    case OPT_FP32_NODES:
+      if (kiln_model_opt(&mo, c, optarg)) return KILN_EXIT_USAGE;
+      break;
+    default: fputs(bench_help, stderr); return KILN_EXIT_USAGE;
+    }
+  }
+  if (optind != argc - 1) {
+    fprintf(stderr, "kiln bench: expected one MODEL file\n%s", bench_help);
+    return KILN_EXIT_USAGE;
+  }
+  kl_graph *g = kiln_load_model(argv[optind], &mo);
+  if (!g) return KILN_EXIT_ERROR;
+  int rc = KILN_EXIT_ERROR;
+  char msg[1024], device[256] = "?";
+  krt_device *dev = NULL;
+  void **in = calloc((size_t)g->inputs.len + 1, sizeof *in);
+  if (!in) abort();
+  for (int i = 0; i < g->inputs.len; i++) {
+    const kl_value *v = g->inputs.items[i];
+    kl_tensor *t = kiln_random_tensor(v, (uint64_t)i);
+    if (!(in[i] = malloc((size_t)t->numel * kl_dtype_size(t->dtype) + 1))) abort();
+    kl_tensor_to_raw(t, in[i]);
+    kl_tensor_free(t);
+  }
+  side fused = {0}, unfused = {0};
+  if (krt_device_open(kind, &dev, msg, sizeof msg)) {
+    fprintf(stderr, "kiln: error: %s\n", msg);
+  } else if (!measure(g, true, dev, in, iters, &fused, device, sizeof device) &&
+             !measure(g, false, dev, in, iters, &unfused, device, sizeof device)) {
+    const char *precision = !mo.precision || mo.prec.low == KL_F32 ? "fp32"
+                            : mo.prec.low == KL_F16                ? "fp16"
+                                                                   : "bf16";
+    if (json) {
+      printf("{\"model\": ");
+      json_string(g->name);
+      printf(", \"device\": ");
+      json_string(device);
+      printf(", \"precision\": ");
+      json_string(precision);
+      printf(", \"iters\": %ld, ", iters);
+      json_side("fused", &fused);
+      printf(", ");
+      json_side("unfused", &unfused);
+      printf("}\n");
+    } else {
+      print_table(g->name, device, precision, &fused, &unfused, iters);
+    }
+    rc = KILN_EXIT_OK;
+  }
+  krt_device_close(dev);
+  for (int i = 0; i < g->inputs.len; i++) free(in[i]);
+  free(in);
+  kl_graph_free(g);
+  return rc;
+}

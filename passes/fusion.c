@@ -1,0 +1,276 @@
+/* fusion.c - partition a scheduled graph into groups, each of which
+ * becomes one kernel.  Unfused compilation is the same partition with
+ * singleton groups, so fused and unfused go through one pipeline.
+ *
+ * Groups grow greedily in schedule order.  A node joins a group that holds
+ * its producer (vertical fusion) or a sibling reading one of its inputs
+ * (horizontal fusion) when the group's kind accepts it, and only when the
+ * groups stay a DAG: no path may leave the group and come back.  Nodes are
+ * never duplicated, so fusion never recomputes a value; every merge only
+ * removes a store and a load of an intermediate, which the DRAM byte count
+ * (kl_group_dram_bytes) shows. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+typedef struct {
+  const kl_fusion_options *opt;
+  kl_fusion *f;
+  int *group_of;    /* node id -> group */
+  int **preds;      /* group -> groups it reads from (may repeat) */
+  int *npreds, *cap;
+  int *seen;        /* DFS stamps per group */
+  int stamp;
+  kl_node ***members;
+  int *nmembers, *mcap;
+  kl_node ***readers; /* value id -> nodes reading it, so far */
+  int *nreaders, *rcap;
+} fuse_ctx;
+
+static void push_node(kl_node ***arr, int *n, int *cap, kl_node *x) {
+  if (*n == *cap) {
+    *cap = *cap ? *cap * 2 : 4;
+    kl_node **grown = realloc(*arr, (size_t)*cap * sizeof **arr);
+    if (!grown) abort();
+    *arr = grown;
+  }
+  (*arr)[(*n)++] = x;
+}
+
+static void push_pred(fuse_ctx *c, int g, int p) {
+  if (p < 0 || p == g) return;
+  if (c->npreds[g] == c->cap[g]) {
+    c->cap[g] = c->cap[g] ? c->cap[g] * 2 : 4;
+    int *grown = realloc(c->preds[g], (size_t)c->cap[g] * sizeof *grown);
+    if (!grown) abort();
+    c->preds[g] = grown;
+  }
+  c->preds[g][c->npreds[g]++] = p;
+}
+
+/* Does group `from` reach group `target` along producer edges? */
+static bool reaches(fuse_ctx *c, int from, int target) {
+  if (from == target) return true;
+  if (c->seen[from] == c->stamp) return false;
+  c->seen[from] = c->stamp;
+  for (int i = 0; i < c->npreds[from]; i++)
+    if (reaches(c, c->preds[from][i], target)) return true;
+  return false;
+}
+
+static int producer_group(const fuse_ctx *c, const kl_value *v) {
+  return v->producer ? c->group_of[v->producer->id] : -1;
+}
+
+static int row_kind(const fuse_ctx *c, const kl_node *n) {
+  return c->opt->row_kind ? c->opt->row_kind(n) : 0;
+}
+
+/* The shape s with its innermost dim 1: a row's scalars. */
+static bool is_row_scalar(const kl_shape *v, const kl_shape *rows) {
+  if (v->rank != rows->rank || v->dims[v->rank - 1] != 1) return false;
+  for (int d = 0; d + 1 < v->rank; d++)
+    if (v->dims[d] != rows->dims[d]) return false;
+  return true;
+}
+
+enum { NO, JOIN, JOIN_AS_ROWS };
+
+/* How n may join group g (by kind and shape). */
+static int fits(const fuse_ctx *c, const kl_node *n, int g) {
+  const kl_group *gr = &c->f->groups[g];
+  const kl_shape *out = &n->outputs[0]->shape;
+  if (gr->kind == KL_GROUP_ELEMENTWISE) {
+    if (c->opt->elementwise(n) && kl_shape_equal(out, &gr->shape)) return JOIN;
+    /* a reduction of the group's values: the group becomes a row group,
+     * when the row kernel can take all its members */
+    if (row_kind(c, n) && kl_shape_equal(&n->inputs[0]->shape, &gr->shape) &&
+        n->inputs[0]->producer && c->group_of[n->inputs[0]->producer->id] == g) {
+      for (int m = 0; m < c->nmembers[g] && c->opt->row_elementwise; m++)
+        if (!c->opt->row_elementwise(c->members[g][m])) return NO;
+      return JOIN_AS_ROWS;
+    }
+    return NO;
+  }
+  if (gr->kind == KL_GROUP_ROWS) {
+    bool (*ew)(const kl_node *) = c->opt->row_elementwise ? c->opt->row_elementwise : c->opt->elementwise;
+    if (ew(n) && (kl_shape_equal(out, &gr->shape) || is_row_scalar(out, &gr->shape)))
+      return JOIN;
+    if (row_kind(c, n) && kl_shape_equal(&n->inputs[0]->shape, &gr->shape)) return JOIN;
+  }
+  return NO;
+}
+
+/* n may join group g when g's kind takes it and every input of n that
+ * comes from elsewhere does not itself depend on g. */
+static int can_join(fuse_ctx *c, const kl_node *n, int g) {
+  int how = fits(c, n, g);
+  if (how == NO || c->nmembers[g] >= c->opt->max_group_nodes) return NO;
+  for (int i = 0; i < n->ninputs; i++) {
+    int p = producer_group(c, n->inputs[i]);
+    if (p < 0 || p == g) continue;
+    c->stamp++;
+    if (reaches(c, p, g)) return NO;
+  }
+  return how;
+}
+
+static int new_group(fuse_ctx *c, kl_group_kind kind, const kl_shape *shape) {
+  kl_fusion *f = c->f;
+  int g = f->ngroups++;
+  f->groups[g] = (kl_group){.kind = kind, .shape = *shape};
+  return g;
+}
+
+static void add_member(fuse_ctx *c, int g, kl_node *n) {
+  c->group_of[n->id] = g;
+  push_node(&c->members[g], &c->nmembers[g], &c->mcap[g], n);
+  for (int i = 0; i < n->ninputs; i++) push_pred(c, g, producer_group(c, n->inputs[i]));
+}
+
+/* The group n joins, best first: a producer's group, then the group of a
+ * sibling that reads the same input; -1 for none. */
+static int pick_group(fuse_ctx *c, kl_node *n) {
+  if (!c->opt->enabled || (!c->opt->elementwise(n) && !row_kind(c, n))) return -1;
+  int how;
+  for (int i = 0; i < n->ninputs; i++) {
+    int p = producer_group(c, n->inputs[i]);
+    if (p >= 0 && (how = can_join(c, n, p)) != NO) {
+      if (how == JOIN_AS_ROWS) c->f->groups[p].kind = KL_GROUP_ROWS;
+      return p;
+    }
+  }
+  for (int i = 0; i < n->ninputs; i++) {
+    const kl_value *v = n->inputs[i];
+    for (int r = 0; r < c->nreaders[v->id]; r++) {
+      int s = c->group_of[c->readers[v->id][r]->id];
+      if (s >= 0 && (how = can_join(c, n, s)) != NO) {
+        if (how == JOIN_AS_ROWS) c->f->groups[s].kind = KL_GROUP_ROWS;
+        return s;
+      }
+    }
+  }
+  return -1;
+}
+
+int kl_fuse(const kl_graph *g, kl_node *const *order, int n, const kl_fusion_options *opt,
+            kl_fusion *f) {
+  memset(f, 0, sizeof *f);
+  int nn = g->nodes.len, nv = g->values.len;
+  fuse_ctx c = {.opt = opt, .f = f};
+  f->groups = calloc((size_t)n + 1, sizeof *f->groups);
+  f->nodes = calloc((size_t)n + 1, sizeof *f->nodes);
+  f->group_of = c.group_of = malloc(((size_t)nn + 1) * sizeof *c.group_of);
+  c.preds = calloc((size_t)n + 1, sizeof *c.preds);
+  c.npreds = calloc((size_t)n + 1, sizeof *c.npreds);
+  c.cap = calloc((size_t)n + 1, sizeof *c.cap);
+  c.seen = calloc((size_t)n + 1, sizeof *c.seen);
+  c.members = calloc((size_t)n + 1, sizeof *c.members);
+  c.nmembers = calloc((size_t)n + 1, sizeof *c.nmembers);
+  c.mcap = calloc((size_t)n + 1, sizeof *c.mcap);
+  c.readers = calloc((size_t)nv + 1, sizeof *c.readers);
+  c.nreaders = calloc((size_t)nv + 1, sizeof *c.nreaders);
+  c.rcap = calloc((size_t)nv + 1, sizeof *c.rcap);
+  if (!f->groups || !f->nodes || !c.group_of || !c.preds || !c.npreds || !c.cap || !c.seen ||
+      !c.members || !c.nmembers || !c.mcap || !c.readers || !c.nreaders || !c.rcap)
+    abort();
+  for (int i = 0; i < nn; i++) c.group_of[i] = -1;
+  for (int i = 0; i < n; i++) {
+    kl_node *node = order[i];
+    int gi = pick_group(&c, node);
+    if (gi < 0 && opt->enabled && opt->elementwise(node))
+      gi = new_group(&c, KL_GROUP_ELEMENTWISE, &node->outputs[0]->shape);
+    else if (gi < 0 && opt->enabled && row_kind(&c, node))
+      gi = new_group(&c, KL_GROUP_ROWS, &node->inputs[0]->shape);
+    else if (gi < 0)
+      gi = new_group(&c, KL_GROUP_SINGLE, &node->outputs[0]->shape);
+    add_member(&c, gi, node);
+    for (int k = 0; k < node->ninputs; k++) {
+      const kl_value *v = node->inputs[k];
+      push_node(&c.readers[v->id], &c.nreaders[v->id], &c.rcap[v->id], node);
+    }
+  }
+  /* Groups in an order that respects their edges: a group runs once all
+   * it reads is written.  Groups were made in schedule order, and a group
+   * only reads groups that existed before its first node... except that a
+   * group grows later, so sort: Kahn's algorithm over group edges. */
+  int ng = f->ngroups, *indeg = calloc((size_t)ng + 1, sizeof *indeg);
+  int *queue = malloc(((size_t)ng + 1) * sizeof *queue), *pos = malloc(((size_t)ng + 1) * sizeof *pos);
+  int **succ = calloc((size_t)ng + 1, sizeof *succ), *nsucc = calloc((size_t)ng + 1, sizeof *nsucc),
+      *scap = calloc((size_t)ng + 1, sizeof *scap);
+  if (!indeg || !queue || !pos || !succ || !nsucc || !scap) abort();
+  for (int gi = 0; gi < ng; gi++)
+    for (int k = 0; k < c.npreds[gi]; k++) {
+      int p = c.preds[gi][k];
+      if (nsucc[p] == scap[p]) {
+        scap[p] = scap[p] ? scap[p] * 2 : 4;
+        int *grown = realloc(succ[p], (size_t)scap[p] * sizeof *grown);
+        if (!grown) abort();
+        succ[p] = grown;
+      }
+      succ[p][nsucc[p]++] = gi;
+      indeg[gi]++;
+    }
+  int head = 0, tail = 0;
+  for (int gi = 0; gi < ng; gi++)
+    if (!indeg[gi]) queue[tail++] = gi;
+  /* smallest index first keeps the schedule's order where it can */
+  while (head < tail) {
+    int best = head;
+    for (int q = head + 1; q < tail; q++)
+      if (queue[q] < queue[best]) best = q;
+    int gi = queue[best];
+    queue[best] = queue[head];
+    queue[head++] = gi;
+    for (int k = 0; k < nsucc[gi]; k++)
+      if (--indeg[succ[gi][k]] == 0) queue[tail++] = succ[gi][k];
+  }
+  int rc = head == ng ? 0 : -1; /* a cycle would be a bug in can_join */
+  kl_group *sorted = calloc((size_t)ng + 1, sizeof *sorted);
+  if (!sorted) abort();
+  int at = 0;
+  for (int q = 0; q < head; q++) {
+    int gi = queue[q];
+    pos[gi] = q;
+    sorted[q] = f->groups[gi];
+    sorted[q].first = at;
+    sorted[q].count = c.nmembers[gi];
+    for (int k = 0; k < c.nmembers[gi]; k++) f->nodes[at++] = c.members[gi][k];
+  }
+  for (int i = 0; i < nn; i++)
+    if (c.group_of[i] >= 0) c.group_of[i] = pos[c.group_of[i]];
+  free(f->groups);
+  f->groups = sorted;
+  f->nnodes = at;
+  /* A value is written to memory when it is a graph output or another
+   * group reads it; the rest live in registers inside their kernel. */
+  if (!(f->stored = calloc((size_t)nv + 1, sizeof *f->stored))) abort();
+  for (int k = 0; k < at; k++) {
+    const kl_node *node = f->nodes[k];
+    for (int o = 0; o < node->noutputs; o++) f->stored[node->outputs[o]->id] |= node->outputs[o]->is_output;
+    for (int i = 0; i < node->ninputs; i++) {
+      const kl_value *v = node->inputs[i];
+      if (v->producer && c.group_of[v->producer->id] != c.group_of[node->id]) f->stored[v->id] = true;
+    }
+  }
+  for (int gi = 0; gi < ng; gi++) {
+    free(c.preds[gi]);
+    free(c.members[gi]);
+    free(succ[gi]);
+  }
+  for (int v = 0; v < nv; v++) free(c.readers[v]);
+  free(c.preds), free(c.npreds), free(c.cap), free(c.seen), free(c.members), free(c.nmembers);
+  free(c.mcap), free(c.readers), free(c.nreaders), free(c.rcap);
+  free(indeg), free(queue), free(pos), free(succ), free(nsucc), free(scap);
+  if (rc) kl_fusion_free(f);
+  return rc;
+}
+
+void kl_fusion_free(kl_fusion *f) {
+  free(f->groups);
+  free(f->nodes);
+  free(f->group_of);
+  free(f->stored);
+  memset(f, 0, sizeof *f);
+}

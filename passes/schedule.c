@@ -1,0 +1,189 @@
+/* schedule.c - the order compiled code runs nodes in, chosen to keep few
+ * bytes alive.  Greedy: of the nodes whose inputs are computed, run the one
+ * that grows the live set least (the bytes of its outputs less those of the
+ * inputs it reads last), ties to the graph's own order.  Greedy can lose to
+ * the program's order, so both are measured and the lower peak wins.
+ *
+ * The bytes counted are the arena's: values computed by nodes, less graph
+ * outputs (they have buffers of their own) and constants (stored with the
+ * weights). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+typedef struct {
+  const kl_graph *g;
+  bool *needed;      /* per node id: some output depends on it */
+  size_t *bytes;     /* per value id: arena bytes, 0 when not in the arena */
+} sched_ctx;
+
+static size_t arena_bytes(const kl_value *v) {
+  if (v->kind != KL_VAL_NODE || v->is_output || v->producer->op == KL_OP_CONSTANT) return 0;
+  return (size_t)kl_shape_numel(&v->shape) * kl_dtype_size(v->dtype);
+}
+
+/* The most bytes alive at one step of `order` (needed nodes only). */
+static size_t peak_bytes(const sched_ctx *s, kl_node *const *order) {
+  const kl_graph *g = s->g;
+  int nn = g->nodes.len;
+  int *last = malloc(((size_t)g->values.len + 1) * sizeof *last);
+  size_t *freed = calloc((size_t)nn + 1, sizeof *freed);
+  if (!last || !freed) abort();
+  for (int i = 0; i < nn; i++)
+    for (int k = 0; k < order[i]->noutputs; k++) last[order[i]->outputs[k]->id] = i;
+  for (int i = 0; i < nn; i++)
+    if (s->needed[order[i]->id])
+      for (int k = 0; k < order[i]->ninputs; k++)
+        if (order[i]->inputs[k]->kind == KL_VAL_NODE) last[order[i]->inputs[k]->id] = i;
+  size_t alive = 0, peak = 0;
+  for (int i = 0; i < nn; i++) {
+    const kl_node *n = order[i];
+    if (!s->needed[n->id]) continue;
+    for (int k = 0; k < n->noutputs; k++) {
+      alive += s->bytes[n->outputs[k]->id];
+      freed[last[n->outputs[k]->id]] += s->bytes[n->outputs[k]->id];
+    }
+    if (alive > peak) peak = alive;
+    alive -= freed[i];
+  }
+  free(last);
+  free(freed);
+  return peak;
+}
+
+/* The greedy search's state. */
+typedef struct {
+  const sched_ctx *s;
+  int *reads_left;    /* per value id: reads by nodes not yet scheduled */
+  int *waiting;       /* per node id: inputs whose producer is not yet scheduled */
+  int *start;         /* the readers of value v are readers[start[v]..start[v + 1]) */
+  kl_node **readers;
+  kl_node **ready;    /* nodes whose inputs are all computed */
+  kl_node **cheap;    /* ready constants (no arena bytes), taken in turn */
+  int nready, ncheap, cheap_next;
+  kl_node **order;
+  int done;
+} greedy_state;
+
+/* Bytes n's outputs add, less the bytes of the inputs n is the last to
+ * read. */
+static int64_t growth(const greedy_state *st, const kl_node *n) {
+  const size_t *bytes = st->s->bytes;
+  int64_t d = 0;
+  for (int k = 0; k < n->noutputs; k++) d += (int64_t)bytes[n->outputs[k]->id];
+  for (int k = 0; k < n->ninputs; k++) {
+    const kl_value *v = n->inputs[k];
+    int here = 0;
+    bool seen = false;
+    for (int j = 0; j < n->ninputs; j++) {
+      if (n->inputs[j] != v) continue;
+      if (j < k) seen = true;
+      here++;
+    }
+    if (!seen && st->reads_left[v->id] == here) d -= (int64_t)bytes[v->id];
+  }
+  return d;
+}
+
+static void push_ready(greedy_state *st, kl_node *n) {
+  if (n->op == KL_OP_CONSTANT) st->cheap[st->ncheap++] = n;
+  else st->ready[st->nready++] = n;
+}
+
+/* Append n to the order; its readers may become ready. */
+static void schedule_node(greedy_state *st, kl_node *n) {
+  st->order[st->done++] = n;
+  for (int k = 0; k < n->ninputs; k++) st->reads_left[n->inputs[k]->id]--;
+  for (int k = 0; k < n->noutputs; k++) {
+    int v = n->outputs[k]->id;
+    for (int r = st->start[v]; r < st->start[v + 1]; r++)
+      if (--st->waiting[st->readers[r]->id] == 0) push_ready(st, st->readers[r]);
+  }
+}
+
+/* The greedy order of the needed nodes into order[], then the others in
+ * `base` order; base[] is a topological order, pos[] its inverse. */
+static void greedy(const sched_ctx *s, kl_node *const *base, const int *pos, kl_node **order) {
+  const kl_graph *g = s->g;
+  int nn = g->nodes.len, nv = g->values.len;
+  greedy_state st = {.s = s, .order = order};
+  st.reads_left = calloc((size_t)nv + 1, sizeof *st.reads_left);
+  st.waiting = calloc((size_t)nn + 1, sizeof *st.waiting);
+  st.start = calloc((size_t)nv + 2, sizeof *st.start);
+  st.ready = malloc(((size_t)nn + 1) * sizeof *st.ready);
+  st.cheap = malloc(((size_t)nn + 1) * sizeof *st.cheap);
+  if (!st.reads_left || !st.waiting || !st.start || !st.ready || !st.cheap) abort();
+  int nreads = 0;
+  for (int i = 0; i < nn; i++) {
+    const kl_node *n = base[i];
+    if (!s->needed[n->id]) continue;
+    for (int k = 0; k < n->ninputs; k++) {
+      st.reads_left[n->inputs[k]->id]++;
+      if (n->inputs[k]->kind == KL_VAL_NODE) st.waiting[n->id]++, st.start[n->inputs[k]->id + 1]++;
+      nreads++;
+    }
+  }
+  for (int v = 0; v < nv; v++) st.start[v + 1] += st.start[v];
+  st.readers = malloc(((size_t)nreads + 1) * sizeof *st.readers);
+  int *fill = malloc(((size_t)nv + 1) * sizeof *fill);
+  if (!st.readers || !fill) abort();
+  memcpy(fill, st.start, (size_t)nv * sizeof *fill);
+  for (int i = 0; i < nn; i++) {
+    kl_node *n = base[i];
+    if (!s->needed[n->id]) continue;
+    for (int k = 0; k < n->ninputs; k++)
+      if (n->inputs[k]->kind == KL_VAL_NODE) st.readers[fill[n->inputs[k]->id]++] = n;
+    if (!st.waiting[n->id]) push_ready(&st, n);
+  }
+  free(fill);
+  while (st.nready || st.cheap_next < st.ncheap) {
+    if (st.cheap_next < st.ncheap) { /* no search for what costs nothing */
+      schedule_node(&st, st.cheap[st.cheap_next++]);
+      continue;
+    }
+    int best = 0;
+    int64_t best_growth = growth(&st, st.ready[0]);
+    for (int r = 1; r < st.nready; r++) {
+      int64_t d = growth(&st, st.ready[r]);
+      if (d < best_growth || (d == best_growth && pos[st.ready[r]->id] < pos[st.ready[best]->id]))
+        best = r, best_growth = d;
+    }
+    kl_node *n = st.ready[best];
+    st.ready[best] = st.ready[--st.nready];
+    schedule_node(&st, n);
+  }
+  for (int i = 0; i < nn; i++)
+    if (!s->needed[base[i]->id]) order[st.done++] = base[i];
+  free(st.reads_left);
+  free(st.waiting);
+  free(st.start);
+  free(st.readers);
+  free(st.ready);
+  free(st.cheap);
+}
+
+int kl_schedule(const kl_graph *g, kl_node **order, kl_error *err) {
+  int nn = g->nodes.len, nv = g->values.len, rc;
+  kl_node **base = malloc(((size_t)nn + 1) * sizeof *base);
+  int *pos = malloc(((size_t)nn + 1) * sizeof *pos);
+  sched_ctx s = {g, calloc((size_t)nn + 1, sizeof *s.needed), calloc((size_t)nv + 1, sizeof *s.bytes)};
+  if (!base || !pos || !s.needed || !s.bytes) abort();
+  if ((rc = kl_topo_order(g, base, err))) goto done;
+  for (int i = 0; i < nn; i++) pos[base[i]->id] = i;
+  for (int i = 0; i < nv; i++) s.bytes[i] = arena_bytes(g->values.items[i]);
+  for (int i = 0; i < g->outputs.len; i++)
+    if (g->outputs.items[i]->producer) s.needed[g->outputs.items[i]->producer->id] = true;
+  for (int i = nn - 1; i >= 0; i--)
+    if (s.needed[base[i]->id])
+      for (int k = 0; k < base[i]->ninputs; k++)
+        if (base[i]->inputs[k]->producer) s.needed[base[i]->inputs[k]->producer->id] = true;
+  greedy(&s, base, pos, order);
+  if (peak_bytes(&s, base) <= peak_bytes(&s, order)) memcpy(order, base, (size_t)nn * sizeof *order);
+done:
+  free(base);
+  free(pos);
+  free(s.needed);
+  free(s.bytes);
+  return rc;
+}

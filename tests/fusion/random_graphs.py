@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""random_graphs.py - the fusion property test: random graphs, compiled
+fused and unfused for the host device, must both equal the interpreter.
+
+    random_graphs.py KILN [--count N] [--seed S] [-j JOBS] [--nvrtc]
+
+Each graph mixes elementwise ops (the ones fusion groups), broadcasts of
+row and column operands, casts through f16 and i32, comparisons feeding
+`where`, reductions over rows (alone, and spelled-out softmax and layer
+norm: row groups), and nodes fusion cannot take (matmul, transpose,
+softmax inside a product), so groups must form around them without
+cycles.  Several values are outputs,
+some from inside would-be groups.  Prints PASS/FAIL per graph and ends
+with `N passed, N failed`."""
+import argparse
+import concurrent.futures
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+UNARY = ["relu", "tanh", "sigmoid", "neg", "abs", "gelu", "silu"]
+BINARY = ["+", "-", "*", "maximum", "minimum"]
+
+
+def make_graph(seed):
+    rnd = random.Random(seed)
+    rows, cols = rnd.randint(1, 9), rnd.randint(1, 40)
+    lines = [f"model g{seed}", f"dim R = {rows}", f"dim C = {cols}",
+             "input x: f32[R, C]", "input y: f32[R, C]", "input col: f32[C]",
+             "input row: f32[R, 1]"]
+    full = ["x", "y"]          # [R, C] values
+    side = ["col", "row"]      # values that broadcast into [R, C]
+    n = 0
+
+    def fresh():
+        nonlocal n
+        n += 1
+        return f"t{n}"
+
+    for _ in range(rnd.randint(3, 24)):
+        kind = rnd.random()
+        a = rnd.choice(full)
+        t = fresh()
+        if kind < 0.30:
+            lines.append(f"let {t} = {rnd.choice(UNARY)}({a})")
+        elif kind < 0.62:
+            b = rnd.choice(full + side)
+            op = rnd.choice(BINARY)
+            expr = f"{a} {op} {b}" if len(op) == 1 else f"{op}({a}, {b})"
+            lines.append(f"let {t} = {expr}")
+        elif kind < 0.70:
+            lines.append(f"let {t} = {a} / (abs({rnd.choice(full + side)}) + 1)")
+        elif kind < 0.76:
+            lines.append(f"let {t} = cast(cast({a}, to=f16), to=f32)")
+        elif kind < 0.80:
+            lines.append(f"let {t} = cast(cast({a} * 4, to=i32), to=f32)")
+        elif kind < 0.86:
+            b, c = rnd.choice(full), rnd.choice(full + side)
+            lines.append(f"let {t} = where({a} > {b}, {a}, {c})")
+        elif kind < 0.87:  # a reduction, broadcast back: a row group
+            red = rnd.choice(["reduce_sum", "reduce_mean", "reduce_max", "reduce_min"])
+            lines.append(f"let {t} = {rnd.choice(full)} + {red}({a}, axes=[1], keepdims=1)")
+        elif kind < 0.89:  # softmax spelled out, as exporters do
+            e = fresh()
+            lines.append(f"let {e} = exp({a} - reduce_max({a}, axes=[1], keepdims=1))")
+            lines.append(f"let {t} = {e} / reduce_sum({e}, axes=[1], keepdims=1)")
+        elif kind < 0.91:  # layer norm spelled out
+            d, v = fresh(), fresh()
+            lines.append(f"let {d} = {a} - reduce_mean({a}, axes=[1], keepdims=1)")
+            lines.append(f"let {v} = reduce_mean({d} * {d}, axes=[1], keepdims=1)")
+            lines.append(f"let {t} = {d} / sqrt({v} + 0.00001) * col + row")
+        elif kind < 0.93:  # norms and softmax with elementwise work before and after
+            op = rnd.choice(["layer_norm({x}, col, col)", "rms_norm({x}, col)",
+                             "batch_norm({x}, col, col * 0.5, col, abs(col) + 1)",
+                             "softmax({x}, axis=-1)", "log_softmax({x}, axis=-1)"])
+            lines.append(f"let {t} = " + op.format(x=f"{a} + {rnd.choice(full + side)}") +
+                         f" * {rnd.choice(full + side)}")
+        elif kind < 0.95 and rows == cols:  # transpose: a different index order
+            lines.append(f"let {t} = transpose({a}, perm=[1, 0])")
+        elif kind < 0.98:
+            lines.append(f"let {t} = tanh({a} @ transpose({rnd.choice(full)}, perm=[1, 0])) @ {a}")
+        else:
+            lines.append(f"let {t} = softmax({a}, axis=-1) * {rnd.choice(full)}")
+        full.append(t)
+    outs = set(rnd.sample(full[2:], min(len(full) - 2, rnd.randint(1, 3))))
+    outs.add(full[-1])
+    for i, v in enumerate(sorted(outs)):
+        lines.append(f"output o{i} = {v}")
+    return "\n".join(lines) + "\n"
+
+
+def run(kiln, model, out, *args):
+    p = subprocess.run([kiln, "run", model, "--seed", "3", "--output-dir", out, *args],
+                       capture_output=True, text=True, timeout=300)
+    if p.returncode:
+        raise RuntimeError(f"kiln run {' '.join(args)} failed:\n{p.stderr.strip()[:800]}")
+
+
+def check(kiln, seed, nvrtc):
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "g.kl")
+        with open(model, "w") as f:
+            f.write(make_graph(seed))
+        sides = {"interp": ["--device=interp"], "fused": ["--device=host"],
+                 "unfused": ["--device=host", "--no-fuse"]}
+        try:
+            for name, args in sides.items():
+                run(kiln, model, os.path.join(tmp, name), *args)
+            if nvrtc:  # the fused kernels also compile for a GPU, warning-free
+                p = subprocess.run([kiln, "compile", model, "--emit=cu", "-o",
+                                    os.path.join(tmp, "cu"), "--arch", "sm_90", "--Werror"],
+                                   capture_output=True, text=True, timeout=300)
+                if p.returncode:
+                    raise RuntimeError(f"NVRTC:\n{p.stderr.strip()[:800]}")
+            k = 0
+            while os.path.exists(os.path.join(tmp, "interp", f"output_{k}.npy")):
+                want = np.load(os.path.join(tmp, "interp", f"output_{k}.npy"))
+                for name in ("fused", "unfused"):
+                    got = np.load(os.path.join(tmp, name, f"output_{k}.npy"))
+                    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True,
+                                               err_msg=f"{name} output {k}")
+                k += 1
+        except Exception as e:  # report the graph with the failure
+            return f"FAIL graph {seed}: {e}\n{make_graph(seed)}"
+    return f"PASS graph {seed}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kiln")
+    ap.add_argument("--count", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--nvrtc", action="store_true",
+                    help="also compile each graph's kernels with NVRTC (sm_90, --Werror)")
+    a = ap.parse_args()
+    seeds = range(a.seed, a.seed + a.count)
+    with concurrent.futures.ThreadPoolExecutor(a.jobs) as pool:
+        results = list(pool.map(lambda s: check(a.kiln, s, a.nvrtc), seeds))
+    failed = sum(r.startswith("FAIL") for r in results)
+    for r in results:
+        print(r)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""check_precision.py - mixed precision against the fp32 interpreter.
+
+    python3 tests/precision/check_precision.py KILN [-k SUBSTR] [-j JOBS]
+                    [--no-onnx] [--rtol 1e-2]
+
+For the examples (examples/*.kl) and the whole ONNX models of
+tests/onnx_models (built into a temporary folder), runs
+
+    KILN run MODEL --output-dir REF                     (the fp32 oracle)
+    KILN run MODEL --precision=P --device=D --output-dir OUT
+
+for P in fp16, bf16 and D in interp, host, and checks every output against
+the oracle: same dtype and shape (outputs keep their declared type), no NaN,
+and |out - ref| <= rtol * (|ref| + max|ref|) elementwise, i.e. 1e-2 relative
+with an absolute floor scaled to the output's magnitude (a logit near zero
+is judged against the size of the logits, not against itself).
+
+For the examples it also compiles (--emit=cu --no-nvrtc) in fp32 and in fp16
+with --io-precision=fp16 and checks that the weights and the planned arena
+are at most 0.55 of fp32's.  Prints PASS/FAIL per run with the measured
+error, then `N passed, N failed`; exits 1 on any failure, 77 (skipped)
+without numpy.  The ONNX models need onnx and onnxruntime; without them only
+the examples run.
+"""
+import argparse
+import concurrent.futures
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+try:
+    import numpy as np
+except ImportError:
+    print("SKIP: numpy is not installed")
+    sys.exit(77)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "ref"))
+sys.path.insert(0, os.path.join(HERE, "..", "onnx_models"))
+from check import compare  # noqa: E402 - the NumPy suite's comparison
+
+PRECISIONS = ["fp16", "bf16"]
+DEVICES = ["interp", "host"]
+
+
+def run(cmd, timeout):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    err = p.stderr.decode(errors="replace")
+    if "Sanitizer" in err or "runtime error:" in err:
+        return None, "sanitizer report: " + err.strip()[:400]
+    if p.returncode != 0:
+        return None, "kiln exited %d: %s" % (p.returncode, err.strip()[:400])
+    return err, None
+
+
+def outputs(folder):
+    out, k = [], 0
+    while os.path.exists(os.path.join(folder, "output_%d.npy" % k)):
+        out.append(np.load(os.path.join(folder, "output_%d.npy" % k), allow_pickle=False))
+        k += 1
+    return out
+
+
+def check_run(kiln, case, ref, precision, device, args, tmp):
+    """None when every output is close to ref, else the reason; and a note
+    with the measured error."""
+    out = os.path.join(tmp, "%s-%s-%s" % (case["name"], precision, device))
+    cmd = [kiln, "run", case["model"], "--output-dir", out, "--precision=" + precision,
+           "--device=" + device] + case["args"]
+    _, why = run(cmd, args.timeout)
+    if why:
+        return why, ""
+    got = outputs(out)
+    if len(got) != len(ref):
+        return "%d outputs, the oracle gives %d" % (len(got), len(ref)), ""
+    worst_max = worst_norm = 0.0
+    for k, (g, e) in enumerate(zip(got, ref)):
+        if g.dtype.kind == "f" and np.isnan(g).any():
+            return "output %d has NaN" % k, ""
+        scale = float(np.max(np.abs(e.astype(np.float64)))) if e.size else 0.0
+        why = compare(g, e, args.rtol, args.rtol * scale)
+        if why:
+            return "output %d: %s" % (k, why), ""
+        if e.dtype.kind == "f" and scale > 0:
+            d = g.astype(np.float64) - e.astype(np.float64)
+            worst_max = max(worst_max, float(np.max(np.abs(d))) / scale)
+            worst_norm = max(worst_norm, float(np.linalg.norm(d) / np.linalg.norm(e)))
+    return None, "max err %.2e of max|ref|, norm rel err %.2e" % (worst_max, worst_norm)
+
+
+def compiled_bytes(kiln, model, extra, tmp, args):
+    """(arena, weights) bytes that `kiln compile --emit=cu` reports."""
+    out = tempfile.mkdtemp(dir=tmp)
+    err, why = run([kiln, "compile", model, "--emit=cu", "-o", out, "--no-nvrtc"] + extra,
+                   args.timeout)
+    if why:
+        return None, why
+    arena = re.search(r"arena (\d+) bytes", err)
+    weights = re.search(r"weights (\d+) bytes", err)
+    if not arena or not weights:
+        return None, "no arena/weights sizes in: " + err.strip()
+    return (int(arena.group(1)), int(weights.group(1))), None
+
+
+def check_bytes(kiln, case, args, tmp):
+    fp32, why = compiled_bytes(kiln, case["model"], [], tmp, args)
+    if not why:
+        fp16, why = compiled_bytes(kiln, case["model"],
+                                   ["--precision=fp16", "--io-precision=fp16"], tmp, args)
+    if why:
+        return why, ""
+    note = "arena %d -> %d bytes, weights %d -> %d bytes" % (fp32[0], fp16[0], fp32[1], fp16[1])
+    if fp16[0] > 0.55 * fp32[0] or fp16[1] > 0.55 * fp32[1]:
+        return "fp16 should about halve them: " + note, ""
+    return None, note
+
+
+def check_case(kiln, case, args, tmp, ex):
+    """(label, why, note) for each check of one model."""
+    ref_dir = os.path.join(tmp, case["name"] + "-ref")
+    _, why = run([kiln, "run", case["model"], "--output-dir", ref_dir] + case["args"],
+                 args.timeout)
+    if why:
+        return [(case["name"] + " fp32 oracle", why, "")]
+    ref = outputs(ref_dir)
+    for k, e in enumerate(ref):
+        if e.dtype.kind == "f" and np.isnan(e).any():
+            return [(case["name"] + " fp32 oracle", "output %d has NaN" % k, "")]
+    jobs = [("%s %s %s" % (case["name"], p, d),
+             ex.submit(check_run, kiln, case, ref, p, d, args, tmp))
+            for p in PRECISIONS for d in DEVICES]
+    if case["kl"]:
+        jobs.append((case["name"] + " fp16 bytes", ex.submit(check_bytes, kiln, case, args, tmp)))
+    return [(label, *fu.result()) for label, fu in jobs]
+
+
+def onnx_cases(tmp, filt):
+    try:
+        import build_models
+    except ImportError as e:
+        print("note: no ONNX models (%s)" % e)
+        return []
+    outdir = os.path.join(tmp, "onnx")
+    build_models.build(outdir, filt)
+    cases = []
+    for folder in sorted(glob.glob(os.path.join(outdir, "*"))):
+        model = os.path.join(folder, "model.onnx")
+        if not os.path.exists(model):
+            continue
+        extra = []
+        if os.path.exists(os.path.join(folder, "args.json")):
+            with open(os.path.join(folder, "args.json")) as f:
+                extra = json.load(f)
+        cases.append({"name": os.path.basename(folder), "model": model, "kl": False,
+                      "args": ["--inputs-dir", os.path.join(folder, "test_data_set_0")] + extra})
+    return cases
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("kiln")
+    ap.add_argument("-k", dest="filter", default="", help="only models whose name contains this")
+    ap.add_argument("-j", dest="jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--no-onnx", action="store_true", help="the examples only")
+    ap.add_argument("--rtol", type=float, default=1e-2)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    args = ap.parse_args()
+    kiln = os.path.abspath(args.kiln)
+    with tempfile.TemporaryDirectory(prefix="kiln-precision-") as tmp:
+        cases = [{"name": os.path.splitext(os.path.basename(m))[0], "model": m, "kl": True,
+                  "args": []}
+                 for m in sorted(glob.glob(os.path.join(ROOT, "examples", "*.kl")))
+                 if args.filter in os.path.basename(m)]
+        if not args.no_onnx:
+            cases += onnx_cases(tmp, args.filter)
+        npass = nfail = 0
+        # models one after another, each model's runs side by side
+        with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as ex:
+            for case in cases:
+                for label, why, note in check_case(kiln, case, args, tmp, ex):
+                    if why:
+                        nfail += 1
+                        print("FAIL %s: %s" % (label, why), flush=True)
+                    else:
+                        npass += 1
+                        print("PASS %s (%s)" % (label, note), flush=True)
+    print("%d passed, %d failed" % (npass, nfail))
+    sys.exit(1 if nfail else 0 if npass else 77)
+
+
+if __name__ == "__main__":
+    main()

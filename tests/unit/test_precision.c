@@ -1,0 +1,279 @@
+/* test_precision.c - the precision pass: interpreter(graph) against
+ * interpreter(pass(graph)) within 1e-2 relative, the casts and types it
+ * chooses, compile-time weight conversion, and what it must leave alone. */
+#define _GNU_SOURCE /* open_memstream */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "../../frontend/frontend.h"
+#include "../../passes/passes.h"
+
+static kl_graph *parse(const char *src) {
+  kl_error err;
+  kl_graph *g = kl_parse_string(src, strlen(src), "t.kl", NULL, &err);
+  if (!g) fail_msg("%s", err.msg);
+  return g;
+}
+
+static kl_precision_options low(kl_dtype t) { return (kl_precision_options){.low = t}; }
+
+static void run_pass(kl_graph *g, const kl_precision_options *opt) {
+  kl_error err;
+  if (kl_assign_precision(g, opt, &err)) fail_msg("precision pass: %s", err.msg);
+}
+
+/* Seeded inputs in [-1, 1) of each input's (current) type. */
+static void make_inputs(const kl_graph *g, kl_tensor **in) {
+  kl_rng r;
+  kl_rng_seed(&r, 5);
+  for (int i = 0; i < g->inputs.len; i++) {
+    const kl_value *v = g->inputs.items[i];
+    in[i] = kl_tensor_new(v->dtype, &v->shape);
+    for (int64_t k = 0; k < in[i]->numel; k++)
+      in[i]->data[k] = kl_dtype_round(v->dtype, kl_dtype_is_float(v->dtype)
+                                                    ? 2 * kl_rng_uniform(&r) - 1
+                                                    : (double)(kl_rng_next(&r) % 4));
+  }
+}
+
+/* Every output of pass(src) within rtol of src's, no NaN, and of the
+ * declared type and name. */
+static void check_close(const char *src, const kl_precision_options *opt, double rtol) {
+  kl_graph *ref = parse(src), *g = parse(src);
+  run_pass(g, opt);
+  kl_tensor *in[8], *in2[8], *want[8], *got[8];
+  kl_error err;
+  make_inputs(ref, in);
+  make_inputs(g, in2);
+  assert_int_equal(kl_interpret(ref, in, want, &err), 0);
+  if (kl_interpret(g, in2, got, &err)) fail_msg("interpreting the rewritten graph: %s", err.msg);
+  for (int i = 0; i < ref->outputs.len; i++) {
+    assert_string_equal(g->outputs.items[i]->name, ref->outputs.items[i]->name);
+    if (!opt->io_set) assert_int_equal(got[i]->dtype, want[i]->dtype);
+    double scale = 0;
+    for (int64_t k = 0; k < want[i]->numel; k++) scale = fmax(scale, fabs(want[i]->data[k]));
+    for (int64_t k = 0; k < want[i]->numel; k++) {
+      double d = fabs(got[i]->data[k] - want[i]->data[k]);
+      if (isnan(got[i]->data[k]) || !(d <= rtol * (fabs(want[i]->data[k]) + scale)))
+        fail_msg("output '%s' element %lld: %g, fp32 gives %g", ref->outputs.items[i]->name,
+                 (long long)k, got[i]->data[k], want[i]->data[k]);
+    }
+    kl_tensor_free(want[i]);
+    kl_tensor_free(got[i]);
+  }
+  for (int i = 0; i < ref->inputs.len; i++) {
+    kl_tensor_free(in[i]);
+    kl_tensor_free(in2[i]);
+  }
+  kl_graph_free(ref);
+  kl_graph_free(g);
+}
+
+static const kl_node *node_of(const kl_graph *g, const char *value) {
+  const kl_value *v = kl_graph_find_value(g, value);
+  if (!v || !v->producer) fail_msg("no node gives '%s'", value);
+  return v->producer;
+}
+
+static const char mlp[] =
+    "input x: f32[4, 16]\n"
+    "param w1: f32[16, 32] = randn(0.3, seed=1)\n"
+    "param b1: f32[32] = uniform(-0.1, 0.1, seed=2)\n"
+    "param w2: f32[32, 8] = randn(0.3, seed=3)\n"
+    "let h = relu(x @ w1 + b1)\n"
+    "let logits = h @ w2\n"
+    "output p = softmax(logits, axis=-1)\n"
+    "output s = reduce_sum(exp(logits), axes=[1])\n";
+
+static void test_every_op_has_a_class(void **s) {
+  (void)s;
+  for (int op = 0; op < KL_OP_COUNT; op++)
+    if (kl_precision_op_class((kl_op)op) == KL_PREC_UNLISTED)
+      fail_msg("op %s has no precision class: add it to the table in passes/precision.c",
+               kl_ops[op].name);
+}
+
+static void test_close_to_fp32(void **s) {
+  (void)s;
+  kl_precision_options f16 = low(KL_F16), bf16 = low(KL_BF16);
+  check_close(mlp, &f16, 1e-2);
+  check_close(mlp, &bf16, 1e-2);
+  const char *conv =
+      "input x: f32[2, 3, 8, 8]\n"
+      "param w: f32[4, 3, 3, 3] = randn(0.3, seed=1)\n"
+      "param g: f32[4] = uniform(0.5, 1.5, seed=2)\n"
+      "param b: f32[4] = zeros\nconst m: f32[4] = zeros\nconst v: f32[4] = ones\n"
+      "let y = relu(batch_norm(conv2d(x, w, pads=[1, 1, 1, 1]), g, b, m, v))\n"
+      "output z = flatten(global_avg_pool(max_pool2d(y, kernel=[2, 2])))\n";
+  check_close(conv, &f16, 1e-2);
+  check_close(conv, &bf16, 1e-2);
+  kl_precision_options io = {.low = KL_F16, .io_set = true, .io = KL_F16};
+  check_close(mlp, &io, 1e-2);
+}
+
+static void test_types_and_casts(void **s) {
+  (void)s;
+  kl_graph *g = parse(mlp);
+  kl_precision_options opt = low(KL_F16);
+  run_pass(g, &opt);
+  /* matmuls and the elementwise ops between them run in f16 ... */
+  assert_int_equal(kl_precision_node_dtype(node_of(g, "h")), KL_F16);
+  assert_int_equal(kl_graph_find_value(g, "logits")->dtype, KL_F16);
+  /* ... softmax, exp and the reduction in f32, outputs as declared */
+  assert_int_equal(kl_precision_node_dtype(node_of(g, "p")), KL_F32);
+  assert_int_equal(g->outputs.items[0]->dtype, KL_F32);
+  assert_int_equal(g->outputs.items[1]->dtype, KL_F32);
+  /* the input keeps its type: one cast, named for what it does */
+  assert_int_equal(g->inputs.items[0]->dtype, KL_F32);
+  assert_int_equal(node_of(g, "x_to_f16")->op, KL_OP_CAST);
+  /* softmax and exp read one shared cast of logits */
+  int casts = 0;
+  for (int i = 0; i < g->nodes.len; i++) casts += g->nodes.items[i]->op == KL_OP_CAST;
+  assert_int_equal(casts, 2);
+  /* weights are converted at compile time */
+  for (int i = 0; i < g->params.len; i++) assert_int_equal(g->params.items[i]->dtype, KL_F16);
+  kl_graph_free(g);
+}
+
+static void test_io_precision(void **s) {
+  (void)s;
+  kl_graph *g = parse(mlp);
+  kl_precision_options opt = {.low = KL_BF16, .io_set = true, .io = KL_BF16};
+  run_pass(g, &opt);
+  assert_int_equal(g->inputs.items[0]->dtype, KL_BF16);
+  assert_int_equal(g->outputs.items[0]->dtype, KL_BF16);
+  assert_string_equal(g->outputs.items[0]->name, "p");
+  assert_int_equal(node_of(g, "p")->op, KL_OP_CAST);
+  kl_graph_free(g);
+  /* fp32 inside, f16 at the edges */
+  g = parse(mlp);
+  opt = (kl_precision_options){.low = KL_F32, .io_set = true, .io = KL_F16};
+  run_pass(g, &opt);
+  assert_int_equal(g->inputs.items[0]->dtype, KL_F16);
+  assert_int_equal(kl_graph_find_value(g, "logits")->dtype, KL_F32);
+  assert_int_equal(g->outputs.items[1]->dtype, KL_F16);
+  kl_graph_free(g);
+}
+
+static void test_user_lists(void **s) {
+  (void)s;
+  const char *ops[] = {"relu"}, *nodes[] = {"logits"};
+  kl_precision_options opt = {.low = KL_F16, .fp32_ops = ops, .nfp32_ops = 1,
+                              .fp32_nodes = nodes, .nfp32_nodes = 1};
+  kl_graph *g = parse(mlp);
+  run_pass(g, &opt);
+  assert_int_equal(kl_precision_node_class(node_of(g, "h"), &opt), KL_PREC_DENY);
+  assert_int_equal(kl_graph_find_value(g, "h")->dtype, KL_F32);
+  assert_int_equal(kl_graph_find_value(g, "logits")->dtype, KL_F32);
+  /* w2 is read by an fp32 matmul only: it stays f32 */
+  assert_int_equal(kl_graph_find_value(g, "w2")->dtype, KL_F32);
+  kl_graph_free(g);
+  check_close(mlp, &opt, 1e-2);
+
+  kl_error err;
+  const char *bad_op[] = {"softmaxx"}, *bad_node[] = {"nowhere"};
+  g = parse(mlp);
+  opt = (kl_precision_options){.low = KL_F16, .fp32_ops = bad_op, .nfp32_ops = 1};
+  assert_int_equal(kl_assign_precision(g, &opt, &err), -1);
+  assert_non_null(strstr(err.msg, "softmaxx"));
+  opt = (kl_precision_options){.low = KL_F16, .fp32_nodes = bad_node, .nfp32_nodes = 1};
+  assert_int_equal(kl_assign_precision(g, &opt, &err), -1);
+  assert_non_null(strstr(err.msg, "nowhere"));
+  kl_graph_free(g);
+}
+
+/* A weight read in both types keeps its f32 self and gains an f16 twin made
+ * at compile time; a mask constant saturates instead of becoming -inf. */
+static void test_weights_and_constants(void **s) {
+  (void)s;
+  const char *src =
+      "input x: f32[4, 4]\n"
+      "param w: f32[4, 4] = randn(1.0, seed=1)\n"
+      "const keep: bool[4, 4] = values([1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0, 1, 1, 1])\n"
+      "let s = where(keep, x @ w, -1e9)\n"
+      "output p = softmax(s, axis=-1)\n"
+      "output n = reduce_sum(w * w)\n";
+  kl_precision_options opt = low(KL_F16);
+  check_close(src, &opt, 1e-2);
+  kl_graph *g = parse(src);
+  int nparams = g->params.len;
+  run_pass(g, &opt);
+  assert_int_equal(kl_graph_find_value(g, "w")->dtype, KL_F32);
+  assert_int_equal(g->params.len, nparams + 1);
+  const kl_value *twin = kl_graph_find_value(g, "w_f16");
+  assert_non_null(twin);
+  assert_int_equal(twin->dtype, KL_F16);
+  const kl_node *where = node_of(g, "s");
+  assert_int_equal(kl_precision_node_dtype(where), KL_F16);
+  const kl_node *mask = where->inputs[2]->producer;
+  assert_int_equal(mask->op, KL_OP_CONSTANT);
+  assert_int_equal(mask->outputs[0]->dtype, KL_F16);
+  assert_true(kl_node_attr(mask, "value")->floats[0] == -65504.0);
+  kl_graph_free(g);
+}
+
+/* f64 and integer values are never touched; fp32 lowers nothing. */
+static void test_leaves_alone(void **s) {
+  (void)s;
+  const char *src =
+      "input x: f64[3, 4]\ninput i: i64[2]\n"
+      "param w: f64[4, 4] = randn(0.5, seed=1)\n"
+      "output y = gather(x @ w, i, axis=0)\n"
+      "output j = i * 2\n";
+  kl_precision_options opt = low(KL_F16);
+  kl_graph *g = parse(src);
+  int nnodes = g->nodes.len;
+  run_pass(g, &opt);
+  assert_int_equal(g->nodes.len, nnodes);
+  for (int i = 0; i < g->values.len; i++)
+    assert_true(g->values.items[i]->dtype == KL_F64 || g->values.items[i]->dtype == KL_I64);
+  kl_graph_free(g);
+  g = parse(mlp);
+  nnodes = g->nodes.len;
+  opt = low(KL_F32);
+  run_pass(g, &opt);
+  assert_int_equal(g->nodes.len, nnodes);
+  kl_graph_free(g);
+}
+
+/* The rewritten graph prints as .kl that parses back to the same types. */
+static void test_prints_back(void **s) {
+  (void)s;
+  kl_graph *g = parse(mlp);
+  kl_precision_options opt = low(KL_BF16);
+  run_pass(g, &opt);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  kl_print_graph(f, g);
+  fclose(f);
+  kl_error err;
+  kl_graph *back = kl_parse_string(text, len, "printed.kl", NULL, &err);
+  if (!back) fail_msg("%s\n%s", err.msg, text);
+  assert_int_equal(kl_graph_find_value(back, "logits")->dtype, KL_BF16);
+  assert_int_equal(kl_graph_find_value(back, "w1")->dtype, KL_BF16);
+  kl_graph_free(back);
+  kl_graph_free(g);
+  free(text);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_every_op_has_a_class),
+      cmocka_unit_test(test_close_to_fp32),
+      cmocka_unit_test(test_types_and_casts),
+      cmocka_unit_test(test_io_precision),
+      cmocka_unit_test(test_user_lists),
+      cmocka_unit_test(test_weights_and_constants),
+      cmocka_unit_test(test_leaves_alone),
+      cmocka_unit_test(test_prints_back),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
