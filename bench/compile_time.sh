@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Compile time per model, each phase apart (front end, codegen, NVRTC per
-# architecture), for the examples and the real-model-shaped ONNX graphs.
+# Compile time per model, each phase apart (front end with the precision
+# pass, passes: schedule, folding, fusion and memory plan, codegen, NVRTC
+# per architecture), for the examples and the real-model-shaped ONNX graphs.
 # Prints a markdown table.  Usage: bench/compile_time.sh [KILN]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,8 +10,8 @@ py=${PYTHON:-.venv/bin/python}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$py" tests/onnx_models/build_models.py "$tmp/onnx" >/dev/null
-echo "| model | front end ms | codegen ms | nvrtc sm_80 ms | nvrtc sm_90 ms | nvrtc compute_90 ms | kernels | GEMM calls |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| model | front end ms | passes ms | codegen ms | nvrtc sm_80 ms | nvrtc sm_90 ms | nvrtc compute_90 ms | kernels | GEMM calls |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for m in examples/mlp.kl examples/cnn.kl examples/transformer.kl \
          "$tmp"/onnx/{resnet18,mobilenetv2,bert_block,gpt2_block}/model.onnx; do
   name=$(basename "$m" .kl)
@@ -19,5 +20,5 @@ for m in examples/mlp.kl examples/cnn.kl examples/transformer.kl \
   t() { grep -oP "time: $1 \K[0-9.]+" <<<"$log" || echo "-"; }
   k=$(grep -oP '\(\K[0-9]+(?= kernels)' <<<"$log" || echo "-")
   gm=$(grep -oP '\(\K[0-9]+(?= GEMM)' <<<"$log" || echo "-")
-  echo "| $name | $(t 'front end') | $(t codegen) | $(t 'nvrtc sm_80') | $(t 'nvrtc sm_90') | $(t 'nvrtc compute_90') | $k | $gm |"
+  echo "| $name | $(t 'front end') | $(t passes) | $(t codegen) | $(t 'nvrtc sm_80') | $(t 'nvrtc sm_90') | $(t 'nvrtc compute_90') | $k | $gm |"
 done

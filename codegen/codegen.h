@@ -29,6 +29,8 @@ typedef struct {
   int nkernels;         /* kernels emitted */
   int ngemms;           /* runtime GEMM calls emitted */
   int nlaunches;        /* kernel launches and GEMM calls per run */
+  double passes_ms;     /* of the time kl_codegen took: the schedule,
+                           constant folding, fusion and the memory plan */
   int ngroups, nfused_nodes; /* fusion groups; nodes in groups of two or more */
   /* per node id (malloc'd): its group, or -1 for nodes that run no kernel
    * of their own: dead, folded into the weights, or views (reshape) */

@@ -142,6 +142,10 @@ typedef struct {
  * per-channel scale and shift. */
 bool kl_cg_is_channel_affine(const kl_node *n);
 void kl_cg_fused_io(kl_node *const *nodes, int n, const bool *stored, kl_cg_fused_args *io);
+/* A fused kernel's signature (`KL_KERNEL void name(in0.., out0..) {`)
+ * and its emulator entry. */
+void kl_cg_fused_params(FILE *f, const char *name, const kl_cg_fused_args *io);
+void kl_cg_fused_entry(FILE *f, const char *name, const kl_cg_fused_args *io);
 /* The kernel of an elementwise group: nodes[0..n) of one output shape in
  * schedule order. */
 void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, int n,

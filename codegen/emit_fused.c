@@ -69,10 +69,29 @@ static const char *reg(const kl_cg_fused_args *io, const kl_value *v, char *buf,
   return buf;
 }
 
+void kl_cg_fused_params(FILE *f, const char *name, const kl_cg_fused_args *io) {
+  fprintf(f, "KL_KERNEL void %s(", name);
+  for (int k = 0; k < io->nin; k++)
+    fprintf(f, "const %s *__restrict__ in%d, ", kl_cg_storage(io->in[k]->dtype), k);
+  for (int k = 0; k < io->nout; k++)
+    fprintf(f, "%s *__restrict__ out%d%s", kl_cg_storage(io->out[k]->dtype), k,
+            k + 1 < io->nout ? ", " : ") {\n");
+}
+
+void kl_cg_fused_entry(FILE *f, const char *name, const kl_cg_fused_args *io) {
+  fprintf(f, "KL_EMU_ENTRY(%s", name);
+  for (int k = 0; k < io->nin; k++)
+    fprintf(f, ", KL_ARG(const %s *, %d)", kl_cg_storage(io->in[k]->dtype), k);
+  for (int k = 0; k < io->nout; k++)
+    fprintf(f, ", KL_ARG(%s *, %d)", kl_cg_storage(io->out[k]->dtype), io->nin + k);
+  fprintf(f, ");\n\n");
+}
+
 /* A batch_norm member, as templates_nn.c's kernel computes it:
  * (x - mean[ch]) * (scale[ch] / sqrt(var[ch] + eps)) + bias[ch], ch the
  * element's index on axis 1. */
-static void channel_affine(FILE *f, const kl_node *nd, const kl_cg_fused_args *io, bool later) {
+static void channel_affine(FILE *f, const kl_node *nd, const kl_cg_fused_args *io, bool later,
+                           const char *idx, const char *store) {
   const kl_value *x = nd->inputs[0], *out = nd->outputs[0];
   int64_t inner = 1;
   for (int d = 2; d < x->shape.rank; d++) inner *= x->shape.dims[d];
@@ -83,8 +102,8 @@ static void channel_affine(FILE *f, const kl_node *nd, const kl_cg_fused_args *i
     kl_cg_load(p[i], sizeof p[i], nd->inputs[i]->dtype, ct, src[i]);
   }
   if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
-  fprintf(f, "    { /* %s: batch_norm, per channel */\n      const int64_t ch = (i / %lldLL) %% %lldLL;\n",
-          nd->name, (long long)inner, (long long)x->shape.dims[1]);
+  fprintf(f, "    { /* %s: batch_norm, per channel */\n      const int64_t ch = (%s / %lldLL) %% %lldLL;\n",
+          nd->name, idx, (long long)inner, (long long)x->shape.dims[1]);
   fprintf(f, "      const %s s = %s / sqrt%s(%s + (%s)%.17g);\n", ct, p[1], sf, p[4], ct,
           kl_attr_float(nd, "epsilon", 1e-5));
   char val[600];
@@ -92,7 +111,9 @@ static void channel_affine(FILE *f, const kl_node *nd, const kl_cg_fused_args *i
   fprintf(f, "      %s so; ", kl_cg_storage(out->dtype));
   kl_cg_store(f, out->dtype, "so", val);
   int ko = index_of(io->out, io->nout, out);
-  if (ko >= 0) fprintf(f, "      out%d[i] = so;\n", ko);
+  char at[64];
+  snprintf(at, sizeof at, store, ko);
+  if (ko >= 0) fprintf(f, "      %s = so;\n", at);
   char buf[160];
   if (later)
     fprintf(f, "      v%d = %s;\n", out->id,
@@ -100,37 +121,18 @@ static void channel_affine(FILE *f, const kl_node *nd, const kl_cg_fused_args *i
   fprintf(f, "    }\n");
 }
 
-void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, int n,
-                             const kl_cg_fused_args *io) {
-  const kl_shape *shape = &nodes[n - 1]->outputs[0]->shape;
-  char text[160], buf[256], r[3][32];
-  fprintf(f, "/* fused elementwise group of %d nodes -> %s:", n, kl_shape_str(shape, text, sizeof text));
-  for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
-  fprintf(f, " */\nKL_KERNEL void %s(", name);
-  for (int k = 0; k < io->nin; k++)
-    fprintf(f, "const %s *__restrict__ in%d, ", kl_cg_storage(io->in[k]->dtype), k);
-  for (int k = 0; k < io->nout; k++)
-    fprintf(f, "%s *__restrict__ out%d%s", kl_cg_storage(io->out[k]->dtype), k,
-            k + 1 < io->nout ? ", " : ") {\n");
-  kl_cg_grid_stride_loop(f, kl_shape_numel(shape));
-  /* offsets for the inputs read element for element (o0.. in their order) */
-  const kl_value *loads[KL_CG_MAX_FUSED_IO];
-  int nloads = 0, slot[KL_CG_MAX_FUSED_IO];
-  for (int k = 0; k < io->nin; k++)
-    if (io->elementwise_read[k]) slot[nloads] = k, loads[nloads++] = io->in[k];
-  if (nloads) kl_cg_index_math(f, shape, loads, nloads);
-  for (int q = 0; q < nloads; q++) {
-    const kl_value *v = loads[q];
-    char src[32];
-    snprintf(src, sizeof src, "in%d[o%d]", slot[q], q);
-    fprintf(f, "    const %s x%d = %s;\n", kl_cg_compute_type(v->dtype), slot[q],
-            kl_cg_load(buf, sizeof buf, v->dtype, kl_cg_compute_type(v->dtype), src));
-  }
+/* The members, one block each, after the x registers are loaded; a
+ * stored value goes to `store` (a printf format of the output's index:
+ * "out%d[i]", or "w%d.x" for a lane of a vector); idx is the element's
+ * flat index. */
+static void members(FILE *f, kl_node *const *nodes, int n, const kl_cg_fused_args *io,
+                    const char *store, const char *idx) {
+  char buf[256], r[3][32], at[48];
   for (int m = 0; m < n; m++) {
     const kl_node *nd = nodes[m];
     const kl_value *out = nd->outputs[0];
     if (kl_cg_is_channel_affine(nd)) {
-      channel_affine(f, nd, io, read_later(nodes, n, m, out));
+      channel_affine(f, nd, io, read_later(nodes, n, m, out), idx, store);
       continue;
     }
     const char *ct = kl_cg_operand_type(nd);
@@ -147,7 +149,8 @@ void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, i
     }
     fprintf(f, "      %s s; ", kl_cg_storage(out->dtype));
     kl_cg_store(f, out->dtype, "s", expr);
-    if (ko >= 0) fprintf(f, "      out%d[i] = s;\n", ko);
+    snprintf(at, sizeof at, store, ko);
+    if (ko >= 0) fprintf(f, "      %s = s;\n", at);
     if (later) {
       char src[8] = "s";
       fprintf(f, "      v%d = %s;\n", out->id,
@@ -155,10 +158,102 @@ void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, i
     }
     fprintf(f, "    }\n");
   }
-  fprintf(f, "  }\n}\nKL_EMU_ENTRY(%s", name);
+}
+
+/* Four consecutive elements a thread when the innermost dim is a multiple
+ * of 4: they share a row, so each input is either 4 consecutive elements
+ * (its innermost dim is the output's: a float4 for f32) or one element
+ * broadcast along the row. */
+static bool vectorizable(const kl_shape *shape) {
+  int64_t last = shape->rank ? shape->dims[shape->rank - 1] : 1;
+  return kl_shape_numel(shape) >= 4 && last % 4 == 0;
+}
+
+static bool reads_four(const kl_value *v, const kl_shape *shape) {
+  return v->shape.rank && v->shape.dims[v->shape.rank - 1] == shape->dims[shape->rank - 1];
+}
+
+/* The float4 path, taken when every float4 pointer is 16-byte aligned
+ * (checked at run time: a kernel does not know where its buffers start);
+ * else the scalar loop below runs. */
+static void vector_path(FILE *f, kl_node *const *nodes, int n, const kl_cg_fused_args *io,
+                        const kl_shape *shape) {
+  int64_t numel = kl_shape_numel(shape);
+  const kl_value *loads[KL_CG_MAX_FUSED_IO];
+  int nloads = 0, slot[KL_CG_MAX_FUSED_IO], q_of[KL_CG_MAX_FUSED_IO];
   for (int k = 0; k < io->nin; k++)
-    fprintf(f, ", KL_ARG(const %s *, %d)", kl_cg_storage(io->in[k]->dtype), k);
-  for (int k = 0; k < io->nout; k++)
-    fprintf(f, ", KL_ARG(%s *, %d)", kl_cg_storage(io->out[k]->dtype), io->nin + k);
-  fprintf(f, ");\n\n");
+    if (io->elementwise_read[k]) q_of[k] = nloads, slot[nloads] = k, loads[nloads++] = io->in[k];
+  /* outputs as float4 only when all are f32; else four stores each */
+  bool vec_out = true, any = false;
+  for (int k = 0; k < io->nout; k++) vec_out &= io->out[k]->dtype == KL_F32;
+  for (int k = 0; k < io->nin; k++)
+    any |= io->elementwise_read[k] && io->in[k]->dtype == KL_F32 && reads_four(io->in[k], shape);
+  if (!vec_out && !any) return; /* no float4 to load or store: nothing to gain */
+  fprintf(f, "  if (((0ULL");
+  for (int k = 0; k < io->nin; k++)
+    if (io->elementwise_read[k] && io->in[k]->dtype == KL_F32 && reads_four(io->in[k], shape))
+      fprintf(f, " | (uint64_t)in%d", k);
+  for (int k = 0; k < io->nout && vec_out; k++) fprintf(f, " | (uint64_t)out%d", k);
+  fprintf(f, ") & 15) == 0) {\n");
+  fprintf(f, "  for (int64_t i4 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i4 < %lldLL;\n"
+             "       i4 += (int64_t)blockDim.x * gridDim.x) {\n    const int64_t i = i4 * 4;\n",
+          (long long)(numel / 4));
+  if (nloads) kl_cg_index_math(f, shape, loads, nloads);
+  for (int q = 0; q < nloads; q++)
+    if (loads[q]->dtype == KL_F32 && reads_four(loads[q], shape))
+      fprintf(f, "    const float4 a%d = *(const float4 *)(in%d + o%d);\n", slot[q], slot[q], q);
+  for (int k = 0; k < io->nout && vec_out; k++) fprintf(f, "    float4 w%d;\n", k);
+  static const char lanes[] = "xyzw";
+  char buf[160], store[24], idx[16];
+  for (int l = 0; l < 4; l++) {
+    fprintf(f, "    {\n");
+    for (int k = 0; k < io->nin; k++) {
+      if (!io->elementwise_read[k]) continue;
+      const kl_value *v = io->in[k];
+      int q = q_of[k];
+      char src[48];
+      if (!reads_four(v, shape)) snprintf(src, sizeof src, "in%d[o%d]", k, q);
+      else if (v->dtype == KL_F32) snprintf(src, sizeof src, "a%d.%c", k, lanes[l]);
+      else snprintf(src, sizeof src, "in%d[o%d + %d]", k, q, l);
+      fprintf(f, "    const %s x%d = %s;\n", kl_cg_compute_type(v->dtype), k,
+              kl_cg_load(buf, sizeof buf, v->dtype, kl_cg_compute_type(v->dtype), src));
+    }
+    if (vec_out) snprintf(store, sizeof store, "w%%d.%c", lanes[l]);
+    else snprintf(store, sizeof store, "out%%d[i + %d]", l);
+    snprintf(idx, sizeof idx, "(i + %d)", l);
+    members(f, nodes, n, io, store, idx);
+    fprintf(f, "    }\n");
+  }
+  for (int k = 0; k < io->nout && vec_out; k++)
+    fprintf(f, "    *(float4 *)(out%d + i) = w%d;\n", k, k);
+  fprintf(f, "  }\n  return;\n  }\n");
+}
+
+void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, int n,
+                             const kl_cg_fused_args *io) {
+  const kl_shape *shape = &nodes[n - 1]->outputs[0]->shape;
+  int64_t numel = kl_shape_numel(shape);
+  char text[160], buf[256];
+  fprintf(f, "/* fused elementwise group of %d nodes -> %s:", n, kl_shape_str(shape, text, sizeof text));
+  for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
+  fprintf(f, " */\n");
+  kl_cg_fused_params(f, name, io);
+  if (vectorizable(shape)) vector_path(f, nodes, n, io, shape);
+  kl_cg_grid_stride_loop(f, numel);
+  /* offsets for the inputs read element for element (o0.. in their order) */
+  const kl_value *loads[KL_CG_MAX_FUSED_IO];
+  int nloads = 0, slot[KL_CG_MAX_FUSED_IO];
+  for (int k = 0; k < io->nin; k++)
+    if (io->elementwise_read[k]) slot[nloads] = k, loads[nloads++] = io->in[k];
+  if (nloads) kl_cg_index_math(f, shape, loads, nloads);
+  for (int q = 0; q < nloads; q++) {
+    const kl_value *v = loads[q];
+    char src[32];
+    snprintf(src, sizeof src, "in%d[o%d]", slot[q], q);
+    fprintf(f, "    const %s x%d = %s;\n", kl_cg_compute_type(v->dtype), slot[q],
+            kl_cg_load(buf, sizeof buf, v->dtype, kl_cg_compute_type(v->dtype), src));
+  }
+  members(f, nodes, n, io, "out%d[i]", "i");
+  fprintf(f, "  }\n}\n");
+  kl_cg_fused_entry(f, name, io);
 }

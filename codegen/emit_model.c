@@ -4,6 +4,7 @@
  * and header around them. */
 #include <limits.h>
 #include <stdarg.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,12 +38,19 @@ typedef struct {
   kl_memplan_stats mem;
   size_t mem_limit;       /* 0: none */
   kl_fusion fusion;       /* the groups, one kernel each */
+  double passes_ms;       /* schedule, folding, fusion, memory plan */
   int *step_group;        /* per step: its group */
   bool *alias;            /* per node id: its output is its input's buffer */
   bool *folded;           /* per node id: computed now, from weights alone */
   kl_tensor **known;      /* per value id: weights and folded values, while placing */
   size_t dram_bytes;
 } cg_ctx;
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
 
 static size_t value_bytes(const kl_value *v) {
   return (size_t)kl_shape_numel(&v->shape) * kl_dtype_size(v->dtype);
@@ -255,15 +263,8 @@ const char *kl_cg_scratch(kl_cg_emitter *e, size_t bytes, char *buf, size_t len)
 
 void kl_cg_launch(kl_cg_emitter *e, int k, int64_t threads, const char *const *args, int nargs) {
   if (threads <= 0) return;
-  int64_t blocks = (threads + BLOCK - 1) / BLOCK;
-  if (blocks > MAX_BLOCKS) blocks = MAX_BLOCKS;
-  FILE *f = e->rf;
-  fprintf(f, "  {\n");
-  for (int i = 0; i < nargs; i++) fprintf(f, "    void *p%d = %s;\n", i, args[i]);
-  fprintf(f, "    void *args[] = {");
-  for (int i = 0; i < nargs; i++) fprintf(f, "%s&p%d", i ? ", " : "", i);
-  fprintf(f, "};\n    if (krt_launch(m->mod, %d, (kl_dim3){%lld, 1, 1}, (kl_dim3){%d, 1, 1}, 0, args, "
-             "err, errlen))\n      return -1;\n  }\n", k, (long long)blocks, BLOCK);
+  int64_t blocks = (threads + BLOCK - 1) / BLOCK; /* grid-stride: capped */
+  kl_cg_launch_grid(e, k, blocks > MAX_BLOCKS ? MAX_BLOCKS : blocks, BLOCK, args, nargs);
 }
 
 void kl_cg_launch_node(kl_cg_emitter *e, int k, int64_t threads, const kl_node *n) {
@@ -458,6 +459,19 @@ static void write_offsets(FILE *f, const cg_ctx *c) {
   fprintf(f, "\n");
 }
 
+/* Nodes an elementwise kernel can take together: those with a scalar
+ * expression, except integer division and the like, whose kernels raise
+ * an error flag of their own. */
+static bool fusible_in_rows(const kl_node *n) {
+  return kl_cg_is_elementwise(n) && !kl_cg_traps_zero_divisor(n);
+}
+
+/* ... and, in elementwise kernels, inference batch_norm too: a per-channel
+ * scale and shift (conv -> batch_norm -> relu becomes GEMM + one kernel). */
+static bool fusible_elementwise(const kl_node *n) {
+  return fusible_in_rows(n) || kl_cg_is_channel_affine(n);
+}
+
 /* A group of two or more nodes: one elementwise or row kernel. */
 static void emit_fused_group(kl_cg_emitter *e, const kl_group *gr, kl_node *const *members,
                              int count) {
@@ -513,12 +527,12 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
       fprintf(e.rf, "  /* %s: %s -> %s, the input's buffer: no kernel */\n", members[0]->name,
               kl_ops[members[0]->op].name,
               kl_shape_str(&members[0]->outputs[0]->shape, shape, sizeof shape));
-    } else if (gr->count == 1) {
+    } else if (gr->count == 1 && !fusible_in_rows(members[0])) {
       const kl_node *n = members[0];
       for (int k = 0; k < n->ninputs; k++) c->dram_bytes += value_bytes(n->inputs[k]);
       for (int k = 0; k < n->noutputs; k++) c->dram_bytes += value_bytes(n->outputs[k]);
       rc = find_template(n)->emit(&e, n);
-    } else {
+    } else { /* a group, or one elementwise node: the same generator */
       emit_fused_group(&e, gr, members, gr->count);
     }
     c->step++;
@@ -528,7 +542,9 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   /* every launch and GEMM call of run() */
   for (const char *p = run_text; p && (p = strstr(p, "krt_launch(")); p++) c->nlaunches++;
   for (const char *p = run_text; p && (p = strstr(p, "krt_gemm(")); p++) c->nlaunches++;
+  double t0 = now_ms();
   if (!rc) rc = plan_memory(c);
+  c->passes_ms += now_ms() - t0;
   int kernel = e.nkernels;
   c->nkernels = e.nkernels;
   c->ngemms = e.ngemms;
@@ -630,19 +646,6 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   return 0;
 }
 
-/* Nodes an elementwise kernel can take together: those with a scalar
- * expression, except integer division and the like, whose kernels raise
- * an error flag of their own. */
-static bool fusible_in_rows(const kl_node *n) {
-  return kl_cg_is_elementwise(n) && !kl_cg_traps_zero_divisor(n);
-}
-
-/* ... and, in elementwise kernels, inference batch_norm too: a per-channel
- * scale and shift (conv -> batch_norm -> relu becomes GEMM + one kernel). */
-static bool fusible_elementwise(const kl_node *n) {
-  return fusible_in_rows(n) || kl_cg_is_channel_affine(n);
-}
-
 int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_result *out,
                kl_error *err) {
   memset(out, 0, sizeof *out);
@@ -659,14 +662,18 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
   if (!c.loc || !c.order || !c.live || !c.at_step || !c.step_group || !c.alias || !c.folded ||
       !c.known)
     abort();
+  double t0 = now_ms();
   if ((rc = kl_schedule(g, c.order, err))) goto done;
+  c.passes_ms = now_ms() - t0;
   for (int i = 0; i < g->outputs.len; i++)
     if (g->outputs.items[i]->producer) c.live[g->outputs.items[i]->producer->id] = true;
   for (int i = nn - 1; i >= 0; i--)
     if (c.live[c.order[i]->id])
       for (int k = 0; k < c.order[i]->ninputs; k++)
         if (c.order[i]->inputs[k]->producer) c.live[c.order[i]->inputs[k]->producer->id] = true;
+  t0 = now_ms();
   choose_folded(&c);
+  c.passes_ms += now_ms() - t0;
   /* Every op without a template, at once. */
   char msg[900];
   size_t used = 0;
@@ -693,7 +700,9 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
   kl_fusion_options fo = {.enabled = !(opt && opt->no_fuse), .max_group_nodes = 16,
                           .elementwise = fusible_elementwise, .row_kind = kl_cg_row_kind,
                           .row_elementwise = fusible_in_rows};
+  t0 = now_ms();
   int fuse_rc = kl_fuse(g, todo, ntodo, &fo, &c.fusion);
+  c.passes_ms += now_ms() - t0;
   free(todo);
   if (fuse_rc) {
     rc = kl_fail(err, (kl_loc){0}, "internal error: the fusion groups form a cycle");
@@ -704,6 +713,7 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
   out->nkernels = c.nkernels;
   out->ngemms = c.ngemms;
   out->nlaunches = c.nlaunches;
+  out->passes_ms = c.passes_ms;
   out->dram_bytes = c.dram_bytes;
   out->ngroups = c.fusion.ngroups;
   out->node_group = malloc(((size_t)nn + 1) * sizeof *out->node_group);

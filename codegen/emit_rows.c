@@ -232,12 +232,8 @@ kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, in
   fprintf(f, "/* fused row group of %d nodes over rows of %s, %s per row:", n,
           kl_shape_str(shape, text, sizeof text), c.plan.threads == 32 ? "a warp" : "a block");
   for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
-  fprintf(f, " */\nKL_KERNEL void %s(", name);
-  for (int k = 0; k < io->nin; k++)
-    fprintf(f, "const %s *__restrict__ in%d, ", kl_cg_storage(io->in[k]->dtype), k);
-  for (int k = 0; k < io->nout; k++)
-    fprintf(f, "%s *__restrict__ out%d%s", kl_cg_storage(io->out[k]->dtype), k,
-            k + 1 < io->nout ? ", " : ") {\n");
+  fprintf(f, " */\n");
+  kl_cg_fused_params(f, name, io);
   /* the shared arrays of every combine, declared up front */
   int npasses = 0;
   for (int m = 0; m < n; m++) {
@@ -350,11 +346,7 @@ kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, in
   /* the stored row values */
   kl_cg_rows_loop(f, &c.plan, "  ");
   row_body(&c, NULL, true);
-  fprintf(f, "  }\n}\nKL_EMU_ENTRY(%s", name);
-  for (int k = 0; k < io->nin; k++)
-    fprintf(f, ", KL_ARG(const %s *, %d)", kl_cg_storage(io->in[k]->dtype), k);
-  for (int k = 0; k < io->nout; k++)
-    fprintf(f, ", KL_ARG(%s *, %d)", kl_cg_storage(io->out[k]->dtype), io->nin + k);
-  fprintf(f, ");\n\n");
+  fprintf(f, "  }\n}\n");
+  kl_cg_fused_entry(f, name, io);
   return kl_cg_rows_grid(&c.plan);
 }

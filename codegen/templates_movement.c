@@ -272,14 +272,18 @@ static int emit_slice(kl_cg_emitter *e, const kl_node *n) {
   head(f, n, NULL);
   sig(f, name, &in, 1, &out, 1);
   loop(f, numel);
-  fprintf(f, "    int64_t r = i, o = %lldLL;\n", (long long)base);
+  /* r only when some axis takes it apart: NVRTC warns of a variable set
+   * and never read, and (void)r does not count as reading it */
+  bool uses_r = false;
+  for (int d = 0; d < out->shape.rank; d++) uses_r |= out->shape.dims[d] != 1;
+  fprintf(f, "    int64_t %so = %lldLL;\n", uses_r ? "r = i, " : "", (long long)base);
   for (int d = out->shape.rank - 1; d >= 0; d--) {
     int64_t dim = out->shape.dims[d];
     if (dim == 1) continue; /* a huge step only ever selects one element */
     fprintf(f, "    { const int64_t q = r %% %lldLL; r /= %lldLL; o += q * %lldLL; }\n",
             (long long)dim, (long long)dim, (long long)(step[d] * xst[d]));
   }
-  fprintf(f, "    (void)r;\n    out0[i] = in0[o];\n");
+  fprintf(f, "    out0[i] = in0[o];\n");
   tail(f);
   entry(f, name, &in, 1, &out, 1);
   launch(e, k, numel, &in, 1, &out, 1);
@@ -416,7 +420,9 @@ static int emit_gather_elements(kl_cg_emitter *e, const kl_node *n) {
   head(f, n, "(an index out of range reads 0: not reported by the device yet)");
   sig(f, name, (const kl_value *const *)n->inputs, 2, &out, 1);
   loop(f, numel);
-  fprintf(f, "    int64_t r = i, o = 0, q = (int64_t)in1[i];\n    int bad = 0;\n");
+  bool uses_r = false; /* as in emit_slice */
+  for (int d = 0; d < r; d++) uses_r |= ix->shape.dims[d] != 1;
+  fprintf(f, "    int64_t %so = 0, q = (int64_t)in1[i];\n    int bad = 0;\n", uses_r ? "r = i, " : "");
   for (int d = r - 1; d >= 0; d--) {
     int64_t id = ix->shape.dims[d];
     if (id == 1) continue;
@@ -424,7 +430,6 @@ static int emit_gather_elements(kl_cg_emitter *e, const kl_node *n) {
     else fprintf(f, "    { const int64_t c = r %% %lldLL; r /= %lldLL; o += c * %lldLL; }\n",
                  (long long)id, (long long)id, (long long)xst[d]);
   }
-  fprintf(f, "    (void)r;\n");
   take_index(f, "    ", "q", dim);
   fprintf(f, "    if (bad) out0[i] = %s;\n", zero(out->dtype));
   fprintf(f, "    else out0[i] = in0[o + q * %lldLL];\n", (long long)xst[axis]);
@@ -574,14 +579,16 @@ static int emit_scatter_elements(kl_cg_emitter *e, const kl_node *n) {
   head(f, n, what);
   sig(f, name, (const kl_value *const *)n->inputs, 3, &out, 1);
   loop(f, lines);
-  fprintf(f, "    int64_t r = i, xo = 0, io = 0;\n");
+  bool uses_r = false; /* as in emit_slice */
+  for (int d = 0; d < r; d++) uses_r |= d != axis && ix->shape.dims[d] != 1;
+  fprintf(f, "    int64_t %sxo = 0, io = 0;\n", uses_r ? "r = i, " : "");
   for (int d = r - 1; d >= 0; d--) {
     int64_t id = ix->shape.dims[d];
     if (d == axis || id == 1) continue;
     fprintf(f, "    { const int64_t c = r %% %lldLL; r /= %lldLL; xo += c * %lldLL; io += c * %lldLL; }\n",
             (long long)id, (long long)id, (long long)xst[d], (long long)ist[d]);
   }
-  fprintf(f, "    (void)r;\n    for (int64_t j = 0; j < %lldLL; j++) {\n", (long long)len);
+  fprintf(f, "    for (int64_t j = 0; j < %lldLL; j++) {\n", (long long)len);
   fprintf(f, "      const int64_t at = io + j * %lldLL;\n", (long long)ist[axis]);
   fprintf(f, "      int64_t q = (int64_t)in1[at];\n      int bad = 0;\n");
   take_index(f, "      ", "q", dim);

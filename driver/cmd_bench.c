@@ -181,16 +181,9 @@ int kiln_cmd_bench(int argc, char **argv) {
       break;
     }
     case OPT_JSON: json = true; break;
-    case OPT_DIM:
-    case OPT_WEIGHTS:
-    case OPT_SHAPE:
-    case OPT_PRECISION:
-    case OPT_IO_PRECISION:
-    case OPT_FP32_OPS:
-    case OPT_FP32_NODES:
-      if (kiln_model_opt(&mo, c, optarg)) return KILN_EXIT_USAGE;
+    default:
+      if (kiln_model_opt_or_usage(&mo, c, optarg, bench_help)) return KILN_EXIT_USAGE;
       break;
-    default: fputs(bench_help, stderr); return KILN_EXIT_USAGE;
     }
   }
   if (optind != argc - 1) {

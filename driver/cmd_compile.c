@@ -66,7 +66,9 @@ static int build_artifact(const kl_graph *g, const char *emit, const char *out,
     kl_error_print(stderr, &err);
     return KILN_EXIT_ERROR;
   }
-  if (gpu->timing) fprintf(stderr, "kiln: time: codegen %.1f ms\n", now_ms() - t0);
+  if (gpu->timing)
+    fprintf(stderr, "kiln: time: passes %.1f ms\nkiln: time: codegen %.1f ms\n", cg.passes_ms,
+            now_ms() - t0 - cg.passes_ms);
   char dir[4096];
   const char *tmp = getenv("TMPDIR");
   snprintf(dir, sizeof dir, "%s/kiln-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -128,16 +130,9 @@ int kiln_cmd_compile(int argc, char **argv) {
     case OPT_MEM_LIMIT:
       if (kiln_parse_mem_limit("compile", optarg, &mem_limit)) return KILN_EXIT_USAGE;
       break;
-    case OPT_DIM:
-    case OPT_WEIGHTS:
-    case OPT_SHAPE:
-    case OPT_PRECISION:
-    case OPT_IO_PRECISION:
-    case OPT_FP32_OPS:
-    case OPT_FP32_NODES:
-      if (kiln_model_opt(&mo, c, optarg)) return KILN_EXIT_USAGE;
+    default:
+      if (kiln_model_opt_or_usage(&mo, c, optarg, compile_help)) return KILN_EXIT_USAGE;
       break;
-    default: fputs(compile_help, stderr); return KILN_EXIT_USAGE;
     }
   }
   if (optind != argc - 1) {
@@ -167,7 +162,9 @@ int kiln_cmd_compile(int argc, char **argv) {
     kl_codegen_options copt = {.prefix = g->name, .mem_limit = mem_limit, .no_fuse = no_fuse};
     t0 = now_ms();
     int cg_rc = kl_codegen(g, &copt, &cg, &err);
-    if (timing && !cg_rc) fprintf(stderr, "kiln: time: codegen %.1f ms\n", now_ms() - t0);
+    if (timing && !cg_rc)
+      fprintf(stderr, "kiln: time: passes %.1f ms\nkiln: time: codegen %.1f ms\n", cg.passes_ms,
+              now_ms() - t0 - cg.passes_ms);
     if (cg_rc) {
       kl_error_print(stderr, &err);
     } else {

@@ -306,16 +306,9 @@ int kiln_cmd_run(int argc, char **argv) {
       }
       break;
     }
-    case OPT_DIM:
-    case OPT_WEIGHTS:
-    case OPT_SHAPE:
-    case OPT_PRECISION:
-    case OPT_IO_PRECISION:
-    case OPT_FP32_OPS:
-    case OPT_FP32_NODES:
-      if (kiln_model_opt(&mo, c, optarg)) return KILN_EXIT_USAGE;
+    default:
+      if (kiln_model_opt_or_usage(&mo, c, optarg, run_help)) return KILN_EXIT_USAGE;
       break;
-    default: fputs(run_help, stderr); return KILN_EXIT_USAGE;
     }
   }
   if (optind != argc - 1) {

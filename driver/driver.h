@@ -55,6 +55,10 @@ enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE, OPT_PRECISION, OPT_IO_PRECISION, 
 /* Handle a shared option; -1 (message printed) on a bad value. */
 /* Names are cut out of `arg` in place (argv outlives the options). */
 int kiln_model_opt(kiln_model_opts *o, int opt, char *arg);
+/* In a subcommand's getopt loop, for any option it does not handle itself:
+ * one of the shared options (0, or -1 after printing why its value is
+ * bad), or an unknown one (-1 after printing `help`). */
+int kiln_model_opt_or_usage(kiln_model_opts *o, int opt, char *arg, const char *help);
 /* Read a model (.kl or .onnx), apply --weights and the precision options;
  * NULL after printing the error. */
 kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o);

@@ -153,6 +153,14 @@ int kiln_apply_weights(kl_graph *g, const char *path) {
   return rc;
 }
 
+int kiln_model_opt_or_usage(kiln_model_opts *o, int opt, char *arg, const char *help) {
+  if (opt < OPT_DIM || opt > OPT_FP32_NODES) {
+    fputs(help, stderr);
+    return -1;
+  }
+  return kiln_model_opt(o, opt, arg);
+}
+
 kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o) {
   size_t n = strlen(path);
   kl_error err;

@@ -178,6 +178,8 @@ static inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i
  * but this C header could not mean the same way. */
 typedef struct { unsigned short kl_bits; } __half;
 typedef struct { unsigned short kl_bits; } __nv_bfloat16;
+/* CUDA's float4: four floats, 16-byte aligned, for vectorised loads. */
+typedef struct __attribute__((aligned(16))) { float x, y, z, w; } float4;
 
 /* Shift right by s (1..31) rounding to nearest, ties to even. */
 static inline uint32_t kl_shift_rne_(uint32_t m, int s) {

@@ -5,6 +5,7 @@
 set -u
 kiln=$(realpath "$1")
 root=$(cd "$(dirname "$0")/../.." && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -15,20 +16,7 @@ onnx_data=/usr/share/libonnx-testdata/data/node
 ok() { passed=$((passed + 1)); echo "PASS $1"; }
 bad() { failed=$((failed + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/  /' <<<"$2" | head -12; }
 
-# expect NAME CODE PATTERN -- CMD...: exit code CODE and PATTERN in stdout+stderr
-expect() {
-  local name=$1 code=$2 pattern=$3
-  shift 4
-  local out rc
-  out=$("$@" 2>&1)
-  rc=$?
-  if [ "$rc" -eq "$code" ] && grep -qE -- "$pattern" <<<"$out" &&
-     ! grep -qE "Sanitizer|runtime error:" <<<"$out"; then
-    ok "$name"
-  else
-    bad "$name: exit $rc (want $code)" "$out"
-  fi
-}
+. "$here/expect.sh"
 
 # same NAME A.npy B.npy: equal at 1e-5 relative (NumPy decides)
 same() {

@@ -4,26 +4,13 @@
 set -u
 kiln=$(realpath "$1")
 root=$(cd "$(dirname "$0")/../.." && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
 passed=0 failed=0
 
-# expect NAME CODE PATTERN -- CMD...: exit code CODE and PATTERN in stdout+stderr
-expect() {
-  local name=$1 code=$2 pattern=$3
-  shift 4
-  local out rc
-  out=$("$@" 2>&1)
-  rc=$?
-  # a sanitizer report fails the check whatever the exit code
-  if [ "$rc" -eq "$code" ] && grep -qE -- "$pattern" <<<"$out" &&
-     ! grep -qE "Sanitizer|runtime error:" <<<"$out"; then
-    passed=$((passed + 1)); echo "PASS $name"
-  else
-    failed=$((failed + 1)); echo "FAIL $name: exit $rc (want $code), output:"; sed 's/^/  /' <<<"$out" | head -8
-  fi
-}
+. "$here/expect.sh"
 
 cat >m.kl <<'KL'
 dim B = 2
