@@ -154,6 +154,84 @@ static int pick_group(fuse_ctx *c, kl_node *n) {
   return -1;
 }
 
+/* Groups in an order that respects their edges (a group runs once all
+ * it reads is written): groups grow after they are made, so the order they
+ * were made in is not enough.  Kahn's algorithm, the smallest group first,
+ * which keeps the schedule's order where it can.  Returns how many groups
+ * it ordered into queue (fewer than all: a cycle). */
+static int sort_groups(const fuse_ctx *c, int *queue) {
+  int ng = c->f->ngroups, *indeg = calloc((size_t)ng + 1, sizeof *indeg);
+  int **succ = calloc((size_t)ng + 1, sizeof *succ), *nsucc = calloc((size_t)ng + 1, sizeof *nsucc),
+      *scap = calloc((size_t)ng + 1, sizeof *scap);
+  if (!indeg || !succ || !nsucc || !scap) abort();
+  for (int gi = 0; gi < ng; gi++)
+    for (int k = 0; k < c->npreds[gi]; k++) {
+      int p = c->preds[gi][k];
+      if (nsucc[p] == scap[p]) {
+        scap[p] = scap[p] ? scap[p] * 2 : 4;
+        int *grown = realloc(succ[p], (size_t)scap[p] * sizeof *grown);
+        if (!grown) abort();
+        succ[p] = grown;
+      }
+      succ[p][nsucc[p]++] = gi;
+      indeg[gi]++;
+    }
+  int head = 0, tail = 0;
+  for (int gi = 0; gi < ng; gi++)
+    if (!indeg[gi]) queue[tail++] = gi;
+  while (head < tail) {
+    int best = head;
+    for (int q = head + 1; q < tail; q++)
+      if (queue[q] < queue[best]) best = q;
+    int gi = queue[best];
+    queue[best] = queue[head];
+    queue[head++] = gi;
+    for (int k = 0; k < nsucc[gi]; k++)
+      if (--indeg[succ[gi][k]] == 0) queue[tail++] = succ[gi][k];
+  }
+  for (int gi = 0; gi < ng; gi++) free(succ[gi]);
+  free(indeg), free(succ), free(nsucc), free(scap);
+  return head;
+}
+
+/* Lay the groups and their nodes out in the sorted order; renumber. */
+static void apply_order(fuse_ctx *c, const int *queue, int nn) {
+  kl_fusion *f = c->f;
+  int ng = f->ngroups, at = 0, *pos = calloc((size_t)ng + 1, sizeof *pos);
+  kl_group *sorted = calloc((size_t)ng + 1, sizeof *sorted);
+  if (!pos || !sorted) abort();
+  for (int q = 0; q < ng; q++) {
+    int gi = queue[q];
+    pos[gi] = q;
+    sorted[q] = f->groups[gi];
+    sorted[q].first = at;
+    sorted[q].count = c->nmembers[gi];
+    for (int k = 0; k < c->nmembers[gi]; k++) f->nodes[at++] = c->members[gi][k];
+  }
+  for (int i = 0; i < nn; i++)
+    if (c->group_of[i] >= 0) c->group_of[i] = pos[c->group_of[i]];
+  free(f->groups);
+  f->groups = sorted;
+  f->nnodes = at;
+  free(pos);
+}
+
+/* A value is written to memory when it is a graph output or another group
+ * reads it; the rest live in registers inside their kernel. */
+static void mark_stored(kl_fusion *f, int nv) {
+  if (!(f->stored = calloc((size_t)nv + 1, sizeof *f->stored))) abort();
+  for (int k = 0; k < f->nnodes; k++) {
+    const kl_node *node = f->nodes[k];
+    for (int o = 0; o < node->noutputs; o++)
+      f->stored[node->outputs[o]->id] |= node->outputs[o]->is_output;
+    for (int i = 0; i < node->ninputs; i++) {
+      const kl_value *v = node->inputs[i];
+      if (v->producer && f->group_of[v->producer->id] != f->group_of[node->id])
+        f->stored[v->id] = true;
+    }
+  }
+}
+
 int kl_fuse(const kl_graph *g, kl_node *const *order, int n, const kl_fusion_options *opt,
             kl_fusion *f) {
   memset(f, 0, sizeof *f);
@@ -191,78 +269,21 @@ int kl_fuse(const kl_graph *g, kl_node *const *order, int n, const kl_fusion_opt
       push_node(&c.readers[v->id], &c.nreaders[v->id], &c.rcap[v->id], node);
     }
   }
-  /* Groups in an order that respects their edges: a group runs once all
-   * it reads is written.  Groups were made in schedule order, and a group
-   * only reads groups that existed before its first node... except that a
-   * group grows later, so sort: Kahn's algorithm over group edges. */
-  int ng = f->ngroups, *indeg = calloc((size_t)ng + 1, sizeof *indeg);
-  int *queue = malloc(((size_t)ng + 1) * sizeof *queue), *pos = malloc(((size_t)ng + 1) * sizeof *pos);
-  int **succ = calloc((size_t)ng + 1, sizeof *succ), *nsucc = calloc((size_t)ng + 1, sizeof *nsucc),
-      *scap = calloc((size_t)ng + 1, sizeof *scap);
-  if (!indeg || !queue || !pos || !succ || !nsucc || !scap) abort();
-  for (int gi = 0; gi < ng; gi++)
-    for (int k = 0; k < c.npreds[gi]; k++) {
-      int p = c.preds[gi][k];
-      if (nsucc[p] == scap[p]) {
-        scap[p] = scap[p] ? scap[p] * 2 : 4;
-        int *grown = realloc(succ[p], (size_t)scap[p] * sizeof *grown);
-        if (!grown) abort();
-        succ[p] = grown;
-      }
-      succ[p][nsucc[p]++] = gi;
-      indeg[gi]++;
-    }
-  int head = 0, tail = 0;
-  for (int gi = 0; gi < ng; gi++)
-    if (!indeg[gi]) queue[tail++] = gi;
-  /* smallest index first keeps the schedule's order where it can */
-  while (head < tail) {
-    int best = head;
-    for (int q = head + 1; q < tail; q++)
-      if (queue[q] < queue[best]) best = q;
-    int gi = queue[best];
-    queue[best] = queue[head];
-    queue[head++] = gi;
-    for (int k = 0; k < nsucc[gi]; k++)
-      if (--indeg[succ[gi][k]] == 0) queue[tail++] = succ[gi][k];
-  }
-  int rc = head == ng ? 0 : -1; /* a cycle would be a bug in can_join */
-  kl_group *sorted = calloc((size_t)ng + 1, sizeof *sorted);
-  if (!sorted) abort();
-  int at = 0;
-  for (int q = 0; q < head; q++) {
-    int gi = queue[q];
-    pos[gi] = q;
-    sorted[q] = f->groups[gi];
-    sorted[q].first = at;
-    sorted[q].count = c.nmembers[gi];
-    for (int k = 0; k < c.nmembers[gi]; k++) f->nodes[at++] = c.members[gi][k];
-  }
-  for (int i = 0; i < nn; i++)
-    if (c.group_of[i] >= 0) c.group_of[i] = pos[c.group_of[i]];
-  free(f->groups);
-  f->groups = sorted;
-  f->nnodes = at;
-  /* A value is written to memory when it is a graph output or another
-   * group reads it; the rest live in registers inside their kernel. */
-  if (!(f->stored = calloc((size_t)nv + 1, sizeof *f->stored))) abort();
-  for (int k = 0; k < at; k++) {
-    const kl_node *node = f->nodes[k];
-    for (int o = 0; o < node->noutputs; o++) f->stored[node->outputs[o]->id] |= node->outputs[o]->is_output;
-    for (int i = 0; i < node->ninputs; i++) {
-      const kl_value *v = node->inputs[i];
-      if (v->producer && c.group_of[v->producer->id] != c.group_of[node->id]) f->stored[v->id] = true;
-    }
+  int ng = f->ngroups, *queue = calloc((size_t)ng + 1, sizeof *queue);
+  if (!queue) abort();
+  int sorted = sort_groups(&c, queue);
+  int rc = sorted == ng ? 0 : -1; /* a cycle would be a bug in can_join */
+  if (!rc) {
+    apply_order(&c, queue, nn);
+    mark_stored(f, nv);
   }
   for (int gi = 0; gi < ng; gi++) {
     free(c.preds[gi]);
     free(c.members[gi]);
-    free(succ[gi]);
   }
   for (int v = 0; v < nv; v++) free(c.readers[v]);
   free(c.preds), free(c.npreds), free(c.cap), free(c.seen), free(c.members), free(c.nmembers);
-  free(c.mcap), free(c.readers), free(c.nreaders), free(c.rcap);
-  free(indeg), free(queue), free(pos), free(succ), free(nsucc), free(scap);
+  free(c.mcap), free(c.readers), free(c.nreaders), free(c.rcap), free(queue);
   if (rc) kl_fusion_free(f);
   return rc;
 }
