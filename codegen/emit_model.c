@@ -268,14 +268,9 @@ void kl_cg_launch(kl_cg_emitter *e, int k, int64_t threads, const char *const *a
 }
 
 void kl_cg_launch_node(kl_cg_emitter *e, int k, int64_t threads, const kl_node *n) {
-  char bufs[65][160];
-  const char *args[65];
-  int na = 0;
-  for (int i = 0; i < n->ninputs && na < 64; i++, na++)
-    args[na] = kl_cg_ptr(e, n->inputs[i], bufs[na], sizeof bufs[na]);
-  args[na] = kl_cg_ptr(e, n->outputs[0], bufs[na], sizeof bufs[na]);
-  na++;
-  kl_cg_launch(e, k, threads, args, na);
+  if (threads <= 0) return;
+  int64_t blocks = (threads + BLOCK - 1) / BLOCK; /* grid-stride: capped */
+  kl_cg_launch_node_grid(e, k, blocks > MAX_BLOCKS ? MAX_BLOCKS : blocks, BLOCK, n);
 }
 
 void kl_cg_launch_grid(kl_cg_emitter *e, int k, int64_t grid_x, int block_x,
