@@ -4,7 +4,7 @@
  * and header around them. */
 #include <limits.h>
 #include <stdarg.h>
-#include <time.h>
+#include "../runtime/kilnrt.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,12 +45,6 @@ typedef struct {
   kl_tensor **known;      /* per value id: weights and folded values, while placing */
   size_t dram_bytes;
 } cg_ctx;
-
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
 
 static size_t value_bytes(const kl_value *v) {
   return (size_t)kl_shape_numel(&v->shape) * kl_dtype_size(v->dtype);
@@ -537,9 +531,9 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   /* every launch and GEMM call of run() */
   for (const char *p = run_text; p && (p = strstr(p, "krt_launch(")); p++) c->nlaunches++;
   for (const char *p = run_text; p && (p = strstr(p, "krt_gemm(")); p++) c->nlaunches++;
-  double t0 = now_ms();
+  double t0 = krt_now_ms();
   if (!rc) rc = plan_memory(c);
-  c->passes_ms += now_ms() - t0;
+  c->passes_ms += krt_now_ms() - t0;
   int kernel = e.nkernels;
   c->nkernels = e.nkernels;
   c->ngemms = e.ngemms;
@@ -657,18 +651,18 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
   if (!c.loc || !c.order || !c.live || !c.at_step || !c.step_group || !c.alias || !c.folded ||
       !c.known)
     abort();
-  double t0 = now_ms();
+  double t0 = krt_now_ms();
   if ((rc = kl_schedule(g, c.order, err))) goto done;
-  c.passes_ms = now_ms() - t0;
+  c.passes_ms = krt_now_ms() - t0;
   for (int i = 0; i < g->outputs.len; i++)
     if (g->outputs.items[i]->producer) c.live[g->outputs.items[i]->producer->id] = true;
   for (int i = nn - 1; i >= 0; i--)
     if (c.live[c.order[i]->id])
       for (int k = 0; k < c.order[i]->ninputs; k++)
         if (c.order[i]->inputs[k]->producer) c.live[c.order[i]->inputs[k]->producer->id] = true;
-  t0 = now_ms();
+  t0 = krt_now_ms();
   choose_folded(&c);
-  c.passes_ms += now_ms() - t0;
+  c.passes_ms += krt_now_ms() - t0;
   /* Every op without a template, at once. */
   char msg[900];
   size_t used = 0;
@@ -695,9 +689,9 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
   kl_fusion_options fo = {.enabled = !(opt && opt->no_fuse), .max_group_nodes = 16,
                           .elementwise = fusible_elementwise, .row_kind = kl_cg_row_kind,
                           .row_elementwise = fusible_in_rows};
-  t0 = now_ms();
+  t0 = krt_now_ms();
   int fuse_rc = kl_fuse(g, todo, ntodo, &fo, &c.fusion);
-  c.passes_ms += now_ms() - t0;
+  c.passes_ms += krt_now_ms() - t0;
   free(todo);
   if (fuse_rc) {
     rc = kl_fail(err, (kl_loc){0}, "internal error: the fusion groups form a cycle");

@@ -191,46 +191,38 @@ static void slab_kernel(FILE *f, const char *name, const kl_node *n, const kl_va
 
 static bool handles_concat(const kl_node *n) { return n->op == KL_OP_CONCAT; }
 
-static int emit_concat(kl_cg_emitter *e, const kl_node *n) {
-  const kl_value *out = n->outputs[0];
-  int axis = norm_axis(kl_attr_int(n, "axis", 0), out->shape.rank);
+/* Concat and split move slabs between one whole tensor and its parts
+ * along `axis`: one kernel per non-empty part, to the whole (concat) or
+ * from it (split). */
+static int emit_slabs(kl_cg_emitter *e, const kl_node *n, const kl_value *whole,
+                      const kl_value *const *parts, int nparts, bool to_whole) {
+  int axis = norm_axis(kl_attr_int(n, "axis", 0), whole->shape.rank);
   int64_t outer, total, inner, at = 0;
-  split_at(&out->shape, axis, &outer, &total, &inner);
+  split_at(&whole->shape, axis, &outer, &total, &inner);
   host_comment(e, n);
-  for (int k = 0; k < n->ninputs; k++) {
-    const kl_value *in = n->inputs[k];
-    int64_t len = in->shape.dims[axis];
-    if (kl_shape_numel(&in->shape) > 0) {
+  for (int k = 0; k < nparts; k++) {
+    const kl_value *part = parts[k];
+    int64_t len = part->shape.dims[axis];
+    if (kl_shape_numel(&part->shape) > 0) {
       char name[32];
       int kk = new_kernel(e, name);
-      slab_kernel(kl_cg_kernels(e), name, n, in, out, true, at, len, total, inner);
-      launch(e, kk, kl_shape_numel(&in->shape), &in, 1, &out, 1);
+      slab_kernel(kl_cg_kernels(e), name, n, part, whole, to_whole, at, len, total, inner);
+      if (to_whole) launch(e, kk, kl_shape_numel(&part->shape), &part, 1, &whole, 1);
+      else launch(e, kk, kl_shape_numel(&part->shape), &whole, 1, &part, 1);
     }
     at += len;
   }
   return 0;
 }
 
+static int emit_concat(kl_cg_emitter *e, const kl_node *n) {
+  return emit_slabs(e, n, n->outputs[0], (const kl_value *const *)n->inputs, n->ninputs, true);
+}
+
 static bool handles_split(const kl_node *n) { return n->op == KL_OP_SPLIT; }
 
 static int emit_split(kl_cg_emitter *e, const kl_node *n) {
-  const kl_value *in = n->inputs[0];
-  int axis = norm_axis(kl_attr_int(n, "axis", 0), in->shape.rank);
-  int64_t outer, total, inner, at = 0;
-  split_at(&in->shape, axis, &outer, &total, &inner);
-  host_comment(e, n);
-  for (int k = 0; k < n->noutputs; k++) {
-    const kl_value *out = n->outputs[k];
-    int64_t len = out->shape.dims[axis];
-    if (kl_shape_numel(&out->shape) > 0) {
-      char name[32];
-      int kk = new_kernel(e, name);
-      slab_kernel(kl_cg_kernels(e), name, n, out, in, false, at, len, total, inner);
-      launch(e, kk, kl_shape_numel(&out->shape), &in, 1, &out, 1);
-    }
-    at += len;
-  }
-  return 0;
+  return emit_slabs(e, n, n->inputs[0], (const kl_value *const *)n->outputs, n->noutputs, false);
 }
 
 /* ---- renumbering copies: slice, pad, trilu ----------------------------- */

@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 
 #include "driver.h"
 
@@ -44,12 +43,6 @@ int kiln_write_sources(const kl_codegen_result *cg, const char *dir) {
   return write_file(dir, "kernels.cu", cg->kernels_cu) || write_file(dir, "model.c", cg->model_c) ||
          write_file(dir, "model.h", cg->model_h) ||
          write_bytes_file(dir, "weights.bin", cg->params, cg->param_bytes);
-}
-
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
 /* The prelude NVRTC compiles kernels.cu against (a named header). */
@@ -93,7 +86,7 @@ int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm,
     size_t len;
     char *log;
     kl_error err;
-    double t0 = now_ms();
+    double t0 = krt_now_ms();
     if (kl_nvrtc_compile(cg->kernels_cu, prelude, arch, ptx, &img, &len, &log, &err)) {
       kl_error_print(stderr, &err);
       rc = -1;
@@ -104,7 +97,7 @@ int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm,
       }
       if (timing)
         fprintf(stderr, "kiln: time: nvrtc %s_%d %.1f ms (%zu bytes)\n", ptx ? "compute" : "sm", arch,
-                now_ms() - t0, len);
+                krt_now_ms() - t0, len);
       if (ptx) {
         fprintf(f, "const char kiln_ptx[] = {");
         write_bytes(f, img, len + 1);

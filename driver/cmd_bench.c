@@ -7,7 +7,6 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "driver.h"
 
@@ -30,24 +29,13 @@ typedef struct {
   double compile_ms, run_ms;
 } side;
 
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
-static int by_value(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 /* Compile g (fused or not) for dev, run it iters times on `in`. */
 static int measure(const kl_graph *g, bool fuse, krt_device *dev, void **in, long iters, side *s,
                    char *device_name, size_t n) {
   kl_codegen_result cg;
   kl_error err;
   kl_codegen_options copt = {.prefix = g->name, .no_fuse = !fuse};
-  double t0 = now_ms();
+  double t0 = krt_now_ms();
   if (kl_codegen(g, &copt, &cg, &err)) {
     kl_error_print(stderr, &err);
     return -1;
@@ -71,7 +59,7 @@ static int measure(const kl_graph *g, bool fuse, krt_device *dev, void **in, lon
     goto done;
   }
   handle = kiln_build_host(&cg, dir, krt_device_kind_of(dev) == KRT_DEVICE_CUDA, &api);
-  s->compile_ms = now_ms() - t0;
+  s->compile_ms = krt_now_ms() - t0;
   if (!handle) goto done;
   if (api->create(dev, &model, msg, sizeof msg)) {
     fprintf(stderr, "kiln: error: %s\n", msg);
@@ -84,15 +72,14 @@ static int measure(const kl_graph *g, bool fuse, krt_device *dev, void **in, lon
     if (!(out[i] = malloc((size_t)kl_shape_numel(&v->shape) * kl_dtype_size(v->dtype) + 1))) abort();
   }
   for (long it = -1; it < iters; it++) { /* one warm-up run */
-    double r0 = now_ms();
+    double r0 = krt_now_ms();
     if (api->run(model, (const void *const *)in, out, msg, sizeof msg)) {
       fprintf(stderr, "kiln: error: %s\n", msg);
       goto done;
     }
-    if (it >= 0) times[it] = now_ms() - r0;
+    if (it >= 0) times[it] = krt_now_ms() - r0;
   }
-  qsort(times, (size_t)iters, sizeof *times, by_value);
-  s->run_ms = iters % 2 ? times[iters / 2] : (times[iters / 2 - 1] + times[iters / 2]) / 2;
+  s->run_ms = krt_median(times, (size_t)iters);
   snprintf(device_name, n, "%s", krt_device_name(dev));
   rc = 0;
 done:

@@ -4,7 +4,6 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,12 +34,6 @@ enum { OPT_EMIT = 2100, OPT_ARCH, OPT_NO_NVRTC, OPT_WERROR, OPT_TIME, OPT_MEM_LI
 static size_t mem_limit; /* --mem-limit, for every kl_codegen below; 0: none */
 static bool no_fuse;     /* --no-fuse */
 
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
 static int parse_archs(const char *list, int *sm, int cap) {
   int n = 0;
   for (const char *p = list; *p;) {
@@ -61,14 +54,14 @@ static int build_artifact(const kl_graph *g, const char *emit, const char *out,
   kl_codegen_result cg;
   kl_error err;
   kl_codegen_options copt = {.prefix = g->name, .mem_limit = mem_limit, .no_fuse = no_fuse};
-  double t0 = now_ms();
+  double t0 = krt_now_ms();
   if (kl_codegen(g, &copt, &cg, &err)) {
     kl_error_print(stderr, &err);
     return KILN_EXIT_ERROR;
   }
   if (gpu->timing)
     fprintf(stderr, "kiln: time: passes %.1f ms\nkiln: time: codegen %.1f ms\n", cg.passes_ms,
-            now_ms() - t0 - cg.passes_ms);
+            krt_now_ms() - t0 - cg.passes_ms);
   char dir[4096];
   const char *tmp = getenv("TMPDIR");
   snprintf(dir, sizeof dir, "%s/kiln-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -77,11 +70,11 @@ static int build_artifact(const kl_graph *g, const char *emit, const char *out,
     fprintf(stderr, "kiln: error: cannot make a build folder under %s: %s\n",
             tmp && *tmp ? tmp : "/tmp", strerror(errno));
   } else {
-    t0 = now_ms();
+    t0 = krt_now_ms();
     bool exe = !strcmp(emit, "exe");
     if (!(exe ? kiln_build_exe : kiln_build_lib)(&cg, g->name, dir, out, gpu)) {
       rc = KILN_EXIT_OK;
-      if (gpu->timing) fprintf(stderr, "kiln: time: host compiler %.1f ms\n", now_ms() - t0);
+      if (gpu->timing) fprintf(stderr, "kiln: time: host compiler %.1f ms\n", krt_now_ms() - t0);
       fprintf(stderr, "kiln: wrote %s%s (%d kernels, %d GEMM calls; arena %zu bytes, weights %zu "
                       "bytes)\n", out, exe ? "" : "/", cg.nkernels, cg.ngemms, cg.arena_bytes,
               cg.param_bytes);
@@ -149,9 +142,9 @@ int kiln_cmd_compile(int argc, char **argv) {
             strcmp(emit, "exe") ? "FOLDER" : "PROGRAM");
     return KILN_EXIT_USAGE;
   }
-  double t0 = now_ms();
+  double t0 = krt_now_ms();
   kl_graph *g = kiln_load_model(argv[optind], &mo);
-  if (timing && g) fprintf(stderr, "kiln: time: front end %.1f ms\n", now_ms() - t0);
+  if (timing && g) fprintf(stderr, "kiln: time: front end %.1f ms\n", krt_now_ms() - t0);
   int rc = KILN_EXIT_ERROR;
   kiln_gpu_opts gpu = {sm, nsm, nvrtc, werror, timing};
   if (g && (!strcmp(emit, "exe") || !strcmp(emit, "lib"))) {
@@ -160,11 +153,11 @@ int kiln_cmd_compile(int argc, char **argv) {
     kl_codegen_result cg;
     kl_error err;
     kl_codegen_options copt = {.prefix = g->name, .mem_limit = mem_limit, .no_fuse = no_fuse};
-    t0 = now_ms();
+    t0 = krt_now_ms();
     int cg_rc = kl_codegen(g, &copt, &cg, &err);
     if (timing && !cg_rc)
       fprintf(stderr, "kiln: time: passes %.1f ms\nkiln: time: codegen %.1f ms\n", cg.passes_ms,
-              now_ms() - t0 - cg.passes_ms);
+              krt_now_ms() - t0 - cg.passes_ms);
     if (cg_rc) {
       kl_error_print(stderr, &err);
     } else {

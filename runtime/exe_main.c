@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "kilnrt.h"
@@ -228,17 +227,6 @@ static void summarise(const char *name, const krt_tensor *t) {
   printf("\n");
 }
 
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
-static int by_value(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 int krt_exe_main(const krt_model_api *api, int argc, char **argv) {
   const char *slash = argc > 0 ? strrchr(argv[0], '/') : NULL;
   exe_opts o = {.prog = argc > 0 ? (slash ? slash + 1 : argv[0]) : api->model_name,
@@ -282,16 +270,14 @@ int krt_exe_main(const krt_model_api *api, int argc, char **argv) {
   /* One untimed warm-up run when timing several: the first run pays for
    * loading kernels and first touches of memory. */
   for (long it = o.iters > 1 ? -1 : 0; it < o.iters; it++) {
-    double t0 = now_ms();
+    double t0 = krt_now_ms();
     if (api->run(model, in_data, out_data, msg, sizeof msg)) {
       fprintf(stderr, "%s: error: %s\n", o.prog, msg);
       goto done;
     }
-    if (it >= 0) times[it] = now_ms() - t0;
+    if (it >= 0) times[it] = krt_now_ms() - t0;
   }
-  qsort(times, (size_t)o.iters, sizeof *times, by_value);
-  double median = o.iters % 2 ? times[o.iters / 2]
-                              : (times[o.iters / 2 - 1] + times[o.iters / 2]) / 2;
+  double median = krt_median(times, (size_t)o.iters);
   printf("device: %s\n", krt_device_name(dev));
   printf("median: %.3f ms per run (%ld run%s)\n", median, o.iters, o.iters == 1 ? "" : "s");
   for (int i = 0; i < no; i++) {

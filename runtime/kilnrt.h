@@ -198,6 +198,10 @@ typedef struct {
   void (*destroy)(void *model);
 } krt_model_api;
 
+/* ---- timing ------------------------------------------------------------ */
+double krt_now_ms(void);                       /* a monotonic clock, in ms */
+double krt_median(double *values, size_t n);   /* sorts values; 0 when n is 0 */
+
 /* The command line of a standalone compiled program (kiln compile
  * --emit=exe): `--input NAME=FILE`, `--inputs-dir`, `--output-dir`,
  * `--device`, `--iters`; see --help.  Returns the exit status: 0, 1 for bad
