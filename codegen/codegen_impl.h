@@ -56,7 +56,8 @@ void kl_cg_launch_grid(kl_cg_emitter *e, int k, int64_t grid_x, int block_x,
                        const char *const *args, int nargs);
 void kl_cg_launch_node_grid(kl_cg_emitter *e, int k, int64_t grid_x, int block_x,
                             const kl_node *n);
-/* A runtime GEMM (see krt_gemm_desc): pointers as expressions. */
+/* A runtime GEMM (see krt_gemm_desc): pointers as expressions.  batch2
+ * (0 or 1: none) is an outer batch at strides *_2. */
 typedef struct {
   kl_dtype dtype;
   int trans_a, trans_b;
@@ -65,7 +66,43 @@ typedef struct {
   const char *b; int64_t ldb, stride_b;
   const char *c; int64_t ldc, stride_c;
   double alpha, beta;
+  int64_t batch2, stride_a2, stride_b2, stride_c2;
 } kl_cg_gemm;
+
+/* ---- views (views.c) -----------------------------------------------------
+ * A value read in place: element (i0, .., ir-1) of it is element
+ * offset + sum(i_d * strides[d]) of `base`, a value with a buffer. */
+typedef struct {
+  const kl_value *base;
+  int64_t offset;
+  kl_shape shape;
+  int64_t strides[KL_MAX_RANK];
+} kl_cg_view;
+void kl_cg_view_identity(const kl_value *v, kl_cg_view *out);
+/* Ops whose outputs can be views of their input: transpose, split and
+ * the reshape family. */
+bool kl_cg_view_op(const kl_node *n);
+/* Output out_index of n as a view, given its input's; false when the
+ * result is not a strided view of it (a reshape across strides). */
+bool kl_cg_view_apply(const kl_node *n, int out_index, const kl_cg_view *in, kl_cg_view *out);
+/* A matmul C = A @ B (operands of rank >= 2, NumPy batch broadcasting) on
+ * views as one GEMM call: offsets in elements of each base. */
+typedef struct {
+  int64_t m, n, k;
+  int trans_a, trans_b;
+  int64_t lda, ldb, ldc;
+  int64_t batch, stride_a, stride_b, stride_c;
+  int64_t batch2, stride_a2, stride_b2, stride_c2;
+  int64_t offset_a, offset_b, offset_c;
+} kl_cg_mm_layout;
+bool kl_cg_matmul_layout(const kl_cg_view *a, const kl_cg_view *b, const kl_cg_view *c,
+                         kl_cg_mm_layout *out);
+/* How the current template reads value v (itself, or through views), and
+ * where matmul n writes its result (its buffer, or a transpose's). */
+void kl_cg_read_view(kl_cg_emitter *e, const kl_value *v, kl_cg_view *out);
+void kl_cg_write_view(kl_cg_emitter *e, const kl_node *n, kl_cg_view *out);
+/* The device pointer of a view's first element. */
+const char *kl_cg_view_ptr(kl_cg_emitter *e, const kl_cg_view *v, char *buf, size_t len);
 void kl_cg_emit_gemm(kl_cg_emitter *e, const kl_cg_gemm *g);
 /* Plan the arena (memory_plan.c): offsets into bufs, the checker, and the
  * limit (0: none), over which the error names the largest buffers alive at

@@ -12,7 +12,8 @@
 
 enum { ALIGN = KL_MEM_ALIGN, BLOCK = 256, MAX_BLOCKS = 4096 };
 
-typedef enum { LOC_NONE, LOC_PARAM, LOC_ARENA, LOC_INPUT, LOC_OUTPUT } loc_kind;
+/* LOC_VIEW: no buffer; read through kl_cg_read_view (views.c) */
+typedef enum { LOC_NONE, LOC_PARAM, LOC_ARENA, LOC_INPUT, LOC_OUTPUT, LOC_VIEW } loc_kind;
 typedef struct {
   loc_kind kind;
   size_t offset; /* PARAM */
@@ -44,6 +45,12 @@ typedef struct {
   bool *folded;           /* per node id: computed now, from weights alone */
   kl_tensor **known;      /* per value id: weights and folded values, while placing */
   size_t dram_bytes;
+  /* views.c: per node id, a movement node whose outputs are views read by
+   * GEMMs; per matmul node id, the transpose it writes through (else
+   * NULL); per value id, how it is read */
+  bool *view_node, *absorbed;
+  const kl_node **writes_into;
+  kl_cg_view *view;
 } cg_ctx;
 
 static size_t value_bytes(const kl_value *v) {
@@ -93,7 +100,7 @@ static bool is_alias(const cg_ctx *c, const kl_node *n) {
     return false;
   const kl_value *in = n->inputs[0], *out = n->outputs[0];
   location l = c->loc[in->id];
-  return c->loc[out->id].kind == LOC_NONE && l.kind != LOC_NONE &&
+  return c->loc[out->id].kind == LOC_NONE && l.kind != LOC_NONE && l.kind != LOC_VIEW &&
          kl_dtype_size(in->dtype) == kl_dtype_size(out->dtype) &&
          kl_shape_numel(&in->shape) == kl_shape_numel(&out->shape);
 }
@@ -127,6 +134,118 @@ static void choose_folded(cg_ctx *c) {
     for (int k = 0; k < n->noutputs; k++) out_bytes += value_bytes(n->outputs[k]);
     c->folded[n->id] = fold && elements <= FOLD_MAX_INPUT_ELEMENTS && out_bytes <= in_bytes;
   }
+}
+
+/* ---- views: movement nodes that GEMMs read through (views.c) ----------- */
+static bool is_float_matmul(const kl_node *n) {
+  return n->op == KL_OP_MATMUL && kl_dtype_is_float(n->outputs[0]->dtype) &&
+         n->inputs[0]->shape.rank >= 2 && n->inputs[1]->shape.rank >= 2;
+}
+
+/* The view of every value under the current choice of view nodes. */
+static void compute_views(cg_ctx *c) {
+  const kl_graph *g = c->g;
+  for (int v = 0; v < g->values.len; v++) kl_cg_view_identity(g->values.items[v], &c->view[v]);
+  for (int i = 0; i < g->nodes.len; i++) {
+    const kl_node *n = c->order[i];
+    if (!c->view_node[n->id]) continue;
+    for (int k = 0; k < n->noutputs; k++) {
+      kl_cg_view out;
+      if (kl_cg_view_apply(n, k, &c->view[n->inputs[0]->id], &out))
+        c->view[n->outputs[k]->id] = out;
+      else
+        c->view_node[n->id] = false; /* cannot happen after accepts() said yes */
+    }
+  }
+}
+
+/* The matmul's result: its own buffer, or the transpose it writes through. */
+static void result_view(const cg_ctx *c, const kl_node *mm, kl_cg_view *out) {
+  const kl_node *t = c->writes_into[mm->id];
+  kl_cg_view_identity(mm->outputs[0], out);
+  if (!t) return;
+  /* out[i] = y[perm[i]]: y's dim perm[i] steps by the output's stride i */
+  kl_cg_view tv;
+  kl_cg_view_identity(t->outputs[0], &tv);
+  const int64_t *perm;
+  int r = out->shape.rank, np = kl_attr_ints(t, "perm", &perm);
+  out->base = t->outputs[0];
+  for (int i = 0; i < r; i++) {
+    int64_t p = np == r ? perm[i] : r - 1 - i;
+    if (p < 0) p += r;
+    out->strides[p] = tv.strides[i];
+  }
+}
+
+/* Does matmul mm take its operands and result as one GEMM call? */
+static bool matmul_fits(const cg_ctx *c, const kl_node *mm) {
+  kl_cg_view cv;
+  kl_cg_mm_layout L;
+  result_view(c, mm, &cv);
+  return kl_cg_matmul_layout(&c->view[mm->inputs[0]->id], &c->view[mm->inputs[1]->id], &cv, &L);
+}
+
+/* Node n reads value v as a view: n is a view node itself, or a matmul
+ * whose GEMM takes the view. */
+static bool reads_as_view(const cg_ctx *c, const kl_node *n) {
+  return c->view_node[n->id] || (is_float_matmul(n) && matmul_fits(c, n));
+}
+
+/* Start from every movement node a view, then drop those read by anything
+ * that is not a view or a fitting GEMM, until nothing changes: what is left
+ * is a set of chains from a stored value into GEMM operands.  Then let each
+ * matmul whose one reader is a transpose write through it. */
+static void choose_views(cg_ctx *c) {
+  const kl_graph *g = c->g;
+  int nn = g->nodes.len;
+  for (int i = 0; i < nn; i++) {
+    const kl_node *n = c->order[i];
+    c->view_node[n->id] = c->live[n->id] && !c->folded[n->id] && kl_cg_view_op(n) &&
+                          c->fusion.groups[c->fusion.group_of[n->id]].count == 1;
+  }
+  for (bool changed = true; changed;) {
+    changed = false;
+    compute_views(c);
+    for (int i = 0; i < nn; i++) {
+      const kl_node *n = c->order[i];
+      if (!c->view_node[n->id]) continue;
+      bool ok = true;
+      for (int k = 0; k < n->noutputs && ok; k++) {
+        const kl_value *o = n->outputs[k];
+        int nreaders = 0;
+        ok = !o->is_output;
+        for (int j = 0; j < nn && ok; j++) {
+          const kl_node *r = c->order[j];
+          if (!c->live[r->id] || c->folded[r->id]) continue;
+          for (int q = 0; q < r->ninputs && ok; q++)
+            if (r->inputs[q] == o) ok = reads_as_view(c, r), nreaders++;
+        }
+        ok = ok && nreaders > 0;
+      }
+      if (!ok) c->view_node[n->id] = false, changed = true;
+    }
+  }
+  /* matmul -> transpose: the GEMM writes the transposed result */
+  for (int i = 0; i < nn; i++) {
+    const kl_node *mm = c->order[i];
+    if (!c->live[mm->id] || c->folded[mm->id] || !is_float_matmul(mm) || mm->outputs[0]->is_output)
+      continue;
+    const kl_node *only = NULL;
+    int nreaders = 0;
+    for (int j = 0; j < nn; j++) {
+      const kl_node *r = c->order[j];
+      if (!c->live[r->id] || c->folded[r->id]) continue;
+      for (int q = 0; q < r->ninputs; q++)
+        if (r->inputs[q] == mm->outputs[0]) only = r, nreaders++;
+    }
+    if (nreaders != 1 || only->op != KL_OP_TRANSPOSE || c->view_node[only->id] ||
+        only->outputs[0]->dtype != mm->outputs[0]->dtype)
+      continue;
+    c->writes_into[mm->id] = only;
+    if (matmul_fits(c, mm)) c->absorbed[only->id] = true;
+    else c->writes_into[mm->id] = NULL;
+  }
+  compute_views(c);
 }
 
 static int fold_node(cg_ctx *c, const kl_node *n) {
@@ -173,6 +292,15 @@ static int place_values(cg_ctx *c) {
     if (!c->live[n->id]) continue;
     if (c->folded[n->id]) { /* evaluated now, stored with the weights */
       if (fold_node(c, n)) return -1;
+      continue;
+    }
+    /* views and a matmul's result written through a transpose: no buffer */
+    if (c->view_node[n->id]) {
+      for (int k = 0; k < n->noutputs; k++) c->loc[n->outputs[k]->id] = (location){LOC_VIEW, 0, 0};
+      continue;
+    }
+    if (c->writes_into[n->id]) {
+      c->loc[n->outputs[0]->id] = (location){LOC_VIEW, 0, 0};
       continue;
     }
     /* reshape & co renumber nothing: the output is the input's buffer
@@ -245,6 +373,23 @@ const char *kl_cg_ptr(kl_cg_emitter *e, const kl_value *v, char *buf, size_t len
   return ptr_expr(e->c, v, buf, len);
 }
 
+void kl_cg_read_view(kl_cg_emitter *e, const kl_value *v, kl_cg_view *out) {
+  *out = e->c->view[v->id];
+}
+
+void kl_cg_write_view(kl_cg_emitter *e, const kl_node *n, kl_cg_view *out) {
+  result_view(e->c, n, out);
+}
+
+const char *kl_cg_view_ptr(kl_cg_emitter *e, const kl_cg_view *v, char *buf, size_t len) {
+  char base[160];
+  kl_cg_ptr(e, v->base, base, sizeof base);
+  if (!v->offset) snprintf(buf, len, "%s", base);
+  else snprintf(buf, len, "(void *)((char *)%s + %lld)", base,
+                (long long)(v->offset * (int64_t)kl_dtype_size(v->base->dtype)));
+  return buf;
+}
+
 /* Scratch lives in the arena during its node's step only. */
 const char *kl_cg_scratch(kl_cg_emitter *e, size_t bytes, char *buf, size_t len) {
   char what[300], name[32];
@@ -296,12 +441,18 @@ void kl_cg_emit_gemm(kl_cg_emitter *e, const kl_cg_gemm *g) {
                  "      .m = %lld, .n = %lld, .k = %lld, .batch = %lld,\n"
                  "      .a = %s, .lda = %lld, .stride_a = %lld,\n"
                  "      .b = %s, .ldb = %lld, .stride_b = %lld,\n"
-                 "      .c = %s, .ldc = %lld, .stride_c = %lld, .alpha = %.17g, .beta = %.17g};\n"
-                 "    if (krt_gemm(m->dev, &d, err, errlen)) return -1;\n  }\n",
+                 "      .c = %s, .ldc = %lld, .stride_c = %lld, .alpha = %.17g, .beta = %.17g",
           (int)g->dtype, g->trans_a, g->trans_b, (long long)g->m, (long long)g->n, (long long)g->k,
           (long long)g->batch, g->a, (long long)g->lda, (long long)g->stride_a, g->b,
           (long long)g->ldb, (long long)g->stride_b, g->c, (long long)g->ldc,
           (long long)g->stride_c, g->alpha, g->beta);
+  if (g->batch2 > 1) /* an outer batch at strides *_2: one call per item on a GPU */
+    e->c->nlaunches += (int)g->batch2 - 1;
+  if (g->batch2 > 1)
+    fprintf(e->rf, ",\n      .batch2 = %lld, .stride_a2 = %lld, .stride_b2 = %lld, .stride_c2 = %lld",
+            (long long)g->batch2, (long long)g->stride_a2, (long long)g->stride_b2,
+            (long long)g->stride_c2);
+  fprintf(e->rf, "};\n    if (krt_gemm(m->dev, &d, err, errlen)) return -1;\n  }\n");
   e->ngemms++;
 }
 
@@ -511,11 +662,15 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
     c->at_step[c->step] = e.node;
     c->step_group[c->step] = gi;
     for (int m = 0; m < gr->count; m++) use_node_values(c, members[m]);
-    if (gr->count == 1 && c->alias[members[0]->id]) {
+    if (gr->count == 1 && (c->alias[members[0]->id] || c->view_node[members[0]->id] ||
+                           c->absorbed[members[0]->id])) {
+      const kl_node *n = members[0];
       char shape[160];
-      fprintf(e.rf, "  /* %s: %s -> %s, the input's buffer: no kernel */\n", members[0]->name,
-              kl_ops[members[0]->op].name,
-              kl_shape_str(&members[0]->outputs[0]->shape, shape, sizeof shape));
+      fprintf(e.rf, "  /* %s: %s -> %s, %s: no kernel */\n", n->name, kl_ops[n->op].name,
+              kl_shape_str(&n->outputs[0]->shape, shape, sizeof shape),
+              c->alias[n->id]       ? "the input's buffer"
+              : c->view_node[n->id] ? "a view its GEMMs read through"
+                                    : "written there by its input's GEMM");
     } else if (gr->count == 1 && !fusible_in_rows(members[0])) {
       const kl_node *n = members[0];
       for (int k = 0; k < n->ninputs; k++) c->dram_bytes += value_bytes(n->inputs[k]);
@@ -648,8 +803,12 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
   c.alias = calloc((size_t)nn + 1, sizeof *c.alias);
   c.folded = calloc((size_t)nn + 1, sizeof *c.folded);
   c.known = calloc((size_t)g->values.len + 1, sizeof *c.known);
+  c.view_node = calloc((size_t)nn + 1, sizeof *c.view_node);
+  c.absorbed = calloc((size_t)nn + 1, sizeof *c.absorbed);
+  c.writes_into = calloc((size_t)nn + 1, sizeof *c.writes_into);
+  c.view = calloc((size_t)g->values.len + 1, sizeof *c.view);
   if (!c.loc || !c.order || !c.live || !c.at_step || !c.step_group || !c.alias || !c.folded ||
-      !c.known)
+      !c.known || !c.view_node || !c.absorbed || !c.writes_into || !c.view)
     abort();
   double t0 = krt_now_ms();
   if ((rc = kl_schedule(g, c.order, err))) goto done;
@@ -697,6 +856,11 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
     rc = kl_fail(err, (kl_loc){0}, "internal error: the fusion groups form a cycle");
     goto done;
   }
+  /* views fold movement into GEMMs: fusion too, off with --no-fuse */
+  t0 = krt_now_ms();
+  if (fo.enabled) choose_views(&c);
+  else compute_views(&c);
+  c.passes_ms += krt_now_ms() - t0;
   if ((rc = place_values(&c))) goto done;
   rc = write_all(&c, opt && opt->prefix ? opt->prefix : "model", out);
   out->nkernels = c.nkernels;
@@ -710,7 +874,7 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
   if (!out->node_group || !out->group_kind) abort();
   for (int i = 0; i < nn; i++) {
     int gi = c.fusion.group_of[i];
-    out->node_group[i] = gi >= 0 && !c.alias[i] ? gi : -1;
+    out->node_group[i] = gi >= 0 && !c.alias[i] && !c.view_node[i] && !c.absorbed[i] ? gi : -1;
   }
   for (int gi = 0; gi < c.fusion.ngroups; gi++) out->group_kind[gi] = c.fusion.groups[gi].kind;
   for (int gi = 0; gi < c.fusion.ngroups; gi++)
@@ -740,6 +904,10 @@ done:
   free(c.step_group);
   free(c.alias);
   free(c.folded);
+  free(c.view_node);
+  free(c.absorbed);
+  free(c.writes_into);
+  free(c.view);
   for (int v = 0; v < g->values.len; v++) kl_tensor_free(c.known[v]);
   free(c.known);
   kl_fusion_free(&c.fusion);

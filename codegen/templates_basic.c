@@ -93,15 +93,50 @@ static bool handles_gemm(const kl_node *n) {
   mm_plan p;
   if (n->op != KL_OP_MATMUL && n->op != KL_OP_GEMM) return false;
   if (!kl_dtype_is_float(n->outputs[0]->dtype)) return false; /* integer GEMM: not yet */
-  return n->op == KL_OP_GEMM || plan_matmul(n, &p) == 0;
+  if (n->op == KL_OP_GEMM || plan_matmul(n, &p) == 0) return true;
+  /* operands of rank >= 2 broadcasting dim by dim: strided batches */
+  kl_cg_view a, b, c;
+  kl_cg_mm_layout L;
+  kl_cg_view_identity(n->inputs[0], &a);
+  kl_cg_view_identity(n->inputs[1], &b);
+  kl_cg_view_identity(n->outputs[0], &c);
+  return kl_cg_matmul_layout(&a, &b, &c, &L);
+}
+
+/* A matmul of operands of rank >= 2, read and written through views (a
+ * head split, a transposed result) as one strided GEMM. */
+static void matmul_from_views(kl_cg_emitter *e, const kl_node *n, kl_cg_gemm *g, char pa[160],
+                              char pb[160], char pc[160]) {
+  kl_cg_view a, b, c;
+  kl_cg_mm_layout L;
+  kl_cg_read_view(e, n->inputs[0], &a);
+  kl_cg_read_view(e, n->inputs[1], &b);
+  kl_cg_write_view(e, n, &c);
+  kl_cg_matmul_layout(&a, &b, &c, &L); /* chosen by emit_model.c only when it fits */
+  g->a = kl_cg_view_ptr(e, &a, pa, 160);
+  g->b = kl_cg_view_ptr(e, &b, pb, 160);
+  g->c = kl_cg_view_ptr(e, &c, pc, 160);
+  g->m = L.m, g->n = L.n, g->k = L.k, g->trans_a = L.trans_a, g->trans_b = L.trans_b;
+  g->lda = L.lda, g->ldb = L.ldb, g->ldc = L.ldc;
+  g->batch = L.batch, g->stride_a = L.stride_a, g->stride_b = L.stride_b, g->stride_c = L.stride_c;
+  g->batch2 = L.batch2, g->stride_a2 = L.stride_a2, g->stride_b2 = L.stride_b2;
+  g->stride_c2 = L.stride_c2;
 }
 
 static int emit_gemm(kl_cg_emitter *e, const kl_node *n) {
   const kl_value *a = n->inputs[0], *b = n->inputs[1], *out = n->outputs[0];
-  char pa[160], pb[160], pc[160];
-  kl_cg_gemm g = {.dtype = out->dtype, .batch = 1, .alpha = 1,
-                  .a = kl_cg_ptr(e, a, pa, sizeof pa), .b = kl_cg_ptr(e, b, pb, sizeof pb),
-                  .c = kl_cg_ptr(e, out, pc, sizeof pc)};
+  char pa[160], pb[160], pc[160], shape[160];
+  kl_cg_gemm g = {.dtype = out->dtype, .batch = 1, .alpha = 1};
+  fprintf(kl_cg_host(e), "  /* %s: %s -> %s%s */\n", n->name, kl_ops[n->op].name,
+          kl_dtype_name(out->dtype), kl_shape_str(&out->shape, shape, sizeof shape));
+  if (n->op == KL_OP_MATMUL && a->shape.rank >= 2 && b->shape.rank >= 2) {
+    matmul_from_views(e, n, &g, pa, pb, pc);
+    kl_cg_emit_gemm(e, &g);
+    return 0;
+  }
+  g.a = kl_cg_ptr(e, a, pa, sizeof pa);
+  g.b = kl_cg_ptr(e, b, pb, sizeof pb);
+  g.c = kl_cg_ptr(e, out, pc, sizeof pc);
   if (n->op == KL_OP_MATMUL) {
     mm_plan p;
     plan_matmul(n, &p);
@@ -129,9 +164,6 @@ static int emit_gemm(kl_cg_emitter *e, const kl_node *n) {
   g.ldb = g.trans_b ? g.k : g.n;
   g.ldc = g.n;
   g.stride_c = g.m * g.n;
-  char shape[160];
-  fprintf(kl_cg_host(e), "  /* %s: %s -> %s%s */\n", n->name, kl_ops[n->op].name,
-          kl_dtype_name(out->dtype), kl_shape_str(&out->shape, shape, sizeof shape));
   kl_cg_emit_gemm(e, &g);
   return 0;
 }

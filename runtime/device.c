@@ -5,6 +5,7 @@
  * of range, GEMM shapes that do not fit their leading dimensions) live here,
  * once, so that both devices reject the same calls with the same words. */
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,15 +217,31 @@ static int gemm_check(const krt_gemm_desc *g, char *err, size_t errlen) {
       return krt_err(err, errlen, "krt_gemm: stride_%c=%lld is negative", ops[i].name,
                      (long long)ops[i].stride);
   }
+  if (g->batch2 < 0 || g->batch2 > INT_MAX || g->stride_a2 < 0 || g->stride_b2 < 0 ||
+      g->stride_c2 < 0)
+    return krt_err(err, errlen, "krt_gemm: batch2=%lld or an outer stride is out of range",
+                   (long long)g->batch2);
   if (g->m == 0 || g->n == 0 || g->batch == 0) return 0;
   /* Batch items must not share C: on a GPU they are written concurrently,
-   * so an accumulation through stride_c = 0 would race. */
-  if (g->batch > 1 && g->stride_c < (g->m - 1) * g->ldc + g->n)
+   * so an accumulation through stride_c = 0 would race.  Items either
+   * follow each other or sit side by side within C's rows. */
+  int64_t width = g->n, rows = g->m; /* columns and rows one item's C spans */
+  bool ok = g->batch <= 1 || g->stride_c >= (rows - 1) * g->ldc + width ||
+            (g->stride_c >= width && (g->batch - 1) * g->stride_c + width <= g->ldc);
+  if (ok && g->batch > 1 && g->stride_c < (rows - 1) * g->ldc + width)
+    width = (g->batch - 1) * g->stride_c + width; /* side by side: one wider item */
+  else if (ok && g->batch > 1)
+    rows = 0, width = (g->batch - 1) * g->stride_c + (g->m - 1) * g->ldc + g->n;
+  if (ok && g->batch2 > 1)
+    ok = rows ? g->stride_c2 >= (rows - 1) * g->ldc + width ||
+                    (g->stride_c2 >= width && (g->batch2 - 1) * g->stride_c2 + width <= g->ldc)
+              : g->stride_c2 >= width;
+  if (!ok)
     return krt_err(err, errlen,
-                   "krt_gemm: stride_c=%lld makes the %lld C matrices (%lldx%lld, ldc=%lld) "
-                   "overlap",
-                   (long long)g->stride_c, (long long)g->batch, (long long)g->m,
-                   (long long)g->n, (long long)g->ldc);
+                   "krt_gemm: stride_c=%lld, stride_c2=%lld make the %lld x %lld C matrices "
+                   "(%lldx%lld, ldc=%lld) overlap",
+                   (long long)g->stride_c, (long long)g->stride_c2, (long long)g->batch2,
+                   (long long)g->batch, (long long)g->m, (long long)g->n, (long long)g->ldc);
   if (!g->c || (g->k > 0 && (!g->a || !g->b)))
     return krt_err(err, errlen, "krt_gemm: matrix %c is NULL",
                    !g->c ? 'c' : !g->a ? 'a' : 'b');
@@ -235,5 +252,17 @@ int krt_gemm(krt_device *d, const krt_gemm_desc *g, char *err, size_t errlen) {
   if (!d || !g) return krt_err(err, errlen, "krt_gemm: device or description is NULL");
   if (gemm_check(g, err, errlen)) return -1;
   if (g->m == 0 || g->n == 0 || g->batch == 0) return 0;
-  return d->ops->gemm(d, g, err, errlen);
+  if (g->batch2 <= 1) return d->ops->gemm(d, g, err, errlen);
+  /* the outer batch: one strided-batched call per item (cuBLAS has one
+   * batch stride) */
+  size_t es = krt_dtype_size(g->dtype);
+  for (int64_t o = 0; o < g->batch2; o++) {
+    krt_gemm_desc item = *g;
+    item.batch2 = 1;
+    item.a = g->a ? (const char *)g->a + (size_t)(o * g->stride_a2) * es : NULL;
+    item.b = g->b ? (const char *)g->b + (size_t)(o * g->stride_b2) * es : NULL;
+    item.c = (char *)g->c + (size_t)(o * g->stride_c2) * es;
+    if (d->ops->gemm(d, &item, err, errlen)) return -1;
+  }
+  return 0;
 }

@@ -161,7 +161,10 @@ int krt_launch(krt_module *m, int index, kl_dim3 grid, kl_dim3 block, size_t dyn
 /* Row-major (batched) GEMM on device pointers: for each batch item b,
  *   C_b = alpha * op(A_b) @ op(B_b) + beta * C_b,
  * op(X) = X or X^T, A_b = a + b * stride_a elements (stride 0 broadcasts).
- * f32/f64 compute in their type; f16/bf16 accumulate in f32. */
+ * batch2 > 1 adds an outer batch: item (o, b) is at o * stride_x2 +
+ * b * stride_x (a transposed or split operand read in place).  The C
+ * matrices of all items must be disjoint; they may interleave (ldc wider
+ * than n).  f32/f64 compute in their type; f16/bf16 accumulate in f32. */
 typedef struct {
   krt_dtype dtype;
   int trans_a, trans_b;
@@ -170,6 +173,7 @@ typedef struct {
   const void *b; int64_t ldb, stride_b;
   void *c;       int64_t ldc, stride_c;
   double alpha, beta;
+  int64_t batch2, stride_a2, stride_b2, stride_c2; /* 0 or 1: no outer batch */
 } krt_gemm_desc;
 int krt_gemm(krt_device *d, const krt_gemm_desc *g, char *err, size_t errlen);
 
