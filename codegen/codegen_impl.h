@@ -67,7 +67,13 @@ typedef struct {
   const char *c; int64_t ldc, stride_c;
   double alpha, beta;
   int64_t batch2, stride_a2, stride_b2, stride_c2;
+  const char *c_in, *bias; /* the epilogue (krt_gemm_desc), NULL: none */
+  int relu;
 } kl_cg_gemm;
+/* The epilogue emit_model.c chose for GEMM node n (bias, residual, relu
+ * nodes after it, computed in the GEMM call): into g, with bufs holding
+ * the pointer expressions. */
+void kl_cg_gemm_epilogue(kl_cg_emitter *e, const kl_node *n, kl_cg_gemm *g, char bufs[2][160]);
 
 /* ---- views (views.c) -----------------------------------------------------
  * A value read in place: element (i0, .., ir-1) of it is element
@@ -174,7 +180,13 @@ typedef struct {
   /* in[k] is read element for element (broadcast); else only as a
    * batch_norm's per-channel parameter */
   bool elementwise_read[KL_CG_MAX_FUSED_IO];
+  /* in[k] is a convolution's operand: read around the element too, so no
+   * output may take its buffer */
+  bool window_read[KL_CG_MAX_FUSED_IO];
 } kl_cg_fused_args;
+/* A float conv2d a fused kernel computes element by element (direct, no
+ * im2col): it starts a group or joins one that does not make its inputs. */
+bool kl_cg_is_direct_conv(const kl_node *n);
 /* Inference batch_norm over axis 1 with 1-D parameters: fusible as a
  * per-channel scale and shift. */
 bool kl_cg_is_channel_affine(const kl_node *n);

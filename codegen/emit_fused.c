@@ -25,6 +25,21 @@ bool kl_cg_is_channel_affine(const kl_node *n) {
   return true;
 }
 
+/* The longest dot product (input channels per group x window) a direct
+ * convolution takes; longer ones go to im2col + cuBLAS, whose tiled GEMM
+ * reuses each loaded value many times where the direct kernel relies on
+ * the caches.  A guess, not yet a measurement: no GPU has run it. */
+enum { DIRECT_CONV_MAX_K = 1152 };
+
+bool kl_cg_is_direct_conv(const kl_node *n) {
+  if (n->op != KL_OP_CONV2D || n->noutputs != 1) return false;
+  const kl_value *x = n->inputs[0], *w = n->inputs[1], *y = n->outputs[0];
+  return kl_dtype_is_float(y->dtype) && x->dtype == y->dtype && w->dtype == y->dtype &&
+         (n->ninputs < 3 || n->inputs[2]->dtype == y->dtype) && x->shape.rank == 4 &&
+         w->shape.rank == 4 && kl_shape_numel(&y->shape) > 0 &&
+         w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3] <= DIRECT_CONV_MAX_K;
+}
+
 void kl_cg_fused_io(kl_node *const *nodes, int n, const bool *stored, kl_cg_fused_args *io) {
   io->nin = io->nout = 0;
   for (int m = 0; m < n; m++) {
@@ -37,10 +52,13 @@ void kl_cg_fused_io(kl_node *const *nodes, int n, const bool *stored, kl_cg_fuse
       if (k == io->nin) {
         if (io->nin == KL_CG_MAX_FUSED_IO) continue;
         io->in[io->nin] = v;
+        io->window_read[io->nin] = false;
         io->elementwise_read[io->nin++] = false;
       }
-      /* a batch_norm's parameters are read by channel */
-      if (!(kl_cg_is_channel_affine(nd) && i > 0)) io->elementwise_read[k] = true;
+      /* a batch_norm's parameters are read by channel, a convolution's
+       * operands by window */
+      if (kl_cg_is_direct_conv(nd)) io->window_read[k] = true;
+      else if (!(kl_cg_is_channel_affine(nd) && i > 0)) io->elementwise_read[k] = true;
     }
     if (stored[nd->outputs[0]->id] && io->nout < KL_CG_MAX_FUSED_IO)
       io->out[io->nout++] = nd->outputs[0];
@@ -121,6 +139,68 @@ static void channel_affine(FILE *f, const kl_node *nd, const kl_cg_fused_args *i
   fprintf(f, "    }\n");
 }
 
+/* A conv2d member computed directly, one output element (idx) a thread:
+ * the window's dot product, summed in double (float for f16/bf16, the
+ * GEMM's f32 accumulation), plus the bias, rounded once -- what im2col +
+ * GEMM computes, with no im2col matrix in memory.  Threads of a warp take
+ * neighbouring output columns of one channel, so weight loads are the
+ * same address (a broadcast) and input loads are adjacent. */
+static void direct_conv(FILE *f, const kl_node *nd, const kl_cg_fused_args *io, bool later,
+                        const char *idx, const char *store) {
+  const kl_value *x = nd->inputs[0], *w = nd->inputs[1], *out = nd->outputs[0];
+  const int64_t *xd = x->shape.dims, *yd = out->shape.dims, *wd = w->shape.dims;
+  int64_t groups = kl_attr_int(nd, "groups", 1), cpg = xd[1] / groups, mpg = yd[1] / groups;
+  int64_t st[2] = {1, 1}, dil[2] = {1, 1}, pad[4] = {0, 0, 0, 0};
+  const int64_t *v;
+  if (kl_attr_ints(nd, "strides", &v) == 2) st[0] = v[0], st[1] = v[1];
+  if (kl_attr_ints(nd, "dilations", &v) == 2) dil[0] = v[0], dil[1] = v[1];
+  if (kl_attr_ints(nd, "pads", &v) == 4) pad[0] = v[0], pad[1] = v[1];
+  bool half = x->dtype == KL_F16 || x->dtype == KL_BF16;
+  const char *acc = half ? "float" : "double";
+  int kx = index_of(io->in, io->nin, x), kw = index_of(io->in, io->nin, w);
+  char lx[96], lw[96], lb[96], src[64];
+  kl_cg_load(lx, sizeof lx, x->dtype, acc, "xr[ix]");
+  kl_cg_load(lw, sizeof lw, w->dtype, acc, "wr[kx]");
+  typedef long long ll;
+  if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
+  fprintf(f, "    { /* %s: conv2d, direct */\n", nd->name);
+  fprintf(f, "      int64_t q = %s;\n      const int64_t ox = q %% %lldLL; q /= %lldLL;\n"
+             "      const int64_t oy = q %% %lldLL; q /= %lldLL;\n"
+             "      const int64_t co = q %% %lldLL, b = q / %lldLL;\n"
+             "      const int64_t c0 = co / %lldLL * %lldLL;\n",
+          idx, (ll)yd[3], (ll)yd[3], (ll)yd[2], (ll)yd[2], (ll)yd[1], (ll)yd[1], (ll)mpg, (ll)cpg);
+  fprintf(f, "      %s sum = 0;\n      for (int64_t ci = 0; ci < %lldLL; ci++) {\n"
+             "        const %s *xp = in%d + ((b * %lldLL + c0 + ci) * %lldLL) * %lldLL;\n"
+             "        const %s *wp = in%d + (co * %lldLL + ci) * %lldLL;\n",
+          acc, (ll)cpg, kl_cg_storage(x->dtype), kx, (ll)xd[1], (ll)xd[2], (ll)xd[3],
+          kl_cg_storage(w->dtype), kw, (ll)cpg, (ll)(wd[2] * wd[3]));
+  fprintf(f, "        for (int64_t ky = 0; ky < %lldLL; ky++) {\n"
+             "          const int64_t iy = oy * %lldLL - %lldLL + ky * %lldLL;\n"
+             "          if (iy < 0 || iy >= %lldLL) continue;\n"
+             "          const %s *xr = xp + iy * %lldLL;\n          const %s *wr = wp + ky * %lldLL;\n"
+             "          for (int64_t kx = 0; kx < %lldLL; kx++) {\n"
+             "            const int64_t ix = ox * %lldLL - %lldLL + kx * %lldLL;\n"
+             "            if (ix >= 0 && ix < %lldLL) sum += %s * %s;\n"
+             "          }\n        }\n      }\n",
+          (ll)wd[2], (ll)st[0], (ll)pad[0], (ll)dil[0], (ll)xd[2], kl_cg_storage(x->dtype),
+          (ll)xd[3], kl_cg_storage(w->dtype), (ll)wd[3], (ll)wd[3], (ll)st[1], (ll)pad[1],
+          (ll)dil[1], (ll)xd[3], lx, lw);
+  if (nd->ninputs > 2) {
+    snprintf(src, sizeof src, "in%d[co]", index_of(io->in, io->nin, nd->inputs[2]));
+    fprintf(f, "      sum += %s;\n", kl_cg_load(lb, sizeof lb, nd->inputs[2]->dtype, acc, src));
+  }
+  fprintf(f, "      %s so; ", kl_cg_storage(out->dtype));
+  kl_cg_store(f, out->dtype, "so", "sum");
+  int ko = index_of(io->out, io->nout, out);
+  char at[64], buf[160];
+  snprintf(at, sizeof at, store, ko);
+  if (ko >= 0) fprintf(f, "      %s = so;\n", at);
+  if (later)
+    fprintf(f, "      v%d = %s;\n", out->id,
+            kl_cg_load(buf, sizeof buf, out->dtype, kl_cg_compute_type(out->dtype), "so"));
+  fprintf(f, "    }\n");
+}
+
 /* The members, one block each, after the x registers are loaded; a
  * stored value goes to `store` (a printf format of the output's index:
  * "out%d[i]", or "w%d.x" for a lane of a vector); idx is the element's
@@ -133,6 +213,10 @@ static void members(FILE *f, kl_node *const *nodes, int n, const kl_cg_fused_arg
     const kl_value *out = nd->outputs[0];
     if (kl_cg_is_channel_affine(nd)) {
       channel_affine(f, nd, io, read_later(nodes, n, m, out), idx, store);
+      continue;
+    }
+    if (kl_cg_is_direct_conv(nd)) {
+      direct_conv(f, nd, io, read_later(nodes, n, m, out), idx, store);
       continue;
     }
     const char *ct = kl_cg_operand_type(nd);

@@ -48,6 +48,13 @@ typedef struct {
   /* views.c: per node id, a movement node whose outputs are views read by
    * GEMMs; per matmul node id, the transpose it writes through (else
    * NULL); per value id, how it is read */
+  bool fusion_enabled;    /* not --no-fuse */
+  /* GEMM epilogues: per GEMM node id, the bias and residual it adds, relu,
+   * and the last node of the chain (whose output it writes); per node id,
+   * an epilogue node whose output has no buffer (all but the last) */
+  const kl_value **epi_bias, **epi_residual;
+  bool *epi_relu, *epi_inner;
+  const kl_node **epi_last;
   bool *view_node, *absorbed;
   const kl_node **writes_into;
   kl_cg_view *view;
@@ -159,10 +166,11 @@ static void compute_views(cg_ctx *c) {
   }
 }
 
-/* The matmul's result: its own buffer, or the transpose it writes through. */
+/* The matmul's result: its own buffer, the transpose it writes through,
+ * or the last node of its epilogue. */
 static void result_view(const cg_ctx *c, const kl_node *mm, kl_cg_view *out) {
   const kl_node *t = c->writes_into[mm->id];
-  kl_cg_view_identity(mm->outputs[0], out);
+  kl_cg_view_identity(c->epi_last[mm->id] ? c->epi_last[mm->id]->outputs[0] : mm->outputs[0], out);
   if (!t) return;
   /* out[i] = y[perm[i]]: y's dim perm[i] steps by the output's stride i */
   kl_cg_view tv;
@@ -189,6 +197,72 @@ static bool matmul_fits(const cg_ctx *c, const kl_node *mm) {
  * whose GEMM takes the view. */
 static bool reads_as_view(const cg_ctx *c, const kl_node *n) {
   return c->view_node[n->id] || (is_float_matmul(n) && matmul_fits(c, n));
+}
+
+/* ---- GEMM epilogues ------------------------------------------------------
+ * What cuBLASLt (and the host BLAS wrapper) compute inside the GEMM call:
+ * act(A @ B + bias + residual).  A matmul takes the add of a row vector
+ * (bias), the add of a tensor of its result's shape made before it
+ * (residual) and a relu, in that order or with the adds swapped, while
+ * each value in between has no other reader. */
+static const kl_node *only_reader(const cg_ctx *c, const kl_value *v) {
+  const kl_node *only = NULL;
+  int count = 0;
+  if (v->is_output) return NULL;
+  for (int j = 0; j < c->g->nodes.len; j++) {
+    const kl_node *r = c->order[j];
+    if (!c->live[r->id] || c->folded[r->id]) continue;
+    for (int q = 0; q < r->ninputs; q++)
+      if (r->inputs[q] == v) only = r, count++;
+  }
+  return count == 1 ? only : NULL;
+}
+
+/* v exists before step `pos` of the order (pos_of: node id -> position). */
+static bool made_before(const cg_ctx *c, const int *pos_of, const kl_value *v, int pos) {
+  (void)c;
+  return !v->producer || pos_of[v->producer->id] < pos;
+}
+
+static void choose_epilogues(cg_ctx *c) {
+  const kl_graph *g = c->g;
+  int nn = g->nodes.len, *pos_of = calloc((size_t)nn + 1, sizeof *pos_of);
+  if (!pos_of) abort();
+  for (int i = 0; i < nn; i++) pos_of[c->order[i]->id] = i;
+  for (int i = 0; i < nn; i++) {
+    const kl_node *mm = c->order[i];
+    if (!c->live[mm->id] || c->folded[mm->id] || !is_float_matmul(mm)) continue;
+    const kl_value *y = mm->outputs[0];
+    int64_t n = y->shape.dims[y->shape.rank - 1];
+    const kl_value *cur = y;
+    for (;;) {
+      const kl_node *r = only_reader(c, cur);
+      if (!r || r->outputs[0]->dtype != y->dtype || !kl_shape_equal(&r->outputs[0]->shape, &y->shape))
+        break;
+      if (c->epi_relu[mm->id]) break; /* the activation comes last */
+      if (r->op == KL_OP_RELU) {
+        c->epi_relu[mm->id] = true;
+      } else if (r->op == KL_OP_ADD && (r->inputs[0] == cur) != (r->inputs[1] == cur)) {
+        const kl_value *other = r->inputs[r->inputs[0] == cur ? 1 : 0];
+        bool row = kl_shape_numel(&other->shape) == n && other->shape.rank >= 1 &&
+                   other->shape.dims[other->shape.rank - 1] == n;
+        if (other->dtype != y->dtype || !made_before(c, pos_of, other, i)) break;
+        if (row && !c->epi_bias[mm->id] && other->shape.rank <= y->shape.rank)
+          c->epi_bias[mm->id] = other;
+        else if (kl_shape_equal(&other->shape, &y->shape) && !c->epi_residual[mm->id])
+          c->epi_residual[mm->id] = other;
+        else
+          break;
+      } else {
+        break;
+      }
+      if (c->epi_last[mm->id]) c->epi_inner[c->epi_last[mm->id]->id] = true;
+      c->epi_last[mm->id] = r;
+      c->absorbed[r->id] = true;
+      cur = r->outputs[0];
+    }
+  }
+  free(pos_of);
 }
 
 /* Start from every movement node a view, then drop those read by anything
@@ -299,7 +373,7 @@ static int place_values(cg_ctx *c) {
       for (int k = 0; k < n->noutputs; k++) c->loc[n->outputs[k]->id] = (location){LOC_VIEW, 0, 0};
       continue;
     }
-    if (c->writes_into[n->id]) {
+    if (c->writes_into[n->id] || c->epi_last[n->id] || c->epi_inner[n->id]) {
       c->loc[n->outputs[0]->id] = (location){LOC_VIEW, 0, 0};
       continue;
     }
@@ -390,6 +464,20 @@ const char *kl_cg_view_ptr(kl_cg_emitter *e, const kl_cg_view *v, char *buf, siz
   return buf;
 }
 
+void kl_cg_gemm_epilogue(kl_cg_emitter *e, const kl_node *n, kl_cg_gemm *g, char bufs[2][160]) {
+  cg_ctx *c = e->c;
+  if (c->epi_bias[n->id]) {
+    g->bias = kl_cg_ptr(e, c->epi_bias[n->id], bufs[0], 160);
+    c->dram_bytes += value_bytes(c->epi_bias[n->id]);
+  }
+  if (c->epi_residual[n->id]) {
+    g->c_in = kl_cg_ptr(e, c->epi_residual[n->id], bufs[1], 160);
+    g->beta = 1;
+    c->dram_bytes += value_bytes(c->epi_residual[n->id]);
+  }
+  g->relu = c->epi_relu[n->id];
+}
+
 /* Scratch lives in the arena during its node's step only. */
 const char *kl_cg_scratch(kl_cg_emitter *e, size_t bytes, char *buf, size_t len) {
   char what[300], name[32];
@@ -452,6 +540,9 @@ void kl_cg_emit_gemm(kl_cg_emitter *e, const kl_cg_gemm *g) {
     fprintf(e->rf, ",\n      .batch2 = %lld, .stride_a2 = %lld, .stride_b2 = %lld, .stride_c2 = %lld",
             (long long)g->batch2, (long long)g->stride_a2, (long long)g->stride_b2,
             (long long)g->stride_c2);
+  if (g->c_in) fprintf(e->rf, ",\n      .c_in = %s", g->c_in);
+  if (g->bias) fprintf(e->rf, ",\n      .bias = %s", g->bias);
+  if (g->relu) fprintf(e->rf, ",\n      .relu = 1");
   fprintf(e->rf, "};\n    if (krt_gemm(m->dev, &d, err, errlen)) return -1;\n  }\n");
   e->ngemms++;
 }
@@ -555,6 +646,7 @@ static void choose_in_place(cg_ctx *c) {
         const kl_value *in = io.in[k];
         const location *li = &c->loc[in->id];
         if (li->kind != LOC_ARENA || li->index >= lo->index || taken[li->index] ||
+            (gr->count > 1 && io.window_read[k]) ||
             kl_shape_numel(&in->shape) != numel ||
             kl_dtype_size(in->dtype) != kl_dtype_size(io.out[o]->dtype) || !out->bytes)
           continue;
@@ -609,7 +701,7 @@ static bool fusible_in_rows(const kl_node *n) {
 /* ... and, in elementwise kernels, inference batch_norm too: a per-channel
  * scale and shift (conv -> batch_norm -> relu becomes GEMM + one kernel). */
 static bool fusible_elementwise(const kl_node *n) {
-  return fusible_in_rows(n) || kl_cg_is_channel_affine(n);
+  return fusible_in_rows(n) || kl_cg_is_channel_affine(n) || kl_cg_is_direct_conv(n);
 }
 
 /* A group of two or more nodes: one elementwise or row kernel. */
@@ -668,10 +760,12 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
       char shape[160];
       fprintf(e.rf, "  /* %s: %s -> %s, %s: no kernel */\n", n->name, kl_ops[n->op].name,
               kl_shape_str(&n->outputs[0]->shape, shape, sizeof shape),
-              c->alias[n->id]       ? "the input's buffer"
-              : c->view_node[n->id] ? "a view its GEMMs read through"
-                                    : "written there by its input's GEMM");
-    } else if (gr->count == 1 && !fusible_in_rows(members[0])) {
+              c->alias[n->id]          ? "the input's buffer"
+              : c->view_node[n->id]    ? "a view its GEMMs read through"
+              : n->op == KL_OP_TRANSPOSE ? "written there by its input's GEMM"
+                                       : "in the epilogue of the GEMM before it");
+    } else if (gr->count == 1 && !fusible_in_rows(members[0]) &&
+               !(c->fusion_enabled && kl_cg_is_direct_conv(members[0]))) {
       const kl_node *n = members[0];
       for (int k = 0; k < n->ninputs; k++) c->dram_bytes += value_bytes(n->inputs[k]);
       for (int k = 0; k < n->noutputs; k++) c->dram_bytes += value_bytes(n->outputs[k]);
@@ -807,6 +901,12 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
   c.absorbed = calloc((size_t)nn + 1, sizeof *c.absorbed);
   c.writes_into = calloc((size_t)nn + 1, sizeof *c.writes_into);
   c.view = calloc((size_t)g->values.len + 1, sizeof *c.view);
+  c.epi_bias = calloc((size_t)nn + 1, sizeof *c.epi_bias);
+  c.epi_residual = calloc((size_t)nn + 1, sizeof *c.epi_residual);
+  c.epi_relu = calloc((size_t)nn + 1, sizeof *c.epi_relu);
+  c.epi_inner = calloc((size_t)nn + 1, sizeof *c.epi_inner);
+  c.epi_last = calloc((size_t)nn + 1, sizeof *c.epi_last);
+  if (!c.epi_bias || !c.epi_residual || !c.epi_relu || !c.epi_inner || !c.epi_last) abort();
   if (!c.loc || !c.order || !c.live || !c.at_step || !c.step_group || !c.alias || !c.folded ||
       !c.known || !c.view_node || !c.absorbed || !c.writes_into || !c.view)
     abort();
@@ -847,7 +947,14 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
     if (c.live[c.order[i]->id] && !c.folded[c.order[i]->id]) todo[ntodo++] = c.order[i];
   kl_fusion_options fo = {.enabled = !(opt && opt->no_fuse), .max_group_nodes = 16,
                           .elementwise = fusible_elementwise, .row_kind = kl_cg_row_kind,
-                          .row_elementwise = fusible_in_rows};
+                          .row_elementwise = fusible_in_rows,
+                          .reads_window = kl_cg_is_direct_conv};
+  c.fusion_enabled = fo.enabled;
+  /* GEMM epilogues: their nodes stay out of other groups */
+  if (fo.enabled) {
+    choose_epilogues(&c);
+    fo.pinned = c.absorbed;
+  }
   t0 = krt_now_ms();
   int fuse_rc = kl_fuse(g, todo, ntodo, &fo, &c.fusion);
   c.passes_ms += krt_now_ms() - t0;
@@ -908,6 +1015,11 @@ done:
   free(c.absorbed);
   free(c.writes_into);
   free(c.view);
+  free(c.epi_bias);
+  free(c.epi_residual);
+  free(c.epi_relu);
+  free(c.epi_inner);
+  free(c.epi_last);
   for (int v = 0; v < g->values.len; v++) kl_tensor_free(c.known[v]);
   free(c.known);
   kl_fusion_free(&c.fusion);

@@ -125,12 +125,14 @@ static void matmul_from_views(kl_cg_emitter *e, const kl_node *n, kl_cg_gemm *g,
 
 static int emit_gemm(kl_cg_emitter *e, const kl_node *n) {
   const kl_value *a = n->inputs[0], *b = n->inputs[1], *out = n->outputs[0];
-  char pa[160], pb[160], pc[160], shape[160];
+  char pa[160], pb[160], pc[160], pbias[160], shape[160];
   kl_cg_gemm g = {.dtype = out->dtype, .batch = 1, .alpha = 1};
   fprintf(kl_cg_host(e), "  /* %s: %s -> %s%s */\n", n->name, kl_ops[n->op].name,
           kl_dtype_name(out->dtype), kl_shape_str(&out->shape, shape, sizeof shape));
   if (n->op == KL_OP_MATMUL && a->shape.rank >= 2 && b->shape.rank >= 2) {
+    char epi[2][160];
     matmul_from_views(e, n, &g, pa, pb, pc);
+    kl_cg_gemm_epilogue(e, n, &g, epi);
     kl_cg_emit_gemm(e, &g);
     return 0;
   }
@@ -147,7 +149,16 @@ static int emit_gemm(kl_cg_emitter *e, const kl_node *n) {
     g.alpha = kl_attr_float(n, "alpha", 1);
     g.m = a->shape.dims[g.trans_a ? 1 : 0], g.k = a->shape.dims[g.trans_a ? 0 : 1];
     g.n = b->shape.dims[g.trans_b ? 0 : 1];
-    if (n->ninputs > 2) { /* C broadcast into the output first, then += beta * C */
+    const kl_value *cv = n->ninputs > 2 ? n->inputs[2] : NULL;
+    double beta = kl_attr_float(n, "beta", 1);
+    bool same = cv && cv->dtype == out->dtype;
+    if (same && beta == 1 && kl_shape_numel(&cv->shape) == g.n && cv->shape.rank >= 1 &&
+        cv->shape.dims[cv->shape.rank - 1] == g.n) {
+      g.bias = kl_cg_ptr(e, cv, pbias, sizeof pbias); /* a row vector: the epilogue's bias */
+    } else if (same && kl_shape_equal(&cv->shape, &out->shape)) {
+      g.c_in = kl_cg_ptr(e, cv, pbias, sizeof pbias); /* read in place, scaled by beta */
+      g.beta = beta;
+    } else if (n->ninputs > 2) { /* C broadcast into the output first, then += beta * C */
       g.beta = kl_attr_float(n, "beta", 1);
       kl_node copy = *n;
       kl_value *cin = n->inputs[2];

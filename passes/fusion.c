@@ -82,6 +82,12 @@ static int fits(const fuse_ctx *c, const kl_node *n, int g) {
   const kl_group *gr = &c->f->groups[g];
   const kl_shape *out = &n->outputs[0]->shape;
   if (gr->kind == KL_GROUP_ELEMENTWISE) {
+    if (c->opt->reads_window && c->opt->reads_window(n)) {
+      /* the other threads' values are not there yet: only siblings */
+      for (int i = 0; i < n->ninputs; i++)
+        if (producer_group(c, n->inputs[i]) == g) return NO;
+      return kl_shape_equal(out, &gr->shape) ? JOIN : NO;
+    }
     if (c->opt->elementwise(n) && kl_shape_equal(out, &gr->shape)) return JOIN;
     /* a reduction of the group's values: the group becomes a row group,
      * when the row kernel can take all its members */
@@ -133,6 +139,7 @@ static void add_member(fuse_ctx *c, int g, kl_node *n) {
  * sibling that reads the same input; -1 for none. */
 static int pick_group(fuse_ctx *c, kl_node *n) {
   if (!c->opt->enabled || (!c->opt->elementwise(n) && !row_kind(c, n))) return -1;
+  if (c->opt->pinned && c->opt->pinned[n->id]) return -1;
   int how;
   for (int i = 0; i < n->ninputs; i++) {
     int p = producer_group(c, n->inputs[i]);
@@ -257,7 +264,10 @@ int kl_fuse(const kl_graph *g, kl_node *const *order, int n, const kl_fusion_opt
   for (int i = 0; i < n; i++) {
     kl_node *node = order[i];
     int gi = pick_group(&c, node);
-    if (gi < 0 && opt->enabled && opt->elementwise(node))
+    bool pinned = opt->pinned && opt->pinned[node->id];
+    if (gi < 0 && pinned)
+      gi = new_group(&c, KL_GROUP_SINGLE, &node->outputs[0]->shape);
+    else if (gi < 0 && opt->enabled && opt->elementwise(node))
       gi = new_group(&c, KL_GROUP_ELEMENTWISE, &node->outputs[0]->shape);
     else if (gi < 0 && opt->enabled && row_kind(&c, node))
       gi = new_group(&c, KL_GROUP_ROWS, &node->inputs[0]->shape);

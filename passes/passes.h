@@ -49,6 +49,12 @@ typedef struct {
   int (*row_kind)(const kl_node *n);
   /* ... or into a row kernel as an elementwise node (NULL: elementwise) */
   bool (*row_elementwise)(const kl_node *n);
+  /* an elementwise-group node that reads its inputs around its element (a
+   * direct convolution): it never joins a group that makes one of them
+   * (NULL: none) */
+  bool (*reads_window)(const kl_node *n);
+  /* per node id: keep in a group of its own (NULL: none) */
+  const bool *pinned;
 } kl_fusion_options;
 
 /* Partition order[0..n) (a topological order of the nodes to compute)

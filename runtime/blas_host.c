@@ -62,6 +62,19 @@ static float *temp(int64_t rows, int64_t cols) {
   return malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
 }
 
+/* Bias and activation of element (row, col) of a product, before it is
+ * rounded to the output type (once, as cuBLASLt does). */
+static double epilogue(const krt_gemm_desc *g, double v, int64_t col) {
+  if (g->bias) switch (g->dtype) {
+    case KRT_F32: v += ((const float *)g->bias)[col]; break;
+    case KRT_F64: v += ((const double *)g->bias)[col]; break;
+    case KRT_F16: v += krt_f16_to_f32(((const uint16_t *)g->bias)[col]); break;
+    case KRT_BF16: v += krt_bf16_to_f32(((const uint16_t *)g->bias)[col]); break;
+    default: break;
+    }
+  return g->relu && v < 0 ? 0.0 : v;
+}
+
 static int gemm_half(const krt_gemm_desc *g, char *err, size_t errlen) {
   const int64_t m = g->m, n = g->n, k = g->k;
   half_mat A = {g->a, g->trans_a ? k : m, g->trans_a ? m : k, g->lda};
@@ -87,7 +100,7 @@ static int gemm_half(const krt_gemm_desc *g, char *err, size_t errlen) {
     uint16_t *ci = (uint16_t *)g->c + i * g->stride_c;
     /* BLAS semantics: with beta == 0 C is not read, so NaN there is fine. */
     if (g->beta != 0) {
-      half_mat C = {ci, m, n, g->ldc};
+      half_mat C = {g->c_in ? (const uint16_t *)g->c_in + i * g->stride_c : ci, m, n, g->ldc};
       widen(g->dtype, C, c);
     } else {
       memset(c, 0, (size_t)(m * n) * sizeof(float));
@@ -95,6 +108,8 @@ static int gemm_half(const krt_gemm_desc *g, char *err, size_t errlen) {
     cblas_sgemm(CblasRowMajor, tr(g->trans_a), tr(g->trans_b), (int)m, (int)n, (int)k,
                 (float)g->alpha, a, (int)(A.cols > 0 ? A.cols : 1), b,
                 (int)(B.cols > 0 ? B.cols : 1), (float)g->beta, c, (int)n);
+    for (int64_t r = 0; r < m; r++)
+      for (int64_t q = 0; q < n; q++) c[r * n + q] = (float)epilogue(g, c[r * n + q], q);
     narrow(g->dtype, c, ci, m, n, g->ldc);
   }
 out:
@@ -123,13 +138,15 @@ static int gemm_f32_via_f64(const krt_gemm_desc *g, char *err, size_t errlen) {
     for (int64_t i = 0; i < g->batch; i++) {
       const float *fa = item(g->a, i, g->stride_a, 4), *fb = item(g->b, i, g->stride_b, 4);
       float *fc = (float *)g->c + i * g->stride_c;
+      const float *fin = g->c_in ? (const float *)g->c_in + i * g->stride_c : fc;
       for (size_t j = 0; j < na; j++) a[j] = fa[j];
       for (size_t j = 0; j < nb; j++) b[j] = fb[j];
-      for (size_t j = 0; j < nc; j++) c[j] = g->beta != 0 ? fc[j] : 0;
+      for (size_t j = 0; j < nc; j++) c[j] = g->beta != 0 ? fin[j] : 0;
       cblas_dgemm(CblasRowMajor, tr(g->trans_a), tr(g->trans_b), (int)g->m, (int)g->n, (int)g->k,
                   g->alpha, a, (int)g->lda, b, (int)g->ldb, g->beta, c, (int)g->ldc);
       for (int64_t r = 0; r < g->m; r++)
-        for (int64_t q = 0; q < g->n; q++) fc[r * g->ldc + q] = (float)c[r * g->ldc + q];
+        for (int64_t q = 0; q < g->n; q++)
+          fc[r * g->ldc + q] = (float)epilogue(g, c[r * g->ldc + q], q);
     }
   }
   free(a);
@@ -144,10 +161,19 @@ int krt_blas_gemm(const krt_gemm_desc *g, char *err, size_t errlen) {
   switch (g->dtype) {
   case KRT_F32: return gemm_f32_via_f64(g, err, errlen);
   case KRT_F64:
-    for (int64_t i = 0; i < g->batch; i++)
+    for (int64_t i = 0; i < g->batch; i++) {
+      double *c = (double *)g->c + i * g->stride_c;
+      if (g->c_in && g->beta != 0) /* C_in into C first: BLAS accumulates in place */
+        for (int64_t r = 0; r < g->m; r++)
+          memmove(c + r * ldc, (const double *)g->c_in + i * g->stride_c + r * ldc,
+                  (size_t)n * sizeof *c);
       cblas_dgemm(CblasRowMajor, tr(g->trans_a), tr(g->trans_b), m, n, k, g->alpha,
                   item(g->a, i, g->stride_a, 8), lda, item(g->b, i, g->stride_b, 8), ldb,
-                  g->beta, (double *)g->c + i * g->stride_c, ldc);
+                  g->beta, c, ldc);
+      if (g->bias || g->relu)
+        for (int64_t r = 0; r < g->m; r++)
+          for (int64_t q = 0; q < g->n; q++) c[r * ldc + q] = epilogue(g, c[r * ldc + q], q);
+    }
     return 0;
   case KRT_F16:
   case KRT_BF16: return gemm_half(g, err, errlen);

@@ -240,7 +240,8 @@ static int gemm_check(const krt_gemm_desc *g, char *err, size_t errlen) {
     return krt_err(err, errlen,
                    "krt_gemm: stride_c=%lld, stride_c2=%lld make the %lld x %lld C matrices "
                    "(%lldx%lld, ldc=%lld) overlap",
-                   (long long)g->stride_c, (long long)g->stride_c2, (long long)g->batch2,
+                   (long long)g->stride_c, (long long)g->stride_c2,
+                   (long long)(g->batch2 > 1 ? g->batch2 : 1),
                    (long long)g->batch, (long long)g->m, (long long)g->n, (long long)g->ldc);
   if (!g->c || (g->k > 0 && (!g->a || !g->b)))
     return krt_err(err, errlen, "krt_gemm: matrix %c is NULL",
@@ -262,6 +263,7 @@ int krt_gemm(krt_device *d, const krt_gemm_desc *g, char *err, size_t errlen) {
     item.a = g->a ? (const char *)g->a + (size_t)(o * g->stride_a2) * es : NULL;
     item.b = g->b ? (const char *)g->b + (size_t)(o * g->stride_b2) * es : NULL;
     item.c = (char *)g->c + (size_t)(o * g->stride_c2) * es;
+    if (g->c_in) item.c_in = (const char *)g->c_in + (size_t)(o * g->stride_c2) * es;
     if (d->ops->gemm(d, &item, err, errlen)) return -1;
   }
   return 0;

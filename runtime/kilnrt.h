@@ -174,6 +174,13 @@ typedef struct {
   void *c;       int64_t ldc, stride_c;
   double alpha, beta;
   int64_t batch2, stride_a2, stride_b2, stride_c2; /* 0 or 1: no outer batch */
+  /* The epilogue, in the GEMM call (cuBLASLt's on a GPU):
+   *   C = act(alpha * op(A) @ op(B) + beta * C_in + bias)
+   * C_in: c_in laid out like C (NULL: C itself); bias: NULL, or n values
+   * of the dtype added to every row; act: relu when relu is set. */
+  const void *c_in;
+  const void *bias;
+  int relu;
 } krt_gemm_desc;
 int krt_gemm(krt_device *d, const krt_gemm_desc *g, char *err, size_t errlen);
 

@@ -508,6 +508,42 @@ static void test_gemm_beta0_ignores_c(void **state) {
   on_each_device(beta0_on);
 }
 
+/* The outer batch and the epilogue against loops written out here:
+ * C[o][b] (2x3, items side by side within rows of 12) =
+ *   relu(A[o][b] @ B + C_in + bias), with A's items at o*stride_a2 + b*stride_a. */
+static void test_gemm_batch2_epilogue(void **state) {
+  (void)state;
+  krt_device *d = open_host();
+  enum { O = 2, NB = 2, M = 2, K = 3, N = 3, LDC = 6 };
+  double a[O * NB * M * K], b[K * N], cin[O * M * LDC], bias[N], c[O * M * LDC];
+  for (int i = 0; i < O * NB * M * K; i++) a[i] = (i * 7 % 11) - 5;
+  for (int i = 0; i < K * N; i++) b[i] = (i * 5 % 7) - 3;
+  for (int i = 0; i < O * M * LDC; i++) cin[i] = (i % 5) - 2, c[i] = 99;
+  for (int i = 0; i < N; i++) bias[i] = i - 1;
+  krt_gemm_desc g = {.dtype = KRT_F64, .m = M, .n = N, .k = K, .batch = NB,
+                     .a = a, .lda = K, .stride_a = M * K,
+                     .b = b, .ldb = N, .stride_b = 0,
+                     .c = c, .ldc = LDC, .stride_c = N, .alpha = 1, .beta = 1,
+                     .batch2 = O, .stride_a2 = NB * M * K, .stride_b2 = 0, .stride_c2 = M * LDC,
+                     .c_in = cin, .bias = bias, .relu = 1};
+  char err[256] = "";
+  OK(krt_gemm(d, &g, err, sizeof err));
+  for (int o = 0; o < O; o++)
+    for (int bi = 0; bi < NB; bi++)
+      for (int r = 0; r < M; r++)
+        for (int q = 0; q < N; q++) {
+          double want = 0;
+          for (int k = 0; k < K; k++) want += a[((o * NB + bi) * M + r) * K + k] * b[k * N + q];
+          int at = o * M * LDC + r * LDC + bi * N + q;
+          want += cin[at] + bias[q];
+          assert_true(c[at] == (want < 0 ? 0 : want));
+        }
+  /* items that would overlap are refused */
+  g.stride_c = 2;
+  assert_int_equal(krt_gemm(d, &g, err, sizeof err), -1);
+  krt_device_close(d);
+}
+
 static void test_gemm_errors(void **state) {
   (void)state;
   krt_device *d = open_host();
@@ -545,7 +581,7 @@ static void test_gemm_errors(void **state) {
   g.batch = 2;
   g.stride_c = 0;
   assert_int_equal(krt_gemm(d, &g, err, sizeof err), -1);
-  assert_prefix(err, "krt_gemm: stride_c=0 makes the 2 C matrices");
+  assert_prefix(err, "krt_gemm: stride_c=0, stride_c2=0 make the 1 x 2 C matrices");
 
   g = ok;
   g.b = NULL;
@@ -743,6 +779,7 @@ int main(void) {
       cmocka_unit_test(test_gemm_BF16),
       cmocka_unit_test(test_gemm_beta0_ignores_c),
       cmocka_unit_test(test_gemm_errors),
+      cmocka_unit_test(test_gemm_batch2_epilogue),
       cmocka_unit_test_setup_teardown(test_fake_cuda_open, save_env, restore_env),
       cmocka_unit_test(test_fake_cuda_out_of_memory),
       cmocka_unit_test(test_fake_cuda_modules),
