@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cublasLt.h>
 #include <cublas_api.h>
 #include <cuda.h>
 
@@ -41,6 +42,13 @@
   X(cublasCreate_v2) X(cublasDestroy_v2) X(cublasGemmStridedBatchedEx)                     \
   X(cublasGetStatusName) X(cublasGetStatusString)
 
+/* cuBLASLt: GEMMs with an epilogue (bias, relu, a separate C input) */
+#define LT_FUNCS(X)                                                                        \
+  X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtMatmulDescCreate)                         \
+  X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)                           \
+  X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)                             \
+  X(cublasLtMatrixLayoutSetAttribute) X(cublasLtMatmul)
+
 #define DECLARE(f) __typeof__(f) *f;
 static struct {
   int loaded;
@@ -50,6 +58,10 @@ static struct {
   int loaded;
   BLAS_FUNCS(DECLARE)
 } blas;
+static struct {
+  int loaded;
+  LT_FUNCS(DECLARE)
+} lt;
 #undef DECLARE
 
 /* The libraries are loaded once per process and never closed: the driver
@@ -131,6 +143,40 @@ out:
   return rc;
 }
 
+static int load_cublaslt(char *err, size_t errlen) {
+  static const char *const names[] = {"libcublasLt.so.13", "libcublasLt.so",
+                                      "/usr/local/cuda/lib64/libcublasLt.so.13"};
+  pthread_mutex_lock(&load_lock);
+  int rc = 0;
+  if (!lt.loaded) {
+    void *lib = NULL;
+    char first_error[256] = "";
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
+      lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+      if (!lib && i == 0) snprintf(first_error, sizeof first_error, "%s", dlerror());
+    }
+    if (!lib) {
+      rc = krt_err(err, errlen,
+                   "krt_gemm: cuBLASLt not found (libcublasLt.so.13, libcublasLt.so): %s",
+                   first_error);
+      goto out;
+    }
+#define RESOLVE(f) \
+  if (rc == 0) rc = resolve(lib, "libcublasLt", #f, &lt.f, err, errlen);
+    LT_FUNCS(RESOLVE)
+#undef RESOLVE
+    if (rc) {
+      dlclose(lib);
+      memset(&lt, 0, sizeof lt);
+      goto out;
+    }
+    lt.loaded = 1;
+  }
+out:
+  pthread_mutex_unlock(&load_lock);
+  return rc;
+}
+
 /* ---- errors -------------------------------------------------------------- */
 /* "<what>: CUDA_ERROR_X (description)", what naming the call and its kernel
  * or sizes. */
@@ -159,6 +205,7 @@ typedef struct {
   CUcontext ctx;
   int sm;                  /* 90 for compute capability 9.0 */
   cublasHandle_t blas;     /* created at the first krt_gemm */
+  cublasLtHandle_t lt;     /* ... with an epilogue */
   char last_kernel[128];   /* for asynchronous errors seen at a synchronize */
 } cuda_dev;
 
@@ -212,6 +259,7 @@ fail:
 static void cuda_close(krt_device *d) {
   cuda_dev *c = d->priv;
   if (c->blas && use_ctx(c, NULL, 0) == 0) blas.cublasDestroy_v2(c->blas);
+  if (c->lt && use_ctx(c, NULL, 0) == 0) lt.cublasLtDestroy(c->lt);
   /* Releasing the last reference destroys the context and with it every
    * allocation and module still in it. */
   cu.cuDevicePrimaryCtxRelease_v2(c->dev);
@@ -409,6 +457,82 @@ static int blas_fail(cublasStatus_t s, char *err, size_t errlen, const char *wha
                  blas.cublasGetStatusString(s));
 }
 
+/* A layout of cuBLASLt: rows x cols column-major at ld, `batch` of them
+ * `stride` elements apart. */
+static cublasStatus_t lt_layout(cublasLtMatrixLayout_t *l, cudaDataType t, int64_t rows,
+                                int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+  cublasStatus_t s = lt.cublasLtMatrixLayoutCreate(l, t, (uint64_t)rows, (uint64_t)cols, ld);
+  int32_t count = (int32_t)batch;
+  if (s == CUBLAS_STATUS_SUCCESS && batch > 1)
+    s = lt.cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                            sizeof count);
+  if (s == CUBLAS_STATUS_SUCCESS && batch > 1)
+    s = lt.cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                            &stride, sizeof stride);
+  return s;
+}
+
+/* The GEMM with its epilogue in one cublasLtMatmul: D = act(alpha * op(B)^T
+ * op(A)^T + beta * C_in^T + bias), column-major as below, the bias one
+ * value per row of D^T, i.e. per column of our row-major C.  No
+ * workspace, and the library's heuristic picks the algorithm. */
+static int cuda_gemm_lt(cuda_dev *c, const krt_gemm_desc *g, cudaDataType t,
+                        cublasComputeType_t compute, cudaDataType scale, const void *alpha,
+                        const void *beta, char *err, size_t errlen) {
+  if (!c->lt) {
+    if (load_cublaslt(err, errlen)) return -1;
+    cublasStatus_t s = lt.cublasLtCreate(&c->lt);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      c->lt = NULL;
+      return blas_fail(s, err, errlen, "cublasLtCreate");
+    }
+  }
+  cublasLtMatmulDesc_t op = NULL;
+  cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL, ld = NULL;
+  cublasOperation_t ta = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                    tb = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasLtEpilogue_t epi = g->bias ? (g->relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                                   : (g->relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+  const char *what = "cublasLtMatmulDescCreate";
+  cublasStatus_t s = lt.cublasLtMatmulDescCreate(&op, compute, scale);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    what = "cublasLtMatmulDescSetAttribute",
+    s = lt.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = lt.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = lt.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+  if (s == CUBLAS_STATUS_SUCCESS && g->bias)
+    s = lt.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                          sizeof g->bias);
+  /* our B is cuBLAS's A: n x k (or k x n transposed), and our A its B */
+  if (s == CUBLAS_STATUS_SUCCESS)
+    what = "cublasLtMatrixLayoutCreate",
+    s = lt_layout(&la, t, g->trans_b ? g->k : g->n, g->trans_b ? g->n : g->k, g->ldb, g->batch,
+                  g->stride_b);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = lt_layout(&lb, t, g->trans_a ? g->m : g->k, g->trans_a ? g->k : g->m, g->lda, g->batch,
+                  g->stride_a);
+  if (s == CUBLAS_STATUS_SUCCESS) s = lt_layout(&lc, t, g->n, g->m, g->ldc, g->batch, g->stride_c);
+  if (s == CUBLAS_STATUS_SUCCESS) s = lt_layout(&ld, t, g->n, g->m, g->ldc, g->batch, g->stride_c);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    what = "cublasLtMatmul",
+    s = lt.cublasLtMatmul(c->lt, op, alpha, g->b, la, g->a, lb, beta, g->c_in ? g->c_in : g->c,
+                          lc, g->c, ld, NULL, NULL, 0, 0);
+  if (ld) lt.cublasLtMatrixLayoutDestroy(ld);
+  if (lc) lt.cublasLtMatrixLayoutDestroy(lc);
+  if (lb) lt.cublasLtMatrixLayoutDestroy(lb);
+  if (la) lt.cublasLtMatrixLayoutDestroy(la);
+  if (op) lt.cublasLtMatmulDescDestroy(op);
+  if (s == CUBLAS_STATUS_SUCCESS) return 0;
+  char msg[200];
+  snprintf(msg, sizeof msg, "%s(%s, m=%lld n=%lld k=%lld batch=%lld, epilogue%s%s%s)", what,
+           krt_dtype_name(g->dtype), (long long)g->m, (long long)g->n, (long long)g->k,
+           (long long)g->batch, g->bias ? " bias" : "", g->relu ? " relu" : "",
+           g->c_in ? " c_in" : "");
+  return blas_fail(s, err, errlen, msg);
+}
+
 /* cuBLAS is column-major.  A row-major m x n matrix is the same bytes as a
  * column-major n x m one, its transpose, so C = op(A) op(B) is computed as
  * C^T = op(B)^T op(A)^T: swap the operands and m with n, keep the flags. */
@@ -441,6 +565,9 @@ static int cuda_gemm(krt_device *d, const krt_gemm_desc *g, char *err, size_t er
     return krt_err(err, errlen, "krt_gemm: dtype %s is not supported on cuda",
                    krt_dtype_name(g->dtype));
   }
+  if (g->bias || g->relu || (g->c_in && g->c_in != g->c))
+    return cuda_gemm_lt(c, g, t, compute, g->dtype == KRT_F64 ? CUDA_R_64F : CUDA_R_32F, alpha,
+                        beta, err, errlen);
   cublasStatus_t s = blas.cublasGemmStridedBatchedEx(
       c->blas, g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
       (int)g->n, (int)g->m, (int)g->k, alpha, g->b, t, (int)g->ldb, g->stride_b, g->a, t,
