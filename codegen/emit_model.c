@@ -218,17 +218,19 @@ static const kl_node *only_reader(const cg_ctx *c, const kl_value *v) {
   return count == 1 ? only : NULL;
 }
 
-/* v exists before step `pos` of the order (pos_of: node id -> position). */
-static bool made_before(const cg_ctx *c, const int *pos_of, const kl_value *v, int pos) {
-  (void)c;
-  return !v->producer || pos_of[v->producer->id] < pos;
+/* The GEMM whose epilogue ends at node n, or NULL. */
+static const kl_node *epilogue_gemm(const cg_ctx *c, const kl_node *n) {
+  if (!c->absorbed[n->id] || c->epi_inner[n->id] || n->op == KL_OP_TRANSPOSE) return NULL;
+  for (int i = 0; i < c->g->nodes.len; i++)
+    if (c->epi_last[c->order[i]->id] == n) return c->order[i];
+  return NULL;
 }
 
+/* (The GEMM runs at the last node of its epilogue, so a residual made
+ * anywhere before that is there.) */
 static void choose_epilogues(cg_ctx *c) {
   const kl_graph *g = c->g;
-  int nn = g->nodes.len, *pos_of = calloc((size_t)nn + 1, sizeof *pos_of);
-  if (!pos_of) abort();
-  for (int i = 0; i < nn; i++) pos_of[c->order[i]->id] = i;
+  int nn = g->nodes.len;
   for (int i = 0; i < nn; i++) {
     const kl_node *mm = c->order[i];
     if (!c->live[mm->id] || c->folded[mm->id] || !is_float_matmul(mm)) continue;
@@ -237,7 +239,10 @@ static void choose_epilogues(cg_ctx *c) {
     const kl_value *cur = y;
     for (;;) {
       const kl_node *r = only_reader(c, cur);
-      if (!r || r->outputs[0]->dtype != y->dtype || !kl_shape_equal(&r->outputs[0]->shape, &y->shape))
+      /* (a node in another GEMM's chain already stays there: with two
+       * GEMMs meeting in an add, the first to reach it takes it) */
+      if (!r || c->absorbed[r->id] || r->outputs[0]->dtype != y->dtype ||
+          !kl_shape_equal(&r->outputs[0]->shape, &y->shape))
         break;
       if (c->epi_relu[mm->id]) break; /* the activation comes last */
       if (r->op == KL_OP_RELU) {
@@ -246,7 +251,7 @@ static void choose_epilogues(cg_ctx *c) {
         const kl_value *other = r->inputs[r->inputs[0] == cur ? 1 : 0];
         bool row = kl_shape_numel(&other->shape) == n && other->shape.rank >= 1 &&
                    other->shape.dims[other->shape.rank - 1] == n;
-        if (other->dtype != y->dtype || !made_before(c, pos_of, other, i)) break;
+        if (other->dtype != y->dtype) break;
         if (row && !c->epi_bias[mm->id] && other->shape.rank <= y->shape.rank)
           c->epi_bias[mm->id] = other;
         else if (kl_shape_equal(&other->shape, &y->shape) && !c->epi_residual[mm->id])
@@ -262,7 +267,6 @@ static void choose_epilogues(cg_ctx *c) {
       cur = r->outputs[0];
     }
   }
-  free(pos_of);
 }
 
 /* Start from every movement node a view, then drop those read by anything
@@ -608,6 +612,16 @@ static bool runs_in_place(const kl_node *n) {
          n->op == KL_OP_UNSQUEEZE;
 }
 
+/* Does a convolution of the group read arena buffer b (under any name:
+ * a reshape is the same buffer)?  Then no output may overwrite it. */
+static bool window_buffer(const cg_ctx *c, const kl_cg_fused_args *io, int b) {
+  for (int k = 0; k < io->nin; k++)
+    if (io->window_read[k] && c->loc[io->in[k]->id].kind == LOC_ARENA &&
+        c->loc[io->in[k]->id].index == b)
+      return true;
+  return false;
+}
+
 /* Let an output take the buffer of an input its kernel is the last to
  * read, when they match element for element (no broadcast, same width):
  * such a node's output, or the one output of a fused group.  An input's
@@ -646,7 +660,7 @@ static void choose_in_place(cg_ctx *c) {
         const kl_value *in = io.in[k];
         const location *li = &c->loc[in->id];
         if (li->kind != LOC_ARENA || li->index >= lo->index || taken[li->index] ||
-            (gr->count > 1 && io.window_read[k]) ||
+            (gr->count > 1 && window_buffer(c, &io, li->index)) ||
             kl_shape_numel(&in->shape) != numel ||
             kl_dtype_size(in->dtype) != kl_dtype_size(io.out[o]->dtype) || !out->bytes)
           continue;
@@ -754,8 +768,19 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
     c->at_step[c->step] = e.node;
     c->step_group[c->step] = gi;
     for (int m = 0; m < gr->count; m++) use_node_values(c, members[m]);
-    if (gr->count == 1 && (c->alias[members[0]->id] || c->view_node[members[0]->id] ||
-                           c->absorbed[members[0]->id])) {
+    const kl_node *gemm = gr->count == 1 ? epilogue_gemm(c, members[0]) : NULL;
+    if (gr->count == 1 && c->epi_last[members[0]->id]) {
+      /* the GEMM runs at its epilogue's last node, when all it adds exists */
+      fprintf(e.rf, "  /* %s: %s, with its epilogue at %s */\n", members[0]->name,
+              kl_ops[members[0]->op].name, c->epi_last[members[0]->id]->name);
+    } else if (gemm) {
+      const kl_node *n = gemm;
+      e.node = n;
+      for (int k = 0; k < n->ninputs; k++) c->dram_bytes += value_bytes(n->inputs[k]);
+      c->dram_bytes += value_bytes(members[0]->outputs[0]);
+      rc = find_template(n)->emit(&e, n);
+    } else if (gr->count == 1 && (c->alias[members[0]->id] || c->view_node[members[0]->id] ||
+                                  c->absorbed[members[0]->id])) {
       const kl_node *n = members[0];
       char shape[160];
       fprintf(e.rf, "  /* %s: %s -> %s, %s: no kernel */\n", n->name, kl_ops[n->op].name,

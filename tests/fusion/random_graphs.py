@@ -7,9 +7,11 @@ fused and unfused for the host device, must both equal the interpreter.
 Each graph mixes elementwise ops (the ones fusion groups), broadcasts of
 row and column operands, casts through f16 and i32, comparisons feeding
 `where`, reductions over rows (alone, and spelled-out softmax and layer
-norm: row groups), and nodes fusion cannot take (matmul, transpose,
-softmax inside a product), so groups must form around them without
-cycles.  Several values are outputs,
+norm: row groups), GEMMs with a bias, residual and relu after them (the
+GEMM's epilogue), splits and transposes GEMMs read in place, batched
+head-style products with a transposed result, direct convolutions with
+sibling convolutions and an epilogue, and nodes fusion cannot take, so
+groups must form around them without cycles.  Several values are outputs,
 some from inside would-be groups.  Prints PASS/FAIL per graph and ends
 with `N passed, N failed`."""
 import argparse
@@ -31,7 +33,9 @@ def make_graph(seed):
     rows, cols = rnd.randint(1, 9), rnd.randint(1, 40)
     lines = [f"model g{seed}", f"dim R = {rows}", f"dim C = {cols}",
              "input x: f32[R, C]", "input y: f32[R, C]", "input col: f32[C]",
-             "input row: f32[R, 1]"]
+             "input row: f32[R, 1]", "param w: f32[C, C] = randn(0.3, seed=2)",
+             "param wk: f32[1, 1, 3, 3] = randn(0.4, seed=3)",
+             "param wk1: f32[1, 1, 1, 1] = randn(0.6, seed=4)", "param bk: f32[1] = randn(0.2, seed=5)"]
     full = ["x", "y"]          # [R, C] values
     side = ["col", "row"]      # values that broadcast into [R, C]
     n = 0
@@ -45,7 +49,30 @@ def make_graph(seed):
         kind = rnd.random()
         a = rnd.choice(full)
         t = fresh()
-        if kind < 0.30:
+        if rnd.random() < 0.15:  # GEMMs and convolutions with what fuses into them
+            b = rnd.choice(full)
+            pick = rnd.randrange(4)
+            if pick == 0:  # bias, residual, relu: the GEMM's epilogue
+                lines.append(f"let {t} = relu({a} @ w + col + {b})")
+            elif pick == 1:  # a split read in place, one operand transposed
+                h = rnd.randint(1, cols)
+                p, q = fresh(), fresh()
+                if h == cols:
+                    lines.append(f"let {t} = {a} + ({a} @ transpose({a}, perm=[1, 0])) @ {b} * 0.1")
+                else:
+                    lines.append(f"let {p}, {q} = split({a}, axis=1, sizes=[{h}, {cols - h}])")
+                    lines.append(f"let {t} = {a} + ({p} @ transpose({p}, perm=[1, 0])) @ {b} * 0.1")
+            elif pick == 2 and cols % 2 == 0:  # heads: batched views, a transposed result
+                hh, s_ = fresh(), fresh()
+                lines.append(f"let {hh} = transpose(reshape({a}, shape=[R, 2, {cols // 2}]), perm=[1, 0, 2])")
+                lines.append(f"let {s_} = {hh} @ transpose({hh}, perm=[0, 2, 1])")
+                lines.append(f"let {t} = reshape(transpose(tanh({s_}) @ {hh}, perm=[1, 0, 2]), shape=[R, C])")
+            else:  # direct convolutions: siblings, their epilogue, a residual
+                X = fresh()
+                lines.append(f"let {X} = reshape({a}, shape=[1, 1, R, C])")
+                lines.append(f"let {t} = reshape(relu(conv2d({X}, wk, pads=[1, 1, 1, 1]) * 0.5 + "
+                             f"conv2d({X}, wk1, bk)) + reshape({b}, shape=[1, 1, R, C]), shape=[R, C])")
+        elif kind < 0.30:
             lines.append(f"let {t} = {rnd.choice(UNARY)}({a})")
         elif kind < 0.62:
             b = rnd.choice(full + side)
