@@ -49,6 +49,9 @@ typedef struct {
    * GEMMs; per matmul node id, the transpose it writes through (else
    * NULL); per value id, how it is read */
   bool fusion_enabled;    /* not --no-fuse */
+  /* the profiler's steps: those that launch something */
+  int step_launches, nprofile, cap_profile;
+  struct profile_step { char name[96]; int launches; size_t bytes; } *profile;
   /* GEMM epilogues: per GEMM node id, the bias and residual it adds, relu,
    * and the last node of the chain (whose output it writes); per node id,
    * an epilogue node whose output has no buffer (all but the last) */
@@ -507,6 +510,7 @@ void kl_cg_launch_node(kl_cg_emitter *e, int k, int64_t threads, const kl_node *
 void kl_cg_launch_grid(kl_cg_emitter *e, int k, int64_t grid_x, int block_x,
                        const char *const *args, int nargs) {
   if (grid_x <= 0) return;
+  e->c->step_launches++;
   FILE *f = e->rf;
   fprintf(f, "  {\n");
   for (int i = 0; i < nargs; i++) fprintf(f, "    void *p%d = %s;\n", i, args[i]);
@@ -540,6 +544,7 @@ void kl_cg_emit_gemm(kl_cg_emitter *e, const kl_cg_gemm *g) {
           (long long)g->stride_c, g->alpha, g->beta);
   if (g->batch2 > 1) /* an outer batch at strides *_2: one call per item on a GPU */
     e->c->nlaunches += (int)g->batch2 - 1;
+  e->c->step_launches += g->batch2 > 1 ? (int)g->batch2 : 1;
   if (g->batch2 > 1)
     fprintf(e->rf, ",\n      .batch2 = %lld, .stride_a2 = %lld, .stride_b2 = %lld, .stride_c2 = %lld",
             (long long)g->batch2, (long long)g->stride_a2, (long long)g->stride_b2,
@@ -745,6 +750,29 @@ static void emit_fused_group(kl_cg_emitter *e, const kl_group *gr, kl_node *cons
   else kl_cg_launch(e, k, kl_shape_numel(s), args, na);
 }
 
+/* A step the profiler times: a name a C string can hold as it is. */
+static void profile_step(cg_ctx *c, const kl_group *gr, kl_node *const *members, int launches,
+                         size_t bytes) {
+  if (c->nprofile == c->cap_profile) {
+    c->cap_profile = c->cap_profile ? 2 * c->cap_profile : 32;
+    c->profile = realloc(c->profile, (size_t)c->cap_profile * sizeof *c->profile);
+    if (!c->profile) abort();
+  }
+  struct profile_step *p = &c->profile[c->nprofile++];
+  const kl_node *last = members[gr->count - 1];
+  if (gr->count > 1)
+    snprintf(p->name, sizeof p->name, "fused %d: %s .. %s", gr->count, members[0]->name, last->name);
+  else if (epilogue_gemm(c, last))
+    snprintf(p->name, sizeof p->name, "gemm+epilogue: %s .. %s", epilogue_gemm(c, last)->name,
+             last->name);
+  else
+    snprintf(p->name, sizeof p->name, "%s: %s", kl_ops[last->op].name, last->name);
+  for (char *q = p->name; *q; q++)
+    if (*q == '"' || *q == '\\' || *q == '?' || (unsigned char)*q < 32) *q = '_';
+  p->launches = launches;
+  p->bytes = bytes;
+}
+
 static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   const kl_graph *g = c->g;
   size_t klen, mlen, hlen;
@@ -758,10 +786,17 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   char *run_text;
   size_t run_len;
   kl_cg_emitter e = {.c = c, .kf = kf};
-  e.rf = open_memstream(&run_text, &run_len);
+  FILE *run_f = open_memstream(&run_text, &run_len);
   int rc = 0;
-  /* one step per group: a node's own template, or one fused kernel */
+  /* one step per group: a node's own template, or one fused kernel; each
+   * step's text goes through a buffer of its own, so that the steps that
+   * launch something can be marked for the profiler */
   for (int gi = 0; gi < c->fusion.ngroups && !rc; gi++) {
+    char *step_text = NULL;
+    size_t step_len = 0;
+    e.rf = open_memstream(&step_text, &step_len);
+    int launches0 = c->step_launches;
+    size_t bytes0 = c->dram_bytes;
     const kl_group *gr = &c->fusion.groups[gi];
     kl_node *const *members = c->fusion.nodes + gr->first;
     e.node = members[gr->count - 1];
@@ -798,10 +833,18 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
     } else { /* a group, or one elementwise node: the same generator */
       emit_fused_group(&e, gr, members, gr->count);
     }
+    fclose(e.rf);
+    if (c->step_launches > launches0) {
+      profile_step(c, gr, members, c->step_launches - launches0, c->dram_bytes - bytes0);
+      fprintf(run_f, "  if (krt_mark(m->dev, %d, err, errlen)) return -1;\n", c->nprofile - 1);
+    }
+    fwrite(step_text, 1, step_len, run_f);
+    free(step_text);
     c->step++;
   }
   c->nsteps = c->step;
-  fclose(e.rf);
+  fprintf(run_f, "  if (krt_mark(m->dev, %d, err, errlen)) return -1;\n", c->nprofile);
+  fclose(run_f);
   /* every launch and GEMM call of run() */
   for (const char *p = run_text; p && (p = strstr(p, "krt_launch(")); p++) c->nlaunches++;
   for (const char *p = run_text; p && (p = strstr(p, "krt_gemm(")); p++) c->nlaunches++;
@@ -895,14 +938,22 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
     fprintf(mf, ", io_bytes(&outputs[%d]), err, errlen)) return -1;\n", i);
   }
   fprintf(mf, "  return 0;\n}\n\n");
+  fprintf(mf, "/* The steps run() marks for the profiler (kernels and GEMM calls, est. DRAM bytes). */\n"
+              "static const krt_step_info steps[] = {\n");
+  for (int i = 0; i < c->nprofile; i++)
+    fprintf(mf, "  {\"%s\", %d, %zu},\n", c->profile[i].name, c->profile[i].launches,
+            c->profile[i].bytes);
+  if (!c->nprofile) fprintf(mf, "  {\"\", 0, 0}\n");
+  fprintf(mf, "};\n\n");
   fprintf(mf, "static const krt_model_api api = {\"%s\", %d, %d, inputs, outputs, %zu, %zu, %d,\n"
-              "                                  create, run, destroy};\n\n"
+              "                                  create, run, destroy, %d, steps};\n\n"
               "const krt_model_api *kiln_model_%s(void) { return &api; }\n"
               "/* The entry `kiln run` looks up in the shared object. */\n"
               "#ifndef KILN_NO_GENERIC_ENTRY\n"
               "const krt_model_api *kiln_model(void);\n"
               "const krt_model_api *kiln_model(void) { return &api; }\n#endif\n",
-          g->name, g->inputs.len, g->outputs.len, c->arena_bytes, c->param_bytes, kernel, prefix);
+          g->name, g->inputs.len, g->outputs.len, c->arena_bytes, c->param_bytes, kernel,
+          c->nprofile, prefix);
   fclose(kf);
   fclose(mf);
   fclose(hf);
@@ -1045,6 +1096,7 @@ done:
   free(c.epi_relu);
   free(c.epi_inner);
   free(c.epi_last);
+  free(c.profile);
   for (int v = 0; v < g->values.len; v++) kl_tensor_free(c.known[v]);
   free(c.known);
   kl_fusion_free(&c.fusion);

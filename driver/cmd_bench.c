@@ -1,7 +1,9 @@
 /* cmd_bench.c - `kiln bench`: compile a model fused and unfused through the
  * same pipeline, run both on one device, and print what fusion buys: static
  * counts (kernels, launches, estimated DRAM bytes, planned arena against
- * its lower bound) and measured times, with fused/unfused ratios. */
+ * its lower bound) and measured times, with fused/unfused ratios.  And
+ * `kiln profile`: one compile, each step timed (krt_mark), its bandwidth
+ * against the device's own copy bandwidth. */
 #include <errno.h>
 #include <dlfcn.h>
 #include <getopt.h>
@@ -21,7 +23,7 @@ static const char bench_help[] =
     "Inputs are seeded random values; times are medians on a possibly shared\n"
     "machine, so read the ratios, not the absolute numbers.\n";
 
-enum { OPT_DEVICE = 2300, OPT_ITERS, OPT_JSON };
+enum { OPT_DEVICE = 2300, OPT_ITERS, OPT_JSON, OPT_NO_FUSE };
 
 typedef struct {
   int kernels, launches;
@@ -29,9 +31,59 @@ typedef struct {
   double compile_ms, run_ms;
 } side;
 
-/* Compile g (fused or not) for dev, run it iters times on `in`. */
+/* ---- the profile: each step's median time against the copy bandwidth -- */
+typedef struct {
+  bool on, json;
+  double copy_gbps;  /* device to device, bytes read plus written */
+} profile_opts;
+
+static void print_profile(const char *model, const char *device, const profile_opts *po,
+                          const krt_model_api *api, double *const *ms, long iters) {
+  double total_ms = 0, *med = calloc((size_t)api->nsteps + 1, sizeof *med),
+         *col = calloc((size_t)iters + 1, sizeof *col);
+  size_t total_bytes = 0;
+  int total_launches = 0;
+  if (!med || !col) abort();
+  for (int i = 0; i < api->nsteps; i++) {
+    for (long it = 0; it < iters; it++) col[it] = ms[it][i];
+    med[i] = krt_median(col, (size_t)iters);
+    total_ms += med[i];
+    total_bytes += api->steps[i].bytes;
+    total_launches += api->steps[i].launches;
+  }
+#define GBPS(bytes, t) ((t) > 0 ? (double)(bytes) / ((t) * 1e6) : 0.0)
+  if (po->json) {
+    printf("{\"model\": \"%s\", \"device\": \"%s\", \"iters\": %ld, \"copy_gbps\": %.3f, \"steps\": [",
+           model, device, iters, po->copy_gbps);
+    for (int i = 0; i < api->nsteps; i++)
+      printf("%s\n  {\"name\": \"%s\", \"launches\": %d, \"bytes\": %zu, \"ms\": %.5f, \"gbps\": %.3f, "
+             "\"of_copy\": %.4f}", i ? "," : "", api->steps[i].name, api->steps[i].launches,
+             api->steps[i].bytes, med[i], GBPS(api->steps[i].bytes, med[i]),
+             po->copy_gbps > 0 ? GBPS(api->steps[i].bytes, med[i]) / po->copy_gbps : 0);
+    printf("],\n \"total\": {\"launches\": %d, \"bytes\": %zu, \"ms\": %.5f}}\n", total_launches,
+           total_bytes, total_ms);
+  } else {
+    printf("kiln profile %s  (device: %s; %ld runs, medians; device-to-device copy %.2f GB/s)\n",
+           model, device, iters, po->copy_gbps);
+    printf("%-46s %8s %12s %10s %9s %8s\n", "step", "launches", "est. bytes", "ms", "GB/s",
+           "of copy");
+    for (int i = 0; i < api->nsteps; i++) {
+      double bw = GBPS(api->steps[i].bytes, med[i]);
+      printf("%-46.46s %8d %12zu %10.4f %9.2f %7.1f%%\n", api->steps[i].name, api->steps[i].launches,
+             api->steps[i].bytes, med[i], bw, po->copy_gbps > 0 ? 100 * bw / po->copy_gbps : 0);
+    }
+    printf("%-46s %8d %12zu %10.4f %9.2f\n", "total (steps summed)", total_launches, total_bytes,
+           total_ms, GBPS(total_bytes, total_ms));
+  }
+#undef GBPS
+  free(med);
+  free(col);
+}
+
+/* Compile g (fused or not) for dev, run it iters times on `in`; with the
+ * profile on, time each step and print the profile. */
 static int measure(const kl_graph *g, bool fuse, krt_device *dev, void **in, long iters, side *s,
-                   char *device_name, size_t n) {
+                   char *device_name, size_t n, const profile_opts *po) {
   kl_codegen_result cg;
   kl_error err;
   kl_codegen_options copt = {.prefix = g->name, .no_fuse = !fuse};
@@ -51,7 +103,7 @@ static int measure(const kl_graph *g, bool fuse, krt_device *dev, void **in, lon
   snprintf(dir, sizeof dir, "%s/kiln-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   const krt_model_api *api = NULL;
   void *handle = NULL, *model = NULL, **out = NULL;
-  double *times = calloc((size_t)iters, sizeof *times);
+  double *times = calloc((size_t)iters, sizeof *times), **step_ms = NULL;
   int rc = -1;
   if (!times) abort();
   if (!mkdtemp(dir)) {
@@ -71,9 +123,19 @@ static int measure(const kl_graph *g, bool fuse, krt_device *dev, void **in, lon
     const kl_value *v = g->outputs.items[i];
     if (!(out[i] = malloc((size_t)kl_shape_numel(&v->shape) * kl_dtype_size(v->dtype) + 1))) abort();
   }
+  if (po->on) {
+    if (!(step_ms = calloc((size_t)iters, sizeof *step_ms))) abort();
+    for (long it = 0; it < iters; it++)
+      if (!(step_ms[it] = calloc((size_t)api->nsteps + 1, sizeof **step_ms))) abort();
+    if (krt_profile_enable(dev, api->nsteps + 1, msg, sizeof msg)) {
+      fprintf(stderr, "kiln: error: %s\n", msg);
+      goto done;
+    }
+  }
   for (long it = -1; it < iters; it++) { /* one warm-up run */
     double r0 = krt_now_ms();
-    if (api->run(model, (const void *const *)in, out, msg, sizeof msg)) {
+    if (api->run(model, (const void *const *)in, out, msg, sizeof msg) ||
+        (po->on && it >= 0 && krt_profile_read(dev, step_ms[it], api->nsteps, msg, sizeof msg))) {
       fprintf(stderr, "kiln: error: %s\n", msg);
       goto done;
     }
@@ -81,8 +143,12 @@ static int measure(const kl_graph *g, bool fuse, krt_device *dev, void **in, lon
   }
   s->run_ms = krt_median(times, (size_t)iters);
   snprintf(device_name, n, "%s", krt_device_name(dev));
+  if (po->on) print_profile(g->name, device_name, po, api, step_ms, iters);
   rc = 0;
 done:
+  if (po->on) krt_profile_enable(dev, 0, NULL, 0);
+  for (long it = 0; step_ms && it < iters; it++) free(step_ms[it]);
+  free(step_ms);
   if (model) api->destroy(model);
   if (handle) dlclose(handle);
   for (int i = 0; out && i < g->outputs.len; i++) free(out[i]);
@@ -135,11 +201,34 @@ static void json_side(const char *key, const side *s) {
          s->naive_bytes, s->compile_ms, s->run_ms);
 }
 
-int kiln_cmd_bench(int argc, char **argv) {
+static const char profile_help[] =
+    "usage: kiln profile MODEL [options]\n"
+    "Compile MODEL (fused), run it, and time each step: every kernel, and each\n"
+    "GEMM with its epilogue.  Each step's estimated DRAM bytes over its median\n"
+    "time give its bandwidth, printed also as a fraction of the device's own\n"
+    "device-to-device copy bandwidth, measured first.\n"
+    "  --device=DEVICE       host, cuda or auto (default; KILN_DEVICE overrides)\n"
+    "  --iters N             timed runs after one warm-up (default 10)\n"
+    "  --no-fuse             profile the unfused compile instead\n"
+    "  --json                print one JSON object instead of the table\n"
+    KILN_MODEL_HELP
+    "  -h, --help            show this help\n"
+    "On the host device a step's time is the clock around its launches; on a\n"
+    "GPU, CUDA events between the steps.\n";
+
+static int bench_or_profile(int argc, char **argv, bool profile);
+
+int kiln_cmd_bench(int argc, char **argv) { return bench_or_profile(argc, argv, false); }
+int kiln_cmd_profile(int argc, char **argv) { return bench_or_profile(argc, argv, true); }
+
+static int bench_or_profile(int argc, char **argv, bool profile) {
+  const char *help = profile ? profile_help : bench_help, *cmd = profile ? "profile" : "bench";
+  bool no_fuse = false;
   static const struct option longopts[] = {
       {"device", required_argument, NULL, OPT_DEVICE},
       {"iters", required_argument, NULL, OPT_ITERS},
       {"json", no_argument, NULL, OPT_JSON},
+      {"no-fuse", no_argument, NULL, OPT_NO_FUSE},
       {"help", no_argument, NULL, 'h'},
       KILN_MODEL_LONGOPTS,
       {0}};
@@ -150,10 +239,10 @@ int kiln_cmd_bench(int argc, char **argv) {
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
-    case 'h': fputs(bench_help, stdout); return KILN_EXIT_OK;
+    case 'h': fputs(help, stdout); return KILN_EXIT_OK;
     case OPT_DEVICE:
       if (krt_device_kind_parse(optarg, &kind)) {
-        fprintf(stderr, "kiln bench: --device takes host, cuda or auto, got '%s'\n", optarg);
+        fprintf(stderr, "kiln %s: --device takes host, cuda or auto, got '%s'\n", cmd, optarg);
         return KILN_EXIT_USAGE;
       }
       break;
@@ -162,19 +251,27 @@ int kiln_cmd_bench(int argc, char **argv) {
       errno = 0;
       iters = strtol(optarg, &end, 10);
       if (errno || *end || end == optarg || iters < 1 || iters > 100000) {
-        fprintf(stderr, "kiln bench: --iters takes a count from 1 to 100000, got '%s'\n", optarg);
+        fprintf(stderr, "kiln %s: --iters takes a count from 1 to 100000, got '%s'\n", cmd,
+                optarg);
         return KILN_EXIT_USAGE;
       }
       break;
     }
     case OPT_JSON: json = true; break;
+    case OPT_NO_FUSE:
+      if (!profile) {
+        fprintf(stderr, "kiln bench: --no-fuse: bench compiles both ways already\n");
+        return KILN_EXIT_USAGE;
+      }
+      no_fuse = true;
+      break;
     default:
-      if (kiln_model_opt_or_usage(&mo, c, optarg, bench_help)) return KILN_EXIT_USAGE;
+      if (kiln_model_opt_or_usage(&mo, c, optarg, help)) return KILN_EXIT_USAGE;
       break;
     }
   }
   if (optind != argc - 1) {
-    fprintf(stderr, "kiln bench: expected one MODEL file\n%s", bench_help);
+    fprintf(stderr, "kiln %s: expected one MODEL file\n%s", cmd, help);
     return KILN_EXIT_USAGE;
   }
   kl_graph *g = kiln_load_model(argv[optind], &mo);
@@ -192,10 +289,18 @@ int kiln_cmd_bench(int argc, char **argv) {
     kl_tensor_free(t);
   }
   side fused = {0}, unfused = {0};
+  profile_opts po = {.on = profile, .json = json}, off = {0};
   if (krt_device_open(kind, &dev, msg, sizeof msg)) {
     fprintf(stderr, "kiln: error: %s\n", msg);
-  } else if (!measure(g, true, dev, in, iters, &fused, device, sizeof device) &&
-             !measure(g, false, dev, in, iters, &unfused, device, sizeof device)) {
+  } else if (profile) {
+    /* a copy far larger than the caches: 256 MiB on a GPU, 64 MiB here */
+    size_t bytes = (size_t)(krt_device_kind_of(dev) == KRT_DEVICE_CUDA ? 256 : 64) << 20;
+    if (krt_copy_bandwidth(dev, bytes, 5, &po.copy_gbps, msg, sizeof msg))
+      fprintf(stderr, "kiln: error: %s\n", msg);
+    else if (!measure(g, !no_fuse, dev, in, iters, &fused, device, sizeof device, &po))
+      rc = KILN_EXIT_OK;
+  } else if (!measure(g, true, dev, in, iters, &fused, device, sizeof device, &off) &&
+             !measure(g, false, dev, in, iters, &unfused, device, sizeof device, &off)) {
     const char *precision = !mo.precision || mo.prec.low == KL_F32 ? "fp32"
                             : mo.prec.low == KL_F16                ? "fp16"
                                                                    : "bf16";

@@ -120,5 +120,6 @@ int kiln_cmd_run(int argc, char **argv);
 int kiln_cmd_compile(int argc, char **argv);
 int kiln_cmd_inspect(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
+int kiln_cmd_profile(int argc, char **argv);
 
 #endif

@@ -12,6 +12,7 @@ static const char main_help[] =
     "  compile MODEL    compile a model (--emit=ir|cu|exe|lib)\n"
     "  inspect MODEL    inputs, outputs, parameters and op counts\n"
     "  bench MODEL      compile fused and unfused, run both, compare\n"
+    "  profile MODEL    time each kernel and GEMM, bandwidth against a copy\n"
     "  help             show this help\n"
     "`kiln COMMAND --help` describes each command.\n"
     "exit codes: 0 success, 1 error in the model or its inputs, 2 bad command\n"
@@ -36,6 +37,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "compile")) return kiln_cmd_compile(argc - 1, argv + 1);
   if (!strcmp(cmd, "inspect")) return kiln_cmd_inspect(argc - 1, argv + 1);
   if (!strcmp(cmd, "bench")) return kiln_cmd_bench(argc - 1, argv + 1);
+  if (!strcmp(cmd, "profile")) return kiln_cmd_profile(argc - 1, argv + 1);
   fprintf(stderr, "kiln: unknown command '%s'\n%s", cmd, main_help);
   return KILN_EXIT_USAGE;
 }

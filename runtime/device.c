@@ -75,6 +75,7 @@ int krt_device_open(krt_device_kind kind, krt_device **out, char *err, size_t er
 
 void krt_device_close(krt_device *d) {
   if (!d) return;
+  krt_profile_enable(d, 0, NULL, 0);
   d->ops->close(d);
   free(d);
 }

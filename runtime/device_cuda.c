@@ -49,6 +49,12 @@
   X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)                             \
   X(cublasLtMatrixLayoutSetAttribute) X(cublasLtMatmul)
 
+/* The profiler's, resolved only when it is first used: a driver without
+ * them still runs models. */
+#define PROF_FUNCS(X)                                                                      \
+  X(cuEventCreate) X(cuEventRecord) X(cuEventElapsedTime_v2) X(cuEventDestroy_v2)          \
+  X(cuEventSynchronize) X(cuMemcpyDtoD_v2)
+
 #define DECLARE(f) __typeof__(f) *f;
 static struct {
   int loaded;
@@ -62,6 +68,11 @@ static struct {
   int loaded;
   LT_FUNCS(DECLARE)
 } lt;
+static struct {
+  int loaded;
+  PROF_FUNCS(DECLARE)
+} prof;
+static void *driver_lib; /* libcuda.so.1, once loaded */
 #undef DECLARE
 
 /* The libraries are loaded once per process and never closed: the driver
@@ -101,6 +112,7 @@ static int load_driver(char *err, size_t errlen) {
       goto out;
     }
     cu.loaded = 1;
+    driver_lib = lib;
   }
 out:
   pthread_mutex_unlock(&load_lock);
@@ -173,6 +185,21 @@ static int load_cublaslt(char *err, size_t errlen) {
     lt.loaded = 1;
   }
 out:
+  pthread_mutex_unlock(&load_lock);
+  return rc;
+}
+
+static int load_profiler(char *err, size_t errlen) {
+  pthread_mutex_lock(&load_lock);
+  int rc = 0;
+  if (!prof.loaded) {
+#define RESOLVE(f) \
+  if (rc == 0) rc = resolve(driver_lib, "libcuda.so.1", #f, &prof.f, err, errlen);
+    PROF_FUNCS(RESOLVE)
+#undef RESOLVE
+    if (rc) memset(&prof, 0, sizeof prof);
+    else prof.loaded = 1;
+  }
   pthread_mutex_unlock(&load_lock);
   return rc;
 }
@@ -581,6 +608,49 @@ static int cuda_gemm(krt_device *d, const krt_gemm_desc *g, char *err, size_t er
   return blas_fail(s, err, errlen, what);
 }
 
+/* ---- the profiler: an event per mark, on the default stream ------------ */
+static int cuda_mark(krt_device *d, int i, char *err, size_t errlen) {
+  cuda_dev *c = d->priv;
+  if (use_ctx(c, err, errlen) || load_profiler(err, errlen)) return -1;
+  CUresult r = CUDA_SUCCESS;
+  if (!d->mark_events[i]) {
+    CUevent ev = NULL;
+    r = prof.cuEventCreate(&ev, CU_EVENT_DEFAULT);
+    if (r != CUDA_SUCCESS) return cu_fail(r, err, errlen, "cuEventCreate (profiler)");
+    d->mark_events[i] = ev;
+  }
+  r = prof.cuEventRecord((CUevent)d->mark_events[i], NULL);
+  return r == CUDA_SUCCESS ? 0 : cu_fail(r, err, errlen, "cuEventRecord (profiler)");
+}
+
+static int cuda_between(krt_device *d, int from, int to, double *ms, char *err, size_t errlen) {
+  cuda_dev *c = d->priv;
+  if (use_ctx(c, err, errlen)) return -1;
+  if (!d->mark_events[from] || !d->mark_events[to])
+    return krt_err(err, errlen, "profiler: mark %d or %d was never recorded", from, to);
+  float f = 0;
+  CUresult r = prof.cuEventSynchronize((CUevent)d->mark_events[to]);
+  if (r == CUDA_SUCCESS)
+    r = prof.cuEventElapsedTime_v2(&f, (CUevent)d->mark_events[from], (CUevent)d->mark_events[to]);
+  *ms = f;
+  return r == CUDA_SUCCESS ? 0 : cu_fail(r, err, errlen, "cuEventElapsedTime (profiler)");
+}
+
+static void cuda_marks_free(krt_device *d) {
+  cuda_dev *c = d->priv;
+  if (!d->mark_events || !prof.loaded || use_ctx(c, NULL, 0)) return;
+  for (int i = 0; i < d->nmarks; i++)
+    if (d->mark_events[i]) prof.cuEventDestroy_v2((CUevent)d->mark_events[i]);
+}
+
+static int cuda_copy(krt_device *d, void *dst, const void *src, size_t bytes, char *err,
+                     size_t errlen) {
+  cuda_dev *c = d->priv;
+  if (use_ctx(c, err, errlen) || load_profiler(err, errlen)) return -1;
+  CUresult r = prof.cuMemcpyDtoD_v2(dptr(dst), dptr(src), bytes);
+  return r == CUDA_SUCCESS ? 0 : cu_fail(r, err, errlen, "cuMemcpyDtoD");
+}
+
 const krt_device_ops krt_cuda_ops = {
     .kind = KRT_DEVICE_CUDA,
     .open = cuda_open,
@@ -595,4 +665,8 @@ const krt_device_ops krt_cuda_ops = {
     .module_unload = cuda_module_unload,
     .launch = cuda_launch,
     .gemm = cuda_gemm,
+    .mark = cuda_mark,
+    .between = cuda_between,
+    .marks_free = cuda_marks_free,
+    .copy = cuda_copy,
 };

@@ -35,12 +35,23 @@ typedef struct krt_device_ops {
   /* Shapes, strides and pointers already checked (krt_gemm_check); m, n and
    * batch > 0. */
   int (*gemm)(krt_device *d, const krt_gemm_desc *g, char *err, size_t errlen);
+  /* The profiler (profile.c): record mark `i` (0 <= i < d->nmarks) where
+   * the device's work has got to, and later the ms between two recorded
+   * marks; a device-to-device copy, for the bandwidth every kernel is
+   * measured against. */
+  int (*mark)(krt_device *d, int i, char *err, size_t errlen);
+  int (*between)(krt_device *d, int from, int to, double *ms, char *err, size_t errlen);
+  void (*marks_free)(krt_device *d);
+  int (*copy)(krt_device *d, void *dst, const void *src, size_t bytes, char *err, size_t errlen);
 } krt_device_ops;
 
 struct krt_device {
   const krt_device_ops *ops;
   char name[160];
   void *priv;
+  int nmarks;       /* 0: profiling off */
+  double *mark_ms;  /* host: the clock at each mark */
+  void **mark_events; /* cuda: an event per mark */
 };
 
 /* The module keeps its own copy of the kernel names and host entries, so the

@@ -196,6 +196,12 @@ typedef struct {
 } krt_io_desc;
 
 typedef struct {
+  const char *name;  /* "fused: a .. b", "gemm matmul_1", ... */
+  int launches;      /* kernels and GEMM calls */
+  size_t bytes;      /* estimated DRAM bytes read and written */
+} krt_step_info;
+
+typedef struct {
   const char *model_name;
   int ninputs, noutputs;
   const krt_io_desc *inputs, *outputs;
@@ -207,7 +213,26 @@ typedef struct {
   int (*run)(void *model, const void *const *inputs, void *const *outputs, char *err,
              size_t errlen);
   void (*destroy)(void *model);
+  /* The steps run() marks for the profiler: what each is and the DRAM
+   * bytes it is estimated to move. */
+  int nsteps;
+  const krt_step_info *steps;
 } krt_model_api;
+
+/* ---- the profiler ------------------------------------------------------
+ * With profiling on, a compiled model's run() marks the start of each of
+ * its steps (a kernel, a GEMM with its epilogue) and its end; the time of
+ * step i is the time between marks i and i + 1: CUDA events on a GPU, the
+ * clock on the host (where every launch returns when it is done).  Off (the
+ * default), a mark is one branch. */
+int krt_profile_enable(krt_device *d, int nmarks, char *err, size_t errlen); /* 0: off */
+int krt_mark(krt_device *d, int i, char *err, size_t errlen);
+/* After a run: ms[i] for i < nsteps (nsteps + 1 marks), once its work is done. */
+int krt_profile_read(krt_device *d, double *ms, int nsteps, char *err, size_t errlen);
+/* Device-to-device copy bandwidth, GB/s of bytes read plus bytes written:
+ * the median of `iters` copies of `bytes`. */
+int krt_copy_bandwidth(krt_device *d, size_t bytes, int iters, double *gbps, char *err,
+                       size_t errlen);
 
 /* ---- timing ------------------------------------------------------------ */
 double krt_now_ms(void);                       /* a monotonic clock, in ms */

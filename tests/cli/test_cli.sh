@@ -130,5 +130,19 @@ assert {\"kernels\",\"launches\",\"dram_bytes\",\"arena_bytes\",\"arena_lower_bo
 assert s[\"kernels\"] < d[\"unfused\"][\"kernels\"]; print(\"ok\")'"
 expect bench_bad_iters 2 "--iters takes" -- "$kiln" bench "$root/examples/mlp.kl" --iters 0
 
+# the profiler: a step per kernel or GEMM call; their bytes and launches add
+# up to what kiln bench counts for the whole model, fused and unfused
+for fuse in "" --no-fuse; do
+  side=$([ -z "$fuse" ] && echo fused || echo unfused)
+  expect "profile_json$fuse" 0 "ok" -- bash -c "'$kiln' profile '$root/examples/transformer.kl' --iters 2 --device=host --json $fuse > prof.json &&
+    '$kiln' bench '$root/examples/transformer.kl' --iters 1 --device=host --json > bench.json &&
+    '${PYTHON:-python3}' -c 'import json; p=json.load(open(\"prof.json\")); b=json.load(open(\"bench.json\"))[\"$side\"]
+assert p[\"copy_gbps\"] > 0 and all(s[\"ms\"] >= 0 for s in p[\"steps\"])
+assert sum(s[\"bytes\"] for s in p[\"steps\"]) == b[\"dram_bytes\"], (p[\"total\"], b)
+assert sum(s[\"launches\"] for s in p[\"steps\"]) == b[\"launches\"], (p[\"total\"], b); print(\"ok\")'"
+done
+expect profile_table 0 "of copy" -- "$kiln" profile "$root/examples/cnn.kl" --iters 1 --device=host
+expect profile_bad_device 2 "--device takes" -- "$kiln" profile "$root/examples/cnn.kl" --device=tpu
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

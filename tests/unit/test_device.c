@@ -544,6 +544,32 @@ static void test_gemm_batch2_epilogue(void **state) {
   krt_device_close(d);
 }
 
+/* The profiler's marks on the host: the clock, so the time between two
+ * marks covers what ran between them; the copy bandwidth is positive. */
+static void test_profile_marks(void **state) {
+  (void)state;
+  krt_device *d = open_host();
+  char err[256] = "";
+  double ms[2] = {-1, -1}, gbps = 0;
+  OK(krt_mark(d, 0, err, sizeof err)); /* off: a no-op */
+  OK(krt_profile_enable(d, 3, err, sizeof err));
+  OK(krt_mark(d, 0, err, sizeof err));
+  double t0 = krt_now_ms();
+  while (krt_now_ms() - t0 < 2) continue;
+  OK(krt_mark(d, 1, err, sizeof err));
+  OK(krt_mark(d, 2, err, sizeof err));
+  OK(krt_profile_read(d, ms, 2, err, sizeof err));
+  assert_true(ms[0] >= 2 && ms[1] >= 0 && ms[1] < ms[0]);
+  assert_int_equal(krt_mark(d, 3, err, sizeof err), -1);
+  assert_string_equal(err, "krt_mark: mark 3, profiling has 3");
+  assert_int_equal(krt_profile_read(d, ms, 3, err, sizeof err), -1);
+  OK(krt_copy_bandwidth(d, 1 << 20, 3, &gbps, err, sizeof err));
+  assert_true(gbps > 0);
+  OK(krt_mark(d, 2, err, sizeof err)); /* the model's marks survive the copy */
+  OK(krt_profile_enable(d, 0, err, sizeof err));
+  krt_device_close(d);
+}
+
 static void test_gemm_errors(void **state) {
   (void)state;
   krt_device *d = open_host();
@@ -780,6 +806,7 @@ int main(void) {
       cmocka_unit_test(test_gemm_beta0_ignores_c),
       cmocka_unit_test(test_gemm_errors),
       cmocka_unit_test(test_gemm_batch2_epilogue),
+      cmocka_unit_test(test_profile_marks),
       cmocka_unit_test_setup_teardown(test_fake_cuda_open, save_env, restore_env),
       cmocka_unit_test(test_fake_cuda_out_of_memory),
       cmocka_unit_test(test_fake_cuda_modules),
