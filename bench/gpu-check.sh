@@ -59,6 +59,23 @@ for ex in transformer cnn; do
   done
 done
 
+echo "== the profiler: each step's bandwidth against the GPU's own device-to-device"
+echo "   copy; the issue's aim is 80% or more for steps that move over 64 MB"
+build/kiln profile examples/transformer.kl --device=cuda --dim B=32 --dim T=512 --iters 20 \
+  >"$out/profile-transformer.txt" 2>&1
+build/kiln profile examples/cnn.kl --device=cuda --dim B=512 --iters 20 \
+  >"$out/profile-cnn.txt" 2>&1
+for f in "$out"/profile-*.txt; do
+  cat "$f"
+  summary+=("$(head -1 "$f")")
+  while read -r line; do summary+=("  over 64 MB: $line"); done < <(
+    awk 'NR > 2 && $(NF-3) + 0 > 64 * 1048576 && $1 != "total" { print }' "$f")
+done
+build/kiln bench examples/transformer.kl --device=cuda --dim B=8 --dim T=128 --iters 50 \
+  >"$out/bench-transformer-8x128.txt" 2>&1
+cat "$out/bench-transformer-8x128.txt"
+summary+=("bench transformer B=8 T=128: $(grep -E '^(kernels|dram|run ms)' "$out/bench-transformer-8x128.txt" | tr -s ' ' | tr '\n' ';')")
+
 echo "== compile time (NVRTC included)"
 bench/compile_time.sh build/kiln | tee "$out/compile.md"
 
