@@ -43,6 +43,9 @@ FILE *kl_cg_host(kl_cg_emitter *e);
  * buffer of `bytes` private to the current node (im2col and the like). */
 const char *kl_cg_ptr(kl_cg_emitter *e, const kl_value *v, char *buf, size_t len);
 const char *kl_cg_scratch(kl_cg_emitter *e, size_t bytes, char *buf, size_t len);
+/* DRAM traffic of the current node beyond reading its inputs and writing
+ * its outputs once (an im2col matrix written and read back). */
+void kl_cg_count_dram(kl_cg_emitter *e, size_t bytes);
 /* Launch kernel `k` over `threads` threads (grid-stride kernels: blocks of
  * 256, at most 4096 blocks) with the given pointer expressions as its
  * arguments, in order. */

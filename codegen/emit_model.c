@@ -485,6 +485,8 @@ void kl_cg_gemm_epilogue(kl_cg_emitter *e, const kl_node *n, kl_cg_gemm *g, char
   g->relu = c->epi_relu[n->id];
 }
 
+void kl_cg_count_dram(kl_cg_emitter *e, size_t bytes) { e->c->dram_bytes += bytes; }
+
 /* Scratch lives in the arena during its node's step only. */
 const char *kl_cg_scratch(kl_cg_emitter *e, size_t bytes, char *buf, size_t len) {
   char what[300], name[32];

@@ -263,7 +263,9 @@ static int emit_conv(kl_cg_emitter *e, const kl_node *n) {
   if (direct) {
     snprintf(pcol, sizeof pcol, "%s", px);
   } else {
-    kl_cg_scratch(e, (size_t)(nb * c * wn.k[0] * wn.k[1] * p) * es, pcol, sizeof pcol);
+    size_t col_bytes = (size_t)(nb * c * wn.k[0] * wn.k[1] * p) * es;
+    kl_cg_scratch(e, col_bytes, pcol, sizeof pcol);
+    kl_cg_count_dram(e, 2 * col_bytes); /* written by im2col, read by the GEMM */
     int k = kl_cg_new_kernel(e, name, sizeof name);
     karg a[2] = {in_arg(x, "x"), out_arg(x->dtype, "col")};
     char what[160];
