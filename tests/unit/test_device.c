@@ -508,26 +508,37 @@ static void test_gemm_beta0_ignores_c(void **state) {
   on_each_device(beta0_on);
 }
 
-/* The outer batch and the epilogue against loops written out here:
- * C[o][b] (2x3, items side by side within rows of 12) =
+/* The outer batch and the epilogue against loops written out here, on
+ * each device (cuda: cuBLASLt, the fake one without a GPU):
+ * C[o][b] (2x3, items side by side within rows of 6) =
  *   relu(A[o][b] @ B + C_in + bias), with A's items at o*stride_a2 + b*stride_a. */
-static void test_gemm_batch2_epilogue(void **state) {
-  (void)state;
-  krt_device *d = open_host();
-  enum { O = 2, NB = 2, M = 2, K = 3, N = 3, LDC = 6 };
-  double a[O * NB * M * K], b[K * N], cin[O * M * LDC], bias[N], c[O * M * LDC];
-  for (int i = 0; i < O * NB * M * K; i++) a[i] = (i * 7 % 11) - 5;
-  for (int i = 0; i < K * N; i++) b[i] = (i * 5 % 7) - 3;
-  for (int i = 0; i < O * M * LDC; i++) cin[i] = (i % 5) - 2, c[i] = 99;
-  for (int i = 0; i < N; i++) bias[i] = i - 1;
-  krt_gemm_desc g = {.dtype = KRT_F64, .m = M, .n = N, .k = K, .batch = NB,
-                     .a = a, .lda = K, .stride_a = M * K,
-                     .b = b, .ldb = N, .stride_b = 0,
-                     .c = c, .ldc = LDC, .stride_c = N, .alpha = 1, .beta = 1,
-                     .batch2 = O, .stride_a2 = NB * M * K, .stride_b2 = 0, .stride_c2 = M * LDC,
-                     .c_in = cin, .bias = bias, .relu = 1};
+static void batch2_epilogue_on(krt_device *d) {
+  enum { O = 2, NB = 2, M = 2, K = 3, N = 3, LDC = 6, NA = O * NB * M * K, NCC = O * M * LDC };
+  float a[NA], b[K * N], cin[NCC], bias[N], c[NCC];
+  for (int i = 0; i < NA; i++) a[i] = (float)((i * 7 % 11) - 5);
+  for (int i = 0; i < K * N; i++) b[i] = (float)((i * 5 % 7) - 3);
+  for (int i = 0; i < NCC; i++) cin[i] = (float)((i % 5) - 2), c[i] = 99;
+  for (int i = 0; i < N; i++) bias[i] = (float)(i - 1);
   char err[256] = "";
+  void *da, *db, *dcin, *dbias, *dc;
+  OK(krt_malloc(d, sizeof a, &da, err, sizeof err));
+  OK(krt_malloc(d, sizeof b, &db, err, sizeof err));
+  OK(krt_malloc(d, sizeof cin, &dcin, err, sizeof err));
+  OK(krt_malloc(d, sizeof bias, &dbias, err, sizeof err));
+  OK(krt_malloc(d, sizeof c, &dc, err, sizeof err));
+  OK(krt_upload(d, da, a, sizeof a, err, sizeof err));
+  OK(krt_upload(d, db, b, sizeof b, err, sizeof err));
+  OK(krt_upload(d, dcin, cin, sizeof cin, err, sizeof err));
+  OK(krt_upload(d, dbias, bias, sizeof bias, err, sizeof err));
+  OK(krt_upload(d, dc, c, sizeof c, err, sizeof err));
+  krt_gemm_desc g = {.dtype = KRT_F32, .m = M, .n = N, .k = K, .batch = NB,
+                     .a = da, .lda = K, .stride_a = M * K,
+                     .b = db, .ldb = N, .stride_b = 0,
+                     .c = dc, .ldc = LDC, .stride_c = N, .alpha = 1, .beta = 1,
+                     .batch2 = O, .stride_a2 = NB * M * K, .stride_b2 = 0, .stride_c2 = M * LDC,
+                     .c_in = dcin, .bias = dbias, .relu = 1};
   OK(krt_gemm(d, &g, err, sizeof err));
+  OK(krt_download(d, c, dc, sizeof c, err, sizeof err));
   for (int o = 0; o < O; o++)
     for (int bi = 0; bi < NB; bi++)
       for (int r = 0; r < M; r++)
@@ -536,12 +547,27 @@ static void test_gemm_batch2_epilogue(void **state) {
           for (int k = 0; k < K; k++) want += a[((o * NB + bi) * M + r) * K + k] * b[k * N + q];
           int at = o * M * LDC + r * LDC + bi * N + q;
           want += cin[at] + bias[q];
-          assert_true(c[at] == (want < 0 ? 0 : want));
+          assert_float_equal(c[at], want < 0 ? 0 : want, 1e-6);
         }
+  /* the bias alone, no relu, C_in = C (the common case of a linear layer) */
+  OK(krt_upload(d, dc, cin, sizeof cin, err, sizeof err));
+  g.c_in = NULL, g.relu = 0, g.beta = 0;
+  OK(krt_gemm(d, &g, err, sizeof err));
+  OK(krt_download(d, c, dc, sizeof c, err, sizeof err));
+  for (int q = 0; q < N; q++) {
+    double want = bias[q];
+    for (int k = 0; k < K; k++) want += a[k] * b[k * N + q];
+    assert_float_equal(c[q], want, 1e-6);
+  }
   /* items that would overlap are refused */
   g.stride_c = 2;
   assert_int_equal(krt_gemm(d, &g, err, sizeof err), -1);
-  krt_device_close(d);
+  krt_free(d, da), krt_free(d, db), krt_free(d, dcin), krt_free(d, dbias), krt_free(d, dc);
+}
+
+static void test_gemm_batch2_epilogue(void **state) {
+  (void)state;
+  on_each_device(batch2_epilogue_on);
 }
 
 /* The profiler's marks on the host: the clock, so the time between two

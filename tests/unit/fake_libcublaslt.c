@@ -1,0 +1,176 @@
+/* fake_libcublaslt.c - a stand-in libcublasLt.so.13 for testing krt_gemm's
+ * epilogues (bias, relu, a separate C input) on the cuda device without a
+ * GPU (memory of fake_libcuda.c is host memory).
+ *
+ * cublasLtMatmul is a naive column-major loop with cuBLASLt's documented
+ * meaning, D = epilogue(alpha * op(A) op(B) + beta * C), the bias one value
+ * per row of D added before the activation; layouts and descriptors keep
+ * what was set on them.  So device_cuda.c's mapping of a row-major GEMM
+ * onto cuBLASLt is checked against an independent reading of the API. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublasLt.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+struct cublasLtContext {
+  int dummy;
+};
+
+typedef struct {
+  cublasComputeType_t compute;
+  cudaDataType scale;
+  int32_t transa, transb, epilogue;
+  const void *bias;
+} fake_desc;
+
+typedef struct {
+  cudaDataType type;
+  uint64_t rows, cols;
+  int64_t ld, stride;
+  int32_t batch;
+} fake_layout;
+
+_Static_assert(sizeof(fake_desc) <= sizeof(cublasLtMatmulDescOpaque_t), "desc fits");
+_Static_assert(sizeof(fake_layout) <= sizeof(cublasLtMatrixLayoutOpaque_t), "layout fits");
+
+EXPORT cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+  *h = calloc(1, sizeof **h);
+  return *h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+
+EXPORT cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+  free(h);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+EXPORT cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute,
+                                               cudaDataType_t scale) {
+  fake_desc *f = calloc(1, sizeof(cublasLtMatmulDescOpaque_t));
+  if (!f) return CUBLAS_STATUS_ALLOC_FAILED;
+  f->compute = compute, f->scale = scale, f->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  *d = (cublasLtMatmulDesc_t)f;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+EXPORT cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  free(d);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+EXPORT cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
+                                                     cublasLtMatmulDescAttributes_t a,
+                                                     const void *buf, size_t size) {
+  fake_desc *f = (fake_desc *)d;
+  switch (a) {
+  case CUBLASLT_MATMUL_DESC_TRANSA:
+  case CUBLASLT_MATMUL_DESC_TRANSB:
+  case CUBLASLT_MATMUL_DESC_EPILOGUE:
+    if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(a == CUBLASLT_MATMUL_DESC_TRANSA   ? &f->transa
+           : a == CUBLASLT_MATMUL_DESC_TRANSB ? &f->transb
+                                              : &f->epilogue,
+           buf, size);
+    return CUBLAS_STATUS_SUCCESS;
+  case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+    if (size != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&f->bias, buf, size);
+    return CUBLAS_STATUS_SUCCESS;
+  default: return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+}
+
+EXPORT cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type,
+                                                 uint64_t rows, uint64_t cols, int64_t ld) {
+  if (ld < (int64_t)(rows > 1 ? rows : 1)) return CUBLAS_STATUS_INVALID_VALUE;
+  fake_layout *f = calloc(1, sizeof(cublasLtMatrixLayoutOpaque_t));
+  if (!f) return CUBLAS_STATUS_ALLOC_FAILED;
+  *f = (fake_layout){type, rows, cols, ld, 0, 1};
+  *l = (cublasLtMatrixLayout_t)f;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+EXPORT cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  free(l);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+EXPORT cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l,
+                                                       cublasLtMatrixLayoutAttribute_t a,
+                                                       const void *buf, size_t size) {
+  fake_layout *f = (fake_layout *)l;
+  if (a == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT && size == sizeof(int32_t))
+    memcpy(&f->batch, buf, size);
+  else if (a == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET && size == sizeof(int64_t))
+    memcpy(&f->stride, buf, size);
+  else
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+static double load(cudaDataType t, const void *p, int64_t i) {
+  switch (t) {
+  case CUDA_R_32F: return ((const float *)p)[i];
+  case CUDA_R_64F: return ((const double *)p)[i];
+  default: return (double)((const _Float16 *)p)[i];
+  }
+}
+
+static void store(cudaDataType t, void *p, int64_t i, double v) {
+  switch (t) {
+  case CUDA_R_32F: ((float *)p)[i] = (float)v; break;
+  case CUDA_R_64F: ((double *)p)[i] = v; break;
+  default: ((_Float16 *)p)[i] = (_Float16)(float)v; break;
+  }
+}
+
+/* Element (r, c) of op(X) for a layout with its batch offset. */
+static double at(const fake_layout *l, const void *x, int32_t op, int64_t b, uint64_t r,
+                 uint64_t c) {
+  if (op != CUBLAS_OP_N) {
+    uint64_t t = r;
+    r = c, c = t;
+  }
+  return load(l->type, x, b * l->stride + (int64_t)c * l->ld + (int64_t)r);
+}
+
+EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc,
+                                     const void *alpha, const void *A, cublasLtMatrixLayout_t al,
+                                     const void *B, cublasLtMatrixLayout_t bl, const void *beta,
+                                     const void *C, cublasLtMatrixLayout_t cl, void *D,
+                                     cublasLtMatrixLayout_t dl, const cublasLtMatmulAlgo_t *algo,
+                                     void *ws, size_t wss, cudaStream_t stream) {
+  (void)algo, (void)ws, (void)wss, (void)stream;
+  const fake_desc *f = (const fake_desc *)desc;
+  const fake_layout *a = (const fake_layout *)al, *b = (const fake_layout *)bl,
+                    *c = (const fake_layout *)cl, *d = (const fake_layout *)dl;
+  if (!h || !f || !a || !b || !c || !d) return CUBLAS_STATUS_INVALID_VALUE;
+  uint64_t m = d->rows, n = d->cols, k = f->transa == CUBLAS_OP_N ? a->cols : a->rows;
+  uint64_t am = f->transa == CUBLAS_OP_N ? a->rows : a->cols;
+  uint64_t bk = f->transb == CUBLAS_OP_N ? b->rows : b->cols, bn = f->transb == CUBLAS_OP_N ? b->cols : b->rows;
+  if (am != m || bk != k || bn != n || c->rows != m || c->cols != n || c->ld != d->ld ||
+      a->batch != d->batch || b->batch != d->batch || c->batch != d->batch ||
+      c->type != d->type || a->type != b->type)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  bool relu = f->epilogue == CUBLASLT_EPILOGUE_RELU || f->epilogue == CUBLASLT_EPILOGUE_RELU_BIAS;
+  bool bias = f->epilogue == CUBLASLT_EPILOGUE_BIAS || f->epilogue == CUBLASLT_EPILOGUE_RELU_BIAS;
+  if (bias && !f->bias) return CUBLAS_STATUS_INVALID_VALUE;
+  double al_ = f->scale == CUDA_R_64F ? *(const double *)alpha : *(const float *)alpha;
+  double be = f->scale == CUDA_R_64F ? *(const double *)beta : *(const float *)beta;
+  for (int64_t bi = 0; bi < d->batch; bi++)
+    for (uint64_t i = 0; i < m; i++)
+      for (uint64_t j = 0; j < n; j++) {
+        double s = 0;
+        for (uint64_t q = 0; q < k; q++)
+          s += at(a, A, f->transa, bi, i, q) * at(b, B, f->transb, bi, q, j);
+        s *= al_;
+        if (be != 0) s += be * load(c->type, C, bi * c->stride + (int64_t)j * c->ld + (int64_t)i);
+        if (bias) s += load(d->type, f->bias, (int64_t)i);
+        if (relu && s < 0) s = 0;
+        store(d->type, D, bi * d->stride + (int64_t)j * d->ld + (int64_t)i, s);
+      }
+  return CUBLAS_STATUS_SUCCESS;
+}
