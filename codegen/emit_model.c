@@ -962,32 +962,36 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   return 0;
 }
 
+/* n zeroed elements and one more (n may be 0); out of memory aborts, as
+ * everywhere in the compiler. */
+static void *zalloc(size_t n, size_t size) {
+  void *p = calloc(n + 1, size);
+  if (!p) abort();
+  return p;
+}
+
 int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_result *out,
                kl_error *err) {
   memset(out, 0, sizeof *out);
   cg_ctx c = {.g = g, .err = err, .mem_limit = opt ? opt->mem_limit : 0};
   int nn = g->nodes.len, rc = 0;
-  c.loc = calloc((size_t)g->values.len + 1, sizeof *c.loc);
-  c.order = calloc((size_t)nn + 1, sizeof *c.order);
-  c.live = calloc((size_t)nn + 1, sizeof *c.live);
-  c.at_step = calloc((size_t)nn + 1, sizeof *c.at_step);
-  c.step_group = calloc((size_t)nn + 1, sizeof *c.step_group);
-  c.alias = calloc((size_t)nn + 1, sizeof *c.alias);
-  c.folded = calloc((size_t)nn + 1, sizeof *c.folded);
-  c.known = calloc((size_t)g->values.len + 1, sizeof *c.known);
-  c.view_node = calloc((size_t)nn + 1, sizeof *c.view_node);
-  c.absorbed = calloc((size_t)nn + 1, sizeof *c.absorbed);
-  c.writes_into = calloc((size_t)nn + 1, sizeof *c.writes_into);
-  c.view = calloc((size_t)g->values.len + 1, sizeof *c.view);
-  c.epi_bias = calloc((size_t)nn + 1, sizeof *c.epi_bias);
-  c.epi_residual = calloc((size_t)nn + 1, sizeof *c.epi_residual);
-  c.epi_relu = calloc((size_t)nn + 1, sizeof *c.epi_relu);
-  c.epi_inner = calloc((size_t)nn + 1, sizeof *c.epi_inner);
-  c.epi_last = calloc((size_t)nn + 1, sizeof *c.epi_last);
-  if (!c.epi_bias || !c.epi_residual || !c.epi_relu || !c.epi_inner || !c.epi_last) abort();
-  if (!c.loc || !c.order || !c.live || !c.at_step || !c.step_group || !c.alias || !c.folded ||
-      !c.known || !c.view_node || !c.absorbed || !c.writes_into || !c.view)
-    abort();
+  c.loc = zalloc((size_t)g->values.len, sizeof *c.loc);
+  c.order = zalloc((size_t)nn, sizeof *c.order);
+  c.live = zalloc((size_t)nn, sizeof *c.live);
+  c.at_step = zalloc((size_t)nn, sizeof *c.at_step);
+  c.step_group = zalloc((size_t)nn, sizeof *c.step_group);
+  c.alias = zalloc((size_t)nn, sizeof *c.alias);
+  c.folded = zalloc((size_t)nn, sizeof *c.folded);
+  c.known = zalloc((size_t)g->values.len, sizeof *c.known);
+  c.view_node = zalloc((size_t)nn, sizeof *c.view_node);
+  c.absorbed = zalloc((size_t)nn, sizeof *c.absorbed);
+  c.writes_into = zalloc((size_t)nn, sizeof *c.writes_into);
+  c.view = zalloc((size_t)g->values.len, sizeof *c.view);
+  c.epi_bias = zalloc((size_t)nn, sizeof *c.epi_bias);
+  c.epi_residual = zalloc((size_t)nn, sizeof *c.epi_residual);
+  c.epi_relu = zalloc((size_t)nn, sizeof *c.epi_relu);
+  c.epi_inner = zalloc((size_t)nn, sizeof *c.epi_inner);
+  c.epi_last = zalloc((size_t)nn, sizeof *c.epi_last);
   double t0 = krt_now_ms();
   if ((rc = kl_schedule(g, c.order, err))) goto done;
   c.passes_ms = krt_now_ms() - t0;

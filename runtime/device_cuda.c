@@ -119,38 +119,39 @@ out:
   return rc;
 }
 
+/* dlopen the first of `names` that loads (the versioned name is the ABI
+ * this file was written against; the unversioned one is what a developer
+ * install provides; the toolkit's own folder covers an install that is not
+ * on the loader's path); NULL with err set when none does. */
+static void *open_first(const char *const *names, size_t n, const char *what, char *err,
+                        size_t errlen) {
+  void *lib = NULL;
+  char first_error[256] = "";
+  for (size_t i = 0; i < n && !lib; i++) {
+    lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!lib && i == 0) snprintf(first_error, sizeof first_error, "%s", dlerror());
+  }
+  if (!lib)
+    krt_err(err, errlen, "krt_gemm: %s not found (%s, %s): %s", what, names[0], names[1],
+            first_error);
+  return lib;
+}
+
 static int load_cublas(char *err, size_t errlen) {
-  /* The versioned name is the ABI this file was written against; the
-   * unversioned one is what a developer install provides; the toolkit's own
-   * folder covers an install that is not on the loader's path. */
   static const char *const names[] = {"libcublas.so.13", "libcublas.so",
                                       "/usr/local/cuda/lib64/libcublas.so.13"};
   pthread_mutex_lock(&load_lock);
   int rc = 0;
-  if (!blas.loaded) {
-    void *lib = NULL;
-    char first_error[256] = "";
-    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
-      lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-      if (!lib && i == 0) snprintf(first_error, sizeof first_error, "%s", dlerror());
-    }
-    if (!lib) {
-      rc = krt_err(err, errlen, "krt_gemm: cuBLAS not found (libcublas.so.13, libcublas.so): %s",
-                   first_error);
-      goto out;
-    }
+  void *lib = NULL;
+  if (!blas.loaded && !(lib = open_first(names, 3, "cuBLAS", err, errlen))) rc = -1;
+  if (!blas.loaded && lib) {
 #define RESOLVE(f) \
   if (rc == 0) rc = resolve(lib, "libcublas", #f, &blas.f, err, errlen);
     BLAS_FUNCS(RESOLVE)
 #undef RESOLVE
-    if (rc) {
-      dlclose(lib);
-      memset(&blas, 0, sizeof blas);
-      goto out;
-    }
-    blas.loaded = 1;
+    if (rc) dlclose(lib), memset(&blas, 0, sizeof blas);
+    else blas.loaded = 1;
   }
-out:
   pthread_mutex_unlock(&load_lock);
   return rc;
 }
@@ -160,31 +161,16 @@ static int load_cublaslt(char *err, size_t errlen) {
                                       "/usr/local/cuda/lib64/libcublasLt.so.13"};
   pthread_mutex_lock(&load_lock);
   int rc = 0;
-  if (!lt.loaded) {
-    void *lib = NULL;
-    char first_error[256] = "";
-    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
-      lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-      if (!lib && i == 0) snprintf(first_error, sizeof first_error, "%s", dlerror());
-    }
-    if (!lib) {
-      rc = krt_err(err, errlen,
-                   "krt_gemm: cuBLASLt not found (libcublasLt.so.13, libcublasLt.so): %s",
-                   first_error);
-      goto out;
-    }
+  void *lib = NULL;
+  if (!lt.loaded && !(lib = open_first(names, 3, "cuBLASLt", err, errlen))) rc = -1;
+  if (!lt.loaded && lib) {
 #define RESOLVE(f) \
   if (rc == 0) rc = resolve(lib, "libcublasLt", #f, &lt.f, err, errlen);
     LT_FUNCS(RESOLVE)
 #undef RESOLVE
-    if (rc) {
-      dlclose(lib);
-      memset(&lt, 0, sizeof lt);
-      goto out;
-    }
-    lt.loaded = 1;
+    if (rc) dlclose(lib), memset(&lt, 0, sizeof lt);
+    else lt.loaded = 1;
   }
-out:
   pthread_mutex_unlock(&load_lock);
   return rc;
 }
