@@ -171,12 +171,18 @@ bool kl_cg_matmul_layout(const kl_cg_view *a, const kl_cg_view *b, const kl_cg_v
       if (vd >= 0 && v->shape.dims[vd] != 1 && v->shape.dims[vd] != cs->dims[d]) return false;
     }
   }
-  /* one level if the batch dims nest, else the first split into two */
+  /* one level if the batch dims nest, else the first split into two, the
+   * smaller count outside (a GPU makes one cuBLAS call per outer item) */
   for (int split = 0; split <= nb; split++) {
     int64_t s2[3], s1[3];
     if (!merge_batch(cs->dims, st, 0, split, &L->batch2, s2) ||
         !merge_batch(cs->dims, st, split, nb, &L->batch, s1))
       continue;
+    if (L->batch2 > L->batch) { /* the fewer calls outside: the groups are independent */
+      int64_t t = L->batch;
+      L->batch = L->batch2, L->batch2 = t;
+      for (int o = 0; o < 3; o++) t = s1[o], s1[o] = s2[o], s2[o] = t;
+    }
     L->stride_a = s1[0], L->stride_b = s1[1], L->stride_c = s1[2];
     L->stride_a2 = s2[0], L->stride_b2 = s2[1], L->stride_c2 = s2[2];
     /* GEMMs write C's batch items concurrently: they must not share one */

@@ -224,26 +224,32 @@ static int gemm_check(const krt_gemm_desc *g, char *err, size_t errlen) {
                    (long long)g->batch2);
   if (g->m == 0 || g->n == 0 || g->batch == 0) return 0;
   /* Batch items must not share C: on a GPU they are written concurrently,
-   * so an accumulation through stride_c = 0 would race.  Items either
-   * follow each other or sit side by side within C's rows. */
-  int64_t width = g->n, rows = g->m; /* columns and rows one item's C spans */
-  bool ok = g->batch <= 1 || g->stride_c >= (rows - 1) * g->ldc + width ||
-            (g->stride_c >= width && (g->batch - 1) * g->stride_c + width <= g->ldc);
-  if (ok && g->batch > 1 && g->stride_c < (rows - 1) * g->ldc + width)
-    width = (g->batch - 1) * g->stride_c + width; /* side by side: one wider item */
-  else if (ok && g->batch > 1)
-    rows = 0, width = (g->batch - 1) * g->stride_c + (g->m - 1) * g->ldc + g->n;
-  if (ok && g->batch2 > 1)
-    ok = rows ? g->stride_c2 >= (rows - 1) * g->ldc + width ||
-                    (g->stride_c2 >= width && (g->batch2 - 1) * g->stride_c2 + width <= g->ldc)
-              : g->stride_c2 >= width;
+   * so an accumulation through stride_c = 0 would race.  The C elements of
+   * all items are disjoint when, with C's four dims (outer and inner batch,
+   * rows, columns) sorted by stride, each stride passes the span of all
+   * the smaller ones (items may sit side by side within rows). */
+  int64_t dims[4][2] = {{g->batch2 > 1 ? g->batch2 : 1, g->stride_c2},
+                        {g->batch, g->stride_c}, {g->m, g->ldc}, {g->n, 1}};
+  for (int i = 1; i < 4; i++) /* insertion sort by stride */
+    for (int j = i; j > 0 && dims[j][1] < dims[j - 1][1]; j--) {
+      int64_t t0 = dims[j][0], t1 = dims[j][1];
+      dims[j][0] = dims[j - 1][0], dims[j][1] = dims[j - 1][1];
+      dims[j - 1][0] = t0, dims[j - 1][1] = t1;
+    }
+  int64_t span = 1; /* elements the smaller dims cover, end to end */
+  bool ok = true;
+  for (int i = 0; i < 4 && ok; i++) {
+    if (dims[i][0] <= 1) continue;
+    ok = dims[i][1] >= span;
+    span = (dims[i][0] - 1) * dims[i][1] + span;
+  }
   if (!ok)
     return krt_err(err, errlen,
                    "krt_gemm: stride_c=%lld, stride_c2=%lld make the %lld x %lld C matrices "
                    "(%lldx%lld, ldc=%lld) overlap",
                    (long long)g->stride_c, (long long)g->stride_c2,
-                   (long long)(g->batch2 > 1 ? g->batch2 : 1),
-                   (long long)g->batch, (long long)g->m, (long long)g->n, (long long)g->ldc);
+                   (long long)(g->batch2 > 1 ? g->batch2 : 1), (long long)g->batch,
+                   (long long)g->m, (long long)g->n, (long long)g->ldc);
   if (!g->c || (g->k > 0 && (!g->a || !g->b)))
     return krt_err(err, errlen, "krt_gemm: matrix %c is NULL",
                    !g->c ? 'c' : !g->a ? 'a' : 'b');
