@@ -322,7 +322,11 @@ void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, i
   for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
   fprintf(f, " */\n");
   kl_cg_fused_params(f, name, io);
-  if (vectorizable(shape)) vector_path(f, nodes, n, io, shape);
+  /* a convolution's dot product is the work, not the loads: no float4
+   * copy of it (four inlined copies would only slow NVRTC down) */
+  bool conv = false;
+  for (int m = 0; m < n; m++) conv |= kl_cg_is_direct_conv(nodes[m]);
+  if (vectorizable(shape) && !conv) vector_path(f, nodes, n, io, shape);
   kl_cg_grid_stride_loop(f, numel);
   /* offsets for the inputs read element for element (o0.. in their order) */
   const kl_value *loads[KL_CG_MAX_FUSED_IO];
