@@ -45,9 +45,6 @@ typedef struct {
   bool *folded;           /* per node id: computed now, from weights alone */
   kl_tensor **known;      /* per value id: weights and folded values, while placing */
   size_t dram_bytes;
-  /* views.c: per node id, a movement node whose outputs are views read by
-   * GEMMs; per matmul node id, the transpose it writes through (else
-   * NULL); per value id, how it is read */
   bool fusion_enabled;    /* not --no-fuse */
   /* the profiler's steps: those that launch something */
   int step_launches, nprofile, cap_profile;
@@ -58,6 +55,10 @@ typedef struct {
   const kl_value **epi_bias, **epi_residual;
   bool *epi_relu, *epi_inner;
   const kl_node **epi_last;
+  /* views.c: per node id, a movement node whose outputs are views read by
+   * GEMMs, and a node with no kernel of its own (a transpose a GEMM writes
+   * through, an epilogue node); per matmul node id, the transpose it
+   * writes through (else NULL); per value id, how it is read */
   bool *view_node, *absorbed;
   const kl_node **writes_into;
   kl_cg_view *view;
@@ -164,7 +165,7 @@ static void compute_views(cg_ctx *c) {
       if (kl_cg_view_apply(n, k, &c->view[n->inputs[0]->id], &out))
         c->view[n->outputs[k]->id] = out;
       else
-        c->view_node[n->id] = false; /* cannot happen after accepts() said yes */
+        c->view_node[n->id] = false; /* a reshape across strides: a copy after all */
     }
   }
 }
