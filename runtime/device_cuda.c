@@ -137,42 +137,50 @@ static void *open_first(const char *const *names, size_t n, const char *what, ch
   return lib;
 }
 
-static int load_cublas(char *err, size_t errlen) {
-  static const char *const names[] = {"libcublas.so.13", "libcublas.so",
-                                      "/usr/local/cuda/lib64/libcublas.so.13"};
+/* One library's entry points, by name, into the struct that holds them. */
+typedef struct {
+  const char *name;
+  void *fnptr;
+} entry;
+
+/* Load a library (names as for open_first) and resolve its entries once;
+ * on failure nothing is kept (*state zeroed, the library closed). */
+static int load_library(const char *const *names, const char *what, const char *libname,
+                        const entry *entries, size_t n, int *loaded, void *state, size_t size,
+                        char *err, size_t errlen) {
   pthread_mutex_lock(&load_lock);
   int rc = 0;
-  void *lib = NULL;
-  if (!blas.loaded && !(lib = open_first(names, 3, "cuBLAS", err, errlen))) rc = -1;
-  if (!blas.loaded && lib) {
-#define RESOLVE(f) \
-  if (rc == 0) rc = resolve(lib, "libcublas", #f, &blas.f, err, errlen);
-    BLAS_FUNCS(RESOLVE)
-#undef RESOLVE
-    if (rc) dlclose(lib), memset(&blas, 0, sizeof blas);
-    else blas.loaded = 1;
+  if (!*loaded) {
+    void *lib = open_first(names, 3, what, err, errlen);
+    rc = lib ? 0 : -1;
+    for (size_t i = 0; i < n && rc == 0; i++)
+      rc = resolve(lib, libname, entries[i].name, entries[i].fnptr, err, errlen);
+    if (rc && lib) dlclose(lib);
+    if (rc) memset(state, 0, size);
+    else *loaded = 1;
   }
   pthread_mutex_unlock(&load_lock);
   return rc;
 }
 
+static int load_cublas(char *err, size_t errlen) {
+  static const char *const names[] = {"libcublas.so.13", "libcublas.so",
+                                      "/usr/local/cuda/lib64/libcublas.so.13"};
+#define ENTRY(f) {#f, &blas.f},
+  static const entry entries[] = {BLAS_FUNCS(ENTRY)};
+#undef ENTRY
+  return load_library(names, "cuBLAS", "libcublas", entries, sizeof entries / sizeof *entries,
+                      &blas.loaded, &blas, sizeof blas, err, errlen);
+}
+
 static int load_cublaslt(char *err, size_t errlen) {
   static const char *const names[] = {"libcublasLt.so.13", "libcublasLt.so",
                                       "/usr/local/cuda/lib64/libcublasLt.so.13"};
-  pthread_mutex_lock(&load_lock);
-  int rc = 0;
-  void *lib = NULL;
-  if (!lt.loaded && !(lib = open_first(names, 3, "cuBLASLt", err, errlen))) rc = -1;
-  if (!lt.loaded && lib) {
-#define RESOLVE(f) \
-  if (rc == 0) rc = resolve(lib, "libcublasLt", #f, &lt.f, err, errlen);
-    LT_FUNCS(RESOLVE)
-#undef RESOLVE
-    if (rc) dlclose(lib), memset(&lt, 0, sizeof lt);
-    else lt.loaded = 1;
-  }
-  pthread_mutex_unlock(&load_lock);
-  return rc;
+#define ENTRY(f) {#f, &lt.f},
+  static const entry entries[] = {LT_FUNCS(ENTRY)};
+#undef ENTRY
+  return load_library(names, "cuBLASLt", "libcublasLt", entries, sizeof entries / sizeof *entries,
+                      &lt.loaded, &lt, sizeof lt, err, errlen);
 }
 
 static int load_profiler(char *err, size_t errlen) {
