@@ -190,10 +190,18 @@ typedef struct {
 /* A float conv2d a fused kernel computes element by element (direct, no
  * im2col): it starts a group or joins one that does not make its inputs. */
 bool kl_cg_is_direct_conv(const kl_node *n);
+/* A float matmul with a short dot product that an elementwise kernel can
+ * compute element by element, reading its operands around the element
+ * (as a direct conv); emit_model.c decides when it pays. */
+bool kl_cg_is_direct_matmul(const kl_node *n);
 /* Inference batch_norm over axis 1 with 1-D parameters: fusible as a
  * per-channel scale and shift. */
 bool kl_cg_is_channel_affine(const kl_node *n);
 void kl_cg_fused_io(kl_node *const *nodes, int n, const bool *stored, kl_cg_fused_args *io);
+/* The members' code (one thread's element idx, after the x registers are
+ * loaded); `keep` (or NULL) keeps a register for the code after. */
+void kl_cg_fused_members(FILE *f, kl_node *const *nodes, int n, const kl_cg_fused_args *io,
+                         const char *store, const char *idx, const kl_value *keep);
 /* A fused kernel's signature (`KL_KERNEL void name(in0.., out0..) {`)
  * and its emulator entry. */
 void kl_cg_fused_params(FILE *f, const char *name, const kl_cg_fused_args *io);
@@ -214,5 +222,27 @@ int kl_cg_row_kind(const kl_node *n);
 /* The kernel of a row group over rows of `shape`; returns its grid. */
 kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, int n,
                             const kl_shape *shape, const kl_cg_fused_args *io);
+
+/* ---- attention (emit_attention.c) ----------------------------------------
+ * softmax(pre(Q @ K)) -> post -> @ V as one kernel, a warp per row of the
+ * scores: the scores and the probabilities never reach memory.  pre and
+ * post are chains of elementwise nodes (a scale, a mask, casts), each
+ * value read by the next node only. */
+enum { KL_CG_MAX_CHAIN = 12 };
+typedef struct {
+  const kl_node *qk, *softmax, *pv;
+  kl_node *pre[KL_CG_MAX_CHAIN], *post[KL_CG_MAX_CHAIN];
+  int npre, npost;
+} kl_cg_attention;
+/* Does attention start at matmul qk?  only_reader(ctx, v) is the one node
+ * that reads v (NULL: none, several, or v is a graph output). */
+bool kl_cg_match_attention(const kl_node *qk,
+                           const kl_node *(*only_reader)(void *ctx, const kl_value *v), void *ctx,
+                           kl_cg_attention *out);
+/* The kernel: io holds the inputs of pre and post first, then the bases of
+ * q, k and v, and the base of out; returns the grid. */
+kl_cg_grid kl_cg_attention_kernel(FILE *f, const char *name, const kl_cg_attention *a,
+                                  const kl_cg_view *q, const kl_cg_view *k, const kl_cg_view *v,
+                                  const kl_cg_view *out, const kl_cg_fused_args *io);
 
 #endif

@@ -40,6 +40,24 @@ bool kl_cg_is_direct_conv(const kl_node *n) {
          w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3] <= DIRECT_CONV_MAX_K;
 }
 
+/* The longest dot product a GEMM computed inside an elementwise kernel
+ * takes.  A guess from the roofline, not a measurement (no GPU has run
+ * it): a thread per output reads a row of A (the same address across a
+ * warp) and a column of B (adjacent across it), about half the FP32 peak;
+ * cuBLAS's tiles do better, and once K passes ~128 the GEMM's time
+ * outweighs the store and load of the result that fusing saves. */
+enum { DIRECT_MATMUL_MAX_K = 128 };
+
+bool kl_cg_is_direct_matmul(const kl_node *n) {
+  if (n->op != KL_OP_MATMUL || n->noutputs != 1) return false;
+  const kl_value *a = n->inputs[0], *b = n->inputs[1], *y = n->outputs[0];
+  /* f32 and f64 only: f16 and bf16 GEMMs belong on the tensor cores */
+  return (y->dtype == KL_F32 || y->dtype == KL_F64) && a->dtype == y->dtype &&
+         b->dtype == y->dtype && a->shape.rank >= 2 && b->shape.rank >= 2 &&
+         kl_shape_numel(&y->shape) > 0 && a->shape.dims[a->shape.rank - 1] >= 1 &&
+         a->shape.dims[a->shape.rank - 1] <= DIRECT_MATMUL_MAX_K;
+}
+
 void kl_cg_fused_io(kl_node *const *nodes, int n, const bool *stored, kl_cg_fused_args *io) {
   io->nin = io->nout = 0;
   for (int m = 0; m < n; m++) {
@@ -57,7 +75,7 @@ void kl_cg_fused_io(kl_node *const *nodes, int n, const bool *stored, kl_cg_fuse
       }
       /* a batch_norm's parameters are read by channel, a convolution's
        * operands by window */
-      if (kl_cg_is_direct_conv(nd)) io->window_read[k] = true;
+      if (kl_cg_is_direct_conv(nd) || nd->op == KL_OP_MATMUL) io->window_read[k] = true;
       else if (!(kl_cg_is_channel_affine(nd) && i > 0)) io->elementwise_read[k] = true;
     }
     if (stored[nd->outputs[0]->id] && io->nout < KL_CG_MAX_FUSED_IO)
@@ -201,28 +219,86 @@ static void direct_conv(FILE *f, const kl_node *nd, const kl_cg_fused_args *io, 
   fprintf(f, "    }\n");
 }
 
+/* A matmul member (in a group only when emit_model.c chose it direct):
+ * y[.., r, c] = sum over k of a[.., r, k] * b[.., k, c], batch dims
+ * broadcast, accumulated as direct_conv does and rounded once.  Threads of
+ * a warp take neighbouring columns: the same a element (a broadcast) and
+ * adjacent b elements. */
+static void direct_matmul(FILE *f, const kl_node *nd, const kl_cg_fused_args *io, bool later,
+                          const char *idx, const char *store) {
+  typedef long long ll;
+  const kl_value *a = nd->inputs[0], *b = nd->inputs[1], *out = nd->outputs[0];
+  const kl_shape *ys = &out->shape, *as = &a->shape, *bs = &b->shape;
+  int ry = ys->rank;
+  int64_t rows = ys->dims[ry - 2], cols = ys->dims[ry - 1], k = as->dims[as->rank - 1];
+  const char *acc = "double"; /* f32 and f64 only */
+  char la[96], lb[96], buf[160], at[64];
+  if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
+  fprintf(f, "    { /* %s: matmul, direct */\n      int64_t q = %s;\n"
+             "      const int64_t col = q %% %lldLL; q /= %lldLL;\n"
+             "      const int64_t rw = q %% %lldLL; q /= %lldLL;\n      (void)q;\n"
+             "      int64_t oa = rw * %lldLL, ob = col;\n",
+          nd->name, idx, (ll)cols, (ll)cols, (ll)rows, (ll)rows, (ll)k);
+  /* batch dims, innermost first: an operand's stride, 0 where it broadcasts */
+  int64_t sa = as->dims[as->rank - 2] * k, sb = k * bs->dims[bs->rank - 1];
+  for (int d = ry - 3; d >= 0; d--) {
+    int da = d - (ry - as->rank), db = d - (ry - bs->rank);
+    int64_t ta = da >= 0 && as->dims[da] > 1 ? sa : 0, tb = db >= 0 && bs->dims[db] > 1 ? sb : 0;
+    if (ys->dims[d] > 1 && (ta || tb)) {
+      fprintf(f, "      { const int64_t bi = q %% %lldLL; q /= %lldLL;", (ll)ys->dims[d], (ll)ys->dims[d]);
+      if (ta) fprintf(f, " oa += bi * %lldLL;", (ll)ta);
+      if (tb) fprintf(f, " ob += bi * %lldLL;", (ll)tb);
+      fprintf(f, " }\n");
+    } else if (ys->dims[d] > 1) {
+      fprintf(f, "      q /= %lldLL;\n", (ll)ys->dims[d]);
+    }
+    if (da >= 0) sa *= as->dims[da];
+    if (db >= 0) sb *= bs->dims[db];
+  }
+  snprintf(buf, sizeof buf, "in%d[oa + kk]", index_of(io->in, io->nin, a));
+  kl_cg_load(la, sizeof la, a->dtype, acc, buf);
+  snprintf(buf, sizeof buf, "in%d[ob + kk * %lldLL]", index_of(io->in, io->nin, b), (ll)cols);
+  kl_cg_load(lb, sizeof lb, b->dtype, acc, buf);
+  fprintf(f, "      %s sum = 0;\n      for (int64_t kk = 0; kk < %lldLL; kk++) sum += %s * %s;\n",
+          acc, (ll)k, la, lb);
+  fprintf(f, "      %s so; ", kl_cg_storage(out->dtype));
+  kl_cg_store(f, out->dtype, "so", "sum");
+  int ko = index_of(io->out, io->nout, out);
+  snprintf(at, sizeof at, store, ko);
+  if (ko >= 0) fprintf(f, "      %s = so;\n", at);
+  if (later)
+    fprintf(f, "      v%d = %s;\n", out->id,
+            kl_cg_load(buf, sizeof buf, out->dtype, kl_cg_compute_type(out->dtype), "so"));
+  fprintf(f, "    }\n");
+}
+
 /* The members, one block each, after the x registers are loaded; a
  * stored value goes to `store` (a printf format of the output's index:
  * "out%d[i]", or "w%d.x" for a lane of a vector); idx is the element's
- * flat index. */
-static void members(FILE *f, kl_node *const *nodes, int n, const kl_cg_fused_args *io,
-                    const char *store, const char *idx) {
+ * flat index; `keep` (or NULL) is a value whose register the code after
+ * reads. */
+void kl_cg_fused_members(FILE *f, kl_node *const *nodes, int n, const kl_cg_fused_args *io,
+                         const char *store, const char *idx, const kl_value *keep) {
   char buf[256], r[3][32], at[48];
   for (int m = 0; m < n; m++) {
     const kl_node *nd = nodes[m];
     const kl_value *out = nd->outputs[0];
     if (kl_cg_is_channel_affine(nd)) {
-      channel_affine(f, nd, io, read_later(nodes, n, m, out), idx, store);
+      channel_affine(f, nd, io, out == keep || read_later(nodes, n, m, out), idx, store);
       continue;
     }
     if (kl_cg_is_direct_conv(nd)) {
-      direct_conv(f, nd, io, read_later(nodes, n, m, out), idx, store);
+      direct_conv(f, nd, io, out == keep || read_later(nodes, n, m, out), idx, store);
+      continue;
+    }
+    if (nd->op == KL_OP_MATMUL) {
+      direct_matmul(f, nd, io, out == keep || read_later(nodes, n, m, out), idx, store);
       continue;
     }
     const char *ct = kl_cg_operand_type(nd);
     const char *expr = kl_cg_expression(nd, ct, buf, sizeof buf);
     int ko = index_of(io->out, io->nout, out);
-    bool later = read_later(nodes, n, m, out);
+    bool later = out == keep || read_later(nodes, n, m, out);
     if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
     fprintf(f, "    { /* %s: %s */\n", nd->name, kl_ops[nd->op].name);
     for (int i = 0; i < nd->ninputs; i++) {
@@ -305,7 +381,7 @@ static void vector_path(FILE *f, kl_node *const *nodes, int n, const kl_cg_fused
     if (vec_out) snprintf(store, sizeof store, "w%%d.%c", lanes[l]);
     else snprintf(store, sizeof store, "out%%d[i + %d]", l);
     snprintf(idx, sizeof idx, "(i + %d)", l);
-    members(f, nodes, n, io, store, idx);
+    kl_cg_fused_members(f, nodes, n, io, store, idx, NULL);
     fprintf(f, "    }\n");
   }
   for (int k = 0; k < io->nout && vec_out; k++)
@@ -322,10 +398,10 @@ void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, i
   for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
   fprintf(f, " */\n");
   kl_cg_fused_params(f, name, io);
-  /* a convolution's dot product is the work, not the loads: no float4
+  /* a convolution's (or a GEMM's) dot product is the work, not the loads: no float4
    * copy of it (four inlined copies would only slow NVRTC down) */
   bool conv = false;
-  for (int m = 0; m < n; m++) conv |= kl_cg_is_direct_conv(nodes[m]);
+  for (int m = 0; m < n; m++) conv |= kl_cg_is_direct_conv(nodes[m]) || nodes[m]->op == KL_OP_MATMUL;
   if (vectorizable(shape) && !conv) vector_path(f, nodes, n, io, shape);
   kl_cg_grid_stride_loop(f, numel);
   /* offsets for the inputs read element for element (o0.. in their order) */
@@ -341,7 +417,7 @@ void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, i
     fprintf(f, "    const %s x%d = %s;\n", kl_cg_compute_type(v->dtype), slot[q],
             kl_cg_load(buf, sizeof buf, v->dtype, kl_cg_compute_type(v->dtype), src));
   }
-  members(f, nodes, n, io, "out%d[i]", "i");
+  kl_cg_fused_members(f, nodes, n, io, "out%d[i]", "i", NULL);
   fprintf(f, "  }\n}\n");
   kl_cg_fused_entry(f, name, io);
 }

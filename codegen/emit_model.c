@@ -60,6 +60,13 @@ typedef struct {
    * through, an epilogue node); per matmul node id, the transpose it
    * writes through (else NULL); per value id, how it is read */
   bool *view_node, *absorbed;
+  /* attention (emit_attention.c): per node id, the first matmul of the
+   * attention it belongs to (else NULL); at that matmul's id, the match */
+  const kl_node **attn_head;
+  kl_cg_attention *attn;
+  /* per node id: a matmul computed inside an elementwise kernel, with the
+   * elementwise work after it that cuBLASLt's epilogues cannot do */
+  bool *direct;
   const kl_node **writes_into;
   kl_cg_view *view;
 } cg_ctx;
@@ -199,8 +206,13 @@ static bool matmul_fits(const cg_ctx *c, const kl_node *mm) {
 
 /* Node n reads value v as a view: n is a view node itself, or a matmul
  * whose GEMM takes the view. */
+static bool in_group(const cg_ctx *c, const kl_node *n) {
+  return c->fusion.groups[c->fusion.group_of[n->id]].count > 1;
+}
+
 static bool reads_as_view(const cg_ctx *c, const kl_node *n) {
-  return c->view_node[n->id] || (is_float_matmul(n) && matmul_fits(c, n));
+  return c->view_node[n->id] || (is_float_matmul(n) && !in_group(c, n) &&
+                                 (c->attn_head[n->id] || matmul_fits(c, n)));
 }
 
 /* ---- GEMM epilogues ------------------------------------------------------
@@ -222,6 +234,91 @@ static const kl_node *only_reader(const cg_ctx *c, const kl_value *v) {
   return count == 1 ? only : NULL;
 }
 
+static const kl_node *only_reader_cb(void *ctx, const kl_value *v) { return only_reader(ctx, v); }
+
+/* Attention: its nodes after the first matmul run in one kernel at the
+ * second matmul's step, as a GEMM's epilogue does (and are pinned out of
+ * other groups the same way). */
+static void choose_attention(cg_ctx *c) {
+  for (int i = 0; i < c->g->nodes.len; i++) {
+    const kl_node *qk = c->order[i];
+    kl_cg_attention a;
+    if (!c->live[qk->id] || c->folded[qk->id] || c->attn_head[qk->id] ||
+        !kl_cg_match_attention(qk, only_reader_cb, c, &a))
+      continue;
+    int extra = 0; /* the chains' inputs from outside, bounded by the kernel's arguments */
+    for (int m = 0; m < a.npre; m++) extra += a.pre[m]->ninputs - 1;
+    for (int m = 0; m < a.npost; m++) extra += a.post[m]->ninputs - 1;
+    if (extra > KL_CG_MAX_FUSED_IO - 4) continue;
+    c->attn[qk->id] = a;
+    const kl_node *inner[2 * KL_CG_MAX_CHAIN + 1];
+    int n = 0;
+    for (int m = 0; m < a.npre; m++) inner[n++] = a.pre[m];
+    inner[n++] = a.softmax;
+    for (int m = 0; m < a.npost; m++) inner[n++] = a.post[m];
+    for (int m = 0; m < n; m++) {
+      c->attn_head[inner[m]->id] = qk;
+      c->absorbed[inner[m]->id] = c->epi_inner[inner[m]->id] = true;
+    }
+    c->attn_head[qk->id] = c->attn_head[a.pv->id] = qk;
+    c->absorbed[a.pv->id] = true;
+    c->epi_last[qk->id] = a.pv;
+  }
+}
+
+/* A matmul is direct when it is short (kl_cg_is_direct_matmul), reads
+ * values that are no views, and after the bias, residual and relu that
+ * cuBLASLt's epilogues take (single readers of its shape), its result goes
+ * on to elementwise work they cannot do (a GELU, spelled out or not): with
+ * cuBLAS that work would read the GEMM's result back from memory; in one
+ * kernel the result never goes there. */
+static bool fusible_in_rows(const kl_node *n);
+
+static bool is_epilogue_op(const kl_node *n, const kl_value *cur) {
+  return n->op == KL_OP_RELU ||
+         (n->op == KL_OP_ADD && (n->inputs[0] == cur) != (n->inputs[1] == cur));
+}
+
+/* Do all of v's readers (one at least) fuse with it element for element? */
+static bool readers_fuse(const cg_ctx *c, const kl_value *v) {
+  int count = 0;
+  for (int j = 0; j < c->g->nodes.len; j++) {
+    const kl_node *r = c->order[j];
+    if (!c->live[r->id] || c->folded[r->id]) continue;
+    for (int q = 0; q < r->ninputs; q++) {
+      if (r->inputs[q] != v) continue;
+      if (!fusible_in_rows(r) || r->noutputs != 1 || !kl_shape_equal(&r->outputs[0]->shape, &v->shape))
+        return false;
+      count++;
+    }
+  }
+  return count > 0;
+}
+
+static void choose_direct(cg_ctx *c) {
+  for (int i = 0; i < c->g->nodes.len; i++) {
+    const kl_node *mm = c->order[i];
+    if (!c->live[mm->id] || c->folded[mm->id] || c->attn_head[mm->id] ||
+        !kl_cg_is_direct_matmul(mm))
+      continue;
+    bool plain = true;
+    for (int k = 0; k < 2; k++) {
+      const kl_node *p = mm->inputs[k]->producer;
+      plain &= !p || !kl_cg_view_op(p);
+    }
+    const kl_value *cur = mm->outputs[0];
+    while (plain) {
+      const kl_node *r = only_reader(c, cur);
+      if (r && is_epilogue_op(r, cur) && kl_shape_equal(&r->outputs[0]->shape, &cur->shape)) {
+        cur = r->outputs[0];
+        continue;
+      }
+      c->direct[mm->id] = readers_fuse(c, cur);
+      break;
+    }
+  }
+}
+
 /* The GEMM whose epilogue ends at node n, or NULL. */
 static const kl_node *epilogue_gemm(const cg_ctx *c, const kl_node *n) {
   if (!c->absorbed[n->id] || c->epi_inner[n->id] || n->op == KL_OP_TRANSPOSE) return NULL;
@@ -237,7 +334,9 @@ static void choose_epilogues(cg_ctx *c) {
   int nn = g->nodes.len;
   for (int i = 0; i < nn; i++) {
     const kl_node *mm = c->order[i];
-    if (!c->live[mm->id] || c->folded[mm->id] || !is_float_matmul(mm)) continue;
+    if (!c->live[mm->id] || c->folded[mm->id] || !is_float_matmul(mm) || c->attn_head[mm->id] ||
+        c->direct[mm->id])
+      continue;
     const kl_value *y = mm->outputs[0];
     int64_t n = y->shape.dims[y->shape.rank - 1];
     const kl_value *cur = y;
@@ -310,7 +409,8 @@ static void choose_views(cg_ctx *c) {
   /* matmul -> transpose: the GEMM writes the transposed result */
   for (int i = 0; i < nn; i++) {
     const kl_node *mm = c->order[i];
-    if (!c->live[mm->id] || c->folded[mm->id] || !is_float_matmul(mm) || mm->outputs[0]->is_output)
+    if (!c->live[mm->id] || c->folded[mm->id] || !is_float_matmul(mm) || mm->outputs[0]->is_output ||
+        in_group(c, mm))
       continue;
     const kl_node *only = NULL;
     int nreaders = 0;
@@ -324,7 +424,7 @@ static void choose_views(cg_ctx *c) {
         only->outputs[0]->dtype != mm->outputs[0]->dtype)
       continue;
     c->writes_into[mm->id] = only;
-    if (matmul_fits(c, mm)) c->absorbed[only->id] = true;
+    if (c->attn_head[mm->id] || matmul_fits(c, mm)) c->absorbed[only->id] = true;
     else c->writes_into[mm->id] = NULL;
   }
   compute_views(c);
@@ -753,6 +853,44 @@ static void emit_fused_group(kl_cg_emitter *e, const kl_group *gr, kl_node *cons
   else kl_cg_launch(e, k, kl_shape_numel(s), args, na);
 }
 
+/* An attention (emit_attention.c) at its second matmul's step: the
+ * chains' inputs, then the bases of Q, K and V; the output's base. */
+static void emit_attention(kl_cg_emitter *e, const kl_cg_attention *a) {
+  cg_ctx *c = e->c;
+  kl_cg_fused_args io;
+  memset(&io, 0, sizeof io);
+  kl_node *chain[2 * KL_CG_MAX_CHAIN];
+  int n = 0;
+  for (int m = 0; m < a->npre; m++) chain[n++] = a->pre[m];
+  for (int m = 0; m < a->npost; m++) chain[n++] = a->post[m];
+  for (int m = 0; m < n; m++)
+    for (int i = 0; i < chain[m]->ninputs; i++) {
+      const kl_value *v = chain[m]->inputs[i];
+      if (v->producer && c->attn_head[v->producer->id] == a->qk) continue; /* made inside */
+      int k = 0;
+      while (k < io.nin && io.in[k] != v) k++;
+      if (k == io.nin) io.in[io.nin++] = v, c->dram_bytes += value_bytes(v);
+    }
+  kl_cg_view q, k, v, out;
+  kl_cg_read_view(e, a->qk->inputs[0], &q);
+  kl_cg_read_view(e, a->qk->inputs[1], &k);
+  kl_cg_read_view(e, a->pv->inputs[1], &v);
+  kl_cg_write_view(e, a->pv, &out);
+  io.in[io.nin++] = q.base, io.in[io.nin++] = k.base, io.in[io.nin++] = v.base;
+  io.out[io.nout++] = out.base;
+  c->dram_bytes += value_bytes(a->qk->inputs[0]) + value_bytes(a->qk->inputs[1]) +
+                   value_bytes(a->pv->inputs[1]) + value_bytes(a->pv->outputs[0]);
+  char name[32], bufs[KL_CG_MAX_FUSED_IO + 1][160];
+  const char *args[KL_CG_MAX_FUSED_IO + 1];
+  int kn = kl_cg_new_kernel(e, name, sizeof name), na = 0;
+  kl_cg_grid grid = kl_cg_attention_kernel(e->kf, name, a, &q, &k, &v, &out, &io);
+  fprintf(e->rf, "  /* attention: %s .. %s in one kernel */\n", a->qk->name, a->pv->name);
+  for (int i = 0; i < io.nin; i++, na++) args[na] = kl_cg_ptr(e, io.in[i], bufs[na], sizeof bufs[na]);
+  args[na] = kl_cg_ptr(e, io.out[0], bufs[na], sizeof bufs[na]);
+  na++;
+  kl_cg_launch_grid(e, kn, grid.blocks, grid.threads, args, na);
+}
+
 /* A step the profiler times: a name a C string can hold as it is. */
 static void profile_step(cg_ctx *c, const kl_group *gr, kl_node *const *members, int launches,
                          size_t bytes) {
@@ -766,7 +904,8 @@ static void profile_step(cg_ctx *c, const kl_group *gr, kl_node *const *members,
   if (gr->count > 1)
     snprintf(p->name, sizeof p->name, "fused %d: %s .. %s", gr->count, members[0]->name, last->name);
   else if (epilogue_gemm(c, last))
-    snprintf(p->name, sizeof p->name, "gemm+epilogue: %s .. %s", epilogue_gemm(c, last)->name,
+    snprintf(p->name, sizeof p->name, "%s: %s .. %s",
+             c->attn_head[last->id] ? "attention" : "gemm+epilogue", epilogue_gemm(c, last)->name,
              last->name);
   else
     snprintf(p->name, sizeof p->name, "%s: %s", kl_ops[last->op].name, last->name);
@@ -811,6 +950,8 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
       /* the GEMM runs at its epilogue's last node, when all it adds exists */
       fprintf(e.rf, "  /* %s: %s, with its epilogue at %s */\n", members[0]->name,
               kl_ops[members[0]->op].name, c->epi_last[members[0]->id]->name);
+    } else if (gemm && c->attn_head[gemm->id]) {
+      emit_attention(&e, &c->attn[gemm->id]);
     } else if (gemm) {
       const kl_node *n = gemm;
       e.node = n;
@@ -993,6 +1134,9 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
   c.epi_relu = zalloc((size_t)nn, sizeof *c.epi_relu);
   c.epi_inner = zalloc((size_t)nn, sizeof *c.epi_inner);
   c.epi_last = zalloc((size_t)nn, sizeof *c.epi_last);
+  c.attn_head = zalloc((size_t)nn, sizeof *c.attn_head);
+  c.attn = zalloc((size_t)nn, sizeof *c.attn);
+  c.direct = zalloc((size_t)nn, sizeof *c.direct);
   double t0 = krt_now_ms();
   if ((rc = kl_schedule(g, c.order, err))) goto done;
   c.passes_ms = krt_now_ms() - t0;
@@ -1035,7 +1179,10 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
   c.fusion_enabled = fo.enabled;
   /* GEMM epilogues: their nodes stay out of other groups */
   if (fo.enabled) {
+    choose_attention(&c);
+    choose_direct(&c);
     choose_epilogues(&c);
+    fo.direct = c.direct;
     fo.pinned = c.absorbed;
   }
   t0 = krt_now_ms();
@@ -1103,6 +1250,9 @@ done:
   free(c.epi_relu);
   free(c.epi_inner);
   free(c.epi_last);
+  free(c.attn_head);
+  free(c.attn);
+  free(c.direct);
   free(c.profile);
   for (int v = 0; v < g->values.len; v++) kl_tensor_free(c.known[v]);
   free(c.known);

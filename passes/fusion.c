@@ -77,18 +77,26 @@ static bool is_row_scalar(const kl_shape *v, const kl_shape *rows) {
 
 enum { NO, JOIN, JOIN_AS_ROWS };
 
+static bool is_direct(const fuse_ctx *c, const kl_node *n) {
+  return c->opt->direct && c->opt->direct[n->id];
+}
+
+static bool elementwise(const fuse_ctx *c, const kl_node *n) {
+  return c->opt->elementwise(n) || is_direct(c, n);
+}
+
 /* How n may join group g (by kind and shape). */
 static int fits(const fuse_ctx *c, const kl_node *n, int g) {
   const kl_group *gr = &c->f->groups[g];
   const kl_shape *out = &n->outputs[0]->shape;
   if (gr->kind == KL_GROUP_ELEMENTWISE) {
-    if (c->opt->reads_window && c->opt->reads_window(n)) {
+    if ((c->opt->reads_window && c->opt->reads_window(n)) || is_direct(c, n)) {
       /* the other threads' values are not there yet: only siblings */
       for (int i = 0; i < n->ninputs; i++)
         if (producer_group(c, n->inputs[i]) == g) return NO;
       return kl_shape_equal(out, &gr->shape) ? JOIN : NO;
     }
-    if (c->opt->elementwise(n) && kl_shape_equal(out, &gr->shape)) return JOIN;
+    if (elementwise(c, n) && kl_shape_equal(out, &gr->shape)) return JOIN;
     /* a reduction of the group's values: the group becomes a row group,
      * when the row kernel can take all its members */
     if (row_kind(c, n) && kl_shape_equal(&n->inputs[0]->shape, &gr->shape) &&
@@ -138,7 +146,7 @@ static void add_member(fuse_ctx *c, int g, kl_node *n) {
 /* The group n joins, best first: a producer's group, then the group of a
  * sibling that reads the same input; -1 for none. */
 static int pick_group(fuse_ctx *c, kl_node *n) {
-  if (!c->opt->enabled || (!c->opt->elementwise(n) && !row_kind(c, n))) return -1;
+  if (!c->opt->enabled || (!elementwise(c, n) && !row_kind(c, n))) return -1;
   if (c->opt->pinned && c->opt->pinned[n->id]) return -1;
   int how;
   for (int i = 0; i < n->ninputs; i++) {
@@ -267,7 +275,7 @@ int kl_fuse(const kl_graph *g, kl_node *const *order, int n, const kl_fusion_opt
     bool pinned = opt->pinned && opt->pinned[node->id];
     if (gi < 0 && pinned)
       gi = new_group(&c, KL_GROUP_SINGLE, &node->outputs[0]->shape);
-    else if (gi < 0 && opt->enabled && opt->elementwise(node))
+    else if (gi < 0 && opt->enabled && elementwise(&c, node))
       gi = new_group(&c, KL_GROUP_ELEMENTWISE, &node->outputs[0]->shape);
     else if (gi < 0 && opt->enabled && row_kind(&c, node))
       gi = new_group(&c, KL_GROUP_ROWS, &node->inputs[0]->shape);

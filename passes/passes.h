@@ -53,6 +53,9 @@ typedef struct {
    * direct convolution): it never joins a group that makes one of them
    * (NULL: none) */
   bool (*reads_window)(const kl_node *n);
+  /* per node id: also such a node (a GEMM the elementwise kernel computes
+   * element by element), by the code generator's choice (NULL: none) */
+  const bool *direct;
   /* per node id: keep in a group of its own (NULL: none) */
   const bool *pinned;
 } kl_fusion_options;

@@ -128,6 +128,19 @@ expect bench_json 0 "ok" -- bash -c "'$kiln' bench '$root/examples/mlp.kl' --ite
 assert set(d) >= {\"model\",\"device\",\"precision\",\"fused\",\"unfused\"}
 assert {\"kernels\",\"launches\",\"dram_bytes\",\"arena_bytes\",\"arena_lower_bound\",\"naive_bytes\",\"compile_ms\",\"run_ms\"} <= set(s)
 assert s[\"kernels\"] < d[\"unfused\"][\"kernels\"]; print(\"ok\")'"
+# the fusion targets, static counts: fused kernels at most a third of
+# unfused, estimated DRAM bytes at most half, the arena within 1.10 of its
+# lower bound -- on the transformer example and the ResNet-style cnn
+for ex in transformer cnn; do
+  expect "fusion_targets_$ex" 0 "ok" -- bash -c "'$kiln' bench '$root/examples/$ex.kl' --iters 1 --device=host --json |
+    '${PYTHON:-python3}' -c 'import json,sys; d=json.load(sys.stdin); f, u = d[\"fused\"], d[\"unfused\"]
+assert 3 * f[\"kernels\"] <= u[\"kernels\"], (f, u)
+assert 2 * f[\"dram_bytes\"] <= u[\"dram_bytes\"], (f, u)
+assert f[\"arena_bytes\"] <= 1.10 * f[\"arena_lower_bound\"], f; print(\"ok\")'"
+done
+# attention is one kernel; a short GEMM takes the GELU after it
+expect profile_attention 0 "attention: matmul_2 \.\. heads .*fused 3: matmul_5 \.\. gelu_1" -- \
+  bash -c "'$kiln' profile '$root/examples/transformer.kl' --iters 1 --device=host | tr '\n' ' '"
 expect bench_bad_iters 2 "--iters takes" -- "$kiln" bench "$root/examples/mlp.kl" --iters 0
 
 # the profiler: a step per kernel or GEMM call; their bytes and launches add

@@ -9,7 +9,8 @@ row and column operands, casts through f16 and i32, comparisons feeding
 `where`, reductions over rows (alone, and spelled-out softmax and layer
 norm: row groups), GEMMs with a bias, residual and relu after them (the
 GEMM's epilogue), splits and transposes GEMMs read in place, batched
-head-style products with a transposed result, direct convolutions with
+head-style products with a transposed result, attention (softmax between
+two GEMMs, with masks, scales and casts around it), direct convolutions with
 sibling convolutions and an epilogue, and nodes fusion cannot take, so
 groups must form around them without cycles.  Several values are outputs,
 some from inside would-be groups.  Prints PASS/FAIL per graph and ends
@@ -51,7 +52,7 @@ def make_graph(seed):
         t = fresh()
         if rnd.random() < 0.15:  # GEMMs and convolutions with what fuses into them
             b = rnd.choice(full)
-            pick = rnd.randrange(4)
+            pick = rnd.randrange(6)
             if pick == 0:  # bias, residual, relu: the GEMM's epilogue
                 lines.append(f"let {t} = relu({a} @ w + col + {b})")
             elif pick == 1:  # a split read in place, one operand transposed
@@ -67,6 +68,25 @@ def make_graph(seed):
                 lines.append(f"let {hh} = transpose(reshape({a}, shape=[R, 2, {cols // 2}]), perm=[1, 0, 2])")
                 lines.append(f"let {s_} = {hh} @ transpose({hh}, perm=[0, 2, 1])")
                 lines.append(f"let {t} = reshape(transpose(tanh({s_}) @ {hh}, perm=[1, 0, 2]), shape=[R, C])")
+            elif pick >= 4:  # attention: softmax(pre(Q @ K)) -> post -> @ V, one kernel
+                pre = rnd.choice(["{s} * 0.3", "{s} * 0.3 + row", "cast(cast({s}, to=f16), to=f32)",
+                                  "where(trilu(ones_rr, upper=false) > 0.5, {s} * 0.5, -1e9)",
+                                  "{s} + transpose(row, perm=[1, 0]) * 2", "{s}"])
+                post = rnd.choice(["{p}", "{p}", "cast(cast({p}, to=f16), to=f32)", "{p} * 0.9"])
+                if "ones_rr" in pre and "const ones_rr: f32[R, R] = ones" not in lines:
+                    lines.append("const ones_rr: f32[R, R] = ones")
+                if pick == 4 and cols % 2 == 0:  # two heads, read through views
+                    q, k, s_, p_ = fresh(), fresh(), fresh(), fresh()
+                    lines.append(f"let {q} = transpose(reshape({a}, shape=[R, 2, {cols // 2}]), perm=[1, 0, 2])")
+                    lines.append(f"let {k} = transpose(reshape({b}, shape=[R, 2, {cols // 2}]), perm=[1, 2, 0])")
+                    lines.append(f"let {s_} = " + pre.format(s=f"({q} @ {k})"))
+                    lines.append(f"let {p_} = " + post.format(p=f"softmax({s_}, axis=-1)"))
+                    lines.append(f"let {t} = reshape(transpose({p_} @ {q}, perm=[1, 0, 2]), shape=[R, C])")
+                else:  # one head: [R, C] operands, V another value
+                    s_, p_ = fresh(), fresh()
+                    lines.append(f"let {s_} = " + pre.format(s=f"({a} @ transpose({b}, perm=[1, 0]))"))
+                    lines.append(f"let {p_} = " + post.format(p=f"softmax({s_}, axis=-1)"))
+                    lines.append(f"let {t} = {p_} @ {rnd.choice(full)}")
             else:  # direct convolutions: siblings, their epilogue, a residual
                 X = fresh()
                 lines.append(f"let {X} = reshape({a}, shape=[1, 1, R, C])")

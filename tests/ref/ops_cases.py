@@ -828,6 +828,33 @@ def gen_contract():
     case("matmul_f16", [("a", a), ("b", b)], "output y = a @ b",
          [(a.astype(np.float64) @ b.astype(np.float64)).astype(np.float16)],
          tol={"rtol": 1e-2, "atol": 1e-2})
+    # attention: softmax between two matmuls (one kernel when compiled,
+    # within its limits: at most 1024 keys, heads up to 256 wide)
+    r = rng_for("attention")
+    d64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
+    for n, sq, sk, sv, nkeys in [("heads", (2, 3, 10, 8), (2, 3, 8, 12), (2, 3, 12, 6), 12),
+                                 ("kv_bcast", (2, 4, 5, 8), (1, 8, 7), (4, 7, 9), 7),
+                                 ("2d", (6, 5), (5, 33), (33, 3), 33),
+                                 ("long", (1, 3, 4), (1, 4, 1100), (1, 1100, 2), 1100)]:
+        q, k, v = randn(r, sq), randn(r, sk), randn(r, sv)
+        mask = np.where(r.random((sq[-2], nkeys)) < 0.3, -np.inf, 0).astype(np.float32)
+        mask[:, 0] = 0  # every row keeps a key
+        want = softmax(d64(q) @ d64(k) * 0.35 + mask) @ d64(v)
+        case("attention_" + n, [("q", q), ("k", k), ("v", v), ("mask", mask)],
+             "output y = softmax((q @ k) * 0.35 + mask, axis=-1) @ v", [f32(want)])
+    q, k, v = randn(r, (2, 6, 4)), randn(r, (2, 4, 6)), randn(r, (2, 6, 5))
+    causal = np.tril(np.ones((6, 6), bool))
+    p = softmax(np.where(causal, d64(q) @ d64(k), -1e9))
+    case("attention_probs_too", [("q", q), ("k", k), ("v", v), ("causal", causal)],
+         "let p = softmax(where(causal, q @ k, -1e9), axis=-1)\noutput y = p @ v\noutput probs = p",
+         [f32(p @ d64(v)), f32(p)])
+    # a short GEMM and the elementwise work after it: one kernel when compiled
+    r = rng_for("matmul_direct")
+    for n, sa, sb in [("k128", (2, 3, 5, 128), (3, 128, 4)), ("k129", (7, 129), (129, 5)),
+                      ("bcast", (5, 7), (2, 1, 7, 4))]:
+        a, b, c = randn(r, sa), randn(r, sb), randn(r, (sb[-1],))
+        case("matmul_gelu_" + n, [("a", a), ("b", b), ("c", c)],
+             "output y = gelu(a @ b + c) * 2", [f32(gelu(d64(a) @ d64(b) + d64(c)) * 2)])
     # gemm
     r = rng_for("gemm")
     M, K, N = 3, 5, 4
