@@ -21,8 +21,8 @@ static const char run_help[] =
     "                        KILN_DEVICE=host|cuda|auto overrides auto)\n"
     "  --seed N              seed for inputs that are not given (default 0)\n"
     "  --mem-limit=SIZE      host, cuda: fail when the planned arena exceeds SIZE\n"
-    "  --no-fuse             host, cuda: one kernel per node\n"
     "                        bytes (K, M, G: KiB, MiB, GiB)\n"
+    "  --no-fuse             host, cuda: one kernel per node\n"
     KILN_MODEL_HELP
     "  -h, --help            show this help\n"
     "Inputs that are not given are filled with seeded random values.\n";

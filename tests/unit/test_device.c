@@ -408,8 +408,10 @@ static void run_gemm(krt_device *d, krt_dtype t, gcase c) {
   void *dA = to_device(d, A, (size_t)na * es), *dB = to_device(d, B, (size_t)nb * es),
        *dC = to_device(d, C0, (size_t)nc * es);
 
-  krt_gemm_desc g = {t,  c.ta, c.tb, c.m, c.n, c.k, c.batch, dA,      lda,
-                     sa, dB,   ldb,  sb,  dC,  ldc, sc,      c.alpha, c.beta};
+  krt_gemm_desc g = {.dtype = t, .trans_a = c.ta, .trans_b = c.tb, .m = c.m, .n = c.n,
+                     .k = c.k, .batch = c.batch, .a = dA, .lda = lda, .stride_a = sa,
+                     .b = dB, .ldb = ldb, .stride_b = sb, .c = dC, .ldc = ldc,
+                     .stride_c = sc, .alpha = c.alpha, .beta = c.beta};
   char err[512] = "";
   OK(krt_gemm(d, &g, err, sizeof err));
   OK(krt_synchronize(d, err, sizeof err));
@@ -492,7 +494,8 @@ static void beta0_on(krt_device *d) {
     }
     void *da = to_device(d, a, sizeof a), *db = to_device(d, b, sizeof b),
          *dc = to_device(d, c, sizeof c);
-    krt_gemm_desc g = {t, 0, 0, 2, 2, 2, 1, da, 2, 0, db, 2, 0, dc, 2, 0, 1.0, 0.0};
+    krt_gemm_desc g = {.dtype = t, .m = 2, .n = 2, .k = 2, .batch = 1, .a = da, .lda = 2,
+                       .b = db, .ldb = 2, .c = dc, .ldc = 2, .alpha = 1.0};
     char err[256] = "";
     OK(krt_gemm(d, &g, err, sizeof err));
     OK(krt_download(d, c, dc, sizeof c, err, sizeof err));
@@ -601,7 +604,9 @@ static void test_gemm_errors(void **state) {
   krt_device *d = open_host();
   float a[16] = {0}, b[16] = {0}, c[16] = {0};
   char err[512] = "";
-  krt_gemm_desc ok = {KRT_F32, 0, 0, 2, 2, 2, 1, a, 2, 4, b, 2, 4, c, 2, 4, 1.0, 0.0};
+  krt_gemm_desc ok = {.dtype = KRT_F32, .m = 2, .n = 2, .k = 2, .batch = 1, .a = a, .lda = 2,
+                      .stride_a = 4, .b = b, .ldb = 2, .stride_b = 4, .c = c, .ldc = 2,
+                      .stride_c = 4, .alpha = 1.0};
   OK(krt_gemm(d, &ok, err, sizeof err));
 
   krt_gemm_desc g = ok;
