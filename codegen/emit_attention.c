@@ -138,6 +138,8 @@ kl_cg_grid kl_cg_attention_kernel(FILE *f, const char *name, const kl_cg_attenti
   int64_t rows = kl_shape_numel(S) / tk;
   bool half = s->dtype == KL_F16 || s->dtype == KL_BF16;
   const char *acc = half ? "float" : "double", *ct = kl_cg_compute_type(x->dtype);
+  /* the second product's type: its own (casts may sit between them) */
+  const char *acc2 = y->dtype == KL_F16 || y->dtype == KL_BF16 ? "float" : "double";
   const char *sf = !strcmp(ct, "double") ? "" : "f";
   kl_cg_rows plan = kl_cg_plan_rows(rows, tk); /* tk <= 1024: a warp per row */
   /* each warp's probabilities in shared memory: at most 32 KB a block */
@@ -235,7 +237,7 @@ kl_cg_grid kl_cg_attention_kernel(FILE *f, const char *name, const kl_cg_attenti
            (ll)v->strides[v->shape.rank - 1]);
   fprintf(f, "  for (int64_t e = lane; e < %lldLL; e += %d) {\n    %s acc = 0;\n"
              "    for (int64_t j = 0; j < %lldLL; j++)\n      acc += (%s)pr[j] * %s;\n    %s so; ",
-          (ll)dv, LANES, acc, (ll)tk, acc, kl_cg_load(lv, sizeof lv, v->base->dtype, acc, ve),
+          (ll)dv, LANES, acc2, (ll)tk, acc2, kl_cg_load(lv, sizeof lv, v->base->dtype, acc2, ve),
           kl_cg_storage(y->dtype));
   kl_cg_store(f, y->dtype, "so", "acc");
   fprintf(f, "    op[e * %lldLL] = so;\n  }\n}\n", (ll)out->strides[r - 1]);

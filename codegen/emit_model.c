@@ -250,12 +250,17 @@ static void choose_attention(cg_ctx *c) {
     for (int m = 0; m < a.npre; m++) extra += a.pre[m]->ninputs - 1;
     for (int m = 0; m < a.npost; m++) extra += a.post[m]->ninputs - 1;
     if (extra > KL_CG_MAX_FUSED_IO - 4) continue;
-    c->attn[qk->id] = a;
     const kl_node *inner[2 * KL_CG_MAX_CHAIN + 1];
     int n = 0;
     for (int m = 0; m < a.npre; m++) inner[n++] = a.pre[m];
     inner[n++] = a.softmax;
     for (int m = 0; m < a.npost; m++) inner[n++] = a.post[m];
+    /* two score products added before one softmax: the first takes it,
+     * the second stays a GEMM whose result the kernel reads */
+    bool taken = c->attn_head[a.pv->id] || c->absorbed[a.pv->id];
+    for (int m = 0; m < n; m++) taken |= c->attn_head[inner[m]->id] || c->absorbed[inner[m]->id];
+    if (taken) continue;
+    c->attn[qk->id] = a;
     for (int m = 0; m < n; m++) {
       c->attn_head[inner[m]->id] = qk;
       c->absorbed[inner[m]->id] = c->epi_inner[inner[m]->id] = true;
@@ -279,7 +284,8 @@ static bool is_epilogue_op(const kl_node *n, const kl_value *cur) {
          (n->op == KL_OP_ADD && (n->inputs[0] == cur) != (n->inputs[1] == cur));
 }
 
-/* Do all of v's readers (one at least) fuse with it element for element? */
+/* Do all of v's readers (one at least) fuse with it element for element
+ * (none taken by an attention or a GEMM's epilogue)? */
 static bool readers_fuse(const cg_ctx *c, const kl_value *v) {
   int count = 0;
   for (int j = 0; j < c->g->nodes.len; j++) {
@@ -287,7 +293,8 @@ static bool readers_fuse(const cg_ctx *c, const kl_value *v) {
     if (!c->live[r->id] || c->folded[r->id]) continue;
     for (int q = 0; q < r->ninputs; q++) {
       if (r->inputs[q] != v) continue;
-      if (!fusible_in_rows(r) || r->noutputs != 1 || !kl_shape_equal(&r->outputs[0]->shape, &v->shape))
+      if (c->absorbed[r->id] || !fusible_in_rows(r) || r->noutputs != 1 ||
+          !kl_shape_equal(&r->outputs[0]->shape, &v->shape))
         return false;
       count++;
     }
@@ -295,26 +302,32 @@ static bool readers_fuse(const cg_ctx *c, const kl_value *v) {
   return count > 0;
 }
 
-static void choose_direct(cg_ctx *c) {
+static bool pays_direct(const cg_ctx *c, const kl_node *mm) {
+  for (int k = 0; k < 2; k++) {
+    const kl_node *p = mm->inputs[k]->producer;
+    if (p && kl_cg_view_op(p)) return false;
+  }
+  const kl_value *cur = mm->outputs[0];
+  for (;;) {
+    const kl_node *r = only_reader(c, cur);
+    if (!r || c->absorbed[r->id] || !is_epilogue_op(r, cur) ||
+        !kl_shape_equal(&r->outputs[0]->shape, &cur->shape))
+      return readers_fuse(c, cur);
+    cur = r->outputs[0];
+  }
+}
+
+/* Before the epilogues are chosen; then again (recheck) after, when one
+ * may have taken a node a direct GEMM counted on: that GEMM goes back to
+ * cuBLAS, and the second round of epilogues gives it its own. */
+static void choose_direct(cg_ctx *c, bool recheck) {
   for (int i = 0; i < c->g->nodes.len; i++) {
     const kl_node *mm = c->order[i];
-    if (!c->live[mm->id] || c->folded[mm->id] || c->attn_head[mm->id] ||
-        !kl_cg_is_direct_matmul(mm))
-      continue;
-    bool plain = true;
-    for (int k = 0; k < 2; k++) {
-      const kl_node *p = mm->inputs[k]->producer;
-      plain &= !p || !kl_cg_view_op(p);
-    }
-    const kl_value *cur = mm->outputs[0];
-    while (plain) {
-      const kl_node *r = only_reader(c, cur);
-      if (r && is_epilogue_op(r, cur) && kl_shape_equal(&r->outputs[0]->shape, &cur->shape)) {
-        cur = r->outputs[0];
-        continue;
-      }
-      c->direct[mm->id] = readers_fuse(c, cur);
-      break;
+    if (recheck) {
+      if (c->direct[mm->id] && !pays_direct(c, mm)) c->direct[mm->id] = false;
+    } else if (c->live[mm->id] && !c->folded[mm->id] && !c->attn_head[mm->id] &&
+               kl_cg_is_direct_matmul(mm)) {
+      c->direct[mm->id] = pays_direct(c, mm);
     }
   }
 }
@@ -1180,7 +1193,9 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
   /* GEMM epilogues: their nodes stay out of other groups */
   if (fo.enabled) {
     choose_attention(&c);
-    choose_direct(&c);
+    choose_direct(&c, false);
+    choose_epilogues(&c);
+    choose_direct(&c, true);
     choose_epilogues(&c);
     fo.direct = c.direct;
     fo.pinned = c.absorbed;

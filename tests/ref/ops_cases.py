@@ -848,6 +848,13 @@ def gen_contract():
     case("attention_probs_too", [("q", q), ("k", k), ("v", v), ("causal", causal)],
          "let p = softmax(where(causal, q @ k, -1e9), axis=-1)\noutput y = p @ v\noutput probs = p",
          [f32(p @ d64(v)), f32(p)])
+    # two score products added before one softmax (as MLA): one attention
+    # takes the softmax, the other product stays a GEMM it reads
+    qa, ka, qb, kb = randn(r, (2, 6, 4)), randn(r, (2, 4, 9)), randn(r, (2, 6, 3)), randn(r, (2, 3, 9))
+    v = randn(r, (2, 9, 5))
+    case("attention_two_scores", [("qa", qa), ("ka", ka), ("qb", qb), ("kb", kb), ("v", v)],
+         "output y = softmax(qa @ ka + qb @ kb, axis=-1) @ v",
+         [f32(softmax(d64(qa) @ d64(ka) + d64(qb) @ d64(kb)) @ d64(v))])
     # a short GEMM and the elementwise work after it: one kernel when compiled
     r = rng_for("matmul_direct")
     for n, sa, sb in [("k128", (2, 3, 5, 128), (3, 128, 4)), ("k129", (7, 129), (129, 5)),
