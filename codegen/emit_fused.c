@@ -157,6 +157,23 @@ static void channel_affine(FILE *f, const kl_node *nd, const kl_cg_fused_args *i
   fprintf(f, "    }\n");
 }
 
+/* The end of a direct member's block: `sum` rounded once to the output's
+ * type, stored if the group stores it, kept in a register if later
+ * members read it. */
+static void store_sum(FILE *f, const kl_value *out, const kl_cg_fused_args *io, bool later,
+                      const char *store) {
+  char at[64], buf[160];
+  fprintf(f, "      %s so; ", kl_cg_storage(out->dtype));
+  kl_cg_store(f, out->dtype, "so", "sum");
+  int ko = index_of(io->out, io->nout, out);
+  snprintf(at, sizeof at, store, ko);
+  if (ko >= 0) fprintf(f, "      %s = so;\n", at);
+  if (later)
+    fprintf(f, "      v%d = %s;\n", out->id,
+            kl_cg_load(buf, sizeof buf, out->dtype, kl_cg_compute_type(out->dtype), "so"));
+  fprintf(f, "    }\n");
+}
+
 /* A conv2d member computed directly, one output element (idx) a thread:
  * the window's dot product, summed in double (float for f16/bf16, the
  * GEMM's f32 accumulation), plus the bias, rounded once -- what im2col +
@@ -207,16 +224,7 @@ static void direct_conv(FILE *f, const kl_node *nd, const kl_cg_fused_args *io, 
     snprintf(src, sizeof src, "in%d[co]", index_of(io->in, io->nin, nd->inputs[2]));
     fprintf(f, "      sum += %s;\n", kl_cg_load(lb, sizeof lb, nd->inputs[2]->dtype, acc, src));
   }
-  fprintf(f, "      %s so; ", kl_cg_storage(out->dtype));
-  kl_cg_store(f, out->dtype, "so", "sum");
-  int ko = index_of(io->out, io->nout, out);
-  char at[64], buf[160];
-  snprintf(at, sizeof at, store, ko);
-  if (ko >= 0) fprintf(f, "      %s = so;\n", at);
-  if (later)
-    fprintf(f, "      v%d = %s;\n", out->id,
-            kl_cg_load(buf, sizeof buf, out->dtype, kl_cg_compute_type(out->dtype), "so"));
-  fprintf(f, "    }\n");
+  store_sum(f, out, io, later, store);
 }
 
 /* A matmul member (in a group only when emit_model.c chose it direct):
@@ -232,7 +240,7 @@ static void direct_matmul(FILE *f, const kl_node *nd, const kl_cg_fused_args *io
   int ry = ys->rank;
   int64_t rows = ys->dims[ry - 2], cols = ys->dims[ry - 1], k = as->dims[as->rank - 1];
   const char *acc = "double"; /* f32 and f64 only */
-  char la[96], lb[96], buf[160], at[64];
+  char la[96], lb[96], buf[160];
   if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
   fprintf(f, "    { /* %s: matmul, direct */\n      int64_t q = %s;\n"
              "      const int64_t col = q %% %lldLL; q /= %lldLL;\n"
@@ -261,15 +269,7 @@ static void direct_matmul(FILE *f, const kl_node *nd, const kl_cg_fused_args *io
   kl_cg_load(lb, sizeof lb, b->dtype, acc, buf);
   fprintf(f, "      %s sum = 0;\n      for (int64_t kk = 0; kk < %lldLL; kk++) sum += %s * %s;\n",
           acc, (ll)k, la, lb);
-  fprintf(f, "      %s so; ", kl_cg_storage(out->dtype));
-  kl_cg_store(f, out->dtype, "so", "sum");
-  int ko = index_of(io->out, io->nout, out);
-  snprintf(at, sizeof at, store, ko);
-  if (ko >= 0) fprintf(f, "      %s = so;\n", at);
-  if (later)
-    fprintf(f, "      v%d = %s;\n", out->id,
-            kl_cg_load(buf, sizeof buf, out->dtype, kl_cg_compute_type(out->dtype), "so"));
-  fprintf(f, "    }\n");
+  store_sum(f, out, io, later, store);
 }
 
 /* The members, one block each, after the x registers are loaded; a

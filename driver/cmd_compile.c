@@ -23,8 +23,8 @@ static const char compile_help[] =
     "  --Werror              NVRTC warnings are errors\n"
     "  --time                print the time of each phase on stderr\n"
     "  --mem-limit=SIZE      fail when the planned arena of intermediates exceeds SIZE\n"
-    "  --no-fuse             one kernel per node (the same pipeline, singleton groups)\n"
     "                        bytes (K, M, G: KiB, MiB, GiB)\n"
+    "  --no-fuse             one kernel per node (the same pipeline, singleton groups)\n"
     "  -o, --output OUT      the file (ir; default: standard output) or folder (cu)\n"
     KILN_MODEL_HELP
     "  -h, --help            show this help\n";
