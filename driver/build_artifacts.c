@@ -29,7 +29,7 @@ static const char *c_compiler(void) {
 static int shell(const char *cmd, const char *dir, const char *what) {
   int st = system(cmd);
   if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    fprintf(stderr, "kiln: error: %s failed; see %s/build.log\n", what, dir);
+    kiln_report_build_log(dir, what);
     return -1;
   }
   return 0;
@@ -54,10 +54,12 @@ static int write_all_sources(const kl_codegen_result *cg, const char *dir,
 /* The flags every compile of generated code takes; -fno-math-errno keeps
  * the math functions free of errno, as on a GPU. */
 static void common_flags(char *buf, size_t n, const char *qdir, bool images) {
+  char qrt[4200];
+  kiln_shell_quote(qrt, sizeof qrt, kiln_runtime_dir());
   snprintf(buf, n,
-           "-std=gnu11 -O2 -fno-math-errno -fPIC -DKILN_HOST_KERNELS %s -I'%s' -I'%s/emu' "
+           "-std=gnu11 -O2 -fno-math-errno -fPIC -DKILN_HOST_KERNELS %s -I%s -I%s/emu "
            "-DKILN_WEIGHTS_FILE='\"'%s/weights.bin'\"'",
-           images ? "-DKILN_GPU_IMAGES" : "", KILN_RUNTIME_DIR, KILN_RUNTIME_DIR, qdir);
+           images ? "-DKILN_GPU_IMAGES" : "", qrt, qrt, qdir);
 }
 
 int kiln_build_exe(const kl_codegen_result *cg, const char *prefix, const char *dir,
@@ -123,11 +125,12 @@ int kiln_build_lib(const kl_codegen_result *cg, const char *prefix, const char *
   /* Everything but kiln_model_<prefix> is hidden, then made local in one
    * relocatable object, so that several compiled models (each with its k0,
    * k1, ... kernels) link into one program. */
-  char gpu_step[9000] = "true";
+  char gpu_step[9000] = "true", qrt[4200];
+  kiln_shell_quote(qrt, sizeof qrt, kiln_runtime_dir());
   if (images)
     snprintf(gpu_step, sizeof gpu_step,
-             "%s -fPIC -fvisibility=hidden -I'%s' -I'%s/emu' -c gpu_images.c -o gpu_images.o "
-             ">>build.log 2>&1", c_compiler(), KILN_RUNTIME_DIR, KILN_RUNTIME_DIR);
+             "%s -fPIC -fvisibility=hidden -I%s -I%s/emu -c gpu_images.c -o gpu_images.o "
+             ">>build.log 2>&1", c_compiler(), qrt, qrt);
   snprintf(cmd, sizeof cmd,
            "cd %s && %s %s -fvisibility=hidden -DKILN_NO_GENERIC_ENTRY -c -x c kernels.cu -o kernels.o "
            ">build.log 2>&1 && %s %s -fvisibility=hidden -DKILN_NO_GENERIC_ENTRY -c model.c -o model.o "
@@ -144,13 +147,15 @@ int kiln_build_lib(const kl_codegen_result *cg, const char *prefix, const char *
     fprintf(stderr, "kiln: error: cannot create folder %s: %s\n", to, strerror(errno));
     return -1;
   }
+  /* where each comes from: the generated sources (""), the runtime's
+   * sources ("rt"), kiln's build folder (NULL) */
   static const char *const copies[][2] = {{"", "model.h"},
-                                          {KILN_RUNTIME_DIR, "kilnrt.h"},
-                                          {KILN_RUNTIME_DIR, "emu/emu.h"},
+                                          {"rt", "kilnrt.h"},
+                                          {"rt", "emu/emu.h"},
                                           {NULL, "libkilnrt.a"},
                                           {NULL, "libkiln_emu.a"}};
   for (size_t i = 0; i < sizeof copies / sizeof *copies; i++) {
-    const char *src_dir = copies[i][0] ? (*copies[i][0] ? copies[i][0] : dir) : lib_dir();
+    const char *src_dir = !copies[i][0] ? lib_dir() : *copies[i][0] ? kiln_runtime_dir() : dir;
     snprintf(from, sizeof from, "%s/%s", src_dir, copies[i][1]);
     snprintf(to, sizeof to, "%s/%s", abs_out, copies[i][1]);
     if (copy_file(from, to)) return -1;

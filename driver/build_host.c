@@ -45,9 +45,16 @@ int kiln_write_sources(const kl_codegen_result *cg, const char *dir) {
          write_bytes_file(dir, "weights.bin", cg->params, cg->param_bytes);
 }
 
+const char *kiln_runtime_dir(void) {
+  const char *d = getenv("KILN_RUNTIME_DIR");
+  return d && *d ? d : KILN_RUNTIME_DIR;
+}
+
 /* The prelude NVRTC compiles kernels.cu against (a named header). */
 static char *read_prelude(void) {
-  FILE *f = fopen(KILN_RUNTIME_DIR "/emu/kiln_prelude.h", "rb");
+  char path[4200];
+  snprintf(path, sizeof path, "%s/emu/kiln_prelude.h", kiln_runtime_dir());
+  FILE *f = fopen(path, "rb");
   if (!f) return NULL;
   char *buf = malloc(1 << 20);
   size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
@@ -65,7 +72,7 @@ int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm,
                     bool werror, bool timing) {
   char *prelude = read_prelude();
   if (!prelude) {
-    fprintf(stderr, "kiln: error: cannot read %s/emu/kiln_prelude.h\n", KILN_RUNTIME_DIR);
+    fprintf(stderr, "kiln: error: cannot read %s/emu/kiln_prelude.h\n", kiln_runtime_dir());
     return -1;
   }
   char path[4200];
@@ -132,6 +139,27 @@ void kiln_shell_quote(char *out, size_t n, const char *s) {
   out[k < n ? k : n - 1] = 0;
 }
 
+/* The build folder is removed after a failure too, so the compiler's own
+ * words go to stderr: its first lines, where the first error is. */
+void kiln_report_build_log(const char *dir, const char *what) {
+  fprintf(stderr, "kiln: error: %s failed", what);
+  char path[4200], line[512];
+  snprintf(path, sizeof path, "%s/build.log", dir);
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    fprintf(stderr, " (no build.log in %s)\n", dir);
+    return;
+  }
+  fprintf(stderr, "; the compiler said:\n");
+  int n = 0;
+  while (n < 30 && fgets(line, sizeof line, f)) {
+    fprintf(stderr, "  %s%s", line, strchr(line, '\n') ? "" : "\n");
+    n++;
+  }
+  if (fgets(line, sizeof line, f)) fprintf(stderr, "  ... (KILN_KEEP_BUILD=1 keeps %s)\n", path);
+  fclose(f);
+}
+
 void kiln_remove_build_dir(const char *dir) {
   if (getenv("KILN_KEEP_BUILD")) {
     fprintf(stderr, "kiln: build folder kept: %s\n", dir);
@@ -151,21 +179,21 @@ void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
   static const int archs[] = {80, 90};
   if (gpu && cg->nkernels && kiln_gpu_images(cg, dir, archs, 2, false, false)) return NULL;
   const char *cc = getenv("KILN_CC");
-  char qdir[4200], cmd[32768];
+  char qdir[4200], qrt[4200], cmd[65536];
   kiln_shell_quote(qdir, sizeof qdir, dir);
+  kiln_shell_quote(qrt, sizeof qrt, kiln_runtime_dir());
   /* -fno-math-errno keeps the math functions free of errno (as on a GPU);
    * -O1 is enough for a test device and compiles fast. */
   snprintf(cmd, sizeof cmd,
            "%s -std=gnu11 -O1 -fno-math-errno -fPIC -shared -DKILN_HOST_KERNELS "
-           "%s -I'%s' -I'%s/emu' -DKILN_WEIGHTS_FILE='\"'%s/weights.bin'\"' "
+           "%s -I%s -I%s/emu -DKILN_WEIGHTS_FILE='\"'%s/weights.bin'\"' "
            "-x c %s/kernels.cu -x c %s/model.c %s%s -o %s/model.so -lm >%s/build.log 2>&1",
-           cc && *cc ? cc : "cc", gpu && cg->nkernels ? "-DKILN_GPU_IMAGES" : "", KILN_RUNTIME_DIR,
-           KILN_RUNTIME_DIR, qdir, qdir, qdir, gpu && cg->nkernels ? qdir : "",
-           gpu && cg->nkernels ? "/gpu_images.c" : "", qdir, qdir);
+           cc && *cc ? cc : "cc", gpu && cg->nkernels ? "-DKILN_GPU_IMAGES" : "", qrt, qrt, qdir,
+           qdir, qdir, gpu && cg->nkernels ? qdir : "", gpu && cg->nkernels ? "/gpu_images.c" : "",
+           qdir, qdir);
   int st = system(cmd);
   if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    fprintf(stderr, "kiln: error: compiling the generated code for the host failed; see %s/build.log\n",
-            dir);
+    kiln_report_build_log(dir, "compiling the generated code for the host");
     return NULL;
   }
   char so[4200];

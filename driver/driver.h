@@ -96,6 +96,11 @@ int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm,
 void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
                       const krt_model_api **api);
 
+/* Where runtime/ (kilnrt.h, emu/) is: KILN_RUNTIME_DIR when set (a kiln
+ * moved away from its source tree), else the source tree it was built in. */
+const char *kiln_runtime_dir(void);
+/* "kiln: error: WHAT failed" and the head of dir/build.log, on stderr. */
+void kiln_report_build_log(const char *dir, const char *what);
 /* rm -rf a scratch build folder, unless KILN_KEEP_BUILD is set (then say
  * where it is). */
 void kiln_remove_build_dir(const char *dir);

@@ -157,5 +157,16 @@ done
 expect profile_table 0 "of copy" -- "$kiln" profile "$root/examples/cnn.kl" --iters 1 --device=host
 expect profile_bad_device 2 "--device takes" -- "$kiln" profile "$root/examples/cnn.kl" --device=tpu
 
+# a kiln moved away from its source tree finds runtime/ through
+# KILN_RUNTIME_DIR; when the generated code does not compile, the
+# compiler's own first lines are in the error (the folder is removed)
+cp -r "$root/runtime" rt_copy
+expect runtime_dir_env 0 "output 0 'y'" -- env KILN_RUNTIME_DIR="$tmp/rt_copy" "$kiln" run m.kl --device=host
+expect runtime_dir_env_exe 0 "wrote" -- env KILN_RUNTIME_DIR="$tmp/rt_copy" "$kiln" compile m.kl --emit=exe -o m_exe --no-nvrtc
+expect runtime_dir_missing 1 "fatal error: (kiln_prelude|kilnrt)\.h: No such file" -- \
+  env KILN_RUNTIME_DIR="$tmp/nowhere" "$kiln" run m.kl --device=host
+expect runtime_dir_missing_lib 1 "building the library failed; the compiler said:" -- \
+  env KILN_RUNTIME_DIR="$tmp/nowhere" "$kiln" compile m.kl --emit=lib -o m_lib --no-nvrtc
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

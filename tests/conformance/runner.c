@@ -6,7 +6,10 @@
  *
  * usage: conformance DATA_DIR [--suite NAME]... [--expected FILE]
  *                    [--markdown FILE --scope FILE] [--write-passing FILE]
- *                    [--filter SUBSTR] [--device host|cuda [--no-fuse] [--nvrtc]] [-v] */
+ *                    [--filter SUBSTR] [--device host|cuda [--no-fuse] [--nvrtc]]
+ *                    [--shard K/N] [-v]
+ * --shard K/N runs every Nth test from the Kth (N processes side by side);
+ * each guards only the tests it ran. */
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -396,7 +399,8 @@ static void write_markdown(const char *path, const char *scope, result *rs, int 
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: conformance DATA_DIR [--suite NAME]... [--expected FILE] "
-                    "[--markdown FILE --scope FILE] [--write-passing FILE] [--filter S] [-v]\n");
+                    "[--markdown FILE --scope FILE] [--write-passing FILE] [--filter S] "
+                    "[--shard K/N] [-v]\n");
     return 2;
   }
   const char *data = argv[1], *expected = NULL, *markdown = NULL, *scope = NULL,
@@ -404,6 +408,7 @@ int main(int argc, char **argv) {
   char suites[8][64];
   int nsuites = 0;
   bool verbose = false;
+  int shard = 0, nshards = 1; /* --shard K/N: every Nth test from the Kth */
   for (int i = 2; i < argc; i++) {
     const char *next = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(argv[i], "--suite") && next && nsuites < 8) snprintf(suites[nsuites++], 64, "%s", argv[++i]);
@@ -412,11 +417,20 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--scope") && next) scope = argv[++i];
     else if (!strcmp(argv[i], "--write-passing") && next) write_passing = argv[++i];
     else if (!strcmp(argv[i], "--filter") && next) filter = argv[++i];
+    else if (!strcmp(argv[i], "--shard") && next) {
+      if (sscanf(argv[++i], "%d/%d", &shard, &nshards) != 2 || nshards < 1 || shard < 0 ||
+          shard >= nshards) {
+        fprintf(stderr, "conformance: --shard wants K/N with 0 <= K < N, not '%s'\n", argv[i]);
+        return 2;
+      }
+    }
     else if (!strcmp(argv[i], "-v")) verbose = true;
     else if (!strcmp(argv[i], "--no-fuse")) no_fuse = true;
     else if (!strcmp(argv[i], "--nvrtc")) {
       char why[300];
-      FILE *pf = fopen(KILN_RUNTIME_DIR "/emu/kiln_prelude.h", "rb");
+      char prelude_path[4200];
+      snprintf(prelude_path, sizeof prelude_path, "%s/emu/kiln_prelude.h", kiln_runtime_dir());
+      FILE *pf = fopen(prelude_path, "rb");
       if (!kl_nvrtc_available(why, sizeof why) || !pf) {
         fprintf(stderr, "conformance: --nvrtc: %s\n", pf ? why : "no kiln_prelude.h");
         return 2;
@@ -435,7 +449,7 @@ int main(int argc, char **argv) {
     for (int s = 0; s < 4; s++) snprintf(suites[nsuites++], 64, "%s", dflt[s]);
   }
   result *rs = NULL;
-  int n = 0, cap = 0;
+  int n = 0, cap = 0, seq = 0;
   for (int s = 0; s < nsuites; s++) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/%s", data, suites[s]);
@@ -448,6 +462,7 @@ int main(int argc, char **argv) {
     }
     for (int t = 0; t < nt; t++) {
       if (filter && !strstr(tests[t], filter)) continue;
+      if (seq++ % nshards != shard) continue;
       if (n == cap) {
         cap = cap ? 2 * cap : 1024;
         rs = realloc(rs, (size_t)cap * sizeof *rs);
@@ -526,7 +541,8 @@ int main(int argc, char **argv) {
       bool in_suites = false;
       for (int s = 0; s < nsuites; s++)
         in_suites |= !strncmp(test, suites[s], strlen(suites[s])) && test[strlen(suites[s])] == '/';
-      if (!in_suites) continue;
+      /* a shard guards its own tests only */
+      if (!in_suites || (nshards > 1 && !found)) continue;
       guarded++;
       if (!passed) {
         regressions++;

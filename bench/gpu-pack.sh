@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Pack what bench/gpu-check.sh needs for a GPU machine that can fetch
+# nothing (the device machine lent to sessions: no apt, no pip, no flex,
+# bison, protobuf-c or OpenBLAS): kiln and the two test programs built
+# here, the shared libraries they load that are not part of glibc or CUDA,
+# and ONNX's test data.  Writes .gpu/kiln-gpu.tar.gz (git ignores .gpu/);
+# carry .gpu with the working tree and run bench/gpu-check.sh there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh >/dev/null
+data=/usr/share/libonnx-testdata/data
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/lib" .gpu
+cp build/kiln build/tests/test_device build/tests/conformance "$stage/bin/"
+# every library they need except glibc's own and the compiler runtime,
+# which any x86-64 Linux with a C compiler has (glibc here is 2.36: the
+# binaries run on any newer one)
+for b in "$stage"/bin/*; do
+  ldd "$b" | awk '/=> \// { print $3 }'
+done | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libgcc_s.so*) ;;
+    *) cp -L "$lib" "$stage/lib/" ;;
+  esac
+done
+cp -r "$data" "$stage/onnx-testdata"
+tar czf .gpu/kiln-gpu.tar.gz -C "$stage" bin lib onnx-testdata
+echo "gpu-pack: .gpu/kiln-gpu.tar.gz, $(du -h .gpu/kiln-gpu.tar.gz | cut -f1)" \
+  "($(ls "$stage/lib" | tr '\n' ' '))"
