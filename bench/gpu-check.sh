@@ -27,8 +27,8 @@ else
   bin=build bin_tests=build/tests data=/usr/share/libonnx-testdata/data
 fi
 tests=${bin_tests:-$bin}
-# cuBLAS, cuBLASLt and NVRTC (dlopen'ed) where the loader may not look
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+# cuBLAS, cuBLASLt, NVRTC and libcuda (dlopen'ed) where the loader may not look
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
   [ -d "$d" ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d
 done
 pysite=$("${PYTHON:-python3}" -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null || true)
