@@ -20,7 +20,17 @@ if [ -f .gpu/kiln-gpu.tar.gz ]; then
   bin=$pack/bin data=$pack/onnx-testdata
   export KILN_RUNTIME_DIR=$PWD/runtime
   export LD_LIBRARY_PATH=$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # the project's venv where there is one (a dry run here), else the
+  # machine's python3 (numpy and onnx are in the GPU machine's image)
+  [ -x .venv/bin/python ] && export PYTHON=${PYTHON:-$PWD/.venv/bin/python}
   export PYTHON=${PYTHON:-python3}
+  # a pack built from other sources would measure other code (the copy of
+  # the tree on the GPU machine may have no .git: compare the sources)
+  if [ "$(bench/gpu-pack.sh --sources-sum)" != "$(cat "$pack/sources.sum" 2>/dev/null)" ]; then
+    echo "gpu-check: the pack was built from other sources; run bench/gpu-pack.sh again" >&2
+    [ "${KILN_GPU_CHECK_ANY_PACK:-}" = 1 ] || exit 1
+  fi
+  summary+=("pack built at commit $(cat "$pack/commit")")
 else
   scripts/setup.sh >/dev/null || exit 1
   export PATH="$PWD/.venv/bin:$PATH"
@@ -34,7 +44,7 @@ done
 pysite=$("${PYTHON:-python3}" -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null || true)
 for lib in cublas/lib cuda_nvrtc/lib cu13/lib; do
   [ -n "$pysite" ] && [ -d "$pysite/nvidia/$lib" ] &&
-    export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$pysite/nvidia/$lib
+    export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$pysite/nvidia/$lib
 done
 kiln=$bin/kiln
 # sizes: the GPU's, or the examples' own (and a slice of the conformance
@@ -65,9 +75,11 @@ wait
 cat "$out"/conf-*.txt >"$out/conf.txt"
 grep -hE '^(REGRESSION|FAIL|host FAIL)' "$out/conf.txt" | head -20
 # the shards' counts added up: passed, failed, unsupported, guarded, regressions
-line=$(grep -hE '^conformance:' "$out"/conf-*.txt | tr -cs '0-9' ' ' |
-  awk '{ for (i = 1; i <= NF; i++) s[i] += $i } END { printf "%d passed, %d failed, %d unsupported; %d guarded, %d regressions", s[1], s[2], s[3], s[4], s[5] }')
-done_shards=$(grep -c '^conformance:' "$out/conf.txt")
+# (the runner's own error lines also start "conformance:", without counts)
+line=$(grep -hE '^conformance: [0-9]+ passed' "$out"/conf-*.txt |
+  awk '{ gsub(/[^0-9]+/, " "); n = split($0, a, " "); for (i = 1; i <= n; i++) s[i] += a[i] }
+       END { printf "%d passed, %d failed, %d unsupported; %d guarded, %d regressions", s[1], s[2], s[3], s[4], s[5] }')
+done_shards=$(grep -cE '^conformance: [0-9]+ passed' "$out/conf.txt")
 echo "  $line ($done_shards of $shards shards finished)"
 summary+=("conformance on $dev: $line ($done_shards of $shards shards finished in 300 s)")
 

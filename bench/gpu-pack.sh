@@ -7,6 +7,13 @@
 # carry .gpu with the working tree and run bench/gpu-check.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# --sources-sum: one checksum of the sources the pack's programs are built
+# from (gpu-check.sh compares it, on a tree that may have no .git)
+sources_sum() {
+  find driver codegen passes ir frontend runtime tests/conformance meson.build -type f \
+    ! -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1
+}
+if [ "${1:-}" = --sources-sum ]; then sources_sum; exit 0; fi
 scripts/setup.sh >/dev/null
 data=/usr/share/libonnx-testdata/data
 stage=$(mktemp -d)
@@ -25,6 +32,10 @@ done | sort -u | while read -r lib; do
   esac
 done
 cp -r "$data" "$stage/onnx-testdata"
-tar czf .gpu/kiln-gpu.tar.gz -C "$stage" bin lib onnx-testdata
+# what it was built from: gpu-check.sh refuses a pack of other sources
+sources_sum >"$stage/sources.sum"
+{ git rev-parse --short HEAD; git diff --quiet HEAD || echo "(with uncommitted changes)"; } |
+  paste -sd' ' >"$stage/commit"
+tar czf .gpu/kiln-gpu.tar.gz -C "$stage" commit sources.sum bin lib onnx-testdata
 echo "gpu-pack: .gpu/kiln-gpu.tar.gz, $(du -h .gpu/kiln-gpu.tar.gz | cut -f1)" \
   "($(ls "$stage/lib" | tr '\n' ' '))"

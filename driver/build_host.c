@@ -3,6 +3,7 @@
  * host C compiler against runtime/emu (so the CUDA C kernels run on the
  * CPU), and load the shared object.  The runtime functions it calls are
  * those of this kiln executable (it exports them). */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
@@ -46,8 +47,11 @@ int kiln_write_sources(const kl_codegen_result *cg, const char *dir) {
 }
 
 const char *kiln_runtime_dir(void) {
+  /* absolute: the library build runs its compiler from another folder */
+  static char abs[4096];
   const char *d = getenv("KILN_RUNTIME_DIR");
-  return d && *d ? d : KILN_RUNTIME_DIR;
+  if (!d || !*d) return KILN_RUNTIME_DIR;
+  return realpath(d, abs) ? abs : d;
 }
 
 /* The prelude NVRTC compiles kernels.cu against (a named header). */

@@ -163,6 +163,7 @@ expect profile_bad_device 2 "--device takes" -- "$kiln" profile "$root/examples/
 cp -r "$root/runtime" rt_copy
 expect runtime_dir_env 0 "output 0 'y'" -- env KILN_RUNTIME_DIR="$tmp/rt_copy" "$kiln" run m.kl --device=host
 expect runtime_dir_env_exe 0 "wrote" -- env KILN_RUNTIME_DIR="$tmp/rt_copy" "$kiln" compile m.kl --emit=exe -o m_exe --no-nvrtc
+expect runtime_dir_env_relative_lib 0 "wrote" -- env KILN_RUNTIME_DIR=rt_copy "$kiln" compile m.kl --emit=lib -o m_lib_rel --no-nvrtc
 expect runtime_dir_missing 1 "fatal error: (kiln_prelude|kilnrt)\.h: No such file" -- \
   env KILN_RUNTIME_DIR="$tmp/nowhere" "$kiln" run m.kl --device=host
 expect runtime_dir_missing_lib 1 "building the library failed; the compiler said:" -- \
