@@ -212,16 +212,21 @@ void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, i
                              const kl_cg_fused_args *io);
 
 /* ---- row groups (emit_rows.c) -------------------------------------------
- * Elementwise nodes around reductions over the innermost axis (sum, mean,
- * max, min with keepdims) and softmax / log_softmax: one row kernel. */
+ * Elementwise nodes around reductions over the innermost axes (sum, mean,
+ * max, min with keepdims; global_avg_pool), softmax / log_softmax and the
+ * norms: one row kernel. */
 void kl_cg_reduce_ops(const kl_node *n, const char **acc, const char **init, const char **update);
 const char *kl_cg_softmax_value(const kl_node *n, bool dbl);
 /* What a row group can hold besides elementwise nodes: 1 for a
- * reduction, 2 for softmax / log_softmax; 0 for anything else. */
+ * reduction, 2 for softmax / log_softmax, 3 for a norm; 0 for anything
+ * else. */
 int kl_cg_row_kind(const kl_node *n);
-/* The kernel of a row group over rows of `shape`; returns its grid. */
+/* How many innermost axes of its input such a node takes as one row. */
+int kl_cg_row_axes(const kl_node *n);
+/* The kernel of a row group over `shape`, a row its last `axes` dims;
+ * returns its grid. */
 kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, int n,
-                            const kl_shape *shape, const kl_cg_fused_args *io);
+                            const kl_shape *shape, int axes, const kl_cg_fused_args *io);
 
 /* ---- attention (emit_attention.c) ----------------------------------------
  * softmax(pre(Q @ K)) -> post -> @ V as one kernel, a warp per row of the

@@ -849,7 +849,8 @@ static void emit_fused_group(kl_cg_emitter *e, const kl_group *gr, kl_node *cons
   const char *args[2 * KL_CG_MAX_FUSED_IO];
   int k = kl_cg_new_kernel(e, name, sizeof name), na = 0;
   kl_cg_grid grid = {0, 0};
-  if (gr->kind == KL_GROUP_ROWS) grid = kl_cg_fused_rows(e->kf, name, members, count, &gr->shape, &io);
+  if (gr->kind == KL_GROUP_ROWS)
+    grid = kl_cg_fused_rows(e->kf, name, members, count, &gr->shape, gr->row_axes, &io);
   else kl_cg_fused_elementwise(e->kf, name, members, count, &io);
   const kl_shape *s = &gr->shape;
   fprintf(e->rf, "  /* fused: %d nodes, %s .. %s -> %s */\n", count, members[0]->name,
@@ -1187,6 +1188,7 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
     if (c.live[c.order[i]->id] && !c.folded[c.order[i]->id]) todo[ntodo++] = c.order[i];
   kl_fusion_options fo = {.enabled = !(opt && opt->no_fuse), .max_group_nodes = 16,
                           .elementwise = fusible_elementwise, .row_kind = kl_cg_row_kind,
+                          .row_axes = kl_cg_row_axes,
                           .row_elementwise = fusible_in_rows,
                           .reads_window = kl_cg_is_direct_conv};
   c.fusion_enabled = fo.enabled;

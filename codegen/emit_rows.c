@@ -1,5 +1,6 @@
 /* emit_rows.c - the kernel of a row group: reductions over the innermost
- * axis (sum, mean, max, min with keepdims) and softmax / log_softmax,
+ * axes (sum, mean, max, min with keepdims; global_avg_pool), softmax /
+ * log_softmax over the innermost axis, layer_norm and rms_norm,
  * with the elementwise nodes before, between and after them, as one row
  * kernel (a warp or a block per row, as emit_kernels.c's row kernels).
  * This is how softmax, layer norm and the reduce-then-scale patterns that
@@ -16,28 +17,48 @@
 
 #include "codegen_impl.h"
 
+/* The fewest innermost axes a kept-dims reduction from s to o spans (the
+ * other dims unchanged; axes of size 1 may count either way); 0 for none. */
+static int reduced_axes(const kl_shape *s, const kl_shape *o) {
+  if (o->rank != s->rank) return 0;
+  for (int k = 1; k <= s->rank; k++) {
+    bool fits = true;
+    for (int d = 0; d < s->rank && fits; d++)
+      fits = o->dims[d] == (d < s->rank - k ? s->dims[d] : 1);
+    if (fits) return k;
+  }
+  return 0;
+}
+
+int kl_cg_row_axes(const kl_node *n) {
+  const kl_shape *s = &n->inputs[0]->shape;
+  if (n->op == KL_OP_LAYER_NORM || n->op == KL_OP_RMS_NORM) { /* axis .. the last */
+    int64_t axis = kl_attr_int(n, "axis", -1);
+    if (axis < 0) axis += s->rank;
+    return axis >= 0 && axis < s->rank ? (int)(s->rank - axis) : 0;
+  }
+  if (n->op == KL_OP_SOFTMAX || n->op == KL_OP_LOG_SOFTMAX) {
+    int64_t axis = kl_attr_int(n, "axis", -1);
+    return axis == -1 || axis == s->rank - 1 ? 1 : 0;
+  }
+  return reduced_axes(s, &n->outputs[0]->shape);
+}
+
 int kl_cg_row_kind(const kl_node *n) {
   const kl_value *in = n->inputs[0];
   const kl_shape *s = &in->shape;
-  if (n->noutputs != 1 || s->rank < 1 || s->dims[s->rank - 1] < 2 || !kl_dtype_is_float(in->dtype))
-    return 0;
-  if (n->op == KL_OP_SOFTMAX || n->op == KL_OP_LOG_SOFTMAX) {
-    int64_t axis = kl_attr_int(n, "axis", -1);
-    return axis == -1 || axis == s->rank - 1 ? 2 : 0;
-  }
-  if (n->op == KL_OP_LAYER_NORM || n->op == KL_OP_RMS_NORM) { /* over the last axis */
-    int64_t axis = kl_attr_int(n, "axis", -1);
-    return axis == -1 || axis == s->rank - 1 ? 3 : 0;
-  }
-  if (n->op != KL_OP_REDUCE_SUM && n->op != KL_OP_REDUCE_MEAN && n->op != KL_OP_REDUCE_MAX &&
-      n->op != KL_OP_REDUCE_MIN)
-    return 0;
-  /* the innermost axis only, kept: the result broadcasts back over rows */
-  const kl_shape *o = &n->outputs[0]->shape;
-  if (o->rank != s->rank || o->dims[o->rank - 1] != 1) return 0;
-  for (int d = 0; d + 1 < s->rank; d++)
-    if (o->dims[d] != s->dims[d]) return 0;
-  return 1;
+  if (n->noutputs != 1 || s->rank < 1 || !kl_dtype_is_float(in->dtype)) return 0;
+  int k = kl_cg_row_axes(n);
+  int64_t len = 1;
+  for (int d = s->rank - k; d < s->rank; d++) len *= s->dims[d];
+  if (k < 1 || len < 2) return 0;
+  if (n->op == KL_OP_SOFTMAX || n->op == KL_OP_LOG_SOFTMAX) return 2;
+  if (n->op == KL_OP_LAYER_NORM || n->op == KL_OP_RMS_NORM) return 3;
+  /* kept dims: the result broadcasts back over its row */
+  return n->op == KL_OP_REDUCE_SUM || n->op == KL_OP_REDUCE_MEAN || n->op == KL_OP_REDUCE_MAX ||
+                 n->op == KL_OP_REDUCE_MIN || n->op == KL_OP_GLOBAL_AVG_POOL
+             ? 1
+             : 0;
 }
 
 typedef struct {
@@ -222,15 +243,17 @@ static bool used_later(const rows_ctx *c, int m) {
 }
 
 kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, int n,
-                            const kl_shape *shape, const kl_cg_fused_args *io) {
-  rows_ctx c = {.f = f, .nodes = nodes, .n = n, .io = io, .shape = shape,
-                .len = shape->dims[shape->rank - 1]};
+                            const kl_shape *shape, int axes, const kl_cg_fused_args *io) {
+  rows_ctx c = {.f = f, .nodes = nodes, .n = n, .io = io, .shape = shape, .len = 1};
   c.scalar = *shape;
-  c.scalar.dims[shape->rank - 1] = 1;
+  for (int d = shape->rank - axes; d < shape->rank; d++) {
+    c.len *= shape->dims[d];
+    c.scalar.dims[d] = 1;
+  }
   c.plan = kl_cg_plan_rows(kl_shape_numel(shape) / c.len, c.len);
   char text[160], r[32], buf[160];
-  fprintf(f, "/* fused row group of %d nodes over rows of %s, %s per row:", n,
-          kl_shape_str(shape, text, sizeof text), c.plan.threads == 32 ? "a warp" : "a block");
+  fprintf(f, "/* fused row group of %d nodes over %s, rows of its last %d dims, %s per row:", n,
+          kl_shape_str(shape, text, sizeof text), axes, c.plan.threads == 32 ? "a warp" : "a block");
   for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
   fprintf(f, " */\n");
   kl_cg_fused_params(f, name, io);
@@ -298,8 +321,8 @@ kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, in
       if (used) fprintf(f, "  %s s%d;\n", kl_cg_compute_type(out->dtype), out->id);
       pass(&c, in, acc, init, value, update);
       char result[64], at[32];
-      snprintf(result, sizeof result, nd->op == KL_OP_REDUCE_MEAN ? "acc / %lld" : "acc",
-               (long long)c.len);
+      bool mean = nd->op == KL_OP_REDUCE_MEAN || nd->op == KL_OP_GLOBAL_AVG_POOL;
+      snprintf(result, sizeof result, mean ? "acc / %lld" : "acc", (long long)c.len);
       fprintf(f, "    %s s; ", kl_cg_storage(out->dtype));
       kl_cg_store(f, out->dtype, "s", result);
       snprintf(at, sizeof at, "out%d[row]", ko);

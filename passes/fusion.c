@@ -67,11 +67,15 @@ static int row_kind(const fuse_ctx *c, const kl_node *n) {
   return c->opt->row_kind ? c->opt->row_kind(n) : 0;
 }
 
-/* The shape s with its innermost dim 1: a row's scalars. */
-static bool is_row_scalar(const kl_shape *v, const kl_shape *rows) {
-  if (v->rank != rows->rank || v->dims[v->rank - 1] != 1) return false;
-  for (int d = 0; d + 1 < v->rank; d++)
-    if (v->dims[d] != rows->dims[d]) return false;
+static int row_axes(const fuse_ctx *c, const kl_node *n) {
+  return c->opt->row_axes ? c->opt->row_axes(n) : 1;
+}
+
+/* The rows' shape with its `axes` innermost dims 1: a row's scalars. */
+static bool is_row_scalar(const kl_shape *v, const kl_shape *rows, int axes) {
+  if (v->rank != rows->rank || axes > v->rank) return false;
+  for (int d = 0; d < v->rank; d++)
+    if (v->dims[d] != (d < v->rank - axes ? rows->dims[d] : 1)) return false;
   return true;
 }
 
@@ -109,9 +113,11 @@ static int fits(const fuse_ctx *c, const kl_node *n, int g) {
   }
   if (gr->kind == KL_GROUP_ROWS) {
     bool (*ew)(const kl_node *) = c->opt->row_elementwise ? c->opt->row_elementwise : c->opt->elementwise;
-    if (ew(n) && (kl_shape_equal(out, &gr->shape) || is_row_scalar(out, &gr->shape)))
+    if (ew(n) && (kl_shape_equal(out, &gr->shape) || is_row_scalar(out, &gr->shape, gr->row_axes)))
       return JOIN;
-    if (row_kind(c, n) && kl_shape_equal(&n->inputs[0]->shape, &gr->shape)) return JOIN;
+    if (row_kind(c, n) && kl_shape_equal(&n->inputs[0]->shape, &gr->shape) &&
+        row_axes(c, n) == gr->row_axes)
+      return JOIN;
   }
   return NO;
 }
@@ -130,11 +136,17 @@ static int can_join(fuse_ctx *c, const kl_node *n, int g) {
   return how;
 }
 
-static int new_group(fuse_ctx *c, kl_group_kind kind, const kl_shape *shape) {
+static int new_group(fuse_ctx *c, kl_group_kind kind, const kl_shape *shape, int axes) {
   kl_fusion *f = c->f;
   int g = f->ngroups++;
-  f->groups[g] = (kl_group){.kind = kind, .shape = *shape};
+  f->groups[g] = (kl_group){.kind = kind, .shape = *shape, .row_axes = axes};
   return g;
+}
+
+/* An elementwise group that a reduction of its values joined. */
+static void become_rows(fuse_ctx *c, int g, const kl_node *n) {
+  c->f->groups[g].kind = KL_GROUP_ROWS;
+  c->f->groups[g].row_axes = row_axes(c, n);
 }
 
 static void add_member(fuse_ctx *c, int g, kl_node *n) {
@@ -152,7 +164,7 @@ static int pick_group(fuse_ctx *c, kl_node *n) {
   for (int i = 0; i < n->ninputs; i++) {
     int p = producer_group(c, n->inputs[i]);
     if (p >= 0 && (how = can_join(c, n, p)) != NO) {
-      if (how == JOIN_AS_ROWS) c->f->groups[p].kind = KL_GROUP_ROWS;
+      if (how == JOIN_AS_ROWS) become_rows(c, p, n);
       return p;
     }
   }
@@ -161,7 +173,7 @@ static int pick_group(fuse_ctx *c, kl_node *n) {
     for (int r = 0; r < c->nreaders[v->id]; r++) {
       int s = c->group_of[c->readers[v->id][r]->id];
       if (s >= 0 && (how = can_join(c, n, s)) != NO) {
-        if (how == JOIN_AS_ROWS) c->f->groups[s].kind = KL_GROUP_ROWS;
+        if (how == JOIN_AS_ROWS) become_rows(c, s, n);
         return s;
       }
     }
@@ -274,13 +286,13 @@ int kl_fuse(const kl_graph *g, kl_node *const *order, int n, const kl_fusion_opt
     int gi = pick_group(&c, node);
     bool pinned = opt->pinned && opt->pinned[node->id];
     if (gi < 0 && pinned)
-      gi = new_group(&c, KL_GROUP_SINGLE, &node->outputs[0]->shape);
+      gi = new_group(&c, KL_GROUP_SINGLE, &node->outputs[0]->shape, 0);
     else if (gi < 0 && opt->enabled && elementwise(&c, node))
-      gi = new_group(&c, KL_GROUP_ELEMENTWISE, &node->outputs[0]->shape);
+      gi = new_group(&c, KL_GROUP_ELEMENTWISE, &node->outputs[0]->shape, 0);
     else if (gi < 0 && opt->enabled && row_kind(&c, node))
-      gi = new_group(&c, KL_GROUP_ROWS, &node->inputs[0]->shape);
+      gi = new_group(&c, KL_GROUP_ROWS, &node->inputs[0]->shape, row_axes(&c, node));
     else if (gi < 0)
-      gi = new_group(&c, KL_GROUP_SINGLE, &node->outputs[0]->shape);
+      gi = new_group(&c, KL_GROUP_SINGLE, &node->outputs[0]->shape, 0);
     add_member(&c, gi, node);
     for (int k = 0; k < node->ninputs; k++) {
       const kl_value *v = node->inputs[k];

@@ -19,13 +19,15 @@ int kl_autodiff(kl_graph *g, kl_value *y, kl_value *const *xs, int nxs, kl_value
 typedef enum {
   KL_GROUP_SINGLE,      /* one node, its own template */
   KL_GROUP_ELEMENTWISE, /* same-shaped elementwise nodes: one fused kernel */
-  KL_GROUP_ROWS         /* reductions over the innermost axis (and softmax)
-                           with elementwise nodes around them: a row kernel */
+  KL_GROUP_ROWS         /* reductions over the innermost axes (and softmax,
+                           norms) with elementwise nodes around them: a row
+                           kernel */
 } kl_group_kind;
 
 typedef struct {
   kl_group_kind kind;
   kl_shape shape;       /* elementwise: the output shape; rows: the rows */
+  int row_axes;         /* rows: how many innermost axes make one row */
   int first, count;
 } kl_group;
 
@@ -45,8 +47,10 @@ typedef struct {
   /* the code generator can fuse this node into an elementwise kernel */
   bool (*elementwise)(const kl_node *n);
   /* ... or take it into a row kernel as a reduction over its input's
-   * innermost axis (non-zero); NULL: no row groups */
+   * innermost axes (non-zero); NULL: no row groups */
   int (*row_kind)(const kl_node *n);
+  /* how many innermost axes such a node reduces (NULL: one) */
+  int (*row_axes)(const kl_node *n);
   /* ... or into a row kernel as an elementwise node (NULL: elementwise) */
   bool (*row_elementwise)(const kl_node *n);
   /* an elementwise-group node that reads its inputs around its element (a

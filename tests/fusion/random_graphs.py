@@ -7,7 +7,7 @@ fused and unfused for the host device, must both equal the interpreter.
 Each graph mixes elementwise ops (the ones fusion groups), broadcasts of
 row and column operands, casts through f16 and i32, comparisons feeding
 `where`, reductions over rows (alone, and spelled-out softmax and layer
-norm: row groups), GEMMs with a bias, residual and relu after them (the
+norm: row groups; rows of two axes too), GEMMs with a bias, residual and relu after them (the
 GEMM's epilogue), splits and transposes GEMMs read in place, batched
 head-style products with a transposed result, attention (softmax between
 two GEMMs, with masks, scales and casts around it), direct convolutions with
@@ -110,7 +110,16 @@ def make_graph(seed):
             lines.append(f"let {t} = where({a} > {b}, {a}, {c})")
         elif kind < 0.87:  # a reduction, broadcast back: a row group
             red = rnd.choice(["reduce_sum", "reduce_mean", "reduce_max", "reduce_min"])
-            lines.append(f"let {t} = {rnd.choice(full)} + {red}({a}, axes=[1], keepdims=1)")
+            if cols % 2 == 0 and rnd.random() < 0.5:  # a row of two axes, mixed with one
+                X = fresh()
+                lines.append(f"let {X} = reshape({a}, shape=[R, 2, {cols // 2}])")
+                inner = rnd.choice([f"{X} - {red}({X}, axes=[1, 2], keepdims=1) * 0.5 + "
+                                    f"reduce_mean({X}, axes=[2], keepdims=1)",
+                                    f"layer_norm({X} * 2.0, axis=1) + {X}",
+                                    f"rms_norm({X}, axis=-2) * {red}({X}, axes=[-1, -2], keepdims=1)"])
+                lines.append(f"let {t} = reshape({inner}, shape=[R, C])")
+            else:
+                lines.append(f"let {t} = {rnd.choice(full)} + {red}({a}, axes=[1], keepdims=1)")
         elif kind < 0.89:  # softmax spelled out, as exporters do
             e = fresh()
             lines.append(f"let {e} = exp({a} - reduce_max({a}, axes=[1], keepdims=1))")

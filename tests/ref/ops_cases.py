@@ -779,6 +779,41 @@ def gen_norm():
     x64 = randn(r, (3, 4), np.float64)
     case("rms_norm_f64", [("x", x64)], "output y = rms_norm(x)",
          [rms_norm(x64)])
+    # row groups whose row is several innermost axes (fused: one kernel)
+    r = rng_for("rows_multi_axis")
+    x = randn(r, (2, 3, 4, 5), scale=2.0) + 0.5
+    m = x.mean(axis=(2, 3), keepdims=True)
+    d = x - m
+    v = (d * d).mean(axis=(2, 3), keepdims=True)
+    case("rows_instance_norm_spelled", [("x", x)],
+         "let m = reduce_mean(x, axes=[2, 3], keepdims=1)\nlet d = x - m\n"
+         "let v = reduce_mean(d * d, axes=[-1, -2], keepdims=1)\n"
+         "output y = relu(d / sqrt(v + 1e-5) * 1.5 + 0.25)",
+         [f32(np.maximum(d / np.sqrt(v + 1e-5) * 1.5 + 0.25, 0))])
+    case("rows_global_avg_pool_around", [("x", x)],
+         "output y = relu(global_avg_pool(x * 2.0) - 0.1)",
+         [f32(np.maximum((x * 2.0).mean(axis=(2, 3), keepdims=True) - 0.1, 0))])
+    x3 = randn(r, (3, 4, 5), scale=3.0)
+    e = np.exp(x3 - x3.max(axis=(1, 2), keepdims=True))
+    case("rows_softmax_two_axes_spelled", [("x", x3)],
+         "let e = exp(x - reduce_max(x, axes=[1, 2], keepdims=1))\n"
+         "output y = e / reduce_sum(e, axes=[1, 2], keepdims=1)",
+         [f32(e / e.sum(axis=(1, 2), keepdims=True))])
+    case("rows_mixed_axes", [("x", x3)],
+         "output y = reduce_sum(x, axes=[-1], keepdims=1) * 2.0 + "
+         "reduce_mean(x, axes=[1, 2], keepdims=1)",
+         [f32(x3.sum(axis=-1, keepdims=True) * 2.0 + x3.mean(axis=(1, 2), keepdims=True))])
+    x1 = randn(r, (1, 4, 1, 6))
+    case("rows_unit_dims", [("x", x1)],
+         "output y = x - reduce_mean(x, axes=[2, 3], keepdims=1)",
+         [f32(x1 - x1.mean(axis=(2, 3), keepdims=True))])
+    s3 = unif(r, (4, 5), 0.5, 1.5)
+    case("rows_layer_norm_two_axes_scaled", [("x", x3), ("s", s3)],
+         "output y = tanh(layer_norm(x * 0.5, s, axis=1))",
+         [f32(np.tanh(layer_norm(x3 * 0.5, s3, axis=1)))])
+    case("rows_rms_norm_two_axes_cast", [("x", x3)],
+         "output y = cast(cast(rms_norm(x + 1.0, axis=-2), to=f16), to=f32)",
+         [f32(rms_norm(x3 + 1.0, axis=-2).astype(np.float16))])
     # batch_norm
     r = rng_for("batch_norm")
     x = randn(r, (2, 3, 4, 5))
