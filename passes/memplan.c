@@ -4,9 +4,12 @@
  * largest of their sizes).  Slots are placed one at a time, largest first,
  * each into the smallest gap left by the slots already placed that are alive
  * at some of the same steps, or above them all when no gap fits ("greedy by
- * size, best fit", as TFLite's arena planner).  A few orders of placement
- * are tried and the smallest arena kept.  The checker at the end shares no
- * code with the planner: it re-derives every conflict from the answer. */
+ * size, best fit", as TFLite's arena planner).  Five orders of placement
+ * are tried, then (while the arena is above its lower bound, and the plan
+ * small enough) up to 64 more with the sizes shaken by a fixed
+ * pseudo-random factor, and the smallest arena kept: the same answer on
+ * every compile.  The checker at the end shares no code with the planner:
+ * it re-derives every conflict from the answer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,15 +26,22 @@ typedef struct {
   size_t offset;
 } slot;
 
-/* Orders of placement: by size, by size x lifetime, by first step. */
-enum { NUM_ORDERS = 3 };
+/* Orders of placement: by size, by size x lifetime, by first step, by
+ * lifetime, by last step; then sizes shaken by a fixed pseudo-random
+ * factor (the same every compile), while the arena is above its bound. */
+enum { NUM_FIXED_ORDERS = 5 };
 
-static double order_key(const slot *s, int order) {
+static double order_key(const slot *s, int order, unsigned *rng) {
   double life = (double)s->last - s->first + 1;
   switch (order) {
+  case 0: return (double)s->size;
   case 1: return (double)s->size * life;
   case 2: return -(double)s->first;
-  default: return (double)s->size;
+  case 3: return life;
+  case 4: return (double)s->last;
+  default:
+    *rng = *rng * 1103515245u + 12345u;
+    return (double)s->size * (1.0 + (double)(*rng >> 16 & 0x7fff) / 32768.0);
   }
 }
 
@@ -42,6 +52,10 @@ static int cmp_slots(const void *pa, const void *pb) {
   int la = a->last - a->first, lb = b->last - b->first;
   if (la != lb) return la > lb ? -1 : 1;
   return a->index - b->index;
+}
+
+static int cmp_index(const void *pa, const void *pb) {
+  return ((const slot *)pa)->index - ((const slot *)pb)->index;
 }
 
 typedef struct {
@@ -127,8 +141,13 @@ void kl_memplan(kl_membuf *bufs, int n, kl_memplan_stats *st) {
   size_t *best = malloc(((size_t)ns + 1) * sizeof *best);
   if (!best) abort();
   st->arena = SIZE_MAX;
-  for (int o = 0; o < NUM_ORDERS && st->arena > st->lower_bound; o++) {
-    for (int i = 0; i < ns; i++) slots[i].key = order_key(&slots[i], o);
+  unsigned rng = 1;
+  /* each order costs a placement, quadratic in the slots: shake small plans */
+  int orders = NUM_FIXED_ORDERS + (ns <= 512 ? 64 : ns <= 4096 ? 8 : 0);
+  for (int o = 0; o < orders && st->arena > st->lower_bound; o++) {
+    /* the shaken orders start from the same order each time */
+    if (o >= NUM_FIXED_ORDERS) qsort(slots, (size_t)ns, sizeof *slots, cmp_index);
+    for (int i = 0; i < ns; i++) slots[i].key = order_key(&slots[i], o, &rng);
     qsort(slots, (size_t)ns, sizeof *slots, cmp_slots);
     size_t arena = place(slots, ns, busy);
     if (arena >= st->arena) continue;
