@@ -319,17 +319,20 @@ static bool pays_direct(const cg_ctx *c, const kl_node *mm) {
 
 /* Before the epilogues are chosen; then again (recheck) after, when one
  * may have taken a node a direct GEMM counted on: that GEMM goes back to
- * cuBLAS, and the second round of epilogues gives it its own. */
-static void choose_direct(cg_ctx *c, bool recheck) {
+ * cuBLAS, and the next round of epilogues gives it its own.  Returns
+ * whether a recheck sent one back. */
+static bool choose_direct(cg_ctx *c, bool recheck) {
+  bool changed = false;
   for (int i = 0; i < c->g->nodes.len; i++) {
     const kl_node *mm = c->order[i];
     if (recheck) {
-      if (c->direct[mm->id] && !pays_direct(c, mm)) c->direct[mm->id] = false;
+      if (c->direct[mm->id] && !pays_direct(c, mm)) c->direct[mm->id] = false, changed = true;
     } else if (c->live[mm->id] && !c->folded[mm->id] && !c->attn_head[mm->id] &&
                kl_cg_is_direct_matmul(mm)) {
       c->direct[mm->id] = pays_direct(c, mm);
     }
   }
+  return changed;
 }
 
 /* The GEMM whose epilogue ends at node n, or NULL. */
@@ -1196,9 +1199,10 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
   if (fo.enabled) {
     choose_attention(&c);
     choose_direct(&c, false);
-    choose_epilogues(&c);
-    choose_direct(&c, true);
-    choose_epilogues(&c);
+    /* until no GEMM goes back to cuBLAS (each round sends one back at
+     * least, so this ends; a GEMM that has its epilogue keeps it) */
+    do choose_epilogues(&c);
+    while (choose_direct(&c, true));
     fo.direct = c.direct;
     fo.pinned = c.absorbed;
   }
