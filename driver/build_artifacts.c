@@ -21,11 +21,6 @@ static const char *lib_dir(void) {
   return d && *d ? d : KILN_LIB_DIR;
 }
 
-static const char *c_compiler(void) {
-  const char *cc = getenv("KILN_CC");
-  return cc && *cc ? cc : "cc";
-}
-
 static int shell(const char *cmd, const char *dir, const char *what) {
   int st = system(cmd);
   if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
@@ -86,7 +81,7 @@ int kiln_build_exe(const kl_codegen_result *cg, const char *prefix, const char *
   snprintf(cmd, sizeof cmd,
            "%s %s -x c %s/kernels.cu -x c %s/model.c %s%s %s/main.c -L%s -lkilnrt -lkiln_emu %s "
            "-o %s >%s/build.log 2>&1",
-           c_compiler(), flags, qdir, qdir, images ? qdir : "", images ? "/gpu_images.c" : "", qdir,
+           kiln_c_compiler(), flags, qdir, qdir, images ? qdir : "", images ? "/gpu_images.c" : "", qdir,
            qlib, KILN_RT_LIBS, qout, qdir);
   return shell(cmd, dir, "building the program");
 }
@@ -130,14 +125,14 @@ int kiln_build_lib(const kl_codegen_result *cg, const char *prefix, const char *
   if (images)
     snprintf(gpu_step, sizeof gpu_step,
              "%s -fPIC -fvisibility=hidden -I%s -I%s/emu -c gpu_images.c -o gpu_images.o "
-             ">>build.log 2>&1", c_compiler(), qrt, qrt);
+             ">>build.log 2>&1", kiln_c_compiler(), qrt, qrt);
   snprintf(cmd, sizeof cmd,
            "cd %s && %s %s -fvisibility=hidden -DKILN_NO_GENERIC_ENTRY -c -x c kernels.cu -o kernels.o "
            ">build.log 2>&1 && %s %s -fvisibility=hidden -DKILN_NO_GENERIC_ENTRY -c model.c -o model.o "
            ">>build.log 2>&1 && %s && ld -r -o all.o kernels.o model.o %s >>build.log 2>&1 && "
            "objcopy --localize-hidden all.o >>build.log 2>&1 && rm -f %s/libkiln_%s.a && "
            "ar rcs %s/libkiln_%s.a all.o >>build.log 2>&1",
-           qdir, c_compiler(), flags, c_compiler(), flags, gpu_step, images ? "gpu_images.o" : "",
+           qdir, kiln_c_compiler(), flags, kiln_c_compiler(), flags, gpu_step, images ? "gpu_images.o" : "",
            qout, prefix, qout, prefix);
   if (shell(cmd, dir, "building the library")) return -1;
   /* The headers and the runtime beside it: the folder is all a user needs. */

@@ -54,8 +54,12 @@ const char *kiln_runtime_dir(void) {
   return realpath(d, abs) ? abs : d;
 }
 
-/* The prelude NVRTC compiles kernels.cu against (a named header). */
-static char *read_prelude(void) {
+const char *kiln_c_compiler(void) {
+  const char *cc = getenv("KILN_CC");
+  return cc && *cc ? cc : "cc";
+}
+
+char *kiln_read_prelude(void) {
   char path[4200];
   snprintf(path, sizeof path, "%s/emu/kiln_prelude.h", kiln_runtime_dir());
   FILE *f = fopen(path, "rb");
@@ -74,7 +78,7 @@ static void write_bytes(FILE *f, const unsigned char *p, size_t n) {
 /* NVRTC for each architecture, written to dir/gpu_images.c. */
 int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm, int nsm,
                     bool werror, bool timing) {
-  char *prelude = read_prelude();
+  char *prelude = kiln_read_prelude();
   if (!prelude) {
     fprintf(stderr, "kiln: error: cannot read %s/emu/kiln_prelude.h\n", kiln_runtime_dir());
     return -1;
@@ -182,7 +186,6 @@ void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
    * gpu_images.c beside the host kernels (auto may still pick the host). */
   static const int archs[] = {80, 90};
   if (gpu && cg->nkernels && kiln_gpu_images(cg, dir, archs, 2, false, false)) return NULL;
-  const char *cc = getenv("KILN_CC");
   char qdir[4200], qrt[4200], cmd[65536];
   kiln_shell_quote(qdir, sizeof qdir, dir);
   kiln_shell_quote(qrt, sizeof qrt, kiln_runtime_dir());
@@ -192,7 +195,7 @@ void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
            "%s -std=gnu11 -O1 -fno-math-errno -fPIC -shared -DKILN_HOST_KERNELS "
            "%s -I%s -I%s/emu -DKILN_WEIGHTS_FILE='\"'%s/weights.bin'\"' "
            "-x c %s/kernels.cu -x c %s/model.c %s%s -o %s/model.so -lm >%s/build.log 2>&1",
-           cc && *cc ? cc : "cc", gpu && cg->nkernels ? "-DKILN_GPU_IMAGES" : "", qrt, qrt, qdir,
+           kiln_c_compiler(), gpu && cg->nkernels ? "-DKILN_GPU_IMAGES" : "", qrt, qrt, qdir,
            qdir, qdir, gpu && cg->nkernels ? qdir : "", gpu && cg->nkernels ? "/gpu_images.c" : "",
            qdir, qdir);
   int st = system(cmd);

@@ -99,6 +99,11 @@ void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
 /* Where runtime/ (kilnrt.h, emu/) is: KILN_RUNTIME_DIR when set (a kiln
  * moved away from its source tree), else the source tree it was built in. */
 const char *kiln_runtime_dir(void);
+/* The C compiler for generated code: KILN_CC, else cc. */
+const char *kiln_c_compiler(void);
+/* The prelude NVRTC compiles kernels.cu against (runtime/emu's
+ * kiln_prelude.h), malloc'ed; NULL when it cannot be read. */
+char *kiln_read_prelude(void);
 /* "kiln: error: WHAT failed" and the head of dir/build.log, on stderr. */
 void kiln_report_build_log(const char *dir, const char *what);
 /* rm -rf a scratch build folder, unless KILN_KEEP_BUILD is set (then say

@@ -428,16 +428,12 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--no-fuse")) no_fuse = true;
     else if (!strcmp(argv[i], "--nvrtc")) {
       char why[300];
-      char prelude_path[4200];
-      snprintf(prelude_path, sizeof prelude_path, "%s/emu/kiln_prelude.h", kiln_runtime_dir());
-      FILE *pf = fopen(prelude_path, "rb");
-      if (!kl_nvrtc_available(why, sizeof why) || !pf) {
-        fprintf(stderr, "conformance: --nvrtc: %s\n", pf ? why : "no kiln_prelude.h");
+      nvrtc_prelude = kiln_read_prelude();
+      if (!kl_nvrtc_available(why, sizeof why) || !nvrtc_prelude) {
+        fprintf(stderr, "conformance: --nvrtc: %s\n", nvrtc_prelude ? why : "no kiln_prelude.h");
+        free(nvrtc_prelude);
         return 2;
       }
-      nvrtc_prelude = calloc(1, 1 << 20);
-      if (!nvrtc_prelude || !fread(nvrtc_prelude, 1, (1 << 20) - 1, pf)) return 2;
-      fclose(pf);
     }
     else if (!strcmp(argv[i], "--device") && next &&
              krt_device_kind_parse(next, &compiled_kind) == 0 && compiled_kind != KRT_DEVICE_AUTO)
