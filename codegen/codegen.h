@@ -18,9 +18,10 @@
 typedef struct {
   const char *prefix;   /* C identifier for the model's symbols ("mlp") */
   size_t mem_limit;     /* bytes the planned arena may take; 0: no limit */
-  bool no_fuse;         /* one kernel per node (--no-fuse): same pipeline,
-                           singleton groups */
 } kl_codegen_options;
+
+/* What this code generator's kernels can do, for the passes (target.c). */
+extern const kl_target kl_cg_target;
 
 typedef struct {
   char *kernels_cu;     /* malloc'd, NUL-terminated */
@@ -59,7 +60,8 @@ bool kl_nvrtc_available(char *why, size_t len);
 int kl_nvrtc_compile(const char *src, const char *prelude, int sm, bool ptx, unsigned char **out,
                      size_t *out_len, char **log, kl_error *err);
 
-int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_result *out,
+/* The text of the plan the pipeline (passes/pipeline.c) made. */
+int kl_codegen(const kl_plan *plan, const kl_codegen_options *opt, kl_codegen_result *out,
                kl_error *err);
 void kl_codegen_result_free(kl_codegen_result *r);
 

@@ -78,40 +78,12 @@ typedef struct {
  * the pointer expressions. */
 void kl_cg_gemm_epilogue(kl_cg_emitter *e, const kl_node *n, kl_cg_gemm *g, char bufs[2][160]);
 
-/* ---- views (views.c) -----------------------------------------------------
- * A value read in place: element (i0, .., ir-1) of it is element
- * offset + sum(i_d * strides[d]) of `base`, a value with a buffer. */
-typedef struct {
-  const kl_value *base;
-  int64_t offset;
-  kl_shape shape;
-  int64_t strides[KL_MAX_RANK];
-} kl_cg_view;
-void kl_cg_view_identity(const kl_value *v, kl_cg_view *out);
-/* Ops whose outputs can be views of their input: transpose, split and
- * the reshape family. */
-bool kl_cg_view_op(const kl_node *n);
-/* Output out_index of n as a view, given its input's; false when the
- * result is not a strided view of it (a reshape across strides). */
-bool kl_cg_view_apply(const kl_node *n, int out_index, const kl_cg_view *in, kl_cg_view *out);
-/* A matmul C = A @ B (operands of rank >= 2, NumPy batch broadcasting) on
- * views as one GEMM call: offsets in elements of each base. */
-typedef struct {
-  int64_t m, n, k;
-  int trans_a, trans_b;
-  int64_t lda, ldb, ldc;
-  int64_t batch, stride_a, stride_b, stride_c;
-  int64_t batch2, stride_a2, stride_b2, stride_c2;
-  int64_t offset_a, offset_b, offset_c;
-} kl_cg_mm_layout;
-bool kl_cg_matmul_layout(const kl_cg_view *a, const kl_cg_view *b, const kl_cg_view *c,
-                         kl_cg_mm_layout *out);
 /* How the current template reads value v (itself, or through views), and
  * where matmul n writes its result (its buffer, or a transpose's). */
-void kl_cg_read_view(kl_cg_emitter *e, const kl_value *v, kl_cg_view *out);
-void kl_cg_write_view(kl_cg_emitter *e, const kl_node *n, kl_cg_view *out);
+void kl_cg_read_view(kl_cg_emitter *e, const kl_value *v, kl_view *out);
+void kl_cg_write_view(kl_cg_emitter *e, const kl_node *n, kl_view *out);
 /* The device pointer of a view's first element. */
-const char *kl_cg_view_ptr(kl_cg_emitter *e, const kl_cg_view *v, char *buf, size_t len);
+const char *kl_cg_view_ptr(kl_cg_emitter *e, const kl_view *v, char *buf, size_t len);
 void kl_cg_emit_gemm(kl_cg_emitter *e, const kl_cg_gemm *g);
 /* Plan the arena (memory_plan.c): offsets into bufs, the checker, and the
  * limit (0: none), over which the error names the largest buffers alive at
@@ -122,11 +94,10 @@ int kl_cg_fail(kl_cg_emitter *e, const kl_node *n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A one-line comment naming the node, its op and output, in both streams. */
 void kl_cg_comment(kl_cg_emitter *e, const kl_node *n);
+/* Has n a scalar expression (kl_target.scalar)?  An integer div/mod or
+ * signed pow (kl_traps_zero_divisor) takes one more kernel argument, an
+ * int flag it sets when a divisor is zero. */
 bool kl_cg_is_elementwise(const kl_node *n);
-/* Integer div/mod, and signed integer pow (0 to a negative power): the
- * kernel takes one more argument, an int flag it sets when a divisor is
- * zero. */
-bool kl_cg_traps_zero_divisor(const kl_node *n);
 /* Kernel writers: each emits one kernel named `name` and its emulator
  * entry for node n.  The first two are grid-stride kernels over the
  * output's elements (kl_cg_launch); the others return their grid. */
@@ -187,16 +158,6 @@ typedef struct {
    * output may take its buffer */
   bool window_read[KL_CG_MAX_FUSED_IO];
 } kl_cg_fused_args;
-/* A float conv2d a fused kernel computes element by element (direct, no
- * im2col): it starts a group or joins one that does not make its inputs. */
-bool kl_cg_is_direct_conv(const kl_node *n);
-/* A float matmul with a short dot product that an elementwise kernel can
- * compute element by element, reading its operands around the element
- * (as a direct conv); emit_model.c decides when it pays. */
-bool kl_cg_is_direct_matmul(const kl_node *n);
-/* Inference batch_norm over axis 1 with 1-D parameters: fusible as a
- * per-channel scale and shift. */
-bool kl_cg_is_channel_affine(const kl_node *n);
 void kl_cg_fused_io(kl_node *const *nodes, int n, const bool *stored, kl_cg_fused_args *io);
 /* The members' code (one thread's element idx, after the x registers are
  * loaded); `keep` (or NULL) keeps a register for the code after. */
@@ -217,12 +178,6 @@ void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, i
  * norms: one row kernel. */
 void kl_cg_reduce_ops(const kl_node *n, const char **acc, const char **init, const char **update);
 const char *kl_cg_softmax_value(const kl_node *n, bool dbl);
-/* What a row group can hold besides elementwise nodes: 1 for a
- * reduction, 2 for softmax / log_softmax, 3 for a norm; 0 for anything
- * else. */
-int kl_cg_row_kind(const kl_node *n);
-/* How many innermost axes of its input such a node takes as one row. */
-int kl_cg_row_axes(const kl_node *n);
 /* The kernel of a row group over `shape`, a row its last `axes` dims;
  * returns its grid. */
 kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, int n,
@@ -233,21 +188,10 @@ kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, in
  * scores: the scores and the probabilities never reach memory.  pre and
  * post are chains of elementwise nodes (a scale, a mask, casts), each
  * value read by the next node only. */
-enum { KL_CG_MAX_CHAIN = 12 };
-typedef struct {
-  const kl_node *qk, *softmax, *pv;
-  kl_node *pre[KL_CG_MAX_CHAIN], *post[KL_CG_MAX_CHAIN];
-  int npre, npost;
-} kl_cg_attention;
-/* Does attention start at matmul qk?  only_reader(ctx, v) is the one node
- * that reads v (NULL: none, several, or v is a graph output). */
-bool kl_cg_match_attention(const kl_node *qk,
-                           const kl_node *(*only_reader)(void *ctx, const kl_value *v), void *ctx,
-                           kl_cg_attention *out);
 /* The kernel: io holds the inputs of pre and post first, then the bases of
  * q, k and v, and the base of out; returns the grid. */
-kl_cg_grid kl_cg_attention_kernel(FILE *f, const char *name, const kl_cg_attention *a,
-                                  const kl_cg_view *q, const kl_cg_view *k, const kl_cg_view *v,
-                                  const kl_cg_view *out, const kl_cg_fused_args *io);
+kl_cg_grid kl_cg_attention_kernel(FILE *f, const char *name, const kl_attention *a,
+                                  const kl_view *q, const kl_view *k, const kl_view *v,
+                                  const kl_view *out, const kl_cg_fused_args *io);
 
 #endif

@@ -25,69 +25,13 @@
 
 #include "codegen_impl.h"
 
-enum { MAX_KEYS = 1024, MAX_HEAD = 256, LANES = 32 };
-
-static bool is_float_value(const kl_value *v) { return kl_dtype_is_float(v->dtype); }
-
-/* An elementwise node that continues the chain at cur: it reads cur and
- * keeps the scores' shape. */
-static bool continues_chain(const kl_node *n, const kl_value *cur, const kl_shape *shape) {
-  if (!kl_cg_is_elementwise(n) || kl_cg_traps_zero_divisor(n) || n->noutputs != 1) return false;
-  if (!is_float_value(n->outputs[0]) || !kl_shape_equal(&n->outputs[0]->shape, shape)) return false;
-  for (int i = 0; i < n->ninputs; i++)
-    if (n->inputs[i] == cur) return true;
-  return false;
-}
-
-static bool is_matmul(const kl_node *n) {
-  return n->op == KL_OP_MATMUL && n->noutputs == 1 && is_float_value(n->outputs[0]) &&
-         n->inputs[0]->shape.rank >= 2 && n->inputs[1]->shape.rank >= 2;
-}
-
-bool kl_cg_match_attention(const kl_node *qk,
-                           const kl_node *(*only_reader)(void *ctx, const kl_value *v), void *ctx,
-                           kl_cg_attention *out) {
-  memset(out, 0, sizeof *out);
-  if (!is_matmul(qk)) return false;
-  const kl_value *s = qk->outputs[0];
-  const kl_shape *S = &s->shape;
-  int r = S->rank;
-  int64_t tk = S->dims[r - 1], d = qk->inputs[0]->shape.dims[qk->inputs[0]->shape.rank - 1];
-  if (kl_shape_numel(S) == 0 || tk > MAX_KEYS || d < 1 || d > MAX_HEAD) return false;
-  out->qk = qk;
-  const kl_value *cur = s;
-  const kl_node *n;
-  while ((n = only_reader(ctx, cur)) && n->op != KL_OP_SOFTMAX) {
-    if (out->npre == KL_CG_MAX_CHAIN || !continues_chain(n, cur, S)) return false;
-    out->pre[out->npre++] = (kl_node *)n;
-    cur = n->outputs[0];
-  }
-  /* over the last axis, from a float row (row kind 2 says both) */
-  if (!n || kl_cg_row_kind(n) != 2 || n->inputs[0] != cur) return false;
-  out->softmax = n;
-  cur = n->outputs[0];
-  while ((n = only_reader(ctx, cur)) && n->op != KL_OP_MATMUL) {
-    if (out->npost == KL_CG_MAX_CHAIN || !continues_chain(n, cur, S)) return false;
-    out->post[out->npost++] = (kl_node *)n;
-    cur = n->outputs[0];
-  }
-  if (!n || !is_matmul(n) || n->inputs[0] != cur || n->inputs[1] == cur) return false;
-  /* V is [.., keys, dv]; the output has the scores' batch dims (V only
-   * broadcasts into them), so one row of scores makes one output row */
-  const kl_value *v = n->inputs[1], *o = n->outputs[0];
-  int64_t dv = v->shape.dims[v->shape.rank - 1];
-  if (v->shape.dims[v->shape.rank - 2] != tk || dv < 1 || dv > MAX_HEAD || o->shape.rank != r ||
-      v->dtype != o->dtype || cur->dtype != o->dtype)
-    return false;
-  for (int i = 0; i < r - 2; i++)
-    if (o->shape.dims[i] != S->dims[i]) return false;
-  out->pv = n;
-  return true;
-}
+/* The limits (1024 keys, heads of 256) are kl_cg_target's; a lane keeps
+ * 1024 / 32 scores. */
+enum { LANES = 32 };
 
 /* Strides of view v over the output's nb batch dims (aligned from the
  * right; 0 where v broadcasts). */
-static void batch_strides(const kl_cg_view *v, int nb, int64_t *st) {
+static void batch_strides(const kl_view *v, int nb, int64_t *st) {
   int vb = v->shape.rank - 2;
   for (int d = 0; d < nb; d++) {
     int vd = d - (nb - vb);
@@ -125,9 +69,9 @@ static void load_chain_inputs(FILE *f, kl_node *const *nodes, int n, const kl_cg
   }
 }
 
-kl_cg_grid kl_cg_attention_kernel(FILE *f, const char *name, const kl_cg_attention *a,
-                                  const kl_cg_view *q, const kl_cg_view *k, const kl_cg_view *v,
-                                  const kl_cg_view *out, const kl_cg_fused_args *io) {
+kl_cg_grid kl_cg_attention_kernel(FILE *f, const char *name, const kl_attention *a,
+                                  const kl_view *q, const kl_view *k, const kl_view *v,
+                                  const kl_view *out, const kl_cg_fused_args *io) {
   typedef long long ll;
   const kl_value *s = a->qk->outputs[0], *x = a->softmax->inputs[0], *p = a->softmax->outputs[0];
   const kl_value *pl = a->pv->inputs[0], *y = a->pv->outputs[0];

@@ -13,51 +13,6 @@ static bool is_member(kl_node *const *nodes, int n, const kl_node *x) {
   return false;
 }
 
-bool kl_cg_is_channel_affine(const kl_node *n) {
-  if (n->op != KL_OP_BATCH_NORM || n->ninputs != 5 || n->noutputs != 1) return false;
-  const kl_value *x = n->inputs[0];
-  if (!kl_dtype_is_float(x->dtype) || x->shape.rank < 2) return false;
-  for (int i = 1; i < 5; i++) {
-    const kl_value *p = n->inputs[i];
-    if (!kl_dtype_is_float(p->dtype) || p->shape.rank != 1 || p->shape.dims[0] != x->shape.dims[1])
-      return false;
-  }
-  return true;
-}
-
-/* The longest dot product (input channels per group x window) a direct
- * convolution takes; longer ones go to im2col + cuBLAS, whose tiled GEMM
- * reuses each loaded value many times where the direct kernel relies on
- * the caches.  A guess, not yet a measurement: no GPU has run it. */
-enum { DIRECT_CONV_MAX_K = 1152 };
-
-bool kl_cg_is_direct_conv(const kl_node *n) {
-  if (n->op != KL_OP_CONV2D || n->noutputs != 1) return false;
-  const kl_value *x = n->inputs[0], *w = n->inputs[1], *y = n->outputs[0];
-  return kl_dtype_is_float(y->dtype) && x->dtype == y->dtype && w->dtype == y->dtype &&
-         (n->ninputs < 3 || n->inputs[2]->dtype == y->dtype) && x->shape.rank == 4 &&
-         w->shape.rank == 4 && kl_shape_numel(&y->shape) > 0 &&
-         w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3] <= DIRECT_CONV_MAX_K;
-}
-
-/* The longest dot product a GEMM computed inside an elementwise kernel
- * takes.  A guess from the roofline, not a measurement (no GPU has run
- * it): a thread per output reads a row of A (the same address across a
- * warp) and a column of B (adjacent across it), about half the FP32 peak;
- * cuBLAS's tiles do better, and once K passes ~128 the GEMM's time
- * outweighs the store and load of the result that fusing saves. */
-enum { DIRECT_MATMUL_MAX_K = 128 };
-
-bool kl_cg_is_direct_matmul(const kl_node *n) {
-  if (n->op != KL_OP_MATMUL || n->noutputs != 1) return false;
-  const kl_value *a = n->inputs[0], *b = n->inputs[1], *y = n->outputs[0];
-  /* f32 and f64 only: f16 and bf16 GEMMs belong on the tensor cores */
-  return (y->dtype == KL_F32 || y->dtype == KL_F64) && a->dtype == y->dtype &&
-         b->dtype == y->dtype && a->shape.rank >= 2 && b->shape.rank >= 2 &&
-         kl_shape_numel(&y->shape) > 0 && a->shape.dims[a->shape.rank - 1] >= 1 &&
-         a->shape.dims[a->shape.rank - 1] <= DIRECT_MATMUL_MAX_K;
-}
-
 void kl_cg_fused_io(kl_node *const *nodes, int n, const bool *stored, kl_cg_fused_args *io) {
   io->nin = io->nout = 0;
   for (int m = 0; m < n; m++) {
@@ -75,8 +30,8 @@ void kl_cg_fused_io(kl_node *const *nodes, int n, const bool *stored, kl_cg_fuse
       }
       /* a batch_norm's parameters are read by channel, a convolution's
        * operands by window */
-      if (kl_cg_is_direct_conv(nd) || nd->op == KL_OP_MATMUL) io->window_read[k] = true;
-      else if (!(kl_cg_is_channel_affine(nd) && i > 0)) io->elementwise_read[k] = true;
+      if (nd->op == KL_OP_CONV2D || nd->op == KL_OP_MATMUL) io->window_read[k] = true;
+      else if (!(kl_is_channel_affine(nd) && i > 0)) io->elementwise_read[k] = true;
     }
     if (stored[nd->outputs[0]->id] && io->nout < KL_CG_MAX_FUSED_IO)
       io->out[io->nout++] = nd->outputs[0];
@@ -283,11 +238,11 @@ void kl_cg_fused_members(FILE *f, kl_node *const *nodes, int n, const kl_cg_fuse
   for (int m = 0; m < n; m++) {
     const kl_node *nd = nodes[m];
     const kl_value *out = nd->outputs[0];
-    if (kl_cg_is_channel_affine(nd)) {
+    if (kl_is_channel_affine(nd)) {
       channel_affine(f, nd, io, out == keep || read_later(nodes, n, m, out), idx, store);
       continue;
     }
-    if (kl_cg_is_direct_conv(nd)) {
+    if (nd->op == KL_OP_CONV2D) { /* only direct ones join a group */
       direct_conv(f, nd, io, out == keep || read_later(nodes, n, m, out), idx, store);
       continue;
     }
@@ -401,7 +356,7 @@ void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, i
   /* a convolution's (or a GEMM's) dot product is the work, not the loads: no float4
    * copy of it (four inlined copies would only slow NVRTC down) */
   bool conv = false;
-  for (int m = 0; m < n; m++) conv |= kl_cg_is_direct_conv(nodes[m]) || nodes[m]->op == KL_OP_MATMUL;
+  for (int m = 0; m < n; m++) conv |= nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL;
   if (vectorizable(shape) && !conv) vector_path(f, nodes, n, io, shape);
   kl_cg_grid_stride_loop(f, numel);
   /* offsets for the inputs read element for element (o0.. in their order) */

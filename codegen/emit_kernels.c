@@ -224,18 +224,12 @@ static void entry(FILE *f, const char *name, const kl_value *const *ins, int nin
   fprintf(f, ", KL_ARG(%s *, %d));\n\n", kl_cg_storage(out->dtype), nins);
 }
 
-bool kl_cg_traps_zero_divisor(const kl_node *n) {
-  kl_dtype t = n->inputs[0]->dtype;
-  if (n->op == KL_OP_POW) return kl_dtype_is_int(t) && !kl_dtype_is_unsigned(t); /* 0 ** -1 */
-  return (n->op == KL_OP_DIV || n->op == KL_OP_MOD) && !kl_dtype_is_float(t);
-}
-
 void kl_cg_elementwise(FILE *f, const char *name, const kl_node *n) {
   const kl_value *out = n->outputs[0];
   const char *ct = kl_cg_compute_type(operand_dtype(n));
   /* Integer division by zero is an error in the interpreter; a kernel
    * cannot stop, so it raises a flag that run() checks afterwards. */
-  bool flag = kl_cg_traps_zero_divisor(n);
+  bool flag = kl_traps_zero_divisor(n);
   char buf[256];
   const char *expr = expression(n, ct, buf, sizeof buf);
   char shape[160];

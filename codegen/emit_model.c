@@ -23,12 +23,11 @@ typedef struct {
 
 typedef struct {
   const kl_graph *g;
+  const kl_plan *p;       /* the passes' decisions: groups, GEMMs, views */
   kl_error *err;
   location *loc;      /* per value id */
   unsigned char *params;
   size_t param_bytes, arena_bytes;
-  kl_node **order;
-  bool *live;
   int nkernels, ngemms, nlaunches;
   /* The memory plan: arena buffers (values first, then scratch) whose
    * offsets are names in run() until kl_memplan decides them. */
@@ -38,37 +37,13 @@ typedef struct {
   const kl_node **at_step; /* per step */
   kl_memplan_stats mem;
   size_t mem_limit;       /* 0: none */
-  kl_fusion fusion;       /* the groups, one kernel each */
-  double passes_ms;       /* schedule, folding, fusion, memory plan */
+  double passes_ms;       /* the pipeline's, and the memory plan's */
   int *step_group;        /* per step: its group */
   bool *alias;            /* per node id: its output is its input's buffer */
-  bool *folded;           /* per node id: computed now, from weights alone */
-  kl_tensor **known;      /* per value id: weights and folded values, while placing */
   size_t dram_bytes;
-  bool fusion_enabled;    /* not --no-fuse */
   /* the profiler's steps: those that launch something */
   int step_launches, nprofile, cap_profile;
   struct profile_step { char name[96]; int launches; size_t bytes; } *profile;
-  /* GEMM epilogues: per GEMM node id, the bias and residual it adds, relu,
-   * and the last node of the chain (whose output it writes); per node id,
-   * an epilogue node whose output has no buffer (all but the last) */
-  const kl_value **epi_bias, **epi_residual;
-  bool *epi_relu, *epi_inner;
-  const kl_node **epi_last;
-  /* views.c: per node id, a movement node whose outputs are views read by
-   * GEMMs, and a node with no kernel of its own (a transpose a GEMM writes
-   * through, an epilogue node); per matmul node id, the transpose it
-   * writes through (else NULL); per value id, how it is read */
-  bool *view_node, *absorbed;
-  /* attention (emit_attention.c): per node id, the first matmul of the
-   * attention it belongs to (else NULL); at that matmul's id, the match */
-  const kl_node **attn_head;
-  kl_cg_attention *attn;
-  /* per node id: a matmul computed inside an elementwise kernel, with the
-   * elementwise work after it that cuBLASLt's epilogues cannot do */
-  bool *direct;
-  const kl_node **writes_into;
-  kl_cg_view *view;
 } cg_ctx;
 
 static size_t value_bytes(const kl_value *v) {
@@ -123,351 +98,6 @@ static bool is_alias(const cg_ctx *c, const kl_node *n) {
          kl_shape_numel(&in->shape) == kl_shape_numel(&out->shape);
 }
 
-/* Constant folding: a node computed from weights and constants alone
- * (a causal mask, a scale) is evaluated at compile time by the
- * interpreter, and its result stored with the weights.  Small inputs only,
- * so compile time stays short, and no result larger than its inputs, so
- * the weights do not grow (an expand of a scalar stays a kernel). */
-enum { FOLD_MAX_INPUT_ELEMENTS = 1 << 16 };
-
-static void choose_folded(cg_ctx *c) {
-  const kl_graph *g = c->g;
-  for (int i = 0; i < g->nodes.len; i++) {
-    const kl_node *n = c->order[i];
-    if (!c->live[n->id]) continue;
-    if (n->op == KL_OP_CONSTANT) {
-      c->folded[n->id] = true;
-      continue;
-    }
-    size_t in_bytes = 0, out_bytes = 0;
-    int64_t elements = 0;
-    bool fold = n->ninputs > 0;
-    for (int k = 0; k < n->ninputs && fold; k++) {
-      const kl_value *v = n->inputs[k];
-      fold = v->kind == KL_VAL_PARAM || v->kind == KL_VAL_CONST ||
-             (v->kind == KL_VAL_NODE && c->folded[v->producer->id]);
-      in_bytes += value_bytes(v);
-      elements += kl_shape_numel(&v->shape);
-    }
-    for (int k = 0; k < n->noutputs; k++) out_bytes += value_bytes(n->outputs[k]);
-    c->folded[n->id] = fold && elements <= FOLD_MAX_INPUT_ELEMENTS && out_bytes <= in_bytes;
-  }
-}
-
-/* ---- views: movement nodes that GEMMs read through (views.c) ----------- */
-static bool is_float_matmul(const kl_node *n) {
-  return n->op == KL_OP_MATMUL && kl_dtype_is_float(n->outputs[0]->dtype) &&
-         n->inputs[0]->shape.rank >= 2 && n->inputs[1]->shape.rank >= 2;
-}
-
-/* The view of every value under the current choice of view nodes. */
-static void compute_views(cg_ctx *c) {
-  const kl_graph *g = c->g;
-  for (int v = 0; v < g->values.len; v++) kl_cg_view_identity(g->values.items[v], &c->view[v]);
-  for (int i = 0; i < g->nodes.len; i++) {
-    const kl_node *n = c->order[i];
-    if (!c->view_node[n->id]) continue;
-    for (int k = 0; k < n->noutputs; k++) {
-      kl_cg_view out;
-      if (kl_cg_view_apply(n, k, &c->view[n->inputs[0]->id], &out))
-        c->view[n->outputs[k]->id] = out;
-      else
-        c->view_node[n->id] = false; /* a reshape across strides: a copy after all */
-    }
-  }
-}
-
-/* The matmul's result: its own buffer, the transpose it writes through,
- * or the last node of its epilogue. */
-static void result_view(const cg_ctx *c, const kl_node *mm, kl_cg_view *out) {
-  const kl_node *t = c->writes_into[mm->id];
-  kl_cg_view_identity(c->epi_last[mm->id] ? c->epi_last[mm->id]->outputs[0] : mm->outputs[0], out);
-  if (!t) return;
-  /* out[i] = y[perm[i]]: y's dim perm[i] steps by the output's stride i */
-  kl_cg_view tv;
-  kl_cg_view_identity(t->outputs[0], &tv);
-  const int64_t *perm;
-  int r = out->shape.rank, np = kl_attr_ints(t, "perm", &perm);
-  out->base = t->outputs[0];
-  for (int i = 0; i < r; i++) {
-    int64_t p = np == r ? perm[i] : r - 1 - i;
-    if (p < 0) p += r;
-    out->strides[p] = tv.strides[i];
-  }
-}
-
-/* Does matmul mm take its operands and result as one GEMM call? */
-static bool matmul_fits(const cg_ctx *c, const kl_node *mm) {
-  kl_cg_view cv;
-  kl_cg_mm_layout L;
-  result_view(c, mm, &cv);
-  return kl_cg_matmul_layout(&c->view[mm->inputs[0]->id], &c->view[mm->inputs[1]->id], &cv, &L);
-}
-
-/* Node n reads value v as a view: n is a view node itself, or a matmul
- * whose GEMM takes the view. */
-static bool in_group(const cg_ctx *c, const kl_node *n) {
-  return c->fusion.groups[c->fusion.group_of[n->id]].count > 1;
-}
-
-static bool reads_as_view(const cg_ctx *c, const kl_node *n) {
-  return c->view_node[n->id] || (is_float_matmul(n) && !in_group(c, n) &&
-                                 (c->attn_head[n->id] || matmul_fits(c, n)));
-}
-
-/* ---- GEMM epilogues ------------------------------------------------------
- * What cuBLASLt (and the host BLAS wrapper) compute inside the GEMM call:
- * act(A @ B + bias + residual).  A matmul takes the add of a row vector
- * (bias), the add of a tensor of its result's shape made before it
- * (residual) and a relu, in that order or with the adds swapped, while
- * each value in between has no other reader. */
-static const kl_node *only_reader(const cg_ctx *c, const kl_value *v) {
-  const kl_node *only = NULL;
-  int count = 0;
-  if (v->is_output) return NULL;
-  for (int j = 0; j < c->g->nodes.len; j++) {
-    const kl_node *r = c->order[j];
-    if (!c->live[r->id] || c->folded[r->id]) continue;
-    for (int q = 0; q < r->ninputs; q++)
-      if (r->inputs[q] == v) only = r, count++;
-  }
-  return count == 1 ? only : NULL;
-}
-
-static const kl_node *only_reader_cb(void *ctx, const kl_value *v) { return only_reader(ctx, v); }
-
-/* Attention: its nodes after the first matmul run in one kernel at the
- * second matmul's step, as a GEMM's epilogue does (and are pinned out of
- * other groups the same way). */
-static void choose_attention(cg_ctx *c) {
-  for (int i = 0; i < c->g->nodes.len; i++) {
-    const kl_node *qk = c->order[i];
-    kl_cg_attention a;
-    if (!c->live[qk->id] || c->folded[qk->id] || c->attn_head[qk->id] ||
-        !kl_cg_match_attention(qk, only_reader_cb, c, &a))
-      continue;
-    int extra = 0; /* the chains' inputs from outside, bounded by the kernel's arguments */
-    for (int m = 0; m < a.npre; m++) extra += a.pre[m]->ninputs - 1;
-    for (int m = 0; m < a.npost; m++) extra += a.post[m]->ninputs - 1;
-    if (extra > KL_CG_MAX_FUSED_IO - 4) continue;
-    const kl_node *inner[2 * KL_CG_MAX_CHAIN + 1];
-    int n = 0;
-    for (int m = 0; m < a.npre; m++) inner[n++] = a.pre[m];
-    inner[n++] = a.softmax;
-    for (int m = 0; m < a.npost; m++) inner[n++] = a.post[m];
-    /* two score products added before one softmax: the first takes it,
-     * the second stays a GEMM whose result the kernel reads */
-    bool taken = c->attn_head[a.pv->id] || c->absorbed[a.pv->id];
-    for (int m = 0; m < n; m++) taken |= c->attn_head[inner[m]->id] || c->absorbed[inner[m]->id];
-    if (taken) continue;
-    c->attn[qk->id] = a;
-    for (int m = 0; m < n; m++) {
-      c->attn_head[inner[m]->id] = qk;
-      c->absorbed[inner[m]->id] = c->epi_inner[inner[m]->id] = true;
-    }
-    c->attn_head[qk->id] = c->attn_head[a.pv->id] = qk;
-    c->absorbed[a.pv->id] = true;
-    c->epi_last[qk->id] = a.pv;
-  }
-}
-
-/* A matmul is direct when it is short (kl_cg_is_direct_matmul), reads
- * values that are no views, and after the bias, residual and relu that
- * cuBLASLt's epilogues take (single readers of its shape), its result goes
- * on to elementwise work they cannot do (a GELU, spelled out or not): with
- * cuBLAS that work would read the GEMM's result back from memory; in one
- * kernel the result never goes there. */
-static bool fusible_in_rows(const kl_node *n);
-
-static bool is_epilogue_op(const kl_node *n, const kl_value *cur) {
-  return n->op == KL_OP_RELU ||
-         (n->op == KL_OP_ADD && (n->inputs[0] == cur) != (n->inputs[1] == cur));
-}
-
-/* Do all of v's readers (one at least) fuse with it element for element
- * (none taken by an attention or a GEMM's epilogue)? */
-static bool readers_fuse(const cg_ctx *c, const kl_value *v) {
-  int count = 0;
-  for (int j = 0; j < c->g->nodes.len; j++) {
-    const kl_node *r = c->order[j];
-    if (!c->live[r->id] || c->folded[r->id]) continue;
-    for (int q = 0; q < r->ninputs; q++) {
-      if (r->inputs[q] != v) continue;
-      if (c->absorbed[r->id] || !fusible_in_rows(r) || r->noutputs != 1 ||
-          !kl_shape_equal(&r->outputs[0]->shape, &v->shape))
-        return false;
-      count++;
-    }
-  }
-  return count > 0;
-}
-
-static bool pays_direct(const cg_ctx *c, const kl_node *mm) {
-  for (int k = 0; k < 2; k++) {
-    const kl_node *p = mm->inputs[k]->producer;
-    if (p && kl_cg_view_op(p)) return false;
-  }
-  const kl_value *cur = mm->outputs[0];
-  for (;;) {
-    const kl_node *r = only_reader(c, cur);
-    if (!r || c->absorbed[r->id] || !is_epilogue_op(r, cur) ||
-        !kl_shape_equal(&r->outputs[0]->shape, &cur->shape))
-      return readers_fuse(c, cur);
-    cur = r->outputs[0];
-  }
-}
-
-/* Before the epilogues are chosen; then again (recheck) after, when one
- * may have taken a node a direct GEMM counted on: that GEMM goes back to
- * cuBLAS, and the next round of epilogues gives it its own.  Returns
- * whether a recheck sent one back. */
-static bool choose_direct(cg_ctx *c, bool recheck) {
-  bool changed = false;
-  for (int i = 0; i < c->g->nodes.len; i++) {
-    const kl_node *mm = c->order[i];
-    if (recheck) {
-      if (c->direct[mm->id] && !pays_direct(c, mm)) c->direct[mm->id] = false, changed = true;
-    } else if (c->live[mm->id] && !c->folded[mm->id] && !c->attn_head[mm->id] &&
-               kl_cg_is_direct_matmul(mm)) {
-      c->direct[mm->id] = pays_direct(c, mm);
-    }
-  }
-  return changed;
-}
-
-/* The GEMM whose epilogue ends at node n, or NULL. */
-static const kl_node *epilogue_gemm(const cg_ctx *c, const kl_node *n) {
-  if (!c->absorbed[n->id] || c->epi_inner[n->id] || n->op == KL_OP_TRANSPOSE) return NULL;
-  for (int i = 0; i < c->g->nodes.len; i++)
-    if (c->epi_last[c->order[i]->id] == n) return c->order[i];
-  return NULL;
-}
-
-/* (The GEMM runs at the last node of its epilogue, so a residual made
- * anywhere before that is there.) */
-static void choose_epilogues(cg_ctx *c) {
-  const kl_graph *g = c->g;
-  int nn = g->nodes.len;
-  for (int i = 0; i < nn; i++) {
-    const kl_node *mm = c->order[i];
-    if (!c->live[mm->id] || c->folded[mm->id] || !is_float_matmul(mm) || c->attn_head[mm->id] ||
-        c->direct[mm->id])
-      continue;
-    const kl_value *y = mm->outputs[0];
-    int64_t n = y->shape.dims[y->shape.rank - 1];
-    const kl_value *cur = y;
-    for (;;) {
-      const kl_node *r = only_reader(c, cur);
-      /* (a node in another GEMM's chain already stays there: with two
-       * GEMMs meeting in an add, the first to reach it takes it) */
-      if (!r || c->absorbed[r->id] || r->outputs[0]->dtype != y->dtype ||
-          !kl_shape_equal(&r->outputs[0]->shape, &y->shape))
-        break;
-      if (c->epi_relu[mm->id]) break; /* the activation comes last */
-      if (r->op == KL_OP_RELU) {
-        c->epi_relu[mm->id] = true;
-      } else if (r->op == KL_OP_ADD && (r->inputs[0] == cur) != (r->inputs[1] == cur)) {
-        const kl_value *other = r->inputs[r->inputs[0] == cur ? 1 : 0];
-        bool row = kl_shape_numel(&other->shape) == n && other->shape.rank >= 1 &&
-                   other->shape.dims[other->shape.rank - 1] == n;
-        if (other->dtype != y->dtype) break;
-        if (row && !c->epi_bias[mm->id] && other->shape.rank <= y->shape.rank)
-          c->epi_bias[mm->id] = other;
-        else if (kl_shape_equal(&other->shape, &y->shape) && !c->epi_residual[mm->id])
-          c->epi_residual[mm->id] = other;
-        else
-          break;
-      } else {
-        break;
-      }
-      if (c->epi_last[mm->id]) c->epi_inner[c->epi_last[mm->id]->id] = true;
-      c->epi_last[mm->id] = r;
-      c->absorbed[r->id] = true;
-      cur = r->outputs[0];
-    }
-  }
-}
-
-/* Start from every movement node a view, then drop those read by anything
- * that is not a view or a fitting GEMM, until nothing changes: what is left
- * is a set of chains from a stored value into GEMM operands.  Then let each
- * matmul whose one reader is a transpose write through it. */
-static void choose_views(cg_ctx *c) {
-  const kl_graph *g = c->g;
-  int nn = g->nodes.len;
-  for (int i = 0; i < nn; i++) {
-    const kl_node *n = c->order[i];
-    c->view_node[n->id] = c->live[n->id] && !c->folded[n->id] && kl_cg_view_op(n) &&
-                          c->fusion.groups[c->fusion.group_of[n->id]].count == 1;
-  }
-  for (bool changed = true; changed;) {
-    changed = false;
-    compute_views(c);
-    for (int i = 0; i < nn; i++) {
-      const kl_node *n = c->order[i];
-      if (!c->view_node[n->id]) continue;
-      bool ok = true;
-      for (int k = 0; k < n->noutputs && ok; k++) {
-        const kl_value *o = n->outputs[k];
-        int nreaders = 0;
-        ok = !o->is_output;
-        for (int j = 0; j < nn && ok; j++) {
-          const kl_node *r = c->order[j];
-          if (!c->live[r->id] || c->folded[r->id]) continue;
-          for (int q = 0; q < r->ninputs && ok; q++)
-            if (r->inputs[q] == o) ok = reads_as_view(c, r), nreaders++;
-        }
-        ok = ok && nreaders > 0;
-      }
-      if (!ok) c->view_node[n->id] = false, changed = true;
-    }
-  }
-  /* matmul -> transpose: the GEMM writes the transposed result */
-  for (int i = 0; i < nn; i++) {
-    const kl_node *mm = c->order[i];
-    if (!c->live[mm->id] || c->folded[mm->id] || !is_float_matmul(mm) || mm->outputs[0]->is_output ||
-        in_group(c, mm))
-      continue;
-    const kl_node *only = NULL;
-    int nreaders = 0;
-    for (int j = 0; j < nn; j++) {
-      const kl_node *r = c->order[j];
-      if (!c->live[r->id] || c->folded[r->id]) continue;
-      for (int q = 0; q < r->ninputs; q++)
-        if (r->inputs[q] == mm->outputs[0]) only = r, nreaders++;
-    }
-    if (nreaders != 1 || only->op != KL_OP_TRANSPOSE || c->view_node[only->id] ||
-        only->outputs[0]->dtype != mm->outputs[0]->dtype)
-      continue;
-    c->writes_into[mm->id] = only;
-    if (c->attn_head[mm->id] || matmul_fits(c, mm)) c->absorbed[only->id] = true;
-    else c->writes_into[mm->id] = NULL;
-  }
-  compute_views(c);
-}
-
-static int fold_node(cg_ctx *c, const kl_node *n) {
-  kl_tensor *in[64] = {0}, *out[16] = {0};
-  if (n->ninputs > 64 || n->noutputs > 16)
-    return kl_fail(c->err, n->loc, "internal error: %s (node '%s') has too many operands to fold",
-                   kl_ops[n->op].name, n->name);
-  for (int k = 0; k < n->ninputs; k++) in[k] = c->known[n->inputs[k]->id];
-  for (int k = 0; k < n->noutputs; k++)
-    out[k] = kl_tensor_new(n->outputs[k]->dtype, &n->outputs[k]->shape);
-  int rc = kl_ops[n->op].eval(n, in, out, c->err);
-  for (int k = 0; k < n->noutputs; k++) {
-    kl_tensor *t = out[k];
-    if (!rc) {
-      for (int64_t e = 0; e < t->numel; e++) t->data[e] = kl_dtype_round(t->dtype, t->data[e]);
-      add_param(c, n->outputs[k], t);
-      c->known[n->outputs[k]->id] = t;
-    } else {
-      kl_tensor_free(t);
-    }
-  }
-  return rc;
-}
-
 static int place_values(cg_ctx *c) {
   const kl_graph *g = c->g;
   for (int i = 0; i < g->inputs.len; i++) c->loc[g->inputs.items[i]->id] = (location){LOC_INPUT, 0, i};
@@ -475,7 +105,7 @@ static int place_values(cg_ctx *c) {
    * input, a weight or a constant is read back from where it lives. */
   for (int i = 0; i < g->outputs.len; i++) {
     const kl_value *v = g->outputs.items[i];
-    if (v->kind == KL_VAL_NODE && !c->folded[v->producer->id])
+    if (v->kind == KL_VAL_NODE && !c->p->folded[v->producer->id])
       c->loc[v->id] = (location){LOC_OUTPUT, 0, i};
   }
   for (int i = 0; i < g->params.len; i++) {
@@ -483,21 +113,21 @@ static int place_values(cg_ctx *c) {
     const kl_value *v = g->params.items[i];
     if (kl_value_materialize(v, &t, c->err)) return -1;
     add_param(c, v, t);
-    c->known[v->id] = t;
+    kl_tensor_free(t);
   }
   for (int i = 0; i < g->nodes.len; i++) {
-    const kl_node *n = c->order[i];
-    if (!c->live[n->id]) continue;
-    if (c->folded[n->id]) { /* evaluated now, stored with the weights */
-      if (fold_node(c, n)) return -1;
+    const kl_node *n = c->p->order[i];
+    if (!c->p->live[n->id]) continue;
+    if (c->p->folded[n->id]) { /* evaluated by the fold pass, stored with the weights */
+      for (int k = 0; k < n->noutputs; k++) add_param(c, n->outputs[k], c->p->known[n->outputs[k]->id]);
       continue;
     }
     /* views and a matmul's result written through a transpose: no buffer */
-    if (c->view_node[n->id]) {
+    if (c->p->view_node[n->id]) {
       for (int k = 0; k < n->noutputs; k++) c->loc[n->outputs[k]->id] = (location){LOC_VIEW, 0, 0};
       continue;
     }
-    if (c->writes_into[n->id] || c->epi_last[n->id] || c->epi_inner[n->id]) {
+    if (c->p->writes_into[n->id] || c->p->epi_last[n->id] || c->p->epi_inner[n->id]) {
       c->loc[n->outputs[0]->id] = (location){LOC_VIEW, 0, 0};
       continue;
     }
@@ -510,10 +140,10 @@ static int place_values(cg_ctx *c) {
     }
     /* an arena buffer each: plan_memory gives them offsets; a value that
      * stays inside its fused kernel needs none */
-    bool fused = c->fusion.groups[c->fusion.group_of[n->id]].count > 1;
+    bool fused = c->p->fusion.groups[c->p->fusion.group_of[n->id]].count > 1;
     for (int k = 0; k < n->noutputs; k++) {
       kl_value *v = n->outputs[k];
-      if (c->loc[v->id].kind != LOC_NONE || (fused && !c->fusion.stored[v->id])) continue;
+      if (c->loc[v->id].kind != LOC_NONE || (fused && !c->p->fusion.stored[v->id])) continue;
       c->loc[v->id] = (location){LOC_ARENA, 0, add_buf(c, v->name, value_bytes(v))};
     }
   }
@@ -571,15 +201,15 @@ const char *kl_cg_ptr(kl_cg_emitter *e, const kl_value *v, char *buf, size_t len
   return ptr_expr(e->c, v, buf, len);
 }
 
-void kl_cg_read_view(kl_cg_emitter *e, const kl_value *v, kl_cg_view *out) {
-  *out = e->c->view[v->id];
+void kl_cg_read_view(kl_cg_emitter *e, const kl_value *v, kl_view *out) {
+  *out = e->c->p->view[v->id];
 }
 
-void kl_cg_write_view(kl_cg_emitter *e, const kl_node *n, kl_cg_view *out) {
-  result_view(e->c, n, out);
+void kl_cg_write_view(kl_cg_emitter *e, const kl_node *n, kl_view *out) {
+  kl_plan_result_view(e->c->p, n, out);
 }
 
-const char *kl_cg_view_ptr(kl_cg_emitter *e, const kl_cg_view *v, char *buf, size_t len) {
+const char *kl_cg_view_ptr(kl_cg_emitter *e, const kl_view *v, char *buf, size_t len) {
   char base[160];
   kl_cg_ptr(e, v->base, base, sizeof base);
   if (!v->offset) snprintf(buf, len, "%s", base);
@@ -590,16 +220,16 @@ const char *kl_cg_view_ptr(kl_cg_emitter *e, const kl_cg_view *v, char *buf, siz
 
 void kl_cg_gemm_epilogue(kl_cg_emitter *e, const kl_node *n, kl_cg_gemm *g, char bufs[2][160]) {
   cg_ctx *c = e->c;
-  if (c->epi_bias[n->id]) {
-    g->bias = kl_cg_ptr(e, c->epi_bias[n->id], bufs[0], 160);
-    c->dram_bytes += value_bytes(c->epi_bias[n->id]);
+  if (c->p->epi_bias[n->id]) {
+    g->bias = kl_cg_ptr(e, c->p->epi_bias[n->id], bufs[0], 160);
+    c->dram_bytes += value_bytes(c->p->epi_bias[n->id]);
   }
-  if (c->epi_residual[n->id]) {
-    g->c_in = kl_cg_ptr(e, c->epi_residual[n->id], bufs[1], 160);
+  if (c->p->epi_residual[n->id]) {
+    g->c_in = kl_cg_ptr(e, c->p->epi_residual[n->id], bufs[1], 160);
     g->beta = 1;
-    c->dram_bytes += value_bytes(c->epi_residual[n->id]);
+    c->dram_bytes += value_bytes(c->p->epi_residual[n->id]);
   }
-  g->relu = c->epi_relu[n->id];
+  g->relu = c->p->epi_relu[n->id];
 }
 
 void kl_cg_count_dram(kl_cg_emitter *e, size_t bytes) { e->c->dram_bytes += bytes; }
@@ -754,8 +384,8 @@ static void choose_in_place(cg_ctx *c) {
   bool *taken = calloc((size_t)c->nbufs + 1, sizeof *taken);
   if (!taken) abort();
   for (int s = 0; s < c->nsteps; s++) {
-    const kl_group *gr = &c->fusion.groups[c->step_group[s]];
-    kl_node *const *members = c->fusion.nodes + gr->first;
+    const kl_group *gr = &c->p->fusion.groups[c->step_group[s]];
+    kl_node *const *members = c->p->fusion.nodes + gr->first;
     kl_cg_fused_args io;
     if (gr->count == 1) {
       const kl_node *n = members[0];
@@ -764,7 +394,7 @@ static void choose_in_place(cg_ctx *c) {
       for (int k = 0; k < n->ninputs && k < KL_CG_MAX_FUSED_IO; k++) io.in[io.nin++] = n->inputs[k];
       io.out[io.nout++] = n->outputs[0];
     } else {
-      kl_cg_fused_io(members, gr->count, c->fusion.stored, &io);
+      kl_cg_fused_io(members, gr->count, c->p->fusion.stored, &io);
       /* The kernel's pointers are __restrict__, so the compiler may move a
        * load past a store to another pointer.  With one output, every load
        * feeds that store and must come first; with more, an input loaded
@@ -829,25 +459,12 @@ static void write_offsets(FILE *f, const cg_ctx *c) {
   fprintf(f, "\n");
 }
 
-/* Nodes an elementwise kernel can take together: those with a scalar
- * expression, except integer division and the like, whose kernels raise
- * an error flag of their own. */
-static bool fusible_in_rows(const kl_node *n) {
-  return kl_cg_is_elementwise(n) && !kl_cg_traps_zero_divisor(n);
-}
-
-/* ... and, in elementwise kernels, inference batch_norm too: a per-channel
- * scale and shift (conv -> batch_norm -> relu becomes GEMM + one kernel). */
-static bool fusible_elementwise(const kl_node *n) {
-  return fusible_in_rows(n) || kl_cg_is_channel_affine(n) || kl_cg_is_direct_conv(n);
-}
-
 /* A group of two or more nodes: one elementwise or row kernel. */
 static void emit_fused_group(kl_cg_emitter *e, const kl_group *gr, kl_node *const *members,
                              int count) {
   cg_ctx *c = e->c;
   kl_cg_fused_args io;
-  kl_cg_fused_io(members, count, c->fusion.stored, &io);
+  kl_cg_fused_io(members, count, c->p->fusion.stored, &io);
   char name[32], bufs[2 * KL_CG_MAX_FUSED_IO][160], shape[160];
   const char *args[2 * KL_CG_MAX_FUSED_IO];
   int k = kl_cg_new_kernel(e, name, sizeof name), na = 0;
@@ -872,23 +489,23 @@ static void emit_fused_group(kl_cg_emitter *e, const kl_group *gr, kl_node *cons
 
 /* An attention (emit_attention.c) at its second matmul's step: the
  * chains' inputs, then the bases of Q, K and V; the output's base. */
-static void emit_attention(kl_cg_emitter *e, const kl_cg_attention *a) {
+static void emit_attention(kl_cg_emitter *e, const kl_attention *a) {
   cg_ctx *c = e->c;
   kl_cg_fused_args io;
   memset(&io, 0, sizeof io);
-  kl_node *chain[2 * KL_CG_MAX_CHAIN];
+  kl_node *chain[2 * KL_MAX_CHAIN];
   int n = 0;
   for (int m = 0; m < a->npre; m++) chain[n++] = a->pre[m];
   for (int m = 0; m < a->npost; m++) chain[n++] = a->post[m];
   for (int m = 0; m < n; m++)
     for (int i = 0; i < chain[m]->ninputs; i++) {
       const kl_value *v = chain[m]->inputs[i];
-      if (v->producer && c->attn_head[v->producer->id] == a->qk) continue; /* made inside */
+      if (v->producer && c->p->attn_head[v->producer->id] == a->qk) continue; /* made inside */
       int k = 0;
       while (k < io.nin && io.in[k] != v) k++;
       if (k == io.nin) io.in[io.nin++] = v, c->dram_bytes += value_bytes(v);
     }
-  kl_cg_view q, k, v, out;
+  kl_view q, k, v, out;
   kl_cg_read_view(e, a->qk->inputs[0], &q);
   kl_cg_read_view(e, a->qk->inputs[1], &k);
   kl_cg_read_view(e, a->pv->inputs[1], &v);
@@ -920,9 +537,9 @@ static void profile_step(cg_ctx *c, const kl_group *gr, kl_node *const *members,
   const kl_node *last = members[gr->count - 1];
   if (gr->count > 1)
     snprintf(p->name, sizeof p->name, "fused %d: %s .. %s", gr->count, members[0]->name, last->name);
-  else if (epilogue_gemm(c, last))
+  else if (kl_plan_epilogue_gemm(c->p, last))
     snprintf(p->name, sizeof p->name, "%s: %s .. %s",
-             c->attn_head[last->id] ? "attention" : "gemm+epilogue", epilogue_gemm(c, last)->name,
+             c->p->attn_head[last->id] ? "attention" : "gemm+epilogue", kl_plan_epilogue_gemm(c->p, last)->name,
              last->name);
   else
     snprintf(p->name, sizeof p->name, "%s: %s", kl_ops[last->op].name, last->name);
@@ -950,43 +567,43 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   /* one step per group: a node's own template, or one fused kernel; each
    * step's text goes through a buffer of its own, so that the steps that
    * launch something can be marked for the profiler */
-  for (int gi = 0; gi < c->fusion.ngroups && !rc; gi++) {
+  for (int gi = 0; gi < c->p->fusion.ngroups && !rc; gi++) {
     char *step_text = NULL;
     size_t step_len = 0;
     e.rf = open_memstream(&step_text, &step_len);
     int launches0 = c->step_launches;
     size_t bytes0 = c->dram_bytes;
-    const kl_group *gr = &c->fusion.groups[gi];
-    kl_node *const *members = c->fusion.nodes + gr->first;
+    const kl_group *gr = &c->p->fusion.groups[gi];
+    kl_node *const *members = c->p->fusion.nodes + gr->first;
     e.node = members[gr->count - 1];
     c->at_step[c->step] = e.node;
     c->step_group[c->step] = gi;
     for (int m = 0; m < gr->count; m++) use_node_values(c, members[m]);
-    const kl_node *gemm = gr->count == 1 ? epilogue_gemm(c, members[0]) : NULL;
-    if (gr->count == 1 && c->epi_last[members[0]->id]) {
+    const kl_node *gemm = gr->count == 1 ? kl_plan_epilogue_gemm(c->p, members[0]) : NULL;
+    if (gr->count == 1 && c->p->epi_last[members[0]->id]) {
       /* the GEMM runs at its epilogue's last node, when all it adds exists */
       fprintf(e.rf, "  /* %s: %s, with its epilogue at %s */\n", members[0]->name,
-              kl_ops[members[0]->op].name, c->epi_last[members[0]->id]->name);
-    } else if (gemm && c->attn_head[gemm->id]) {
-      emit_attention(&e, &c->attn[gemm->id]);
+              kl_ops[members[0]->op].name, c->p->epi_last[members[0]->id]->name);
+    } else if (gemm && c->p->attn_head[gemm->id]) {
+      emit_attention(&e, &c->p->attn[gemm->id]);
     } else if (gemm) {
       const kl_node *n = gemm;
       e.node = n;
       for (int k = 0; k < n->ninputs; k++) c->dram_bytes += value_bytes(n->inputs[k]);
       c->dram_bytes += value_bytes(members[0]->outputs[0]);
       rc = find_template(n)->emit(&e, n);
-    } else if (gr->count == 1 && (c->alias[members[0]->id] || c->view_node[members[0]->id] ||
-                                  c->absorbed[members[0]->id])) {
+    } else if (gr->count == 1 && (c->alias[members[0]->id] || c->p->view_node[members[0]->id] ||
+                                  c->p->absorbed[members[0]->id])) {
       const kl_node *n = members[0];
       char shape[160];
       fprintf(e.rf, "  /* %s: %s -> %s, %s: no kernel */\n", n->name, kl_ops[n->op].name,
               kl_shape_str(&n->outputs[0]->shape, shape, sizeof shape),
               c->alias[n->id]          ? "the input's buffer"
-              : c->view_node[n->id]    ? "a view its GEMMs read through"
+              : c->p->view_node[n->id]    ? "a view its GEMMs read through"
               : n->op == KL_OP_TRANSPOSE ? "written there by its input's GEMM"
                                        : "in the epilogue of the GEMM before it");
-    } else if (gr->count == 1 && !fusible_in_rows(members[0]) &&
-               !(c->fusion_enabled && kl_cg_is_direct_conv(members[0]))) {
+    } else if (gr->count == 1 && !kl_is_fusible(members[0], c->p->target) &&
+               !(c->p->fuse && kl_is_direct_conv(members[0], c->p->target))) {
       const kl_node *n = members[0];
       for (int k = 0; k < n->ninputs; k++) c->dram_bytes += value_bytes(n->inputs[k]);
       for (int k = 0; k < n->noutputs; k++) c->dram_bytes += value_bytes(n->outputs[k]);
@@ -1129,50 +746,24 @@ static void *zalloc(size_t n, size_t size) {
   return p;
 }
 
-int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_result *out,
+int kl_codegen(const kl_plan *p, const kl_codegen_options *opt, kl_codegen_result *out,
                kl_error *err) {
   memset(out, 0, sizeof *out);
-  cg_ctx c = {.g = g, .err = err, .mem_limit = opt ? opt->mem_limit : 0};
+  const kl_graph *g = p->g;
+  cg_ctx c = {.g = g, .p = p, .err = err, .mem_limit = opt ? opt->mem_limit : 0,
+              .passes_ms = p->passes_ms};
   int nn = g->nodes.len, rc = 0;
   c.loc = zalloc((size_t)g->values.len, sizeof *c.loc);
-  c.order = zalloc((size_t)nn, sizeof *c.order);
-  c.live = zalloc((size_t)nn, sizeof *c.live);
   c.at_step = zalloc((size_t)nn, sizeof *c.at_step);
   c.step_group = zalloc((size_t)nn, sizeof *c.step_group);
   c.alias = zalloc((size_t)nn, sizeof *c.alias);
-  c.folded = zalloc((size_t)nn, sizeof *c.folded);
-  c.known = zalloc((size_t)g->values.len, sizeof *c.known);
-  c.view_node = zalloc((size_t)nn, sizeof *c.view_node);
-  c.absorbed = zalloc((size_t)nn, sizeof *c.absorbed);
-  c.writes_into = zalloc((size_t)nn, sizeof *c.writes_into);
-  c.view = zalloc((size_t)g->values.len, sizeof *c.view);
-  c.epi_bias = zalloc((size_t)nn, sizeof *c.epi_bias);
-  c.epi_residual = zalloc((size_t)nn, sizeof *c.epi_residual);
-  c.epi_relu = zalloc((size_t)nn, sizeof *c.epi_relu);
-  c.epi_inner = zalloc((size_t)nn, sizeof *c.epi_inner);
-  c.epi_last = zalloc((size_t)nn, sizeof *c.epi_last);
-  c.attn_head = zalloc((size_t)nn, sizeof *c.attn_head);
-  c.attn = zalloc((size_t)nn, sizeof *c.attn);
-  c.direct = zalloc((size_t)nn, sizeof *c.direct);
-  double t0 = krt_now_ms();
-  if ((rc = kl_schedule(g, c.order, err))) goto done;
-  c.passes_ms = krt_now_ms() - t0;
-  for (int i = 0; i < g->outputs.len; i++)
-    if (g->outputs.items[i]->producer) c.live[g->outputs.items[i]->producer->id] = true;
-  for (int i = nn - 1; i >= 0; i--)
-    if (c.live[c.order[i]->id])
-      for (int k = 0; k < c.order[i]->ninputs; k++)
-        if (c.order[i]->inputs[k]->producer) c.live[c.order[i]->inputs[k]->producer->id] = true;
-  t0 = krt_now_ms();
-  choose_folded(&c);
-  c.passes_ms += krt_now_ms() - t0;
   /* Every op without a template, at once. */
   char msg[900];
   size_t used = 0;
   int missing = 0;
   for (int i = 0; i < nn; i++) {
-    const kl_node *n = c.order[i];
-    if (!c.live[n->id] || c.folded[n->id] || find_template(n)) continue;
+    const kl_node *n = p->order[i];
+    if (!p->live[n->id] || p->folded[n->id] || find_template(n)) continue;
     if (missing++ < 12 && used < sizeof msg - 160)
       used += (size_t)snprintf(msg + used, sizeof msg - used, "%s%s (node '%s')",
                                missing > 1 ? ", " : "", kl_ops[n->op].name, n->name);
@@ -1183,42 +774,6 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
     err->unsupported = true;
     goto done;
   }
-  /* the groups: elementwise nodes fuse unless --no-fuse */
-  kl_node **todo = calloc((size_t)nn + 1, sizeof *todo);
-  int ntodo = 0;
-  if (!todo) abort();
-  for (int i = 0; i < nn; i++)
-    if (c.live[c.order[i]->id] && !c.folded[c.order[i]->id]) todo[ntodo++] = c.order[i];
-  kl_fusion_options fo = {.enabled = !(opt && opt->no_fuse), .max_group_nodes = 16,
-                          .elementwise = fusible_elementwise, .row_kind = kl_cg_row_kind,
-                          .row_axes = kl_cg_row_axes,
-                          .row_elementwise = fusible_in_rows,
-                          .reads_window = kl_cg_is_direct_conv};
-  c.fusion_enabled = fo.enabled;
-  /* GEMM epilogues: their nodes stay out of other groups */
-  if (fo.enabled) {
-    choose_attention(&c);
-    choose_direct(&c, false);
-    /* until no GEMM goes back to cuBLAS (each round sends one back at
-     * least, so this ends; a GEMM that has its epilogue keeps it) */
-    do choose_epilogues(&c);
-    while (choose_direct(&c, true));
-    fo.direct = c.direct;
-    fo.pinned = c.absorbed;
-  }
-  t0 = krt_now_ms();
-  int fuse_rc = kl_fuse(g, todo, ntodo, &fo, &c.fusion);
-  c.passes_ms += krt_now_ms() - t0;
-  free(todo);
-  if (fuse_rc) {
-    rc = kl_fail(err, (kl_loc){0}, "internal error: the fusion groups form a cycle");
-    goto done;
-  }
-  /* views fold movement into GEMMs: fusion too, off with --no-fuse */
-  t0 = krt_now_ms();
-  if (fo.enabled) choose_views(&c);
-  else compute_views(&c);
-  c.passes_ms += krt_now_ms() - t0;
   if ((rc = place_values(&c))) goto done;
   rc = write_all(&c, opt && opt->prefix ? opt->prefix : "model", out);
   out->nkernels = c.nkernels;
@@ -1226,17 +781,17 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
   out->nlaunches = c.nlaunches;
   out->passes_ms = c.passes_ms;
   out->dram_bytes = c.dram_bytes;
-  out->ngroups = c.fusion.ngroups;
+  out->ngroups = c.p->fusion.ngroups;
   out->node_group = malloc(((size_t)nn + 1) * sizeof *out->node_group);
-  out->group_kind = malloc(((size_t)c.fusion.ngroups + 1) * sizeof *out->group_kind);
+  out->group_kind = malloc(((size_t)c.p->fusion.ngroups + 1) * sizeof *out->group_kind);
   if (!out->node_group || !out->group_kind) abort();
   for (int i = 0; i < nn; i++) {
-    int gi = c.fusion.group_of[i];
-    out->node_group[i] = gi >= 0 && !c.alias[i] && !c.view_node[i] && !c.absorbed[i] ? gi : -1;
+    int gi = c.p->fusion.group_of[i];
+    out->node_group[i] = gi >= 0 && !c.alias[i] && !c.p->view_node[i] && !c.p->absorbed[i] ? gi : -1;
   }
-  for (int gi = 0; gi < c.fusion.ngroups; gi++) out->group_kind[gi] = c.fusion.groups[gi].kind;
-  for (int gi = 0; gi < c.fusion.ngroups; gi++)
-    if (c.fusion.groups[gi].count > 1) out->nfused_nodes += c.fusion.groups[gi].count;
+  for (int gi = 0; gi < c.p->fusion.ngroups; gi++) out->group_kind[gi] = c.p->fusion.groups[gi].kind;
+  for (int gi = 0; gi < c.p->fusion.ngroups; gi++)
+    if (c.p->fusion.groups[gi].count > 1) out->nfused_nodes += c.p->fusion.groups[gi].count;
   out->arena_bytes = c.arena_bytes;
   out->arena_lower_bound = c.mem.lower_bound;
   out->naive_bytes = c.mem.naive;
@@ -1256,28 +811,10 @@ int kl_codegen(const kl_graph *g, const kl_codegen_options *opt, kl_codegen_resu
     if (!(out->step_names[s] = strdup(c.at_step[s]->name))) abort();
 done:
   free(c.loc);
-  free(c.order);
-  free(c.live);
   free(c.at_step);
   free(c.step_group);
   free(c.alias);
-  free(c.folded);
-  free(c.view_node);
-  free(c.absorbed);
-  free(c.writes_into);
-  free(c.view);
-  free(c.epi_bias);
-  free(c.epi_residual);
-  free(c.epi_relu);
-  free(c.epi_inner);
-  free(c.epi_last);
-  free(c.attn_head);
-  free(c.attn);
-  free(c.direct);
   free(c.profile);
-  for (int v = 0; v < g->values.len; v++) kl_tensor_free(c.known[v]);
-  free(c.known);
-  kl_fusion_free(&c.fusion);
   free(c.params);
   for (int b = 0; b < c.nbufs && c.bufs; b++) free((char *)c.bufs[b].name);
   free(c.bufs);

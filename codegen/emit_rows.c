@@ -17,50 +17,6 @@
 
 #include "codegen_impl.h"
 
-/* The fewest innermost axes a kept-dims reduction from s to o spans (the
- * other dims unchanged; axes of size 1 may count either way); 0 for none. */
-static int reduced_axes(const kl_shape *s, const kl_shape *o) {
-  if (o->rank != s->rank) return 0;
-  for (int k = 1; k <= s->rank; k++) {
-    bool fits = true;
-    for (int d = 0; d < s->rank && fits; d++)
-      fits = o->dims[d] == (d < s->rank - k ? s->dims[d] : 1);
-    if (fits) return k;
-  }
-  return 0;
-}
-
-int kl_cg_row_axes(const kl_node *n) {
-  const kl_shape *s = &n->inputs[0]->shape;
-  if (n->op == KL_OP_LAYER_NORM || n->op == KL_OP_RMS_NORM) { /* axis .. the last */
-    int64_t axis = kl_attr_int(n, "axis", -1);
-    if (axis < 0) axis += s->rank;
-    return axis >= 0 && axis < s->rank ? (int)(s->rank - axis) : 0;
-  }
-  if (n->op == KL_OP_SOFTMAX || n->op == KL_OP_LOG_SOFTMAX) {
-    int64_t axis = kl_attr_int(n, "axis", -1);
-    return axis == -1 || axis == s->rank - 1 ? 1 : 0;
-  }
-  return reduced_axes(s, &n->outputs[0]->shape);
-}
-
-int kl_cg_row_kind(const kl_node *n) {
-  const kl_value *in = n->inputs[0];
-  const kl_shape *s = &in->shape;
-  if (n->noutputs != 1 || s->rank < 1 || !kl_dtype_is_float(in->dtype)) return 0;
-  int k = kl_cg_row_axes(n);
-  int64_t len = 1;
-  for (int d = s->rank - k; d < s->rank; d++) len *= s->dims[d];
-  if (k < 1 || len < 2) return 0;
-  if (n->op == KL_OP_SOFTMAX || n->op == KL_OP_LOG_SOFTMAX) return 2;
-  if (n->op == KL_OP_LAYER_NORM || n->op == KL_OP_RMS_NORM) return 3;
-  /* kept dims: the result broadcasts back over its row */
-  return n->op == KL_OP_REDUCE_SUM || n->op == KL_OP_REDUCE_MEAN || n->op == KL_OP_REDUCE_MAX ||
-                 n->op == KL_OP_REDUCE_MIN || n->op == KL_OP_GLOBAL_AVG_POOL
-             ? 1
-             : 0;
-}
-
 typedef struct {
   FILE *f;
   kl_node *const *nodes;
@@ -93,7 +49,7 @@ static int input_index(const rows_ctx *c, const kl_value *v) {
 static const char *reg(const rows_ctx *c, const kl_value *v, bool row, char *buf, size_t len) {
   int k = input_index(c, v);
   if (k >= 0) snprintf(buf, len, "%s%d", row ? "xr" : "xs", k);
-  else if (is_row_value(c, v) && kl_cg_row_kind(v->producer) != 1) snprintf(buf, len, "r%d", v->id);
+  else if (is_row_value(c, v) && kl_row_kind(v->producer) != 1) snprintf(buf, len, "r%d", v->id);
   else snprintf(buf, len, "s%d", v->id);
   return buf;
 }
@@ -132,12 +88,12 @@ static void need_row(const rows_ctx *c, const kl_value *v, bool *member, bool *i
     return;
   }
   int m = member_index(c, v);
-  if (m < 0 || !is_row_value(c, v) || kl_cg_row_kind(c->nodes[m]) == 1 || member[m]) return;
+  if (m < 0 || !is_row_value(c, v) || kl_row_kind(c->nodes[m]) == 1 || member[m]) return;
   member[m] = true;
   const kl_node *nd = c->nodes[m];
   /* softmax's value reads its input; other row values (norms: with their
    * scale and bias) their operands */
-  for (int i = 0; i < (kl_cg_row_kind(nd) == 2 ? 1 : nd->ninputs); i++)
+  for (int i = 0; i < (kl_row_kind(nd) == 2 ? 1 : nd->ninputs); i++)
     need_row(c, nd->inputs[i], member, input);
 }
 
@@ -152,7 +108,7 @@ static void row_body(const rows_ctx *c, const kl_value *want, bool store) {
     ko_of[m] = -1;
     const kl_value *v = c->nodes[m]->outputs[0];
     for (int k = 0; store && k < c->io->nout; k++)
-      if (c->io->out[k] == v && is_row_value(c, v) && kl_cg_row_kind(c->nodes[m]) != 1) {
+      if (c->io->out[k] == v && is_row_value(c, v) && kl_row_kind(c->nodes[m]) != 1) {
         ko_of[m] = k;
         need_row(c, v, member, input);
       }
@@ -183,7 +139,7 @@ static void row_body(const rows_ctx *c, const kl_value *want, bool store) {
     snprintf(dst, sizeof dst, "r%d", out->id);
     snprintf(at, sizeof at, "out%d[i]", ko_of[m]);
     if (read) fprintf(f, "      %s r%d;\n", kl_cg_compute_type(out->dtype), out->id);
-    if (kl_cg_row_kind(nd) == 3) { /* a norm: of the row's mean and 1/deviation */
+    if (kl_row_kind(nd) == 3) { /* a norm: of the row's mean and 1/deviation */
       char val[400], r[32], t[96];
       snprintf(val, sizeof val, "((double)%s - mean%d) * inv%d", reg(c, nd->inputs[0], true, r, sizeof r),
                out->id, out->id);
@@ -200,7 +156,7 @@ static void row_body(const rows_ctx *c, const kl_value *want, bool store) {
         fprintf(f, "        r%d = %s;\n", out->id,
                 kl_cg_load(buf, sizeof buf, out->dtype, kl_cg_compute_type(out->dtype), "s"));
       fprintf(f, "      }\n");
-    } else if (kl_cg_row_kind(nd) == 2) { /* softmax: of the row's max and sum */
+    } else if (kl_row_kind(nd) == 2) { /* softmax: of the row's max and sum */
       const kl_value *in = nd->inputs[0];
       const char *ct = kl_cg_compute_type(in->dtype);
       char r[32], buf[160];
@@ -260,7 +216,7 @@ kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, in
   /* the shared arrays of every combine, declared up front */
   int npasses = 0;
   for (int m = 0; m < n; m++) {
-    int kind = kl_cg_row_kind(nodes[m]);
+    int kind = kl_row_kind(nodes[m]);
     if (kind == 1) {
       const char *acc, *init, *update;
       kl_cg_reduce_ops(nodes[m], &acc, &init, &update);
@@ -282,7 +238,7 @@ kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, in
   /* the inputs scalars read: loaded once per row */
   bool scalar_in[KL_CG_MAX_FUSED_IO] = {0};
   for (int m = 0; m < n; m++)
-    if (!kl_cg_row_kind(nodes[m]) && !is_row_value(&c, nodes[m]->outputs[0]))
+    if (!kl_row_kind(nodes[m]) && !is_row_value(&c, nodes[m]->outputs[0]))
       for (int i = 0; i < nodes[m]->ninputs; i++) {
         int k = input_index(&c, nodes[m]->inputs[i]);
         if (k >= 0) scalar_in[k] = true;
@@ -308,7 +264,7 @@ kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, in
   for (int m = 0; m < n; m++) {
     const kl_node *nd = nodes[m];
     const kl_value *out = nd->outputs[0];
-    int kind = kl_cg_row_kind(nd), ko = -1;
+    int kind = kl_row_kind(nd), ko = -1;
     for (int k = 0; k < io->nout; k++)
       if (io->out[k] == out) ko = k;
     if (kind == 1) {

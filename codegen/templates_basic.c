@@ -66,7 +66,7 @@ static int emit_simple(kl_cg_emitter *e, const kl_node *n) {
     kl_cg_launch_node_grid(e, k, grid.blocks, grid.threads, n);
     return 0;
   }
-  if (!kl_cg_traps_zero_divisor(n)) {
+  if (!kl_traps_zero_divisor(n)) {
     kl_cg_launch_node(e, k, threads, n);
     return 0;
   }
@@ -95,24 +95,24 @@ static bool handles_gemm(const kl_node *n) {
   if (!kl_dtype_is_float(n->outputs[0]->dtype)) return false; /* integer GEMM: not yet */
   if (n->op == KL_OP_GEMM || plan_matmul(n, &p) == 0) return true;
   /* operands of rank >= 2 broadcasting dim by dim: strided batches */
-  kl_cg_view a, b, c;
-  kl_cg_mm_layout L;
-  kl_cg_view_identity(n->inputs[0], &a);
-  kl_cg_view_identity(n->inputs[1], &b);
-  kl_cg_view_identity(n->outputs[0], &c);
-  return kl_cg_matmul_layout(&a, &b, &c, &L);
+  kl_view a, b, c;
+  kl_mm_layout L;
+  kl_view_identity(n->inputs[0], &a);
+  kl_view_identity(n->inputs[1], &b);
+  kl_view_identity(n->outputs[0], &c);
+  return kl_matmul_layout(&a, &b, &c, &L);
 }
 
 /* A matmul of operands of rank >= 2, read and written through views (a
  * head split, a transposed result) as one strided GEMM. */
 static void matmul_from_views(kl_cg_emitter *e, const kl_node *n, kl_cg_gemm *g, char pa[160],
                               char pb[160], char pc[160]) {
-  kl_cg_view a, b, c;
-  kl_cg_mm_layout L;
+  kl_view a, b, c;
+  kl_mm_layout L;
   kl_cg_read_view(e, n->inputs[0], &a);
   kl_cg_read_view(e, n->inputs[1], &b);
   kl_cg_write_view(e, n, &c);
-  kl_cg_matmul_layout(&a, &b, &c, &L); /* chosen by emit_model.c only when it fits */
+  kl_matmul_layout(&a, &b, &c, &L); /* chosen by emit_model.c only when it fits */
   g->a = kl_cg_view_ptr(e, &a, pa, 160);
   g->b = kl_cg_view_ptr(e, &b, pb, 160);
   g->c = kl_cg_view_ptr(e, &c, pc, 160);

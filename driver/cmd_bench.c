@@ -85,13 +85,9 @@ static void print_profile(const char *model, const char *device, const profile_o
 static int measure(const kl_graph *g, bool fuse, krt_device *dev, void **in, long iters, side *s,
                    char *device_name, size_t n, const profile_opts *po) {
   kl_codegen_result cg;
-  kl_error err;
-  kl_codegen_options copt = {.prefix = g->name, .no_fuse = !fuse};
+  kiln_compile_opts copt = {.no_fuse = !fuse};
   double t0 = krt_now_ms();
-  if (kl_codegen(g, &copt, &cg, &err)) {
-    kl_error_print(stderr, &err);
-    return -1;
-  }
+  if (kiln_generate(g, &copt, &cg)) return -1;
   s->kernels = cg.nkernels;
   s->launches = cg.nlaunches;
   s->dram_bytes = cg.dram_bytes;

@@ -25,14 +25,18 @@ static const char compile_help[] =
     "  --mem-limit=SIZE      fail when the planned arena of intermediates exceeds SIZE\n"
     "                        bytes (K, M, G: KiB, MiB, GiB)\n"
     "  --no-fuse             one kernel per node (the same pipeline, singleton groups)\n"
+    "  --dump-after=PASS     print what a pass did, on standard output: precision,\n"
+    "                        schedule, fold, fuse, memory, or all (in that order)\n"
     "  -o, --output OUT      the file (ir; default: standard output) or folder (cu)\n"
     KILN_MODEL_HELP
     "  -h, --help            show this help\n";
 
-enum { OPT_EMIT = 2100, OPT_ARCH, OPT_NO_NVRTC, OPT_WERROR, OPT_TIME, OPT_MEM_LIMIT, OPT_NO_FUSE };
+enum { OPT_EMIT = 2100, OPT_ARCH, OPT_NO_NVRTC, OPT_WERROR, OPT_TIME, OPT_MEM_LIMIT, OPT_NO_FUSE,
+       OPT_DUMP_AFTER };
 
 static size_t mem_limit; /* --mem-limit, for every kl_codegen below; 0: none */
 static bool no_fuse;     /* --no-fuse */
+static const char *dump_after; /* --dump-after */
 
 static int parse_archs(const char *list, int *sm, int cap) {
   int n = 0;
@@ -52,13 +56,9 @@ static int parse_archs(const char *list, int *sm, int cap) {
 static int build_artifact(const kl_graph *g, const char *emit, const char *out,
                           const kiln_gpu_opts *gpu) {
   kl_codegen_result cg;
-  kl_error err;
-  kl_codegen_options copt = {.prefix = g->name, .mem_limit = mem_limit, .no_fuse = no_fuse};
+  kiln_compile_opts co = {.mem_limit = mem_limit, .no_fuse = no_fuse, .dump_after = dump_after};
   double t0 = krt_now_ms();
-  if (kl_codegen(g, &copt, &cg, &err)) {
-    kl_error_print(stderr, &err);
-    return KILN_EXIT_ERROR;
-  }
+  if (kiln_generate(g, &co, &cg)) return KILN_EXIT_ERROR;
   if (gpu->timing)
     fprintf(stderr, "kiln: time: passes %.1f ms\nkiln: time: codegen %.1f ms\n", cg.passes_ms,
             krt_now_ms() - t0 - cg.passes_ms);
@@ -94,6 +94,7 @@ int kiln_cmd_compile(int argc, char **argv) {
       {"time", no_argument, NULL, OPT_TIME},
       {"mem-limit", required_argument, NULL, OPT_MEM_LIMIT},
       {"no-fuse", no_argument, NULL, OPT_NO_FUSE},
+      {"dump-after", required_argument, NULL, OPT_DUMP_AFTER},
       {"output", required_argument, NULL, 'o'},
       {"help", no_argument, NULL, 'h'},
       KILN_MODEL_LONGOPTS,
@@ -101,6 +102,7 @@ int kiln_cmd_compile(int argc, char **argv) {
   kiln_model_opts mo = {0};
   mem_limit = 0;
   no_fuse = false;
+  dump_after = NULL;
   const char *emit = NULL, *out_path = NULL;
   int sm[8] = {80, 90}, nsm = 2;
   bool nvrtc = true, werror = false, timing = false;
@@ -120,6 +122,14 @@ int kiln_cmd_compile(int argc, char **argv) {
     case OPT_WERROR: werror = true; break;
     case OPT_TIME: timing = true; break;
     case OPT_NO_FUSE: no_fuse = true; break;
+    case OPT_DUMP_AFTER:
+      if (!kl_pipeline_has_pass(optarg)) {
+        fprintf(stderr, "kiln compile: --dump-after=%s: choose precision, schedule, fold, fuse, "
+                        "memory or all\n", optarg);
+        return KILN_EXIT_USAGE;
+      }
+      dump_after = mo.dump_after = optarg;
+      break;
     case OPT_MEM_LIMIT:
       if (kiln_parse_mem_limit("compile", optarg, &mem_limit)) return KILN_EXIT_USAGE;
       break;
@@ -151,16 +161,13 @@ int kiln_cmd_compile(int argc, char **argv) {
     rc = build_artifact(g, emit, out_path, &gpu);
   } else if (g && !strcmp(emit, "cu")) {
     kl_codegen_result cg;
-    kl_error err;
-    kl_codegen_options copt = {.prefix = g->name, .mem_limit = mem_limit, .no_fuse = no_fuse};
+    kiln_compile_opts co = {.mem_limit = mem_limit, .no_fuse = no_fuse, .dump_after = dump_after};
     t0 = krt_now_ms();
-    int cg_rc = kl_codegen(g, &copt, &cg, &err);
+    int cg_rc = kiln_generate(g, &co, &cg);
     if (timing && !cg_rc)
       fprintf(stderr, "kiln: time: passes %.1f ms\nkiln: time: codegen %.1f ms\n", cg.passes_ms,
               krt_now_ms() - t0 - cg.passes_ms);
-    if (cg_rc) {
-      kl_error_print(stderr, &err);
-    } else {
+    if (!cg_rc) {
       if ((mkdir(out_path, 0777) == 0 || errno == EEXIST) && !kiln_write_sources(&cg, out_path)) {
         rc = KILN_EXIT_OK;
         char why[300];

@@ -25,12 +25,8 @@ enum { OPT_MEMPLAN = 2200, OPT_DOT, OPT_NO_FUSE };
  * the graph with its fusion groups. */
 static int compiled(const kl_graph *g, const char *svg, const char *dot, bool no_fuse) {
   kl_codegen_result cg;
-  kl_error err;
-  kl_codegen_options copt = {.prefix = g->name, .no_fuse = no_fuse};
-  if (kl_codegen(g, &copt, &cg, &err)) {
-    kl_error_print(stderr, &err);
-    return KILN_EXIT_ERROR;
-  }
+  kiln_compile_opts copt = {.no_fuse = no_fuse};
+  if (kiln_generate(g, &copt, &cg)) return KILN_EXIT_ERROR;
   printf("memory plan: arena %zu bytes, lower bound %zu, naive sum %zu (planned / lower bound "
          "%.3f; %d buffers, %d steps)\n", cg.arena_bytes, cg.arena_lower_bound, cg.naive_bytes,
          cg.arena_lower_bound ? (double)cg.arena_bytes / (double)cg.arena_lower_bound : 1.0,

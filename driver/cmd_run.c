@@ -180,16 +180,10 @@ static kl_graph *load_onnx_for_run(const char *path, const kiln_model_opts *mo,
 
 /* Compile g for a device (host or cuda) in a temporary folder and run it;
  * out[] receives new tensors. */
-static int run_compiled(const kl_graph *g, krt_device_kind kind, const kl_codegen_options *base, kl_tensor **in,
+static int run_compiled(const kl_graph *g, krt_device_kind kind, const kiln_compile_opts *base, kl_tensor **in,
                         kl_tensor **out, char *device_name, size_t n) {
   kl_codegen_result cg;
-  kl_error err;
-  kl_codegen_options copt = *base;
-  copt.prefix = g->name;
-  if (kl_codegen(g, &copt, &cg, &err)) {
-    kl_error_print(stderr, &err);
-    return -1;
-  }
+  if (kiln_generate(g, base, &cg)) return -1;
   char dir[4096], msg[1024];
   const char *tmp = getenv("TMPDIR");
   snprintf(dir, sizeof dir, "%s/kiln-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -263,7 +257,7 @@ int kiln_cmd_run(int argc, char **argv) {
   int nfiles = 0;
   const char *inputs_dir = NULL, *output_dir = NULL, *device = "interp";
   uint64_t seed = 0;
-  kl_codegen_options copt = {0};
+  kiln_compile_opts copt = {0};
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {

@@ -27,6 +27,7 @@ typedef struct {
   bool precision;
   kl_precision_options prec;
   const char *fp32_ops[64], *fp32_nodes[256];
+  const char *dump_after; /* --dump-after=PASS|all (kiln compile) */
 } kiln_model_opts;
 
 /* getopt_long values for the shared options. */
@@ -62,9 +63,24 @@ int kiln_model_opt_or_usage(kiln_model_opts *o, int opt, char *arg, const char *
 /* Read a model (.kl or .onnx), apply --weights and the precision options;
  * NULL after printing the error. */
 kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o);
-/* The precision pass, when the options ask for it (kiln_load_model calls
- * it); -1 after printing the error. */
+/* The passes that rewrite the graph (passes/pipeline.c: precision, when
+ * the options ask for it); kiln_load_model calls them.  -1 after printing
+ * the error. */
 int kiln_apply_precision(kl_graph *g, const kiln_model_opts *o);
+
+/* How to compile a loaded graph. */
+typedef struct {
+  const char *prefix;     /* C identifier for the model's symbols */
+  size_t mem_limit;       /* --mem-limit; 0: none */
+  bool no_fuse;           /* --no-fuse */
+  const char *dump_after; /* --dump-after; NULL: none */
+} kiln_compile_opts;
+/* The planning passes (passes/pipeline.c), then the code generator, into
+ * *cg; -1 after printing the error. */
+int kiln_generate(const kl_graph *g, const kiln_compile_opts *co, kl_codegen_result *cg);
+/* The same with the error in *err, not printed. */
+int kiln_generate_err(const kl_graph *g, const kiln_compile_opts *co, kl_codegen_result *cg,
+                      kl_error *err);
 
 /* Replace params/consts with the tensors of a .safetensors file; -1 after
  * printing the error. */

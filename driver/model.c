@@ -193,7 +193,9 @@ kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o) {
 
 int kiln_apply_precision(kl_graph *g, const kiln_model_opts *o) {
   kl_error err;
-  if (!o->precision || !kl_assign_precision(g, &o->prec, &err)) return 0;
+  kl_pipeline_options po = {.precision = o->precision ? &o->prec : NULL, .target = &kl_cg_target,
+                            .dump = stdout, .dump_after = o->dump_after};
+  if (!kl_pipeline_rewrite(g, &po, &err)) return 0;
   kl_error_print(stderr, &err);
   return -1;
 }

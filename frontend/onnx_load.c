@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "onnx_internal.h"
+#include "../passes/passes.h"
 
 static const kl_onnx_op *const families[] = {kl_onnx_ops_math, kl_onnx_ops_nn,
                                              kl_onnx_ops_tensor, kl_onnx_ops_sequence,
@@ -303,18 +304,12 @@ static kl_tensor *fold(kl_onnx_ctx *c, kl_value *v, kl_tensor **scratch, int dep
     bool ok = n->ninputs <= 64 && n->noutputs <= 64;
     for (int k = 0; ok && k < n->ninputs; k++)
       ok = (in[k] = fold(c, n->inputs[k], scratch, depth + 1)) != NULL;
-    if (ok) {
-      for (int k = 0; k < n->noutputs; k++)
-        out[k] = kl_tensor_new(n->outputs[k]->dtype, &n->outputs[k]->shape);
-      kl_error e;
-      ok = kl_ops[n->op].eval(n, in, out, &e) == 0;
+    kl_error e;
+    if (ok && kl_fold_eval(n, in, out, &e) == 0)
       for (int k = 0; k < n->noutputs; k++) {
-        for (int64_t j = 0; ok && j < out[k]->numel; j++)
-          out[k]->data[j] = kl_dtype_round(out[k]->dtype, out[k]->data[j]);
-        if (n->outputs[k] == v && ok) t = out[k];
+        if (n->outputs[k] == v) t = out[k];
         else kl_tensor_free(out[k]);
       }
-    }
   }
   if (b) {
     b->konst = t;

@@ -64,11 +64,24 @@ static int producer_group(const fuse_ctx *c, const kl_value *v) {
 }
 
 static int row_kind(const fuse_ctx *c, const kl_node *n) {
-  return c->opt->row_kind ? c->opt->row_kind(n) : 0;
+  (void)c;
+  return kl_row_kind(n);
 }
 
 static int row_axes(const fuse_ctx *c, const kl_node *n) {
-  return c->opt->row_axes ? c->opt->row_axes(n) : 1;
+  (void)c;
+  return kl_row_axes(n);
+}
+
+/* an elementwise-group node that reads its inputs around its element (a
+ * direct convolution): it never joins a group that makes one of them */
+static bool reads_window(const fuse_ctx *c, const kl_node *n) {
+  return kl_is_direct_conv(n, c->opt->target);
+}
+
+/* what a row kernel takes besides its reductions */
+static bool row_elementwise(const fuse_ctx *c, const kl_node *n) {
+  return kl_is_fusible(n, c->opt->target);
 }
 
 /* The rows' shape with its `axes` innermost dims 1: a row's scalars. */
@@ -85,8 +98,11 @@ static bool is_direct(const fuse_ctx *c, const kl_node *n) {
   return c->opt->direct && c->opt->direct[n->id];
 }
 
+/* ... and an elementwise kernel: inference batch_norm too (a per-channel
+ * scale and shift: conv -> batch_norm -> relu becomes GEMM + one kernel),
+ * and direct convolutions and GEMMs */
 static bool elementwise(const fuse_ctx *c, const kl_node *n) {
-  return c->opt->elementwise(n) || is_direct(c, n);
+  return row_elementwise(c, n) || kl_is_channel_affine(n) || reads_window(c, n) || is_direct(c, n);
 }
 
 /* How n may join group g (by kind and shape). */
@@ -94,7 +110,7 @@ static int fits(const fuse_ctx *c, const kl_node *n, int g) {
   const kl_group *gr = &c->f->groups[g];
   const kl_shape *out = &n->outputs[0]->shape;
   if (gr->kind == KL_GROUP_ELEMENTWISE) {
-    if ((c->opt->reads_window && c->opt->reads_window(n)) || is_direct(c, n)) {
+    if (reads_window(c, n) || is_direct(c, n)) {
       /* the other threads' values are not there yet: only siblings */
       for (int i = 0; i < n->ninputs; i++)
         if (producer_group(c, n->inputs[i]) == g) return NO;
@@ -105,15 +121,14 @@ static int fits(const fuse_ctx *c, const kl_node *n, int g) {
      * when the row kernel can take all its members */
     if (row_kind(c, n) && kl_shape_equal(&n->inputs[0]->shape, &gr->shape) &&
         n->inputs[0]->producer && c->group_of[n->inputs[0]->producer->id] == g) {
-      for (int m = 0; m < c->nmembers[g] && c->opt->row_elementwise; m++)
-        if (!c->opt->row_elementwise(c->members[g][m])) return NO;
+      for (int m = 0; m < c->nmembers[g]; m++)
+        if (!row_elementwise(c, c->members[g][m])) return NO;
       return JOIN_AS_ROWS;
     }
     return NO;
   }
   if (gr->kind == KL_GROUP_ROWS) {
-    bool (*ew)(const kl_node *) = c->opt->row_elementwise ? c->opt->row_elementwise : c->opt->elementwise;
-    if (ew(n) && (kl_shape_equal(out, &gr->shape) || is_row_scalar(out, &gr->shape, gr->row_axes)))
+    if (row_elementwise(c, n) && (kl_shape_equal(out, &gr->shape) || is_row_scalar(out, &gr->shape, gr->row_axes)))
       return JOIN;
     if (row_kind(c, n) && kl_shape_equal(&n->inputs[0]->shape, &gr->shape) &&
         row_axes(c, n) == gr->row_axes)
@@ -126,7 +141,7 @@ static int fits(const fuse_ctx *c, const kl_node *n, int g) {
  * comes from elsewhere does not itself depend on g. */
 static int can_join(fuse_ctx *c, const kl_node *n, int g) {
   int how = fits(c, n, g);
-  if (how == NO || c->nmembers[g] >= c->opt->max_group_nodes) return NO;
+  if (how == NO || c->nmembers[g] >= c->opt->target->max_group_nodes) return NO;
   for (int i = 0; i < n->ninputs; i++) {
     int p = producer_group(c, n->inputs[i]);
     if (p < 0 || p == g) continue;

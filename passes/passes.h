@@ -3,6 +3,8 @@
 #ifndef KILN_PASSES_H
 #define KILN_PASSES_H
 
+#include <stdio.h>
+
 #include "../ir/ir.h"
 
 /* Reverse-mode differentiation.  Appends to g the nodes that compute the
@@ -41,24 +43,13 @@ typedef struct {
                            read by another group (else kept in registers) */
 } kl_fusion;
 
+typedef struct kl_target kl_target;
 typedef struct {
   bool enabled;         /* false: singleton groups (--no-fuse) */
-  int max_group_nodes;  /* bounds a kernel's size */
-  /* the code generator can fuse this node into an elementwise kernel */
-  bool (*elementwise)(const kl_node *n);
-  /* ... or take it into a row kernel as a reduction over its input's
-   * innermost axes (non-zero); NULL: no row groups */
-  int (*row_kind)(const kl_node *n);
-  /* how many innermost axes such a node reduces (NULL: one) */
-  int (*row_axes)(const kl_node *n);
-  /* ... or into a row kernel as an elementwise node (NULL: elementwise) */
-  bool (*row_elementwise)(const kl_node *n);
-  /* an elementwise-group node that reads its inputs around its element (a
-   * direct convolution): it never joins a group that makes one of them
+  const kl_target *target; /* what kernels can hold (rules.c) */
+  /* per node id: also an elementwise-group node (a GEMM the elementwise
+   * kernel computes element by element), by the GEMM pass's choice
    * (NULL: none) */
-  bool (*reads_window)(const kl_node *n);
-  /* per node id: also such a node (a GEMM the elementwise kernel computes
-   * element by element), by the code generator's choice (NULL: none) */
   const bool *direct;
   /* per node id: keep in a group of its own (NULL: none) */
   const bool *pinned;
@@ -144,5 +135,178 @@ const char *kl_precision_class_name(kl_precision_class c);
 /* The type node n computes in: its first float input's (a cast's or a
  * constant's: its output's). */
 kl_dtype kl_precision_node_dtype(const kl_node *n);
+
+/* ---- views (views.c) -----------------------------------------------------
+ * A value read in place: element (i0, .., ir-1) of it is element
+ * offset + sum(i_d * strides[d]) of `base`, a value with a buffer. */
+typedef struct {
+  const kl_value *base;
+  int64_t offset;
+  kl_shape shape;
+  int64_t strides[KL_MAX_RANK];
+} kl_view;
+void kl_view_identity(const kl_value *v, kl_view *out);
+/* Ops whose outputs can be views of their input: transpose, split and
+ * the reshape family. */
+bool kl_view_op(const kl_node *n);
+/* Output out_index of n as a view, given its input's; false when the
+ * result is not a strided view of it (a reshape across strides). */
+bool kl_view_apply(const kl_node *n, int out_index, const kl_view *in, kl_view *out);
+/* A matmul C = A @ B (operands of rank >= 2, NumPy batch broadcasting) on
+ * views as one GEMM call: offsets in elements of each base. */
+typedef struct {
+  int64_t m, n, k;
+  int trans_a, trans_b;
+  int64_t lda, ldb, ldc;
+  int64_t batch, stride_a, stride_b, stride_c;
+  int64_t batch2, stride_a2, stride_b2, stride_c2;
+  int64_t offset_a, offset_b, offset_c;
+} kl_mm_layout;
+bool kl_matmul_layout(const kl_view *a, const kl_view *b, const kl_view *c, kl_mm_layout *out);
+
+/* ---- the target: what the code generator can do ---------------------------
+ * Numbers, not callbacks, except the one question only the code generator
+ * can answer: whether it has a scalar expression for a node (its op and
+ * types).  codegen provides one (kl_cg_target). */
+struct kl_target {
+  int max_group_nodes;          /* nodes in one fused kernel */
+  int max_kernel_args;          /* pointers one fused kernel takes */
+  int64_t direct_conv_max_k;    /* longest dot product of a direct convolution */
+  int64_t direct_matmul_max_k;  /* ... of a GEMM inside an elementwise kernel */
+  int64_t attention_max_keys, attention_max_head; /* one-kernel attention */
+  int attention_max_chain;      /* elementwise nodes before / after its softmax */
+  bool gemm_bias, gemm_residual, gemm_relu; /* epilogues the GEMM library does */
+  bool (*scalar)(const kl_node *n);
+  /* scratch bytes node n's own kernels need at its step (im2col, flags):
+   * into bytes[0..), how many (at most max) */
+  int (*scratch)(const kl_node *n, size_t *bytes, int max);
+};
+
+/* ---- what fusion groups can hold (rules.c) ------------------------------ */
+/* 1 for a reduction over the innermost axes, 2 for softmax / log_softmax
+ * over the last axis, 3 for a norm (layer_norm, rms_norm); 0 else. */
+int kl_row_kind(const kl_node *n);
+/* How many innermost axes of its input such a node takes as one row. */
+int kl_row_axes(const kl_node *n);
+/* Integer div/mod and signed integer pow: their kernels raise a flag. */
+bool kl_traps_zero_divisor(const kl_node *n);
+/* Inference batch_norm over axis 1 with 1-D parameters: a per-channel
+ * scale and shift. */
+bool kl_is_channel_affine(const kl_node *n);
+/* A float conv2d an elementwise kernel computes element by element. */
+bool kl_is_direct_conv(const kl_node *n, const kl_target *t);
+/* A float matmul short enough for the same. */
+bool kl_is_direct_matmul(const kl_node *n, const kl_target *t);
+/* An elementwise node with a scalar expression that raises no flag. */
+bool kl_is_fusible(const kl_node *n, const kl_target *t);
+
+/* ---- attention: softmax(pre(Q @ K)) -> post -> @ V, one kernel ---------- */
+enum { KL_MAX_CHAIN = 12 };
+typedef struct {
+  const kl_node *qk, *softmax, *pv;
+  kl_node *pre[KL_MAX_CHAIN], *post[KL_MAX_CHAIN];
+  int npre, npost;
+} kl_attention;
+
+/* ---- the plan: every decision of the passes, for the code generator -----
+ * Per node id unless said otherwise.  The code generator writes text from
+ * it and decides nothing. */
+typedef struct {
+  const kl_graph *g;
+  const kl_target *target;
+  bool fuse;                /* not --no-fuse */
+  kl_node **order;          /* the schedule: every node */
+  bool *live;               /* some output depends on it */
+  bool *folded;             /* computed at compile time, kept with the weights */
+  kl_tensor **known;        /* per value id: folded values and the weights
+                               they were computed from */
+  kl_fusion fusion;         /* the groups, each one step */
+  /* GEMM epilogues: the bias and residual a GEMM adds, relu, the last
+   * node of its chain (whose output it writes); a node inside a chain
+   * (no buffer); the GEMM a chain's last node belongs to */
+  const kl_value **epi_bias, **epi_residual;
+  bool *epi_relu, *epi_inner;
+  const kl_node **epi_last, **epi_gemm;
+  bool *direct;             /* a matmul an elementwise kernel computes */
+  const kl_node **attn_head; /* the first matmul of its attention */
+  kl_attention *attn;       /* at that matmul: the match */
+  bool *view_node;          /* a movement node whose outputs are views */
+  bool *absorbed;           /* no kernel of its own (in a GEMM or attention) */
+  const kl_node **writes_into; /* a matmul: the transpose it writes through */
+  kl_view *view;            /* per value id: how it is read */
+  /* readers: per value id, the live computed nodes reading it (a node
+   * once per operand), readers[reader_at[v] .. reader_at[v + 1]) */
+  const kl_node **readers;
+  int *reader_at;
+  double passes_ms;         /* the time the pipeline took */
+} kl_plan;
+
+/* What a step (a fusion group) runs, as the code generator will write it. */
+typedef enum {
+  KL_STEP_NONE,        /* no kernel: a view, an alias, a node inside a
+                          GEMM's epilogue or an attention, a GEMM that
+                          runs later with its epilogue */
+  KL_STEP_NODE,        /* the node's own kernels (its template) */
+  KL_STEP_ELEMENTWISE, /* one elementwise kernel */
+  KL_STEP_ROWS,        /* one row kernel around reductions */
+  KL_STEP_DIRECT_CONV, /* an elementwise kernel that computes a convolution */
+  KL_STEP_DIRECT_GEMM, /* ... that computes a short matmul */
+  KL_STEP_GEMM,        /* a GEMM library call, with its epilogue if any */
+  KL_STEP_ATTENTION    /* one attention kernel */
+} kl_step_kind;
+extern const char *const kl_step_kind_names[];
+kl_step_kind kl_plan_step_kind(const kl_plan *p, int group);
+/* The GEMM whose epilogue (or attention) ends at node n, or NULL. */
+const kl_node *kl_plan_epilogue_gemm(const kl_plan *p, const kl_node *n);
+
+/* The one node reading v (once), or NULL: none, several, or an output. */
+const kl_node *kl_plan_only_reader(const kl_plan *p, const kl_value *v);
+/* Where matmul mm's result goes: its buffer, a transpose's, or its
+ * epilogue's last node's. */
+void kl_plan_result_view(const kl_plan *p, const kl_node *mm, kl_view *out);
+/* Does the group hold more than one node? */
+bool kl_plan_in_group(const kl_plan *p, const kl_node *n);
+
+/* Evaluate n from tensors of its inputs (the interpreter), each output
+ * rounded to its type as a kernel would store it; 0, or -1 with err set
+ * and out[] empty. */
+int kl_fold_eval(const kl_node *n, kl_tensor *const *in, kl_tensor **out, kl_error *err);
+
+/* The passes that fill it (plan*.c, fold.c), in pipeline order. */
+void kl_plan_init(kl_plan *p, const kl_graph *g, const kl_target *t, bool fuse);
+void kl_plan_live(kl_plan *p);
+int kl_plan_fold(kl_plan *p, kl_error *err);
+void kl_plan_readers(kl_plan *p);
+void kl_plan_gemms(kl_plan *p);
+int kl_plan_fuse(kl_plan *p, kl_error *err);
+void kl_plan_views(kl_plan *p);
+void kl_plan_free(kl_plan *p);
+
+/* ---- the pipeline (pipeline.c) -------------------------------------------
+ * The one ordered list of what the compiler does to a graph:
+ *   [autodiff] -> precision -> schedule -> fold -> fuse -> memory
+ * The first rewrite the graph, once per model (kl_pipeline_rewrite); the
+ * rest decide a plan and leave the graph as it is, once per compile (a
+ * benchmark plans one graph fused and unfused).  fuse is attention,
+ * direct GEMMs and epilogues, then the groups, then the views.  Each pass
+ * may print what it did (--dump-after). */
+typedef struct {
+  const kl_precision_options *precision; /* NULL: none */
+  const kl_target *target;
+  bool no_fuse;
+  FILE *dump;               /* where dumps go */
+  const char *dump_after;   /* a pass name, "all", or NULL */
+} kl_pipeline_options;
+
+extern const char *const kl_pipeline_passes[]; /* NULL-terminated */
+/* The passes that rewrite g; 0 or -1. */
+int kl_pipeline_rewrite(kl_graph *g, const kl_pipeline_options *o, kl_error *err);
+/* The passes that plan g into *plan (kl_plan_free it, also after an
+ * error); 0 or -1. */
+int kl_pipeline(const kl_graph *g, const kl_pipeline_options *o, kl_plan *plan, kl_error *err);
+/* Is name a pass (or "all")? */
+bool kl_pipeline_has_pass(const char *name);
+/* The readable text of the plan after fusion. */
+void kl_plan_print(FILE *f, const kl_plan *p);
 
 #endif

@@ -169,5 +169,20 @@ expect runtime_dir_missing 1 "fatal error: (kiln_prelude|kilnrt)\.h: No such fil
 expect runtime_dir_missing_lib 1 "building the library failed; the compiler said:" -- \
   env KILN_RUNTIME_DIR="$tmp/nowhere" "$kiln" compile m.kl --emit=lib -o m_lib --no-nvrtc
 
+# --dump-after: every pass in the pipeline's order, each what it decided
+"$kiln" compile "$root/examples/transformer.kl" --emit=cu -o dump_out --no-nvrtc --dump-after=all \
+  >dump_all.txt 2>dump_all.err
+order=$(grep -oP '^# ---- after \K\w+' dump_all.txt | tr '\n' ' ')
+expect dump_after_all_order 0 "^precision schedule fold fuse memory $" -- echo "$order"
+expect dump_after_fold 0 "causal = gt -> bool\[16, 16\]: folded into the weights" -- cat dump_all.txt
+expect dump_after_fuse_attention 0 "attention: heads <- matmul_2" -- cat dump_all.txt
+expect dump_after_fuse_epilogue 0 "gemm: h <- matmul_4, bias b_o, residual x" -- cat dump_all.txt
+expect dump_after_memory 0 "arena [0-9]+ bytes" -- \
+  "$kiln" compile "$root/examples/transformer.kl" --emit=cu -o dump_out2 --no-nvrtc --dump-after=memory
+expect dump_after_one 0 "^# ---- after fold$" -- \
+  "$kiln" compile "$root/examples/transformer.kl" --emit=cu -o dump_out3 --no-nvrtc --dump-after=fold
+expect dump_after_bad 2 "--dump-after=fusion: choose precision" -- \
+  "$kiln" compile "$root/examples/transformer.kl" --emit=ir --dump-after=fusion
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -140,8 +140,8 @@ static void run_host(const kl_graph *g, kl_tensor **in, const char *dir, const c
                      result *r) {
   kl_codegen_result cg;
   kl_error err;
-  kl_codegen_options opt = {.prefix = "model", .no_fuse = no_fuse};
-  if (kl_codegen(g, &opt, &cg, &err)) {
+  kiln_compile_opts opt = {.prefix = "model", .no_fuse = no_fuse};
+  if (kiln_generate_err(g, &opt, &cg, &err)) {
     r->host_status = err.unsupported ? UNSUPPORTED : FAIL;
     snprintf(r->host_reason, sizeof r->host_reason, "%s", err.msg);
     return;

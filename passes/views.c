@@ -12,16 +12,16 @@
  * transpose -> reshape after it) into no kernels at all. */
 #include <string.h>
 
-#include "codegen_impl.h"
+#include "passes.h"
 
-void kl_cg_view_identity(const kl_value *v, kl_cg_view *out) {
+void kl_view_identity(const kl_value *v, kl_view *out) {
   memset(out, 0, sizeof *out);
   out->base = v;
   out->shape = v->shape;
   kl_shape_strides(&v->shape, out->strides);
 }
 
-bool kl_cg_view_op(const kl_node *n) {
+bool kl_view_op(const kl_node *n) {
   switch (n->op) {
   case KL_OP_TRANSPOSE:
   case KL_OP_SPLIT:
@@ -35,7 +35,7 @@ bool kl_cg_view_op(const kl_node *n) {
 
 /* NumPy's rule for reshaping without a copy: each run of old dims that
  * multiplies out to a run of new dims must be contiguous within itself. */
-static bool reshape_view(const kl_cg_view *in, const kl_shape *to, kl_cg_view *out) {
+static bool reshape_view(const kl_view *in, const kl_shape *to, kl_view *out) {
   int64_t od[KL_MAX_RANK], os[KL_MAX_RANK], nd[KL_MAX_RANK], ns[KL_MAX_RANK];
   int on = 0, nn = 0;
   for (int d = 0; d < in->shape.rank; d++)
@@ -69,7 +69,7 @@ static bool reshape_view(const kl_cg_view *in, const kl_shape *to, kl_cg_view *o
   return true;
 }
 
-bool kl_cg_view_apply(const kl_node *n, int out_index, const kl_cg_view *in, kl_cg_view *out) {
+bool kl_view_apply(const kl_node *n, int out_index, const kl_view *in, kl_view *out) {
   const kl_shape *os = &n->outputs[out_index]->shape;
   if (kl_dtype_size(n->inputs[0]->dtype) != kl_dtype_size(n->outputs[out_index]->dtype))
     return false;
@@ -107,7 +107,7 @@ bool kl_cg_view_apply(const kl_node *n, int out_index, const kl_cg_view *in, kl_
 /* One matrix of a view (its last two dims, rows x cols) as BLAS sees it:
  * row-major with leading dimension ld, or the transpose of one.  Dims of 1
  * have no meaningful stride and take the smallest legal ld. */
-static bool matrix(const kl_cg_view *v, int *trans, int64_t *ld, bool may_transpose) {
+static bool matrix(const kl_view *v, int *trans, int64_t *ld, bool may_transpose) {
   int r = v->shape.rank;
   int64_t rows = v->shape.dims[r - 2], cols = v->shape.dims[r - 1];
   int64_t rs = v->strides[r - 2], cs = v->strides[r - 1];
@@ -145,8 +145,8 @@ static bool merge_batch(const int64_t *dims, const int64_t st[3][KL_MAX_RANK], i
   return true;
 }
 
-bool kl_cg_matmul_layout(const kl_cg_view *a, const kl_cg_view *b, const kl_cg_view *c,
-                         kl_cg_mm_layout *L) {
+bool kl_matmul_layout(const kl_view *a, const kl_view *b, const kl_view *c,
+                         kl_mm_layout *L) {
   const kl_shape *as = &a->shape, *bs = &b->shape, *cs = &c->shape;
   if (as->rank < 2 || bs->rank < 2 || cs->rank < 2) return false;
   memset(L, 0, sizeof *L);
@@ -160,9 +160,9 @@ bool kl_cg_matmul_layout(const kl_cg_view *a, const kl_cg_view *b, const kl_cg_v
    * the operand broadcasts) */
   int nb = cs->rank - 2;
   int64_t st[3][KL_MAX_RANK];
-  const kl_cg_view *ops[3] = {a, b, c};
+  const kl_view *ops[3] = {a, b, c};
   for (int o = 0; o < 3; o++) {
-    const kl_cg_view *v = ops[o];
+    const kl_view *v = ops[o];
     int vb = v->shape.rank - 2;
     if (vb > nb) return false;
     for (int d = 0; d < nb; d++) {

@@ -1,0 +1,34 @@
+/* target.c - what the kernels of this code generator can do, as the
+ * passes see it: the fusion pass, the GEMM pass and the memory plan read
+ * these numbers instead of asking the templates. */
+#include "codegen_impl.h"
+
+const kl_target kl_cg_target = {
+    /* bounds a kernel's size (and NVRTC's time on it) */
+    .max_group_nodes = 16,
+    .max_kernel_args = KL_CG_MAX_FUSED_IO,
+    /* The longest dot product (input channels per group x window) a direct
+     * convolution takes; longer ones go to im2col + cuBLAS, whose tiled
+     * GEMM reuses each loaded value many times where the direct kernel
+     * relies on the caches.  A guess, not yet a measurement: no GPU has
+     * run it. */
+    .direct_conv_max_k = 1152,
+    /* The longest dot product a GEMM computed inside an elementwise kernel
+     * takes.  A guess from the roofline, not a measurement: a thread per
+     * output reads a row of A (the same address across a warp) and a
+     * column of B (adjacent across it), about half the FP32 peak; cuBLAS's
+     * tiles do better, and once K passes ~128 the GEMM's time outweighs
+     * the store and load of the result that fusing saves. */
+    .direct_matmul_max_k = 128,
+    /* emit_attention.c: a warp per row of scores, 32 per lane, the
+     * probabilities in shared memory; wider heads make the two products
+     * the work, where cuBLAS's tiling pays more than the traffic saved */
+    .attention_max_keys = 1024,
+    .attention_max_head = 256,
+    .attention_max_chain = KL_MAX_CHAIN,
+    /* cuBLASLt's epilogues (and the host BLAS wrapper's) */
+    .gemm_bias = true,
+    .gemm_residual = true,
+    .gemm_relu = true,
+    .scalar = kl_cg_is_elementwise,
+};

@@ -1,0 +1,93 @@
+/* rules.c - what a fusion group can hold: the classes of nodes the passes
+ * put into elementwise kernels, row kernels and direct GEMMs.  Only the
+ * target's numbers and its one question (kl_target.scalar) come from the
+ * code generator. */
+#include "passes.h"
+
+/* The fewest innermost axes a kept-dims reduction from s to o spans (the
+ * other dims unchanged; axes of size 1 may count either way); 0 for none. */
+static int reduced_axes(const kl_shape *s, const kl_shape *o) {
+  if (o->rank != s->rank) return 0;
+  for (int k = 1; k <= s->rank; k++) {
+    bool fits = true;
+    for (int d = 0; d < s->rank && fits; d++)
+      fits = o->dims[d] == (d < s->rank - k ? s->dims[d] : 1);
+    if (fits) return k;
+  }
+  return 0;
+}
+
+int kl_row_axes(const kl_node *n) {
+  const kl_shape *s = &n->inputs[0]->shape;
+  if (n->op == KL_OP_LAYER_NORM || n->op == KL_OP_RMS_NORM) { /* axis .. the last */
+    int64_t axis = kl_attr_int(n, "axis", -1);
+    if (axis < 0) axis += s->rank;
+    return axis >= 0 && axis < s->rank ? (int)(s->rank - axis) : 0;
+  }
+  if (n->op == KL_OP_SOFTMAX || n->op == KL_OP_LOG_SOFTMAX) {
+    int64_t axis = kl_attr_int(n, "axis", -1);
+    return axis == -1 || axis == s->rank - 1 ? 1 : 0;
+  }
+  return reduced_axes(s, &n->outputs[0]->shape);
+}
+
+int kl_row_kind(const kl_node *n) {
+  const kl_value *in = n->inputs[0];
+  const kl_shape *s = &in->shape;
+  if (n->noutputs != 1 || s->rank < 1 || !kl_dtype_is_float(in->dtype)) return 0;
+  int k = kl_row_axes(n);
+  int64_t len = 1;
+  for (int d = s->rank - k; d < s->rank; d++) len *= s->dims[d];
+  if (k < 1 || len < 2) return 0;
+  if (n->op == KL_OP_SOFTMAX || n->op == KL_OP_LOG_SOFTMAX) return 2;
+  if (n->op == KL_OP_LAYER_NORM || n->op == KL_OP_RMS_NORM) return 3;
+  /* kept dims: the result broadcasts back over its row */
+  return n->op == KL_OP_REDUCE_SUM || n->op == KL_OP_REDUCE_MEAN || n->op == KL_OP_REDUCE_MAX ||
+                 n->op == KL_OP_REDUCE_MIN || n->op == KL_OP_GLOBAL_AVG_POOL
+             ? 1
+             : 0;
+}
+
+bool kl_traps_zero_divisor(const kl_node *n) {
+  kl_dtype t = n->inputs[0]->dtype;
+  if (n->op == KL_OP_POW) return kl_dtype_is_int(t) && !kl_dtype_is_unsigned(t); /* 0 ** -1 */
+  return (n->op == KL_OP_DIV || n->op == KL_OP_MOD) && !kl_dtype_is_float(t);
+}
+
+bool kl_is_channel_affine(const kl_node *n) {
+  if (n->op != KL_OP_BATCH_NORM || n->ninputs != 5 || n->noutputs != 1) return false;
+  const kl_value *x = n->inputs[0];
+  if (!kl_dtype_is_float(x->dtype) || x->shape.rank < 2) return false;
+  for (int i = 1; i < 5; i++) {
+    const kl_value *p = n->inputs[i];
+    if (!kl_dtype_is_float(p->dtype) || p->shape.rank != 1 || p->shape.dims[0] != x->shape.dims[1])
+      return false;
+  }
+  return true;
+}
+
+/* Longer dot products go to im2col + the GEMM library, whose tiles reuse
+ * each loaded value where the direct kernel relies on the caches. */
+bool kl_is_direct_conv(const kl_node *n, const kl_target *t) {
+  if (n->op != KL_OP_CONV2D || n->noutputs != 1) return false;
+  const kl_value *x = n->inputs[0], *w = n->inputs[1], *y = n->outputs[0];
+  return kl_dtype_is_float(y->dtype) && x->dtype == y->dtype && w->dtype == y->dtype &&
+         (n->ninputs < 3 || n->inputs[2]->dtype == y->dtype) && x->shape.rank == 4 &&
+         w->shape.rank == 4 && kl_shape_numel(&y->shape) > 0 &&
+         w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3] <= t->direct_conv_max_k;
+}
+
+bool kl_is_direct_matmul(const kl_node *n, const kl_target *t) {
+  if (n->op != KL_OP_MATMUL || n->noutputs != 1) return false;
+  const kl_value *a = n->inputs[0], *b = n->inputs[1], *y = n->outputs[0];
+  /* f32 and f64 only: f16 and bf16 GEMMs belong on the tensor cores */
+  return (y->dtype == KL_F32 || y->dtype == KL_F64) && a->dtype == y->dtype &&
+         b->dtype == y->dtype && a->shape.rank >= 2 && b->shape.rank >= 2 &&
+         kl_shape_numel(&y->shape) > 0 && a->shape.dims[a->shape.rank - 1] >= 1 &&
+         a->shape.dims[a->shape.rank - 1] <= t->direct_matmul_max_k;
+}
+
+bool kl_is_fusible(const kl_node *n, const kl_target *t) {
+  return kl_ops[n->op].kind == KL_KIND_ELEMENTWISE && n->noutputs == 1 && t->scalar(n) &&
+         !kl_traps_zero_divisor(n);
+}
