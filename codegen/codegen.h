@@ -17,7 +17,6 @@
 
 typedef struct {
   const char *prefix;   /* C identifier for the model's symbols ("mlp") */
-  size_t mem_limit;     /* bytes the planned arena may take; 0: no limit */
 } kl_codegen_options;
 
 /* What this code generator's kernels can do, for the passes (target.c). */

@@ -25,7 +25,17 @@ typedef struct {
   bool (*handles)(const kl_node *n);
   /* 0, or -1 with the emitter's error set (kl_cg_fail) */
   int (*emit)(kl_cg_emitter *e, const kl_node *n);
+  /* The scratch buffers emit asks for (kl_cg_scratch), in order, declared
+   * before any code is written so the memory plan can place them: their
+   * sizes into bytes[0..KL_CG_MAX_SCRATCH), how many (NULL: none). */
+  int (*scratch)(const kl_node *n, size_t *bytes);
 } kl_cg_template;
+enum { KL_CG_MAX_SCRATCH = 4 };
+/* The template that writes node n (emit_model.c asks each family in
+ * turn), or NULL. */
+const kl_cg_template *kl_cg_find_template(const kl_node *n);
+/* kl_cg_target.scratch: the node's template's scratch. */
+int kl_cg_node_scratch(const kl_node *n, size_t *bytes, int max);
 
 extern const kl_cg_template kl_cg_templates_basic[];    /* templates_basic.c */
 extern const kl_cg_template kl_cg_templates_movement[]; /* templates_movement.c */
@@ -85,11 +95,6 @@ void kl_cg_write_view(kl_cg_emitter *e, const kl_node *n, kl_view *out);
 /* The device pointer of a view's first element. */
 const char *kl_cg_view_ptr(kl_cg_emitter *e, const kl_view *v, char *buf, size_t len);
 void kl_cg_emit_gemm(kl_cg_emitter *e, const kl_cg_gemm *g);
-/* Plan the arena (memory_plan.c): offsets into bufs, the checker, and the
- * limit (0: none), over which the error names the largest buffers alive at
- * the peak step. */
-int kl_cg_plan_memory(kl_membuf *bufs, int n, const char *const *step_names, int nsteps,
-                      size_t limit, kl_memplan_stats *st, kl_error *err);
 int kl_cg_fail(kl_cg_emitter *e, const kl_node *n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A one-line comment naming the node, its op and output, in both streams. */
@@ -144,33 +149,18 @@ const char *kl_cg_operand_type(const kl_node *n); /* compute type of n's operand
 void kl_cg_index_math(FILE *f, const kl_shape *out, const kl_value *const *ins, int nins);
 void kl_cg_grid_stride_loop(FILE *f, int64_t n);
 
-/* What a fused group reads (values made outside it) and writes (values
- * stored: graph outputs and values other groups read), kernel argument
- * order: inputs, then outputs. */
-enum { KL_CG_MAX_FUSED_IO = 48 };
-typedef struct {
-  const kl_value *in[KL_CG_MAX_FUSED_IO], *out[KL_CG_MAX_FUSED_IO];
-  int nin, nout;
-  /* in[k] is read element for element (broadcast); else only as a
-   * batch_norm's per-channel parameter */
-  bool elementwise_read[KL_CG_MAX_FUSED_IO];
-  /* in[k] is a convolution's operand: read around the element too, so no
-   * output may take its buffer */
-  bool window_read[KL_CG_MAX_FUSED_IO];
-} kl_cg_fused_args;
-void kl_cg_fused_io(kl_node *const *nodes, int n, const bool *stored, kl_cg_fused_args *io);
 /* The members' code (one thread's element idx, after the x registers are
  * loaded); `keep` (or NULL) keeps a register for the code after. */
-void kl_cg_fused_members(FILE *f, kl_node *const *nodes, int n, const kl_cg_fused_args *io,
+void kl_cg_fused_members(FILE *f, kl_node *const *nodes, int n, const kl_group_io *io,
                          const char *store, const char *idx, const kl_value *keep);
 /* A fused kernel's signature (`KL_KERNEL void name(in0.., out0..) {`)
  * and its emulator entry. */
-void kl_cg_fused_params(FILE *f, const char *name, const kl_cg_fused_args *io);
-void kl_cg_fused_entry(FILE *f, const char *name, const kl_cg_fused_args *io);
+void kl_cg_fused_params(FILE *f, const char *name, const kl_group_io *io);
+void kl_cg_fused_entry(FILE *f, const char *name, const kl_group_io *io);
 /* The kernel of an elementwise group: nodes[0..n) of one output shape in
  * schedule order. */
 void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, int n,
-                             const kl_cg_fused_args *io);
+                             const kl_group_io *io);
 
 /* ---- row groups (emit_rows.c) -------------------------------------------
  * Elementwise nodes around reductions over the innermost axes (sum, mean,
@@ -181,7 +171,7 @@ const char *kl_cg_softmax_value(const kl_node *n, bool dbl);
 /* The kernel of a row group over `shape`, a row its last `axes` dims;
  * returns its grid. */
 kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, int n,
-                            const kl_shape *shape, int axes, const kl_cg_fused_args *io);
+                            const kl_shape *shape, int axes, const kl_group_io *io);
 
 /* ---- attention (emit_attention.c) ----------------------------------------
  * softmax(pre(Q @ K)) -> post -> @ V as one kernel, a warp per row of the
@@ -192,6 +182,6 @@ kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, in
  * q, k and v, and the base of out; returns the grid. */
 kl_cg_grid kl_cg_attention_kernel(FILE *f, const char *name, const kl_attention *a,
                                   const kl_view *q, const kl_view *k, const kl_view *v,
-                                  const kl_view *out, const kl_cg_fused_args *io);
+                                  const kl_view *out, const kl_group_io *io);
 
 #endif

@@ -39,7 +39,7 @@ static void batch_strides(const kl_view *v, int nb, int64_t *st) {
   }
 }
 
-static int index_of(const kl_cg_fused_args *io, const kl_value *v) {
+static int index_of(const kl_group_io *io, const kl_value *v) {
   for (int k = 0; k < io->nin; k++)
     if (io->in[k] == v) return k;
   return -1;
@@ -47,16 +47,16 @@ static int index_of(const kl_cg_fused_args *io, const kl_value *v) {
 
 /* The x registers of the inputs that chain nodes[0..n) reads, loaded for
  * element i of the scores. */
-static void load_chain_inputs(FILE *f, kl_node *const *nodes, int n, const kl_cg_fused_args *io,
+static void load_chain_inputs(FILE *f, kl_node *const *nodes, int n, const kl_group_io *io,
                               int nextra, const kl_shape *S) {
-  bool want[KL_CG_MAX_FUSED_IO] = {0};
+  bool want[KL_MAX_GROUP_IO] = {0};
   for (int m = 0; m < n; m++)
     for (int i = 0; i < nodes[m]->ninputs; i++) {
       int k = index_of(io, nodes[m]->inputs[i]);
       if (k >= 0 && k < nextra) want[k] = true;
     }
-  const kl_value *loads[KL_CG_MAX_FUSED_IO];
-  int nloads = 0, slot[KL_CG_MAX_FUSED_IO];
+  const kl_value *loads[KL_MAX_GROUP_IO];
+  int nloads = 0, slot[KL_MAX_GROUP_IO];
   for (int k = 0; k < nextra; k++)
     if (want[k]) slot[nloads] = k, loads[nloads++] = io->in[k];
   if (!nloads) return;
@@ -71,7 +71,7 @@ static void load_chain_inputs(FILE *f, kl_node *const *nodes, int n, const kl_cg
 
 kl_cg_grid kl_cg_attention_kernel(FILE *f, const char *name, const kl_attention *a,
                                   const kl_view *q, const kl_view *k, const kl_view *v,
-                                  const kl_view *out, const kl_cg_fused_args *io) {
+                                  const kl_view *out, const kl_group_io *io) {
   typedef long long ll;
   const kl_value *s = a->qk->outputs[0], *x = a->softmax->inputs[0], *p = a->softmax->outputs[0];
   const kl_value *pl = a->pv->inputs[0], *y = a->pv->outputs[0];

@@ -7,36 +7,6 @@
 
 #include "codegen_impl.h"
 
-static bool is_member(kl_node *const *nodes, int n, const kl_node *x) {
-  for (int i = 0; i < n; i++)
-    if (nodes[i] == x) return true;
-  return false;
-}
-
-void kl_cg_fused_io(kl_node *const *nodes, int n, const bool *stored, kl_cg_fused_args *io) {
-  io->nin = io->nout = 0;
-  for (int m = 0; m < n; m++) {
-    const kl_node *nd = nodes[m];
-    for (int i = 0; i < nd->ninputs; i++) {
-      const kl_value *v = nd->inputs[i];
-      if (v->producer && is_member(nodes, n, v->producer)) continue;
-      int k = 0;
-      while (k < io->nin && io->in[k] != v) k++;
-      if (k == io->nin) {
-        if (io->nin == KL_CG_MAX_FUSED_IO) continue;
-        io->in[io->nin] = v;
-        io->window_read[io->nin] = false;
-        io->elementwise_read[io->nin++] = false;
-      }
-      /* a batch_norm's parameters are read by channel, a convolution's
-       * operands by window */
-      if (nd->op == KL_OP_CONV2D || nd->op == KL_OP_MATMUL) io->window_read[k] = true;
-      else if (!(kl_is_channel_affine(nd) && i > 0)) io->elementwise_read[k] = true;
-    }
-    if (stored[nd->outputs[0]->id] && io->nout < KL_CG_MAX_FUSED_IO)
-      io->out[io->nout++] = nd->outputs[0];
-  }
-}
 
 static int index_of(const kl_value *const *vals, int n, const kl_value *v) {
   for (int k = 0; k < n; k++)
@@ -53,14 +23,14 @@ static bool read_later(kl_node *const *nodes, int n, int m, const kl_value *v) {
 }
 
 /* The register holding value v inside the kernel. */
-static const char *reg(const kl_cg_fused_args *io, const kl_value *v, char *buf, size_t len) {
+static const char *reg(const kl_group_io *io, const kl_value *v, char *buf, size_t len) {
   int k = index_of(io->in, io->nin, v);
   if (k >= 0) snprintf(buf, len, "x%d", k);
   else snprintf(buf, len, "v%d", v->id);
   return buf;
 }
 
-void kl_cg_fused_params(FILE *f, const char *name, const kl_cg_fused_args *io) {
+void kl_cg_fused_params(FILE *f, const char *name, const kl_group_io *io) {
   fprintf(f, "KL_KERNEL void %s(", name);
   for (int k = 0; k < io->nin; k++)
     fprintf(f, "const %s *__restrict__ in%d, ", kl_cg_storage(io->in[k]->dtype), k);
@@ -69,7 +39,7 @@ void kl_cg_fused_params(FILE *f, const char *name, const kl_cg_fused_args *io) {
             k + 1 < io->nout ? ", " : ") {\n");
 }
 
-void kl_cg_fused_entry(FILE *f, const char *name, const kl_cg_fused_args *io) {
+void kl_cg_fused_entry(FILE *f, const char *name, const kl_group_io *io) {
   fprintf(f, "KL_EMU_ENTRY(%s", name);
   for (int k = 0; k < io->nin; k++)
     fprintf(f, ", KL_ARG(const %s *, %d)", kl_cg_storage(io->in[k]->dtype), k);
@@ -81,7 +51,7 @@ void kl_cg_fused_entry(FILE *f, const char *name, const kl_cg_fused_args *io) {
 /* A batch_norm member, as templates_nn.c's kernel computes it:
  * (x - mean[ch]) * (scale[ch] / sqrt(var[ch] + eps)) + bias[ch], ch the
  * element's index on axis 1. */
-static void channel_affine(FILE *f, const kl_node *nd, const kl_cg_fused_args *io, bool later,
+static void channel_affine(FILE *f, const kl_node *nd, const kl_group_io *io, bool later,
                            const char *idx, const char *store) {
   const kl_value *x = nd->inputs[0], *out = nd->outputs[0];
   int64_t inner = 1;
@@ -115,7 +85,7 @@ static void channel_affine(FILE *f, const kl_node *nd, const kl_cg_fused_args *i
 /* The end of a direct member's block: `sum` rounded once to the output's
  * type, stored if the group stores it, kept in a register if later
  * members read it. */
-static void store_sum(FILE *f, const kl_value *out, const kl_cg_fused_args *io, bool later,
+static void store_sum(FILE *f, const kl_value *out, const kl_group_io *io, bool later,
                       const char *store) {
   char at[64], buf[160];
   fprintf(f, "      %s so; ", kl_cg_storage(out->dtype));
@@ -135,7 +105,7 @@ static void store_sum(FILE *f, const kl_value *out, const kl_cg_fused_args *io, 
  * GEMM computes, with no im2col matrix in memory.  Threads of a warp take
  * neighbouring output columns of one channel, so weight loads are the
  * same address (a broadcast) and input loads are adjacent. */
-static void direct_conv(FILE *f, const kl_node *nd, const kl_cg_fused_args *io, bool later,
+static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool later,
                         const char *idx, const char *store) {
   const kl_value *x = nd->inputs[0], *w = nd->inputs[1], *out = nd->outputs[0];
   const int64_t *xd = x->shape.dims, *yd = out->shape.dims, *wd = w->shape.dims;
@@ -187,7 +157,7 @@ static void direct_conv(FILE *f, const kl_node *nd, const kl_cg_fused_args *io, 
  * broadcast, accumulated as direct_conv does and rounded once.  Threads of
  * a warp take neighbouring columns: the same a element (a broadcast) and
  * adjacent b elements. */
-static void direct_matmul(FILE *f, const kl_node *nd, const kl_cg_fused_args *io, bool later,
+static void direct_matmul(FILE *f, const kl_node *nd, const kl_group_io *io, bool later,
                           const char *idx, const char *store) {
   typedef long long ll;
   const kl_value *a = nd->inputs[0], *b = nd->inputs[1], *out = nd->outputs[0];
@@ -232,7 +202,7 @@ static void direct_matmul(FILE *f, const kl_node *nd, const kl_cg_fused_args *io
  * "out%d[i]", or "w%d.x" for a lane of a vector); idx is the element's
  * flat index; `keep` (or NULL) is a value whose register the code after
  * reads. */
-void kl_cg_fused_members(FILE *f, kl_node *const *nodes, int n, const kl_cg_fused_args *io,
+void kl_cg_fused_members(FILE *f, kl_node *const *nodes, int n, const kl_group_io *io,
                          const char *store, const char *idx, const kl_value *keep) {
   char buf[256], r[3][32], at[48];
   for (int m = 0; m < n; m++) {
@@ -291,11 +261,11 @@ static bool reads_four(const kl_value *v, const kl_shape *shape) {
 /* The float4 path, taken when every float4 pointer is 16-byte aligned
  * (checked at run time: a kernel does not know where its buffers start);
  * else the scalar loop below runs. */
-static void vector_path(FILE *f, kl_node *const *nodes, int n, const kl_cg_fused_args *io,
+static void vector_path(FILE *f, kl_node *const *nodes, int n, const kl_group_io *io,
                         const kl_shape *shape) {
   int64_t numel = kl_shape_numel(shape);
-  const kl_value *loads[KL_CG_MAX_FUSED_IO];
-  int nloads = 0, slot[KL_CG_MAX_FUSED_IO], q_of[KL_CG_MAX_FUSED_IO];
+  const kl_value *loads[KL_MAX_GROUP_IO];
+  int nloads = 0, slot[KL_MAX_GROUP_IO], q_of[KL_MAX_GROUP_IO];
   for (int k = 0; k < io->nin; k++)
     if (io->elementwise_read[k]) q_of[k] = nloads, slot[nloads] = k, loads[nloads++] = io->in[k];
   /* outputs as float4 only when all are f32; else four stores each */
@@ -345,7 +315,7 @@ static void vector_path(FILE *f, kl_node *const *nodes, int n, const kl_cg_fused
 }
 
 void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, int n,
-                             const kl_cg_fused_args *io) {
+                             const kl_group_io *io) {
   const kl_shape *shape = &nodes[n - 1]->outputs[0]->shape;
   int64_t numel = kl_shape_numel(shape);
   char text[160], buf[256];
@@ -360,8 +330,8 @@ void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, i
   if (vectorizable(shape) && !conv) vector_path(f, nodes, n, io, shape);
   kl_cg_grid_stride_loop(f, numel);
   /* offsets for the inputs read element for element (o0.. in their order) */
-  const kl_value *loads[KL_CG_MAX_FUSED_IO];
-  int nloads = 0, slot[KL_CG_MAX_FUSED_IO];
+  const kl_value *loads[KL_MAX_GROUP_IO];
+  int nloads = 0, slot[KL_MAX_GROUP_IO];
   for (int k = 0; k < io->nin; k++)
     if (io->elementwise_read[k]) slot[nloads] = k, loads[nloads++] = io->in[k];
   if (nloads) kl_cg_index_math(f, shape, loads, nloads);

@@ -1,7 +1,8 @@
-/* emit_model.c - the whole of code generation for one graph: decide where
- * every value lives (weights blob, one arena for intermediates, input and
- * output buffers), write one kernel or GEMM call per node, and the host code
- * and header around them. */
+/* emit_model.c - the text of one plan (passes/pipeline.c): a kernel or
+ * GEMM call per step, the weights blob, and the host code and header
+ * around them.  Every decision (groups, GEMMs, views, where each value
+ * lives) is the plan's; this file only writes it out, and checks that every
+ * pointer a template asks for is one the memory plan made room for. */
 #include <limits.h>
 #include <stdarg.h>
 #include "../runtime/kilnrt.h"
@@ -10,36 +11,18 @@
 
 #include "codegen_impl.h"
 
-enum { ALIGN = KL_MEM_ALIGN, BLOCK = 256, MAX_BLOCKS = 4096 };
-
-/* LOC_VIEW: no buffer; read through kl_cg_read_view (views.c) */
-typedef enum { LOC_NONE, LOC_PARAM, LOC_ARENA, LOC_INPUT, LOC_OUTPUT, LOC_VIEW } loc_kind;
-typedef struct {
-  loc_kind kind;
-  size_t offset; /* PARAM */
-  int index;     /* INPUT, OUTPUT; ARENA: its buffer in the memory plan */
-} location;
+enum { BLOCK = 256, MAX_BLOCKS = 4096 };
 
 
 typedef struct {
   const kl_graph *g;
   const kl_plan *p;       /* the passes' decisions: groups, GEMMs, views */
   kl_error *err;
-  location *loc;      /* per value id */
   unsigned char *params;
-  size_t param_bytes, arena_bytes;
   int nkernels, ngemms, nlaunches;
-  /* The memory plan: arena buffers (values first, then scratch) whose
-   * offsets are names in run() until kl_memplan decides them. */
-  kl_membuf *bufs;
-  int nbufs, cap_bufs, nvalue_bufs;
-  int step, nsteps;       /* the node being emitted, and how many were */
-  const kl_node **at_step; /* per step */
-  kl_memplan_stats mem;
-  size_t mem_limit;       /* 0: none */
-  double passes_ms;       /* the pipeline's, and the memory plan's */
-  int *step_group;        /* per step: its group */
-  bool *alias;            /* per node id: its output is its input's buffer */
+  int step;               /* the step being written */
+  int next_scratch;       /* the step's next scratch buffer */
+  char plan_error[400];   /* a pointer asked for outside the memory plan */
   size_t dram_bytes;
   /* the profiler's steps: those that launch something */
   int step_launches, nprofile, cap_profile;
@@ -50,124 +33,55 @@ static size_t value_bytes(const kl_value *v) {
   return (size_t)kl_shape_numel(&v->shape) * kl_dtype_size(v->dtype);
 }
 
-static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
-/* ---- where values live ----------------------------------------------- */
-/* A request for arena space, alive at no step until a node uses it. */
-static int add_buf(cg_ctx *c, const char *name, size_t bytes) {
-  if (c->nbufs == c->cap_bufs) {
-    c->cap_bufs = c->cap_bufs ? 2 * c->cap_bufs : 64;
-    c->bufs = realloc(c->bufs, (size_t)c->cap_bufs * sizeof *c->bufs);
-    if (!c->bufs) abort();
-  }
-  char *copy = strdup(name);
-  if (!copy) abort();
-  c->bufs[c->nbufs] = (kl_membuf){copy, bytes, INT_MAX, -1, -1, 0};
-  return c->nbufs++;
+/* n zeroed elements and one more (n may be 0); out of memory aborts, as
+ * everywhere in the compiler. */
+static void *zalloc(size_t n, size_t size) {
+  void *p = calloc(n + 1, size);
+  if (!p) abort();
+  return p;
 }
 
-/* Buffer b is used at the current step. */
-static void use_buf(cg_ctx *c, int b) {
-  kl_membuf *m = &c->bufs[b];
-  if (c->step < m->first) m->first = c->step;
-  if (c->step > m->last) m->last = c->step;
-}
-
-static int add_param(cg_ctx *c, const kl_value *v, const kl_tensor *t) {
-  size_t off = align_up(c->param_bytes), bytes = value_bytes(v);
-  unsigned char *grown = realloc(c->params, off + bytes + 1);
-  if (!grown) abort();
-  c->params = grown;
-  memset(c->params + c->param_bytes, 0, off - c->param_bytes);
-  kl_tensor_to_raw(t, c->params + off);
-  c->param_bytes = off + bytes;
-  c->loc[v->id] = (location){LOC_PARAM, off, 0};
-  return 0;
-}
-
-/* A node whose output can be its input's bytes: same element order and
- * width, and an output that need not be a buffer of its own. */
-static bool is_alias(const cg_ctx *c, const kl_node *n) {
-  if (n->op != KL_OP_RESHAPE && n->op != KL_OP_FLATTEN && n->op != KL_OP_SQUEEZE &&
-      n->op != KL_OP_UNSQUEEZE)
-    return false;
-  const kl_value *in = n->inputs[0], *out = n->outputs[0];
-  location l = c->loc[in->id];
-  return c->loc[out->id].kind == LOC_NONE && l.kind != LOC_NONE && l.kind != LOC_VIEW &&
-         kl_dtype_size(in->dtype) == kl_dtype_size(out->dtype) &&
-         kl_shape_numel(&in->shape) == kl_shape_numel(&out->shape);
-}
-
-static int place_values(cg_ctx *c) {
+/* ---- the weights blob ------------------------------------------------ */
+/* Weights, constants and folded values at the offsets the memory pass
+ * gave them. */
+static int write_params(cg_ctx *c) {
+  const kl_plan *p = c->p;
   const kl_graph *g = c->g;
-  for (int i = 0; i < g->inputs.len; i++) c->loc[g->inputs.items[i]->id] = (location){LOC_INPUT, 0, i};
-  /* A computed output is written straight into its buffer; one that is an
-   * input, a weight or a constant is read back from where it lives. */
-  for (int i = 0; i < g->outputs.len; i++) {
-    const kl_value *v = g->outputs.items[i];
-    if (v->kind == KL_VAL_NODE && !c->p->folded[v->producer->id])
-      c->loc[v->id] = (location){LOC_OUTPUT, 0, i};
-  }
+  c->params = calloc(p->param_bytes + 1, 1);
+  if (!c->params) abort();
   for (int i = 0; i < g->params.len; i++) {
     kl_tensor *t;
     const kl_value *v = g->params.items[i];
     if (kl_value_materialize(v, &t, c->err)) return -1;
-    add_param(c, v, t);
+    kl_tensor_to_raw(t, c->params + p->loc[v->id].offset);
     kl_tensor_free(t);
   }
   for (int i = 0; i < g->nodes.len; i++) {
-    const kl_node *n = c->p->order[i];
-    if (!c->p->live[n->id]) continue;
-    if (c->p->folded[n->id]) { /* evaluated by the fold pass, stored with the weights */
-      for (int k = 0; k < n->noutputs; k++) add_param(c, n->outputs[k], c->p->known[n->outputs[k]->id]);
-      continue;
-    }
-    /* views and a matmul's result written through a transpose: no buffer */
-    if (c->p->view_node[n->id]) {
-      for (int k = 0; k < n->noutputs; k++) c->loc[n->outputs[k]->id] = (location){LOC_VIEW, 0, 0};
-      continue;
-    }
-    if (c->p->writes_into[n->id] || c->p->epi_last[n->id] || c->p->epi_inner[n->id]) {
-      c->loc[n->outputs[0]->id] = (location){LOC_VIEW, 0, 0};
-      continue;
-    }
-    /* reshape & co renumber nothing: the output is the input's buffer
-     * under another shape, and no kernel runs */
-    if (is_alias(c, n)) {
-      c->alias[n->id] = true;
-      c->loc[n->outputs[0]->id] = c->loc[n->inputs[0]->id];
-      continue;
-    }
-    /* an arena buffer each: plan_memory gives them offsets; a value that
-     * stays inside its fused kernel needs none */
-    bool fused = c->p->fusion.groups[c->p->fusion.group_of[n->id]].count > 1;
-    for (int k = 0; k < n->noutputs; k++) {
-      kl_value *v = n->outputs[k];
-      if (c->loc[v->id].kind != LOC_NONE || (fused && !c->p->fusion.stored[v->id])) continue;
-      c->loc[v->id] = (location){LOC_ARENA, 0, add_buf(c, v->name, value_bytes(v))};
-    }
+    const kl_node *n = p->order[i];
+    for (int k = 0; p->live[n->id] && p->folded[n->id] && k < n->noutputs; k++)
+      kl_tensor_to_raw(p->known[n->outputs[k]->id], c->params + p->loc[n->outputs[k]->id].offset);
   }
-  c->nvalue_bufs = c->nbufs;
   return 0;
 }
 
 /* Name of buffer b's offset in model.c, defined before run(). */
 static const char *buf_macro(const cg_ctx *c, int b, char *buf, size_t len) {
-  snprintf(buf, len, "%s_%d", b < c->nvalue_bufs ? "ARENA" : "SCRATCH", b);
+  snprintf(buf, len, "%s_%d", b < c->p->nvalue_bufs ? "ARENA" : "SCRATCH", b);
   return buf;
 }
 
 /* C expression for a value's device pointer inside run(). */
 static const char *ptr_expr(const cg_ctx *c, const kl_value *v, char *buf, size_t len) {
-  const location *l = &c->loc[v->id];
+  const kl_location *l = &c->p->loc[v->id];
   char name[32];
   switch (l->kind) {
-  case LOC_PARAM: snprintf(buf, len, "(void *)(m->params + %zu)", l->offset); break;
-  case LOC_ARENA:
+  case KL_LOC_PARAM: snprintf(buf, len, "(void *)(m->params + %zu)", l->offset); break;
+  case KL_LOC_ARENA:
     snprintf(buf, len, "(void *)(m->arena + %s)", buf_macro(c, l->index, name, sizeof name));
     break;
-  case LOC_INPUT: snprintf(buf, len, "m->io[%d]", l->index); break;
-  case LOC_OUTPUT: snprintf(buf, len, "m->io[%d]", c->g->inputs.len + l->index); break;
+  case KL_LOC_INPUT: snprintf(buf, len, "m->io[%d]", l->index); break;
+  case KL_LOC_OUTPUT: snprintf(buf, len, "m->io[%d]", c->g->inputs.len + l->index); break;
   default: snprintf(buf, len, "NULL"); break;
   }
   return buf;
@@ -194,11 +108,19 @@ int kl_cg_new_kernel(kl_cg_emitter *e, char *name, size_t len) {
   return e->nkernels++;
 }
 
-/* A pointer asked for is a use: it keeps an arena value alive at this step. */
+/* The memory pass declared what each step touches; a pointer outside it
+ * would be a buffer another value may hold: an internal error, loudly. */
 const char *kl_cg_ptr(kl_cg_emitter *e, const kl_value *v, char *buf, size_t len) {
-  const location *l = &e->c->loc[v->id];
-  if (l->kind == LOC_ARENA) use_buf(e->c, l->index);
-  return ptr_expr(e->c, v, buf, len);
+  cg_ctx *c = e->c;
+  const kl_location *l = &c->p->loc[v->id];
+  if (l->kind == KL_LOC_ARENA) {
+    const kl_membuf *m = &c->p->bufs[l->index];
+    if ((m->first > c->step || m->last < c->step) && !c->plan_error[0])
+      snprintf(c->plan_error, sizeof c->plan_error,
+               "internal error: step %d reads '%s', which the memory plan keeps for steps %d-%d",
+               c->step, v->name, m->first, m->last);
+  }
+  return ptr_expr(c, v, buf, len);
 }
 
 void kl_cg_read_view(kl_cg_emitter *e, const kl_value *v, kl_view *out) {
@@ -234,13 +156,17 @@ void kl_cg_gemm_epilogue(kl_cg_emitter *e, const kl_node *n, kl_cg_gemm *g, char
 
 void kl_cg_count_dram(kl_cg_emitter *e, size_t bytes) { e->c->dram_bytes += bytes; }
 
-/* Scratch lives in the arena during its node's step only. */
+/* Scratch lives in the arena during its node's step only: the next of
+ * the buffers the template declared (kl_cg_template.scratch). */
 const char *kl_cg_scratch(kl_cg_emitter *e, size_t bytes, char *buf, size_t len) {
-  char what[300], name[32];
-  snprintf(what, sizeof what, "scratch of %s", e->node ? e->node->name : "?");
-  int b = add_buf(e->c, what, bytes);
-  use_buf(e->c, b);
-  snprintf(buf, len, "(void *)(m->arena + %s)", buf_macro(e->c, b, name, sizeof name));
+  cg_ctx *c = e->c;
+  char name[32];
+  int b = c->next_scratch++;
+  if ((b >= c->p->scratch_at[c->step + 1] || c->p->bufs[b].bytes != bytes) && !c->plan_error[0])
+    snprintf(c->plan_error, sizeof c->plan_error,
+             "internal error: %s asks for %zu bytes of scratch its template did not declare",
+             e->node ? e->node->name : "?", bytes);
+  snprintf(buf, len, "(void *)(m->arena + %s)", buf_macro(c, b, name, sizeof name));
   return buf;
 }
 
@@ -326,7 +252,7 @@ static const kl_cg_template *const families[] = {kl_cg_templates_basic, kl_cg_te
                                                  kl_cg_templates_nn, kl_cg_templates_sample,
                                                  kl_cg_templates_integer};
 
-static const kl_cg_template *find_template(const kl_node *n) {
+const kl_cg_template *kl_cg_find_template(const kl_node *n) {
   for (size_t f = 0; f < sizeof families / sizeof *families; f++)
     for (const kl_cg_template *t = families[f]; t->handles; t++)
       if (t->handles(n)) return t;
@@ -346,108 +272,13 @@ static void io_table(FILE *f, const char *name, const kl_value *const *vals, int
   fprintf(f, "};\n");
 }
 
-/* ---- the memory plan ---------------------------------------------------- */
-/* A node's arena inputs and outputs are alive at its step, whether or not
- * its template asks for their pointers. */
-static void use_node_values(cg_ctx *c, const kl_node *n) {
-  for (int k = 0; k < n->ninputs; k++)
-    if (c->loc[n->inputs[k]->id].kind == LOC_ARENA) use_buf(c, c->loc[n->inputs[k]->id].index);
-  for (int k = 0; k < n->noutputs; k++)
-    if (c->loc[n->outputs[k]->id].kind == LOC_ARENA) use_buf(c, c->loc[n->outputs[k]->id].index);
-}
-
-/* Nodes whose one kernel reads element i of an input, then writes element
- * i of the output, and nothing else: the output may overwrite that input.
- * (Their kernels declare the pointers __restrict__; that stays sound since
- * each element is read before it is written, by the same thread.) */
-static bool runs_in_place(const kl_node *n) {
-  if (kl_cg_is_elementwise(n)) return true;
-  return n->op == KL_OP_RESHAPE || n->op == KL_OP_FLATTEN || n->op == KL_OP_SQUEEZE ||
-         n->op == KL_OP_UNSQUEEZE;
-}
-
-/* Does a convolution of the group read arena buffer b (under any name:
- * a reshape is the same buffer)?  Then no output may overwrite it. */
-static bool window_buffer(const cg_ctx *c, const kl_cg_fused_args *io, int b) {
-  for (int k = 0; k < io->nin; k++)
-    if (io->window_read[k] && c->loc[io->in[k]->id].kind == LOC_ARENA &&
-        c->loc[io->in[k]->id].index == b)
-      return true;
-  return false;
-}
-
-/* Let an output take the buffer of an input its kernel is the last to
- * read, when they match element for element (no broadcast, same width):
- * such a node's output, or the one output of a fused group.  An input's
- * buffer goes to one output at most. */
-static void choose_in_place(cg_ctx *c) {
-  bool *taken = calloc((size_t)c->nbufs + 1, sizeof *taken);
-  if (!taken) abort();
-  for (int s = 0; s < c->nsteps; s++) {
-    const kl_group *gr = &c->p->fusion.groups[c->step_group[s]];
-    kl_node *const *members = c->p->fusion.nodes + gr->first;
-    kl_cg_fused_args io;
-    if (gr->count == 1) {
-      const kl_node *n = members[0];
-      if (n->noutputs != 1 || !runs_in_place(n)) continue;
-      io.nin = io.nout = 0;
-      for (int k = 0; k < n->ninputs && k < KL_CG_MAX_FUSED_IO; k++) io.in[io.nin++] = n->inputs[k];
-      io.out[io.nout++] = n->outputs[0];
-    } else {
-      kl_cg_fused_io(members, gr->count, c->p->fusion.stored, &io);
-      /* The kernel's pointers are __restrict__, so the compiler may move a
-       * load past a store to another pointer.  With one output, every load
-       * feeds that store and must come first; with more, an input loaded
-       * for a later output could be read after an earlier output took its
-       * place. */
-      if (io.nout != 1) continue;
-    }
-    for (int o = 0; o < io.nout; o++) {
-      const location *lo = &c->loc[io.out[o]->id];
-      if (lo->kind != LOC_ARENA) continue;
-      /* a row kernel's lane 0 writes a row's scalars while other lanes may
-       * still read that row's inputs: only its row values go in place */
-      if (gr->kind == KL_GROUP_ROWS && !kl_shape_equal(&io.out[o]->shape, &gr->shape)) continue;
-      kl_membuf *out = &c->bufs[lo->index];
-      int64_t numel = kl_shape_numel(&io.out[o]->shape);
-      for (int k = 0; k < io.nin && out->inplace_of < 0; k++) {
-        const kl_value *in = io.in[k];
-        const location *li = &c->loc[in->id];
-        if (li->kind != LOC_ARENA || li->index >= lo->index || taken[li->index] ||
-            (gr->count > 1 && window_buffer(c, &io, li->index)) ||
-            kl_shape_numel(&in->shape) != numel ||
-            kl_dtype_size(in->dtype) != kl_dtype_size(io.out[o]->dtype) || !out->bytes)
-          continue;
-        const kl_membuf *b = &c->bufs[li->index];
-        if (b->last == s && b->first < s && out->first == s) {
-          out->inplace_of = li->index;
-          taken[li->index] = true;
-        }
-      }
-    }
-  }
-  free(taken);
-}
-
-static int plan_memory(cg_ctx *c) {
-  choose_in_place(c);
-  const char **step_names = malloc(((size_t)c->nsteps + 1) * sizeof *step_names);
-  if (!step_names) abort();
-  for (int s = 0; s < c->nsteps; s++) step_names[s] = c->at_step[s]->name;
-  int rc = kl_cg_plan_memory(c->bufs, c->nbufs, step_names, c->nsteps, c->mem_limit, &c->mem,
-                             c->err);
-  free(step_names);
-  c->arena_bytes = c->mem.arena;
-  return rc;
-}
-
 /* The offsets of the plan, for run(). */
 static void write_offsets(FILE *f, const cg_ctx *c) {
   fprintf(f, "/* The memory plan: arena offsets (bytes, live steps), %zu bytes in all; the\n"
              " * most alive at one step is %zu, every buffer apart would take %zu. */\n",
-          c->mem.arena, c->mem.lower_bound, c->mem.naive);
-  for (int b = 0; b < c->nbufs; b++) {
-    const kl_membuf *m = &c->bufs[b];
+          c->p->mem.arena, c->p->mem.lower_bound, c->p->mem.naive);
+  for (int b = 0; b < c->p->nbufs; b++) {
+    const kl_membuf *m = &c->p->bufs[b];
     char name[32];
     fprintf(f, "#define %s ((size_t)%zu) /* ", buf_macro(c, b, name, sizeof name), m->offset);
     for (const char *p = m->name; *p; p++) /* a name must not end the comment */
@@ -463,10 +294,10 @@ static void write_offsets(FILE *f, const cg_ctx *c) {
 static void emit_fused_group(kl_cg_emitter *e, const kl_group *gr, kl_node *const *members,
                              int count) {
   cg_ctx *c = e->c;
-  kl_cg_fused_args io;
-  kl_cg_fused_io(members, count, c->p->fusion.stored, &io);
-  char name[32], bufs[2 * KL_CG_MAX_FUSED_IO][160], shape[160];
-  const char *args[2 * KL_CG_MAX_FUSED_IO];
+  kl_group_io io;
+  kl_group_io_of(members, count, c->p->fusion.stored, &io);
+  char name[32], bufs[2 * KL_MAX_GROUP_IO][160], shape[160];
+  const char *args[2 * KL_MAX_GROUP_IO];
   int k = kl_cg_new_kernel(e, name, sizeof name), na = 0;
   kl_cg_grid grid = {0, 0};
   if (gr->kind == KL_GROUP_ROWS)
@@ -491,7 +322,7 @@ static void emit_fused_group(kl_cg_emitter *e, const kl_group *gr, kl_node *cons
  * chains' inputs, then the bases of Q, K and V; the output's base. */
 static void emit_attention(kl_cg_emitter *e, const kl_attention *a) {
   cg_ctx *c = e->c;
-  kl_cg_fused_args io;
+  kl_group_io io;
   memset(&io, 0, sizeof io);
   kl_node *chain[2 * KL_MAX_CHAIN];
   int n = 0;
@@ -514,8 +345,8 @@ static void emit_attention(kl_cg_emitter *e, const kl_attention *a) {
   io.out[io.nout++] = out.base;
   c->dram_bytes += value_bytes(a->qk->inputs[0]) + value_bytes(a->qk->inputs[1]) +
                    value_bytes(a->pv->inputs[1]) + value_bytes(a->pv->outputs[0]);
-  char name[32], bufs[KL_CG_MAX_FUSED_IO + 1][160];
-  const char *args[KL_CG_MAX_FUSED_IO + 1];
+  char name[32], bufs[KL_MAX_GROUP_IO + 1][160];
+  const char *args[KL_MAX_GROUP_IO + 1];
   int kn = kl_cg_new_kernel(e, name, sizeof name), na = 0;
   kl_cg_grid grid = kl_cg_attention_kernel(e->kf, name, a, &q, &k, &v, &out, &io);
   fprintf(e->rf, "  /* attention: %s .. %s in one kernel */\n", a->qk->name, a->pv->name);
@@ -576,41 +407,42 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
     const kl_group *gr = &c->p->fusion.groups[gi];
     kl_node *const *members = c->p->fusion.nodes + gr->first;
     e.node = members[gr->count - 1];
-    c->at_step[c->step] = e.node;
-    c->step_group[c->step] = gi;
-    for (int m = 0; m < gr->count; m++) use_node_values(c, members[m]);
-    const kl_node *gemm = gr->count == 1 ? kl_plan_epilogue_gemm(c->p, members[0]) : NULL;
-    if (gr->count == 1 && c->p->epi_last[members[0]->id]) {
-      /* the GEMM runs at its epilogue's last node, when all it adds exists */
-      fprintf(e.rf, "  /* %s: %s, with its epilogue at %s */\n", members[0]->name,
-              kl_ops[members[0]->op].name, c->p->epi_last[members[0]->id]->name);
-    } else if (gemm && c->p->attn_head[gemm->id]) {
-      emit_attention(&e, &c->p->attn[gemm->id]);
-    } else if (gemm) {
-      const kl_node *n = gemm;
-      e.node = n;
-      for (int k = 0; k < n->ninputs; k++) c->dram_bytes += value_bytes(n->inputs[k]);
-      c->dram_bytes += value_bytes(members[0]->outputs[0]);
-      rc = find_template(n)->emit(&e, n);
-    } else if (gr->count == 1 && (c->alias[members[0]->id] || c->p->view_node[members[0]->id] ||
-                                  c->p->absorbed[members[0]->id])) {
-      const kl_node *n = members[0];
-      char shape[160];
-      fprintf(e.rf, "  /* %s: %s -> %s, %s: no kernel */\n", n->name, kl_ops[n->op].name,
-              kl_shape_str(&n->outputs[0]->shape, shape, sizeof shape),
-              c->alias[n->id]          ? "the input's buffer"
-              : c->p->view_node[n->id]    ? "a view its GEMMs read through"
-              : n->op == KL_OP_TRANSPOSE ? "written there by its input's GEMM"
-                                       : "in the epilogue of the GEMM before it");
-    } else if (gr->count == 1 && !kl_is_fusible(members[0], c->p->target) &&
-               !(c->p->fuse && kl_is_direct_conv(members[0], c->p->target))) {
-      const kl_node *n = members[0];
-      for (int k = 0; k < n->ninputs; k++) c->dram_bytes += value_bytes(n->inputs[k]);
-      for (int k = 0; k < n->noutputs; k++) c->dram_bytes += value_bytes(n->outputs[k]);
-      rc = find_template(n)->emit(&e, n);
-    } else { /* a group, or one elementwise node: the same generator */
+    c->step = gi;
+    c->next_scratch = c->p->scratch_at[gi];
+    const kl_node *n = members[0], *gemm = gr->count == 1 ? kl_plan_epilogue_gemm(c->p, n) : NULL;
+    char shape[160];
+    switch (kl_plan_step_kind(c->p, gi)) {
+    case KL_STEP_NONE:
+      if (c->p->epi_last[n->id]) /* the GEMM runs at its epilogue's last node, when all it adds exists */
+        fprintf(e.rf, "  /* %s: %s, with its epilogue at %s */\n", n->name, kl_ops[n->op].name,
+                c->p->epi_last[n->id]->name);
+      else
+        fprintf(e.rf, "  /* %s: %s -> %s, %s: no kernel */\n", n->name, kl_ops[n->op].name,
+                kl_shape_str(&n->outputs[0]->shape, shape, sizeof shape),
+                c->p->alias[n->id]         ? "the input's buffer"
+                : c->p->view_node[n->id]   ? "a view its GEMMs read through"
+                : n->op == KL_OP_TRANSPOSE ? "written there by its input's GEMM"
+                                           : "in the epilogue of the GEMM before it");
+      break;
+    case KL_STEP_ATTENTION: emit_attention(&e, &c->p->attn[gemm->id]); break;
+    case KL_STEP_GEMM:
+    case KL_STEP_NODE:
+      if (gemm) { /* the GEMM, at its epilogue's last node: it writes that node's output */
+        e.node = gemm;
+        for (int k = 0; k < gemm->ninputs; k++) c->dram_bytes += value_bytes(gemm->inputs[k]);
+        c->dram_bytes += value_bytes(n->outputs[0]);
+        n = gemm;
+      } else {
+        for (int k = 0; k < n->ninputs; k++) c->dram_bytes += value_bytes(n->inputs[k]);
+        for (int k = 0; k < n->noutputs; k++) c->dram_bytes += value_bytes(n->outputs[k]);
+      }
+      rc = kl_cg_find_template(n)->emit(&e, n);
+      break;
+    default: /* a group, or one elementwise node: the same generator */
       emit_fused_group(&e, gr, members, gr->count);
+      break;
     }
+    if (!rc && c->plan_error[0]) rc = kl_fail(c->err, (kl_loc){0}, "%s", c->plan_error);
     fclose(e.rf);
     if (c->step_launches > launches0) {
       profile_step(c, gr, members, c->step_launches - launches0, c->dram_bytes - bytes0);
@@ -618,17 +450,12 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
     }
     fwrite(step_text, 1, step_len, run_f);
     free(step_text);
-    c->step++;
   }
-  c->nsteps = c->step;
   fprintf(run_f, "  if (krt_mark(m->dev, %d, err, errlen)) return -1;\n", c->nprofile);
   fclose(run_f);
   /* every launch and GEMM call of run() */
   for (const char *p = run_text; p && (p = strstr(p, "krt_launch(")); p++) c->nlaunches++;
   for (const char *p = run_text; p && (p = strstr(p, "krt_gemm(")); p++) c->nlaunches++;
-  double t0 = krt_now_ms();
-  if (!rc) rc = plan_memory(c);
-  c->passes_ms += krt_now_ms() - t0;
   int kernel = e.nkernels;
   c->nkernels = e.nkernels;
   c->ngemms = e.ngemms;
@@ -642,8 +469,8 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
 
   fprintf(hf, "/* model.h - generated by kiln: the compiled model '%s'. */\n#ifndef KILN_MODEL_%s_H\n"
               "#define KILN_MODEL_%s_H\n#include \"kilnrt.h\"\n\n", g->name, prefix, prefix);
-  fprintf(hf, "#define %s_ARENA_BYTES %zu /* intermediates, one allocation */\n", prefix, c->arena_bytes);
-  fprintf(hf, "#define %s_PARAM_BYTES %zu /* weights and constants */\n", prefix, c->param_bytes);
+  fprintf(hf, "#define %s_ARENA_BYTES %zu /* intermediates, one allocation */\n", prefix, c->p->mem.arena);
+  fprintf(hf, "#define %s_PARAM_BYTES %zu /* weights and constants */\n", prefix, c->p->param_bytes);
   fprintf(hf, "#define %s_NUM_INPUTS %d\n#define %s_NUM_OUTPUTS %d\n\n", prefix, g->inputs.len, prefix,
           g->outputs.len);
   /* default visibility: a static library hides everything else, so that
@@ -675,7 +502,7 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
               "__asm__(\".section .rodata\\n.balign 64\\nkiln_weights_%s:\\n.incbin \\\"\" KILN_WEIGHTS_FILE "
               "\"\\\"\\n.byte 0\\n.previous\\n\");\n"
               "extern const unsigned char kiln_weights_%s[];\n#define params_blob kiln_weights_%s\n\n",
-          c->param_bytes, prefix, prefix, prefix);
+          c->p->param_bytes, prefix, prefix, prefix);
   io_table(mf, "inputs", (const kl_value *const *)g->inputs.items, g->inputs.len);
   io_table(mf, "outputs", (const kl_value *const *)g->outputs.items, g->outputs.len);
   int nio = g->inputs.len + g->outputs.len;
@@ -694,8 +521,8 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
               "      krt_malloc(dev, %zu, (void **)&m->arena, err, errlen) ||\n"
               "      krt_malloc(dev, %zu, (void **)&m->params, err, errlen) ||\n"
               "      krt_upload(dev, m->params, params_blob, %zu, err, errlen)) {\n"
-              "    destroy(m);\n    return -1;\n  }\n", kernel, kernel, c->arena_bytes ? c->arena_bytes : 1,
-          c->param_bytes ? c->param_bytes : 1, c->param_bytes);
+              "    destroy(m);\n    return -1;\n  }\n", kernel, kernel, c->p->mem.arena ? c->p->mem.arena : 1,
+          c->p->param_bytes ? c->p->param_bytes : 1, c->p->param_bytes);
   fprintf(mf, "  for (int i = 0; i < %d; i++) {\n"
               "    const krt_io_desc *d = i < %d ? &inputs[i] : &outputs[i - %d];\n"
               "    if (krt_malloc(dev, io_bytes(d) ? io_bytes(d) : 1, &m->io[i], err, errlen)) {\n"
@@ -730,7 +557,7 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
               "#ifndef KILN_NO_GENERIC_ENTRY\n"
               "const krt_model_api *kiln_model(void);\n"
               "const krt_model_api *kiln_model(void) { return &api; }\n#endif\n",
-          g->name, g->inputs.len, g->outputs.len, c->arena_bytes, c->param_bytes, kernel,
+          g->name, g->inputs.len, g->outputs.len, c->p->mem.arena, c->p->param_bytes, kernel,
           c->nprofile, prefix);
   fclose(kf);
   fclose(mf);
@@ -738,32 +565,20 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   return 0;
 }
 
-/* n zeroed elements and one more (n may be 0); out of memory aborts, as
- * everywhere in the compiler. */
-static void *zalloc(size_t n, size_t size) {
-  void *p = calloc(n + 1, size);
-  if (!p) abort();
-  return p;
-}
 
 int kl_codegen(const kl_plan *p, const kl_codegen_options *opt, kl_codegen_result *out,
                kl_error *err) {
   memset(out, 0, sizeof *out);
   const kl_graph *g = p->g;
-  cg_ctx c = {.g = g, .p = p, .err = err, .mem_limit = opt ? opt->mem_limit : 0,
-              .passes_ms = p->passes_ms};
+  cg_ctx c = {.g = g, .p = p, .err = err};
   int nn = g->nodes.len, rc = 0;
-  c.loc = zalloc((size_t)g->values.len, sizeof *c.loc);
-  c.at_step = zalloc((size_t)nn, sizeof *c.at_step);
-  c.step_group = zalloc((size_t)nn, sizeof *c.step_group);
-  c.alias = zalloc((size_t)nn, sizeof *c.alias);
   /* Every op without a template, at once. */
   char msg[900];
   size_t used = 0;
   int missing = 0;
   for (int i = 0; i < nn; i++) {
     const kl_node *n = p->order[i];
-    if (!p->live[n->id] || p->folded[n->id] || find_template(n)) continue;
+    if (!p->live[n->id] || p->folded[n->id] || kl_cg_find_template(n)) continue;
     if (missing++ < 12 && used < sizeof msg - 160)
       used += (size_t)snprintf(msg + used, sizeof msg - used, "%s%s (node '%s')",
                                missing > 1 ? ", " : "", kl_ops[n->op].name, n->name);
@@ -774,50 +589,46 @@ int kl_codegen(const kl_plan *p, const kl_codegen_options *opt, kl_codegen_resul
     err->unsupported = true;
     goto done;
   }
-  if ((rc = place_values(&c))) goto done;
-  rc = write_all(&c, opt && opt->prefix ? opt->prefix : "model", out);
+  if ((rc = write_params(&c)) || (rc = write_all(&c, opt && opt->prefix ? opt->prefix : "model", out)))
+    goto done;
   out->nkernels = c.nkernels;
   out->ngemms = c.ngemms;
   out->nlaunches = c.nlaunches;
-  out->passes_ms = c.passes_ms;
+  out->passes_ms = p->passes_ms;
   out->dram_bytes = c.dram_bytes;
-  out->ngroups = c.p->fusion.ngroups;
-  out->node_group = malloc(((size_t)nn + 1) * sizeof *out->node_group);
-  out->group_kind = malloc(((size_t)c.p->fusion.ngroups + 1) * sizeof *out->group_kind);
-  if (!out->node_group || !out->group_kind) abort();
+  int ng = p->fusion.ngroups;
+  out->ngroups = ng;
+  out->node_group = zalloc((size_t)nn, sizeof *out->node_group);
+  out->group_kind = zalloc((size_t)ng, sizeof *out->group_kind);
   for (int i = 0; i < nn; i++) {
-    int gi = c.p->fusion.group_of[i];
-    out->node_group[i] = gi >= 0 && !c.alias[i] && !c.p->view_node[i] && !c.p->absorbed[i] ? gi : -1;
+    int gi = p->fusion.group_of[i];
+    out->node_group[i] = gi >= 0 && !p->alias[i] && !p->view_node[i] && !p->absorbed[i] ? gi : -1;
   }
-  for (int gi = 0; gi < c.p->fusion.ngroups; gi++) out->group_kind[gi] = c.p->fusion.groups[gi].kind;
-  for (int gi = 0; gi < c.p->fusion.ngroups; gi++)
-    if (c.p->fusion.groups[gi].count > 1) out->nfused_nodes += c.p->fusion.groups[gi].count;
-  out->arena_bytes = c.arena_bytes;
-  out->arena_lower_bound = c.mem.lower_bound;
-  out->naive_bytes = c.mem.naive;
-  out->param_bytes = c.param_bytes;
+  for (int gi = 0; gi < ng; gi++) out->group_kind[gi] = p->fusion.groups[gi].kind;
+  for (int gi = 0; gi < ng; gi++)
+    if (p->fusion.groups[gi].count > 1) out->nfused_nodes += p->fusion.groups[gi].count;
+  out->arena_bytes = p->mem.arena;
+  out->arena_lower_bound = p->mem.lower_bound;
+  out->naive_bytes = p->mem.naive;
+  out->param_bytes = p->param_bytes;
   out->params = c.params;
   c.params = NULL;
-  /* the plan, for pictures and reports: it owns the names from here */
-  out->membufs = c.bufs;
-  out->nmembufs = c.nbufs;
-  out->nvalue_membufs = c.nvalue_bufs;
-  c.bufs = NULL;
-  out->nsteps = c.nsteps;
-  out->peak_step = c.mem.peak_step;
-  out->step_names = calloc((size_t)c.nsteps + 1, sizeof *out->step_names);
-  if (!out->step_names) abort();
-  for (int s = 0; s < c.nsteps; s++)
-    if (!(out->step_names[s] = strdup(c.at_step[s]->name))) abort();
+  /* the memory plan, for pictures and reports: a copy that outlives the plan */
+  out->membufs = zalloc((size_t)p->nbufs, sizeof *out->membufs);
+  for (int b = 0; b < p->nbufs; b++) {
+    out->membufs[b] = p->bufs[b];
+    if (!(out->membufs[b].name = strdup(p->bufs[b].name))) abort();
+  }
+  out->nmembufs = p->nbufs;
+  out->nvalue_membufs = p->nvalue_bufs;
+  out->nsteps = ng;
+  out->peak_step = p->mem.peak_step;
+  out->step_names = zalloc((size_t)ng, sizeof *out->step_names);
+  for (int s = 0; s < ng; s++)
+    if (!(out->step_names[s] = strdup(kl_plan_step_node(p, s)->name))) abort();
 done:
-  free(c.loc);
-  free(c.at_step);
-  free(c.step_group);
-  free(c.alias);
   free(c.profile);
   free(c.params);
-  for (int b = 0; b < c.nbufs && c.bufs; b++) free((char *)c.bufs[b].name);
-  free(c.bufs);
   if (rc) kl_codegen_result_free(out);
   return rc;
 }

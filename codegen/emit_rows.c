@@ -21,7 +21,7 @@ typedef struct {
   FILE *f;
   kl_node *const *nodes;
   int n;
-  const kl_cg_fused_args *io;
+  const kl_group_io *io;
   const kl_shape *shape; /* rows */
   kl_shape scalar;       /* the row shape with its last dim 1 */
   int64_t len;           /* elements per row */
@@ -101,7 +101,7 @@ static void need_row(const rows_ctx *c, const kl_value *v, bool *member, bool *i
  * with `store`, also write the row values the group stores. */
 static void row_body(const rows_ctx *c, const kl_value *want, bool store) {
   FILE *f = c->f;
-  bool member[64] = {0}, input[KL_CG_MAX_FUSED_IO] = {0};
+  bool member[64] = {0}, input[KL_MAX_GROUP_IO] = {0};
   if (want) need_row(c, want, member, input);
   int ko_of[64];
   for (int m = 0; m < c->n; m++) {
@@ -113,8 +113,8 @@ static void row_body(const rows_ctx *c, const kl_value *want, bool store) {
         need_row(c, v, member, input);
       }
   }
-  const kl_value *loads[KL_CG_MAX_FUSED_IO];
-  int nloads = 0, slot[KL_CG_MAX_FUSED_IO];
+  const kl_value *loads[KL_MAX_GROUP_IO];
+  int nloads = 0, slot[KL_MAX_GROUP_IO];
   for (int k = 0; k < c->io->nin; k++)
     if (input[k]) slot[nloads] = k, loads[nloads++] = c->io->in[k];
   fprintf(f, "      const int64_t i = row * %lldLL + j;\n      (void)i;\n", (long long)c->len);
@@ -199,7 +199,7 @@ static bool used_later(const rows_ctx *c, int m) {
 }
 
 kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, int n,
-                            const kl_shape *shape, int axes, const kl_cg_fused_args *io) {
+                            const kl_shape *shape, int axes, const kl_group_io *io) {
   rows_ctx c = {.f = f, .nodes = nodes, .n = n, .io = io, .shape = shape, .len = 1};
   c.scalar = *shape;
   for (int d = shape->rank - axes; d < shape->rank; d++) {
@@ -236,15 +236,15 @@ kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, in
   }
   kl_cg_rows_begin(f, &c.plan);
   /* the inputs scalars read: loaded once per row */
-  bool scalar_in[KL_CG_MAX_FUSED_IO] = {0};
+  bool scalar_in[KL_MAX_GROUP_IO] = {0};
   for (int m = 0; m < n; m++)
     if (!kl_row_kind(nodes[m]) && !is_row_value(&c, nodes[m]->outputs[0]))
       for (int i = 0; i < nodes[m]->ninputs; i++) {
         int k = input_index(&c, nodes[m]->inputs[i]);
         if (k >= 0) scalar_in[k] = true;
       }
-  const kl_value *loads[KL_CG_MAX_FUSED_IO];
-  int nloads = 0, slot[KL_CG_MAX_FUSED_IO];
+  const kl_value *loads[KL_MAX_GROUP_IO];
+  int nloads = 0, slot[KL_MAX_GROUP_IO];
   for (int k = 0; k < io->nin; k++)
     if (scalar_in[k]) slot[nloads] = k, loads[nloads++] = io->in[k];
   for (int q = 0; q < nloads; q++)

@@ -6,7 +6,7 @@
 const kl_target kl_cg_target = {
     /* bounds a kernel's size (and NVRTC's time on it) */
     .max_group_nodes = 16,
-    .max_kernel_args = KL_CG_MAX_FUSED_IO,
+    .max_kernel_args = KL_MAX_GROUP_IO,
     /* The longest dot product (input channels per group x window) a direct
      * convolution takes; longer ones go to im2col + cuBLAS, whose tiled
      * GEMM reuses each loaded value many times where the direct kernel
@@ -31,4 +31,13 @@ const kl_target kl_cg_target = {
     .gemm_residual = true,
     .gemm_relu = true,
     .scalar = kl_cg_is_elementwise,
+    .scratch = kl_cg_node_scratch,
 };
+
+int kl_cg_node_scratch(const kl_node *n, size_t *bytes, int max) {
+  const kl_cg_template *t = kl_cg_find_template(n);
+  size_t own[KL_CG_MAX_SCRATCH];
+  int count = t && t->scratch ? t->scratch(n, own) : 0;
+  for (int i = 0; i < count && i < max; i++) bytes[i] = own[i];
+  return count < max ? count : max;
+}

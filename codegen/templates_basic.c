@@ -46,6 +46,13 @@ static bool handles_softmax(const kl_node *n) {
   return n->op == KL_OP_SOFTMAX || n->op == KL_OP_LOG_SOFTMAX;
 }
 
+/* An integer division's flag (see emit_simple's end). */
+static int scratch_simple(const kl_node *n, size_t *bytes) {
+  if (!kl_traps_zero_divisor(n)) return 0;
+  bytes[0] = sizeof(int);
+  return 1;
+}
+
 /* One kernel: a grid-stride one over the output's elements, or one that
  * chose its own grid (row and column reductions, tiled transposes). */
 static int emit_simple(kl_cg_emitter *e, const kl_node *n) {
@@ -180,10 +187,10 @@ static int emit_gemm(kl_cg_emitter *e, const kl_node *n) {
 }
 
 const kl_cg_template kl_cg_templates_basic[] = {
-    {handles_elementwise, emit_simple},
-    {handles_copy, emit_simple},
-    {handles_reduce, emit_simple},
-    {handles_softmax, emit_simple},
-    {handles_gemm, emit_gemm},
-    {NULL, NULL},
+    {handles_elementwise, emit_simple, scratch_simple},
+    {handles_copy, emit_simple, NULL},
+    {handles_reduce, emit_simple, NULL},
+    {handles_softmax, emit_simple, NULL},
+    {handles_gemm, emit_gemm, NULL},
+    {NULL, NULL, NULL},
 };

@@ -111,6 +111,6 @@ static int emit_int_matmul(kl_cg_emitter *e, const kl_node *n) {
 }
 
 const kl_cg_template kl_cg_templates_integer[] = {
-    {handles_int_matmul, emit_int_matmul},
-    {NULL, NULL},
+    {handles_int_matmul, emit_int_matmul, NULL},
+    {NULL, NULL, NULL},
 };

@@ -240,6 +240,22 @@ static bool handles_conv(const kl_node *n) {
  * with K = cpg*kH*kW, P = OH*OW, and col the im2col matrix of x (or x
  * itself for an unpadded 1x1 stride-1 convolution).  The bias, when there
  * is one, is written first and the GEMM adds to it (beta = 1). */
+/* The im2col matrix, unless the convolution reads x as it is (1x1,
+ * stride 1, no padding). */
+static int scratch_conv(const kl_node *n, size_t *bytes) {
+  const kl_value *x = n->inputs[0], *w = n->inputs[1], *y = n->outputs[0];
+  win wn = {{w->shape.dims[2], w->shape.dims[3]}, {1, 1}, {1, 1}, {0, 0, 0, 0}};
+  ints_or(n, "strides", 2, 1, wn.stride);
+  ints_or(n, "pads", 4, 0, wn.pad);
+  bool direct = wn.k[0] == 1 && wn.k[1] == 1 && wn.stride[0] == 1 && wn.stride[1] == 1 &&
+                !wn.pad[0] && !wn.pad[1] && !wn.pad[2] && !wn.pad[3];
+  if (kl_shape_numel(&y->shape) == 0 || direct) return 0;
+  int64_t p = y->shape.dims[2] * y->shape.dims[3];
+  bytes[0] = (size_t)(x->shape.dims[0] * x->shape.dims[1] * wn.k[0] * wn.k[1] * p) *
+             kl_dtype_size(x->dtype);
+  return 1;
+}
+
 static int emit_conv(kl_cg_emitter *e, const kl_node *n) {
   const kl_value *x = n->inputs[0], *w = n->inputs[1], *y = n->outputs[0];
   const int64_t *xd = x->shape.dims, *yd = y->shape.dims;
@@ -530,6 +546,25 @@ static bool handles_cross_entropy(const kl_node *n) {
 /* One thread per item: log-sum-exp over the class axis in double, then the
  * loss of an index label (NaN for a label out of range: a GPU cannot stop
  * the run) or of a probability row. */
+/* The per-item losses before the reduction (16 bytes for none), and the
+ * bad-label flag of index labels. */
+static int scratch_cross_entropy(const kl_node *n, size_t *bytes) {
+  const kl_value *x = n->inputs[0];
+  int r = x->shape.rank, axis = (int)kl_attr_int(n, "axis", -1), count = 0;
+  if (axis < 0) axis += r;
+  int64_t items = 1; /* every dim but the class axis */
+  for (int d = 0; d < r; d++)
+    if (d != axis) items *= x->shape.dims[d];
+  reduction red = get_reduction(n);
+  if (items == 0) {
+    if (red != RED_NONE) bytes[count++] = 16;
+    return count;
+  }
+  if (red != RED_NONE) bytes[count++] = (size_t)items * sizeof(double);
+  if (!kl_dtype_is_float(n->inputs[1]->dtype)) bytes[count++] = 4;
+  return count;
+}
+
 static int emit_cross_entropy(kl_cg_emitter *e, const kl_node *n) {
   const kl_value *x = n->inputs[0], *l = n->inputs[1], *y = n->outputs[0];
   int r = x->shape.rank, axis = (int)kl_attr_int(n, "axis", -1);
@@ -608,6 +643,23 @@ static bool handles_nll(const kl_node *n) {
 /* One thread per item: loss = -x[b, t, ...] * weight[t] and its weight,
  * both 0 where t is the ignore_index; NaN for a target out of range (the
  * interpreter's run-time error). */
+/* The per-item losses and weights before the reduction (16 bytes for
+ * none), and the bad-target flag. */
+static int scratch_nll(const kl_node *n, size_t *bytes) {
+  const kl_value *x = n->inputs[0];
+  int64_t nb = x->shape.dims[0], c = x->shape.dims[1], count = 0;
+  int64_t inner = nb > 0 && c > 0 ? kl_shape_numel(&x->shape) / (nb * c) : 0;
+  int64_t items = nb * inner;
+  reduction red = get_reduction(n);
+  if (items == 0) {
+    if (red != RED_NONE) bytes[count++] = 16;
+    return (int)count;
+  }
+  if (red != RED_NONE) bytes[count++] = (size_t)items * 2 * sizeof(double);
+  bytes[count++] = 4;
+  return (int)count;
+}
+
 static int emit_nll(kl_cg_emitter *e, const kl_node *n) {
   const kl_value *x = n->inputs[0], *t = n->inputs[1], *y = n->outputs[0];
   const kl_value *w = n->ninputs > 2 ? n->inputs[2] : NULL;
@@ -853,6 +905,15 @@ static bool handles_det(const kl_node *n) {
 
 /* One thread per matrix: Gaussian elimination with partial pivoting in
  * double on a private copy in scratch, as the interpreter's lu_det. */
+/* A private copy of each matrix, in double. */
+static int scratch_det(const kl_node *n, size_t *bytes) {
+  const kl_value *x = n->inputs[0];
+  int64_t nn = x->shape.dims[x->shape.rank - 1], batch = kl_shape_numel(&n->outputs[0]->shape);
+  if (batch == 0) return 0;
+  bytes[0] = (size_t)(batch * nn * nn) * sizeof(double) + 8;
+  return 1;
+}
+
 static int emit_det(kl_cg_emitter *e, const kl_node *n) {
   const kl_value *x = n->inputs[0], *y = n->outputs[0];
   int64_t nn = x->shape.dims[x->shape.rank - 1], sz = nn * nn, batch = kl_shape_numel(&y->shape);
@@ -899,15 +960,15 @@ static int emit_det(kl_cg_emitter *e, const kl_node *n) {
 }
 
 const kl_cg_template kl_cg_templates_nn[] = {
-    {handles_norm, emit_norm},
-    {handles_batch_norm, emit_batch_norm},
-    {handles_conv, emit_conv},
-    {handles_pool, emit_pool},
-    {handles_gap, emit_gap},
-    {handles_cross_entropy, emit_cross_entropy},
-    {handles_nll, emit_nll},
-    {handles_tconv, emit_tconv},
-    {handles_resize, emit_resize},
-    {handles_det, emit_det},
-    {NULL, NULL},
+    {handles_norm, emit_norm, NULL},
+    {handles_batch_norm, emit_batch_norm, NULL},
+    {handles_conv, emit_conv, scratch_conv},
+    {handles_pool, emit_pool, NULL},
+    {handles_gap, emit_gap, NULL},
+    {handles_cross_entropy, emit_cross_entropy, scratch_cross_entropy},
+    {handles_nll, emit_nll, scratch_nll},
+    {handles_tconv, emit_tconv, NULL},
+    {handles_resize, emit_resize, NULL},
+    {handles_det, emit_det, scratch_det},
+    {NULL, NULL, NULL},
 };

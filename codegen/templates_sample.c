@@ -174,6 +174,6 @@ static int emit_grid_sample(kl_cg_emitter *e, const kl_node *n) {
 }
 
 const kl_cg_template kl_cg_templates_sample[] = {
-    {handles_grid_sample, emit_grid_sample},
-    {NULL, NULL},
+    {handles_grid_sample, emit_grid_sample, NULL},
+    {NULL, NULL, NULL},
 };

@@ -14,10 +14,10 @@ int kiln_generate(const kl_graph *g, const kiln_compile_opts *co, kl_codegen_res
 int kiln_generate_err(const kl_graph *g, const kiln_compile_opts *co, kl_codegen_result *cg,
                       kl_error *err) {
   kl_plan plan;
-  kl_pipeline_options po = {.target = &kl_cg_target, .no_fuse = co->no_fuse, .dump = stdout,
+  kl_pipeline_options po = {.target = &kl_cg_target, .no_fuse = co->no_fuse,
+                            .mem_limit = co->mem_limit, .dump = stdout,
                             .dump_after = co->dump_after};
-  kl_codegen_options copt = {.prefix = co->prefix ? co->prefix : g->name,
-                             .mem_limit = co->mem_limit};
+  kl_codegen_options copt = {.prefix = co->prefix ? co->prefix : g->name};
   int rc = kl_pipeline(g, &po, &plan, err);
   if (!rc) rc = kl_codegen(&plan, &copt, cg, err);
   else memset(cg, 0, sizeof *cg);

@@ -208,6 +208,33 @@ typedef struct {
   int npre, npost;
 } kl_attention;
 
+/* Where a value lives: in the weights blob (offset), the arena (buffer
+ * index), the model's input or output buffers (index), or nowhere of its
+ * own (a view: read through kl_plan.view; a value inside a fused kernel
+ * or a GEMM's epilogue). */
+typedef enum { KL_LOC_NONE, KL_LOC_PARAM, KL_LOC_ARENA, KL_LOC_INPUT, KL_LOC_OUTPUT, KL_LOC_VIEW } kl_loc_kind;
+typedef struct {
+  kl_loc_kind kind;
+  size_t offset; /* PARAM */
+  int index;     /* INPUT, OUTPUT; ARENA: its buffer */
+} kl_location;
+
+/* What a group's kernel reads (values made outside it) and writes (values
+ * stored: graph outputs and values other groups read), in kernel argument
+ * order: inputs, then outputs. */
+enum { KL_MAX_GROUP_IO = 48 };
+typedef struct {
+  const kl_value *in[KL_MAX_GROUP_IO], *out[KL_MAX_GROUP_IO];
+  int nin, nout;
+  /* in[k] is read element for element (broadcast); else only as a
+   * batch_norm's per-channel parameter */
+  bool elementwise_read[KL_MAX_GROUP_IO];
+  /* in[k] is a convolution's (or direct GEMM's) operand: read around the
+   * element too, so no output may take its buffer */
+  bool window_read[KL_MAX_GROUP_IO];
+} kl_group_io;
+void kl_group_io_of(kl_node *const *nodes, int n, const bool *stored, kl_group_io *io);
+
 /* ---- the plan: every decision of the passes, for the code generator -----
  * Per node id unless said otherwise.  The code generator writes text from
  * it and decides nothing. */
@@ -238,6 +265,16 @@ typedef struct {
    * once per operand), readers[reader_at[v] .. reader_at[v + 1]) */
   const kl_node **readers;
   int *reader_at;
+  /* memory (plan_memory.c): where each value lives; arena buffers
+   * (values first, then scratch) with their live steps and offsets; a
+   * step's scratch is bufs[scratch_at[s] .. scratch_at[s + 1]) */
+  kl_location *loc;         /* per value id */
+  bool *alias;              /* a reshape & co whose output is its input's buffer */
+  kl_membuf *bufs;
+  int nbufs, nvalue_bufs, cap_bufs;
+  int *scratch_at;
+  kl_memplan_stats mem;
+  size_t param_bytes;       /* the weights blob, folded values included */
   double passes_ms;         /* the time the pipeline took */
 } kl_plan;
 
@@ -280,6 +317,14 @@ void kl_plan_readers(kl_plan *p);
 void kl_plan_gemms(kl_plan *p);
 int kl_plan_fuse(kl_plan *p, kl_error *err);
 void kl_plan_views(kl_plan *p);
+/* Places every value, declares each step's buffers and scratch, and
+ * plans the arena; over `limit` bytes (0: none) an error names the
+ * largest buffers alive at the peak. */
+int kl_plan_memory(kl_plan *p, size_t limit, kl_error *err);
+/* The buffers of the plan as text (--dump-after=memory). */
+void kl_plan_print_memory(FILE *f, const kl_plan *p);
+/* The node a step is named after (its last). */
+const kl_node *kl_plan_step_node(const kl_plan *p, int step);
 void kl_plan_free(kl_plan *p);
 
 /* ---- the pipeline (pipeline.c) -------------------------------------------
@@ -294,6 +339,7 @@ typedef struct {
   const kl_precision_options *precision; /* NULL: none */
   const kl_target *target;
   bool no_fuse;
+  size_t mem_limit;         /* bytes the arena may take; 0: no limit */
   FILE *dump;               /* where dumps go */
   const char *dump_after;   /* a pass name, "all", or NULL */
 } kl_pipeline_options;

@@ -78,6 +78,8 @@ int kl_pipeline(const kl_graph *g, const kl_pipeline_options *o, kl_plan *p, kl_
   if (kl_plan_fuse(p, err)) return -1;
   kl_plan_views(p);
   if (dumps(o, "fuse")) header(o->dump, "fuse"), kl_plan_print(o->dump, p);
+  if (kl_plan_memory(p, o->mem_limit, err)) return -1;
+  if (dumps(o, "memory")) header(o->dump, "memory"), kl_plan_print_memory(o->dump, p);
   p->passes_ms = now_ms() - t0;
   return 0;
 }

@@ -35,6 +35,8 @@ void kl_plan_init(kl_plan *p, const kl_graph *g, const kl_target *t, bool fuse) 
   p->writes_into = zalloc((size_t)nn, sizeof *p->writes_into);
   p->view = zalloc((size_t)nv, sizeof *p->view);
   p->reader_at = zalloc((size_t)nv + 1, sizeof *p->reader_at);
+  p->loc = zalloc((size_t)nv, sizeof *p->loc);
+  p->alias = zalloc((size_t)nn, sizeof *p->alias);
 }
 
 void kl_plan_free(kl_plan *p) {
@@ -46,6 +48,9 @@ void kl_plan_free(kl_plan *p) {
   free(p->epi_last), free(p->epi_gemm), free(p->direct), free(p->attn_head), free(p->attn);
   free(p->view_node), free(p->absorbed), free(p->writes_into), free(p->view);
   free(p->readers), free(p->reader_at);
+  free(p->loc), free(p->alias), free(p->scratch_at);
+  for (int b = 0; b < p->nbufs; b++) free((char *)p->bufs[b].name);
+  free(p->bufs);
   kl_fusion_free(&p->fusion);
   memset(p, 0, sizeof *p);
 }
@@ -112,4 +117,35 @@ int kl_plan_fuse(kl_plan *p, kl_error *err) {
     if (p->epi_last[mm->id]) p->epi_gemm[p->epi_last[mm->id]->id] = mm;
   }
   return 0;
+}
+
+static bool is_member(kl_node *const *nodes, int n, const kl_node *x) {
+  for (int i = 0; i < n; i++)
+    if (nodes[i] == x) return true;
+  return false;
+}
+
+void kl_group_io_of(kl_node *const *nodes, int n, const bool *stored, kl_group_io *io) {
+  io->nin = io->nout = 0;
+  for (int m = 0; m < n; m++) {
+    const kl_node *nd = nodes[m];
+    for (int i = 0; i < nd->ninputs; i++) {
+      const kl_value *v = nd->inputs[i];
+      if (v->producer && is_member(nodes, n, v->producer)) continue;
+      int k = 0;
+      while (k < io->nin && io->in[k] != v) k++;
+      if (k == io->nin) {
+        if (io->nin == KL_MAX_GROUP_IO) continue;
+        io->in[io->nin] = v;
+        io->window_read[io->nin] = false;
+        io->elementwise_read[io->nin++] = false;
+      }
+      /* a batch_norm's parameters are read by channel, a convolution's
+       * operands by window */
+      if (nd->op == KL_OP_CONV2D || nd->op == KL_OP_MATMUL) io->window_read[k] = true;
+      else if (!(kl_is_channel_affine(nd) && i > 0)) io->elementwise_read[k] = true;
+    }
+    if (stored[nd->outputs[0]->id] && io->nout < KL_MAX_GROUP_IO)
+      io->out[io->nout++] = nd->outputs[0];
+  }
 }

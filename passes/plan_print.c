@@ -17,7 +17,7 @@ kl_step_kind kl_plan_step_kind(const kl_plan *p, int group) {
     const kl_node *n = m[0], *gemm = kl_plan_epilogue_gemm(p, n);
     if (p->epi_last[n->id]) return KL_STEP_NONE; /* it runs at its epilogue's end */
     if (gemm) return p->attn_head[gemm->id] ? KL_STEP_ATTENTION : KL_STEP_GEMM;
-    if (p->view_node[n->id] || p->absorbed[n->id]) return KL_STEP_NONE;
+    if (p->alias[n->id] || p->view_node[n->id] || p->absorbed[n->id]) return KL_STEP_NONE;
     if (!kl_is_fusible(n, p->target) && !(p->fuse && kl_is_direct_conv(n, p->target)))
       return n->op == KL_OP_MATMUL && kl_dtype_is_float(n->outputs[0]->dtype) ? KL_STEP_GEMM
                                                                                : KL_STEP_NODE;
@@ -55,10 +55,14 @@ static void print_step(FILE *f, const kl_plan *p, int gi) {
             a->npost);
   } else if (kind == KL_STEP_NONE && p->epi_last[n->id]) {
     fprintf(f, " (runs at %s)", p->epi_last[n->id]->name);
+  } else if (kind == KL_STEP_NONE && p->alias[n->id]) {
+    fprintf(f, " (its input's buffer)");
   } else if (kind == KL_STEP_NONE && p->view_node[n->id]) {
     fprintf(f, " (a view)");
   } else if (kind == KL_STEP_NONE && p->attn_head[n->id]) {
     fprintf(f, " (in attention %s)", p->attn_head[n->id]->name);
+  } else if (kind == KL_STEP_NONE && n->op == KL_OP_TRANSPOSE) {
+    fprintf(f, " (written there by its input's GEMM)");
   } else if (kind == KL_STEP_NONE) {
     fprintf(f, " (in the epilogue of a GEMM)");
   }

@@ -16,10 +16,10 @@
 #include "../../frontend/frontend.h"
 
 /* The planning passes, then the code generator (as kiln does). */
-static int generate(const kl_graph *g, bool no_fuse, const kl_codegen_options *opt,
-                    kl_codegen_result *cg, kl_error *err) {
+static int generate(const kl_graph *g, bool no_fuse, size_t mem_limit,
+                    const kl_codegen_options *opt, kl_codegen_result *cg, kl_error *err) {
   kl_plan plan;
-  kl_pipeline_options po = {.target = &kl_cg_target, .no_fuse = no_fuse};
+  kl_pipeline_options po = {.target = &kl_cg_target, .no_fuse = no_fuse, .mem_limit = mem_limit};
   int rc = kl_pipeline(g, &po, &plan, err);
   if (!rc) rc = kl_codegen(&plan, opt, cg, err);
   kl_plan_free(&plan);
@@ -194,7 +194,7 @@ static void test_schedule_lowers_the_peak(void **state) {
   /* unfused: horizontal fusion would compute a, b and c in one kernel,
    * alive together, by design (it reads x once instead of three times) */
   kl_codegen_options opt = {.prefix = "t"};
-  assert_int_equal(generate(g, true, &opt, &cg, &err), 0);
+  assert_int_equal(generate(g, true, 0, &opt, &cg, &err), 0);
   assert_true(cg.arena_lower_bound < 2 * 4096 * 4);
   kl_codegen_result_free(&cg);
   kl_graph_free(g);
@@ -210,7 +210,7 @@ static void check_example(const char *file, const kl_dim_override *dims, int ndi
   if (!g) fail_msg("%s", err.msg);
   kl_codegen_result cg;
   kl_codegen_options opt = {.prefix = g->name};
-  if (generate(g, false, &opt, &cg, &err)) fail_msg("%s: %s", file, err.msg);
+  if (generate(g, false, 0, &opt, &cg, &err)) fail_msg("%s: %s", file, err.msg);
   char msg[512];
   if (kl_memplan_check(cg.membufs, cg.nmembufs, cg.arena_bytes, msg, sizeof msg))
     fail_msg("%s: %s", file, msg);
@@ -220,13 +220,12 @@ static void check_example(const char *file, const kl_dim_override *dims, int ndi
   assert_true((double)cg.arena_bytes <= 1.10 * (double)cg.arena_lower_bound);
   assert_true(cg.arena_bytes < cg.naive_bytes);
   /* a limit below the plan fails, naming what is alive at the peak */
-  opt.mem_limit = cg.arena_bytes - 1;
+  size_t limit = cg.arena_bytes - 1;
   kl_codegen_result_free(&cg);
-  assert_int_equal(generate(g, false, &opt, &cg, &err), -1);
+  assert_int_equal(generate(g, false, limit, &opt, &cg, &err), -1);
   assert_non_null(strstr(err.msg, "memory limit exceeded"));
   assert_non_null(strstr(err.msg, "the largest: '"));
-  opt.mem_limit += 1;
-  assert_int_equal(generate(g, false, &opt, &cg, &err), 0);
+  assert_int_equal(generate(g, false, limit + 1, &opt, &cg, &err), 0);
   kl_codegen_result_free(&cg);
   kl_graph_free(g);
 }
