@@ -6,6 +6,7 @@
 
 #include "codegen.h"
 
+/* ---- types, scalar expressions, kernels of single nodes (node_kernels.c) */
 const char *kl_cg_storage(kl_dtype t);
 /* Arithmetic type of a dtype in kernels: float for f16/bf16/f32, double
  * for f64, int64_t/uint64_t for integers. */
@@ -15,7 +16,7 @@ const char *kl_cg_load(char *buf, size_t len, kl_dtype t, const char *to, const 
 /* Statement `dst = value;` rounding value to dtype t's storage. */
 void kl_cg_store(FILE *f, kl_dtype t, const char *dst, const char *value);
 
-/* ---- templates ---------------------------------------------------------
+/* ---- templates (templates_*.c), written through the emitter (emit_model.c)
  * A template turns one node into kernels (written to kernels.cu) and the
  * host code of run() that launches them or calls the runtime's GEMM.  The
  * families of templates are tables; emit_model.c asks each in turn. */
@@ -99,6 +100,7 @@ int kl_cg_fail(kl_cg_emitter *e, const kl_node *n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A one-line comment naming the node, its op and output, in both streams. */
 void kl_cg_comment(kl_cg_emitter *e, const kl_node *n);
+/* ---- scalar expressions and single-node kernels (node_kernels.c) -------- */
 /* Has n a scalar expression (kl_target.scalar)?  An integer div/mod or
  * signed pow (kl_traps_zero_divisor) takes one more kernel argument, an
  * int flag it sets when a divisor is zero. */
@@ -116,7 +118,7 @@ kl_cg_grid kl_cg_transpose(FILE *f, const char *name, const kl_node *n);
 kl_cg_grid kl_cg_softmax(FILE *f, const char *name, const kl_node *n);
 kl_cg_grid kl_cg_reduce(FILE *f, const char *name, const kl_node *n);
 
-/* ---- row kernels ---------------------------------------------------------
+/* ---- row kernels (node_kernels.c) ----------------------------------------
  * `rows` contiguous rows of `len` elements: a warp per row when rows are
  * short (up to 8 rows per block), else a block per row.  A kernel declares
  * its shared arrays, begins (row, lane), loops over its row's elements
@@ -142,13 +144,13 @@ void kl_cg_rows_loop(FILE *f, const kl_cg_rows *p, const char *indent);
 void kl_cg_rows_combine(FILE *f, const kl_cg_rows *p, const char *indent, const char *type,
                         const char *update, const char *shared);
 
-/* ---- fusion groups (emit_fused.c) ---------------------------------------
- * Pieces of emit_kernels.c the fused kernels share. */
+/* Pieces of node_kernels.c the fused kernels share. */
 const char *kl_cg_expression(const kl_node *n, const char *ct, char *buf, size_t len);
 const char *kl_cg_operand_type(const kl_node *n); /* compute type of n's operands */
 void kl_cg_index_math(FILE *f, const kl_shape *out, const kl_value *const *ins, int nins);
 void kl_cg_grid_stride_loop(FILE *f, int64_t n);
 
+/* ---- fusion groups (emit_fused.c) --------------------------------------- */
 /* The members' code (one thread's element idx, after the x registers are
  * loaded); `keep` (or NULL) keeps a register for the code after. */
 void kl_cg_fused_members(FILE *f, kl_node *const *nodes, int n, const kl_group_io *io,

@@ -2,7 +2,7 @@
  * axes (sum, mean, max, min with keepdims; global_avg_pool), softmax /
  * log_softmax over the innermost axis, layer_norm and rms_norm,
  * with the elementwise nodes before, between and after them, as one row
- * kernel (a warp or a block per row, as emit_kernels.c's row kernels).
+ * kernel (a warp or a block per row, as node_kernels.c's row kernels).
  * This is how softmax, layer norm and the reduce-then-scale patterns that
  * exporters spell out op by op become one kernel.
  *

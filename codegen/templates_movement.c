@@ -24,7 +24,7 @@
 /* ---- small writers ---------------------------------------------------- */
 
 /* Arithmetic type of a dtype inside a kernel: float for the 16- and 32-bit
- * floats, double for f64, 64-bit integers otherwise (as emit_kernels.c). */
+ * floats, double for f64, 64-bit integers otherwise (as node_kernels.c). */
 static const char *ctype(kl_dtype t) { return kl_cg_compute_type(t); }
 
 /* Expression reading `expr` (an element in storage type t) as ctype(t). */

@@ -1,4 +1,4 @@
-/* emit_kernels.c - CUDA C kernel templates, one per kind of node.  Shapes
+/* node_kernels.c - scalar expressions and the kernels of single nodes.  Shapes
  * are static, so sizes, strides and broadcast index maps are written into
  * each kernel as constants.  Kernels use the portable vocabulary of
  * runtime/emu/kiln_prelude.h, so the same source builds with NVRTC and with
