@@ -1,13 +1,9 @@
-/* codegen.h - from a verified graph to CUDA C kernels (kernels.cu), the host
- * code that runs them (model.c) and its public header (model.h).  One
- * public header for the codegen/ folder.
- *
- * Before any code is written: nodes computed from weights alone are
- * evaluated (constant folding), reshapes become views of their input's
- * buffer, and the fusion pass (passes/fusion.c) groups the rest, each group
- * one kernel (elementwise chains, row groups around reductions and
- * softmax; contractions are calls to the runtime's GEMM).  After it: the
- * memory plan gives every buffer its arena offset.  Ops without a kernel
+/* codegen.h - from a plan (passes/pipeline.c: the groups, GEMMs, views and
+ * memory the passes decided) to CUDA C kernels (kernels.cu), the host code
+ * that runs them (model.c), its public header (model.h) and the weights
+ * blob.  One public header for the codegen/ folder.  The code generator
+ * decides nothing: it writes each step the plan lists, and tells the
+ * passes what its kernels can do (kl_cg_target).  Ops without a kernel
  * template are reported, all at once, as an error. */
 #ifndef KILN_CODEGEN_H
 #define KILN_CODEGEN_H
@@ -29,8 +25,8 @@ typedef struct {
   int nkernels;         /* kernels emitted */
   int ngemms;           /* runtime GEMM calls emitted */
   int nlaunches;        /* kernel launches and GEMM calls per run */
-  double passes_ms;     /* of the time kl_codegen took: the schedule,
-                           constant folding, fusion and the memory plan */
+  double passes_ms;     /* the planning passes' time (kl_pipeline), before
+                           kl_codegen ran */
   int ngroups, nfused_nodes; /* fusion groups; nodes in groups of two or more */
   /* per node id (malloc'd): its group, or -1 for nodes that run no kernel
    * of their own: dead, folded into the weights, or views (reshape) */

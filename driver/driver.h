@@ -7,7 +7,7 @@
 #include "../runtime/kilnrt.h"
 #include "../ir/ir.h"
 
-/* Exit codes (docs/CLI.md): */
+/* Exit codes: */
 enum {
   KILN_EXIT_OK = 0,
   KILN_EXIT_ERROR = 1, /* bad model, bad input file, run-time error */
