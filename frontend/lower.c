@@ -82,11 +82,55 @@ bool kl_is_keyword(const char *s) {
   return kl_dtype_from_name(s, &t) == 0;
 }
 
-/* ---- symbols --------------------------------------------------------- */
+/* ---- symbols ---------------------------------------------------------
+ * Names are unique (define refuses a second one), and found through a hash
+ * index, so that a model of many thousands of statements parses in linear
+ * time. */
+static uint64_t hash_name(const char *s) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+static void index_symbol(kl_parser *P, int i) {
+  size_t mask = (size_t)P->capslots - 1, k = (size_t)hash_name(P->syms[i].name) & mask;
+  while (P->sym_slots[k]) k = (k + 1) & mask;
+  P->sym_slots[k] = i + 1;
+}
+
+/* Room for one more symbol: the index at most half full. */
+static void reserve_symbol(kl_parser *P) {
+  if (2 * (P->nsyms + 1) <= P->capslots) return;
+  free(P->sym_slots);
+  P->capslots = P->capslots ? 2 * P->capslots : 64;
+  if (!(P->sym_slots = calloc((size_t)P->capslots, sizeof *P->sym_slots))) abort();
+  for (int i = 0; i < P->nsyms; i++) index_symbol(P, i);
+}
+
 static kl_symbol *lookup(kl_parser *P, const char *name) {
-  for (int i = P->nsyms - 1; i >= 0; i--)
-    if (strcmp(P->syms[i].name, name) == 0) return &P->syms[i];
+  if (!P->capslots) return NULL;
+  size_t mask = (size_t)P->capslots - 1, k = (size_t)hash_name(name) & mask;
+  for (; P->sym_slots[k]; k = (k + 1) & mask)
+    if (strcmp(P->syms[P->sym_slots[k] - 1].name, name) == 0) return &P->syms[P->sym_slots[k] - 1];
   return NULL;
+}
+
+/* The last symbol defined names v (NULL: a number or a dim). */
+static void set_symbol_value(kl_parser *P, kl_value *v) {
+  P->syms[P->nsyms - 1].v = v;
+  if (!v) return;
+  while (v->id >= P->capbound) {
+    int cap = P->capbound ? 2 * P->capbound : 64;
+    bool *grown = realloc(P->bound, (size_t)cap * sizeof *grown);
+    if (!grown) abort();
+    memset(grown + P->capbound, 0, (size_t)(cap - P->capbound) * sizeof *grown);
+    P->bound = grown, P->capbound = cap;
+  }
+  P->bound[v->id] = true;
+}
+
+static bool is_bound(const kl_parser *P, const kl_value *v) {
+  return v->id < P->capbound && P->bound[v->id];
 }
 
 static int define(kl_parser *P, const char *name, kl_loc loc, kl_symbol s) {
@@ -101,8 +145,11 @@ static int define(kl_parser *P, const char *name, kl_loc loc, kl_symbol s) {
   if (kl_op_lookup(name, &op) == 0)
     return fail(P, loc, "'%s' is an op name and cannot name a value", name);
   GROW(P->syms, P->nsyms, P->capsyms);
+  reserve_symbol(P);
   s.name = kl_parser_strdup(P, name);
   P->syms[P->nsyms++] = s;
+  index_symbol(P, P->nsyms - 1);
+  set_symbol_value(P, s.v);
   return 0;
 }
 
@@ -157,8 +204,7 @@ int kl_p_shape_push(kl_parser *P, int64_t dim, kl_loc loc) {
 int kl_p_input(kl_parser *P, const char *name, kl_loc loc) {
   kl_dtype t = P->decl_dtype;
   if (define(P, name, loc, (kl_symbol){0})) return -1;
-  kl_value *v = kl_graph_add_input(P->g, name, t, &P->shape, loc);
-  P->syms[P->nsyms - 1].v = v;
+  set_symbol_value(P, kl_graph_add_input(P->g, name, t, &P->shape, loc));
   return 0;
 }
 
@@ -311,10 +357,10 @@ int kl_p_param(kl_parser *P, kl_value_kind kind, const char *name, kl_loc loc) {
     v->kind = kind;
     free(raw);
     kl_tensor_free(tmp);
-    P->syms[P->nsyms - 1].v = v;
+    set_symbol_value(P, v);
     return 0;
   }
-  P->syms[P->nsyms - 1].v = kl_graph_add_param(P->g, name, t, &P->shape, kind, in, loc);
+  set_symbol_value(P, kl_graph_add_param(P->g, name, t, &P->shape, kind, in, loc));
   return 0;
 }
 
@@ -518,9 +564,7 @@ int kl_p_let(kl_parser *P, const kl_expr *e) {
     if (e->is_lit) return define(P, P->names[0], P->name_locs[0], (kl_symbol){.lit = e->lit});
     kl_value *v = NULL;
     if (single_value(P, e, &v)) return -1;
-    bool fresh = made_here(P, v);
-    for (int i = 0; i < P->nsyms; i++)
-      if (P->syms[i].v == v) fresh = false;
+    bool fresh = made_here(P, v) && !is_bound(P, v);
     return bind(P, P->names[0], P->name_locs[0], v, fresh);
   }
   if (!e->multi)

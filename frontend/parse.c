@@ -79,7 +79,7 @@ static void cleanup(kl_parser *P) {
     kl_frame *f = &P->frames[--P->nframes];
     free(f->pos); free(f->posattr); free(f->kw); free(f->kwloc);
   }
-  free(P->frames); free(P->syms); free(P->names); free(P->name_locs); free(P->list);
+  free(P->frames); free(P->syms); free(P->sym_slots); free(P->bound); free(P->names); free(P->name_locs); free(P->list);
   kl_arena_free(&P->tmp);
 }
 

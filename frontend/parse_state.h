@@ -42,6 +42,8 @@ typedef struct kl_parser {
   kl_arena tmp;      /* strings and lists of this parse */
 
   kl_symbol *syms; int nsyms, capsyms;
+  int *sym_slots; int capslots;  /* hash index: name -> index in syms + 1 */
+  bool *bound; int capbound;     /* per value id: some symbol names it */
   kl_frame *frames; int nframes, capframes;
   const char **names; kl_loc *name_locs; int nnames, capnames; /* let a, b */
   kl_shape shape; kl_dtype decl_dtype;
