@@ -186,4 +186,41 @@ kl_cg_grid kl_cg_attention_kernel(FILE *f, const char *name, const kl_attention 
                                   const kl_view *q, const kl_view *k, const kl_view *v,
                                   const kl_view *out, const kl_group_io *io);
 
+/* ---- one kl_codegen's state (emit_model.c: the steps; emitter.c: what
+ * templates write through; host_code.c: model.c, model.h, the weights) */
+typedef struct {
+  const kl_graph *g;
+  const kl_plan *p;       /* the passes' decisions: groups, GEMMs, views, memory */
+  kl_error *err;
+  unsigned char *params;
+  int nkernels, ngemms, nlaunches;
+  int step;               /* the step being written */
+  int next_scratch;       /* the step's next scratch buffer */
+  char plan_error[400];   /* a pointer asked for outside the memory plan */
+  size_t dram_bytes;
+  /* the profiler's steps: those that launch something */
+  int step_launches, nprofile, cap_profile;
+  struct kl_cg_profile_step { char name[96]; int launches; size_t bytes; } *profile;
+} kl_cg_ctx;
+
+struct kl_cg_emitter {
+  kl_cg_ctx *c;
+  FILE *kf, *rf;          /* kernels.cu, and the current step's run() text */
+  int nkernels, ngemms;
+  const kl_node *node;    /* the node being written */
+};
+
+static inline size_t kl_cg_value_bytes(const kl_value *v) {
+  return (size_t)kl_shape_numel(&v->shape) * kl_dtype_size(v->dtype);
+}
+/* Name of arena buffer b's offset in model.c (ARENA_3, SCRATCH_9), and the
+ * C expression of a value's device pointer inside run(). */
+const char *kl_cg_buf_macro(const kl_cg_ctx *c, int b, char *buf, size_t len);
+const char *kl_cg_ptr_expr(const kl_cg_ctx *c, const kl_value *v, char *buf, size_t len);
+/* The weights blob (c->params) at the memory plan's offsets. */
+int kl_cg_write_params(kl_cg_ctx *c);
+/* model.h into hf; model.c into mf around run()'s body (run_text). */
+void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, size_t run_len,
+                      FILE *mf, FILE *hf, int nkernels);
+
 #endif
