@@ -635,7 +635,7 @@ void kl_cg_launch_grid(kl_cg_emitter *e, int k, int64_t grid_x, int block_x,
   for (int i = 0; i < nargs; i++) fprintf(f, "    void *p%d = %s;\n", i, args[i]);
   fprintf(f, "    void *args[] = {");
   for (int i = 0; i < nargs; i++) fprintf(f, "%s&p%d", i ? ", " : "", i);
-  fprintf(f, "};\n    if (krt_launch(m->mod, %d, (kl_dim3){%lld, 1, 1}, (kl_dim3){%d, 1, 1}, 0, args, "
+  fprintf(f, "};\n    if (krt_launch(m->mod, %d, (krt_dim3){%lld, 1, 1}, (krt_dim3){%d, 1, 1}, 0, args, "
              "err, errlen))\n      return -1;\n  }\n", k, (long long)grid_x, block_x);
 }
 
@@ -1039,7 +1039,7 @@ static int write_all(cg_ctx *c, const char *prefix, kl_codegen_result *out) {
               " * -DKILN_HOST_KERNELS to run kernels.cu on the host device. */\n"
               "#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n#include \"model.h\"\n\n", g->name);
   fprintf(mf, "#ifdef KILN_HOST_KERNELS\n");
-  for (int k = 0; k < kernel; k++) fprintf(mf, "extern const kl_emu_kernel k%d__emu;\n", k);
+  for (int k = 0; k < kernel; k++) fprintf(mf, "extern const krt_host_kernel k%d__emu;\n", k);
   fprintf(mf, "#define HOST_ENTRY(k) (&k##__emu)\n#else\n#define HOST_ENTRY(k) NULL\n#endif\n\n");
   /* GPU images (cubins per architecture and PTX), compiled by NVRTC from
    * kernels.cu, come in gpu_images.c when kiln compile wrote one. */
