@@ -2,7 +2,9 @@
  * tensor files (.npy, .safetensors).  One public header for the runtime/
  * folder; compiled programs and the driver include only this.  It declares
  * krt_ and KRT_ names only (tests/unit/check_public_names.py checks): it is
- * included into users' code. */
+ * included into users' code.  ONNX .pb tensor files are libkilnrt_pb's,
+ * runtime/pb/kilnrt_pb.h, so that only programs reading them link
+ * protobuf-c. */
 #ifndef KRT_KILNRT_H
 #define KRT_KILNRT_H
 
@@ -70,10 +72,6 @@ int krt_npy_read(const char *path, krt_tensor *out, char *errbuf,
                  size_t errlen);
 int krt_npy_write(const char *path, const krt_tensor *t, char *errbuf,
                   size_t errlen);
-
-/* ONNX TensorProto (.pb), the tensors of ONNX's test data: raw_data or
- * the typed fields, every dtype above; external data is refused. */
-int krt_pb_read(const char *path, krt_tensor *out, char *errbuf, size_t errlen);
 
 /* .safetensors: a named list of tensors.  Reading keeps the header's order
  * and ignores "__metadata__"; writing stores tensors in the given order. */
@@ -256,7 +254,9 @@ double krt_median(double *values, size_t n);   /* sorts values; 0 when n is 0 */
 /* The command line of a standalone compiled program (kiln compile
  * --emit=exe): `--input NAME=FILE`, `--inputs-dir`, `--output-dir`,
  * `--device`, `--iters`; see --help.  Returns the exit status: 0, 1 for bad
- * input or a failed run, 2 for a bad command line. */
+ * input or a failed run, 2 for a bad command line.  Inputs are .npy files;
+ * a .pb input is refused with a message saying how to read it
+ * (krt_exe_main_pb of kilnrt_pb.h reads those too). */
 int krt_exe_main(const krt_model_api *api, int argc, char **argv);
 
 #endif /* KRT_KILNRT_H */
