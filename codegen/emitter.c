@@ -122,7 +122,7 @@ void kl_cg_launch_grid(kl_cg_emitter *e, int k, int64_t grid_x, int block_x,
   for (int i = 0; i < nargs; i++) fprintf(f, "    void *p%d = %s;\n", i, args[i]);
   fprintf(f, "    void *args[] = {");
   for (int i = 0; i < nargs; i++) fprintf(f, "%s&p%d", i ? ", " : "", i);
-  fprintf(f, "};\n    if (krt_launch(m->mod, %d, (kl_dim3){%lld, 1, 1}, (kl_dim3){%d, 1, 1}, 0, args, "
+  fprintf(f, "};\n    if (krt_launch(m->mod, %d, (krt_dim3){%lld, 1, 1}, (krt_dim3){%d, 1, 1}, 0, args, "
              "err, errlen))\n      return -1;\n  }\n", k, (long long)grid_x, block_x);
 }
 

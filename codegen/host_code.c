@@ -84,7 +84,7 @@ void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, si
               " * -DKILN_HOST_KERNELS to run kernels.cu on the host device. */\n"
               "#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n#include \"model.h\"\n\n", g->name);
   fprintf(mf, "#ifdef KILN_HOST_KERNELS\n");
-  for (int k = 0; k < kernel; k++) fprintf(mf, "extern const kl_emu_kernel k%d__emu;\n", k);
+  for (int k = 0; k < kernel; k++) fprintf(mf, "extern const krt_host_kernel k%d__emu;\n", k);
   fprintf(mf, "#define HOST_ENTRY(k) (&k##__emu)\n#else\n#define HOST_ENTRY(k) NULL\n#endif\n\n");
   /* GPU images (cubins per architecture and PTX), compiled by NVRTC from
    * kernels.cu, come in gpu_images.c when kiln compile wrote one. */

@@ -15,9 +15,13 @@ static const char compile_help[] =
     "  --emit=ir             print the verified IR as text (.kl syntax)\n"
     "  --emit=cu             write kernels.cu, model.c and model.h into folder OUT,\n"
     "                        and gpu_images.c with NVRTC's cubins and PTX\n"
-    "  --emit=exe            build the standalone program OUT (run OUT --help)\n"
+    "  --emit=exe            build the standalone program OUT (run OUT --help); it\n"
+    "                        reads .npy inputs\n"
+    "  --pb-inputs           with --emit=exe: read ONNX .pb inputs too (links\n"
+    "                        libkilnrt_pb and protobuf-c)\n"
     "  --emit=lib            build folder OUT: libkiln_NAME.a, model.h, the runtime's\n"
     "                        static libraries and kiln_NAME.pc for pkg-config\n"
+    "                        (kiln_NAME_pb.pc adds krt_pb_read, pb/kilnrt_pb.h)\n"
     "  --arch LIST           GPU architectures (default sm_80,sm_90; PTX for the last)\n"
     "  --no-nvrtc            skip the GPU images (host device only)\n"
     "  --Werror              NVRTC warnings are errors\n"
@@ -32,11 +36,12 @@ static const char compile_help[] =
     "  -h, --help            show this help\n";
 
 enum { OPT_EMIT = 2100, OPT_ARCH, OPT_NO_NVRTC, OPT_WERROR, OPT_TIME, OPT_MEM_LIMIT, OPT_NO_FUSE,
-       OPT_DUMP_AFTER };
+       OPT_DUMP_AFTER, OPT_PB_INPUTS };
 
 static size_t mem_limit; /* --mem-limit, for every kl_codegen below; 0: none */
 static bool no_fuse;     /* --no-fuse */
 static const char *dump_after; /* --dump-after */
+static bool pb_inputs;   /* --pb-inputs */
 
 static int parse_archs(const char *list, int *sm, int cap) {
   int n = 0;
@@ -72,7 +77,8 @@ static int build_artifact(const kl_graph *g, const char *emit, const char *out,
   } else {
     t0 = krt_now_ms();
     bool exe = !strcmp(emit, "exe");
-    if (!(exe ? kiln_build_exe : kiln_build_lib)(&cg, g->name, dir, out, gpu)) {
+    if (!(exe ? kiln_build_exe(&cg, g->name, dir, out, gpu, pb_inputs)
+              : kiln_build_lib(&cg, g->name, dir, out, gpu))) {
       rc = KILN_EXIT_OK;
       if (gpu->timing) fprintf(stderr, "kiln: time: host compiler %.1f ms\n", krt_now_ms() - t0);
       fprintf(stderr, "kiln: wrote %s%s (%d kernels, %d GEMM calls; arena %zu bytes, weights %zu "
@@ -95,6 +101,7 @@ int kiln_cmd_compile(int argc, char **argv) {
       {"mem-limit", required_argument, NULL, OPT_MEM_LIMIT},
       {"no-fuse", no_argument, NULL, OPT_NO_FUSE},
       {"dump-after", required_argument, NULL, OPT_DUMP_AFTER},
+      {"pb-inputs", no_argument, NULL, OPT_PB_INPUTS},
       {"output", required_argument, NULL, 'o'},
       {"help", no_argument, NULL, 'h'},
       KILN_MODEL_LONGOPTS,
@@ -103,6 +110,7 @@ int kiln_cmd_compile(int argc, char **argv) {
   mem_limit = 0;
   no_fuse = false;
   dump_after = NULL;
+  pb_inputs = false;
   const char *emit = NULL, *out_path = NULL;
   int sm[8] = {80, 90}, nsm = 2;
   bool nvrtc = true, werror = false, timing = false;
@@ -130,6 +138,7 @@ int kiln_cmd_compile(int argc, char **argv) {
       }
       dump_after = mo.dump_after = optarg;
       break;
+    case OPT_PB_INPUTS: pb_inputs = true; break;
     case OPT_MEM_LIMIT:
       if (kiln_parse_mem_limit("compile", optarg, &mem_limit)) return KILN_EXIT_USAGE;
       break;
@@ -145,6 +154,11 @@ int kiln_cmd_compile(int argc, char **argv) {
   if (!emit || (strcmp(emit, "ir") && strcmp(emit, "cu") && strcmp(emit, "exe") &&
                 strcmp(emit, "lib"))) {
     fprintf(stderr, "kiln compile: --emit=%s: choose ir, cu, exe or lib\n", emit ? emit : "(none)");
+    return KILN_EXIT_USAGE;
+  }
+  if (pb_inputs && strcmp(emit, "exe")) {
+    fprintf(stderr, "kiln compile: --pb-inputs is for --emit=exe (a library's kiln_NAME_pb.pc "
+                    "links the .pb reader)\n");
     return KILN_EXIT_USAGE;
   }
   if (strcmp(emit, "ir") && !out_path) {

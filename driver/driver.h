@@ -112,7 +112,7 @@ int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm,
 void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
                       const krt_model_api **api);
 
-/* Where runtime/ (kilnrt.h, emu/) is: KILN_RUNTIME_DIR when set (a kiln
+/* Where runtime/ (kilnrt.h, emu/, pb/) is: KILN_RUNTIME_DIR when set (a kiln
  * moved away from its source tree), else the source tree it was built in. */
 const char *kiln_runtime_dir(void);
 /* The C compiler for generated code: KILN_CC, else cc. */
@@ -134,11 +134,14 @@ typedef struct {
   int nsm;
   bool nvrtc, werror, timing;
 } kiln_gpu_opts;
-/* A standalone program at `out`, built in the scratch folder `dir`. */
+/* A standalone program at `out`, built in the scratch folder `dir`; with
+ * `pb`, it reads .pb inputs too (libkilnrt_pb and protobuf-c linked). */
 int kiln_build_exe(const kl_codegen_result *cg, const char *prefix, const char *dir,
-                   const char *out, const kiln_gpu_opts *gpu);
+                   const char *out, const kiln_gpu_opts *gpu, bool pb);
 /* libkiln_<prefix>.a, model.h, kilnrt.h, the runtime's static libraries
- * and kiln_<prefix>.pc in folder out_dir, built in `dir`. */
+ * and kiln_<prefix>.pc in folder out_dir, built in `dir`; libkilnrt_pb.a,
+ * pb/kilnrt_pb.h and kiln_<prefix>_pb.pc beside them for a program that
+ * reads .pb files. */
 int kiln_build_lib(const kl_codegen_result *cg, const char *prefix, const char *dir,
                    const char *out_dir, const kiln_gpu_opts *gpu);
 

@@ -70,7 +70,8 @@ kl_graph *kl_onnx_load_for_inputs(const char *path, const char *const *names,
 kl_graph *kl_onnx_load_bytes(const unsigned char *data, size_t len,
                              const char *path, kl_onnx_options *opt,
                              kl_error *err);
-/* An ONNX TensorProto file (.pb) as a tensor (read by krt_pb_read). */
+/* An ONNX TensorProto file (.pb) as a tensor (read by krt_pb_read of
+ * libkilnrt_pb). */
 kl_tensor *kl_read_tensor_pb(const char *path, kl_error *err);
 
 #endif

@@ -4,7 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/onnx_tensor.h"
+#include "../runtime/pb/kilnrt_pb.h"
+#include "../runtime/pb/onnx_tensor.h"
 #include "onnx_internal.h"
 
 int kl_onnx_dtype(int onnx_type, kl_dtype *out) {

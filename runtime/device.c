@@ -175,7 +175,7 @@ fail:
   return -1;
 }
 
-int krt_launch(krt_module *m, int index, kl_dim3 grid, kl_dim3 block, size_t dyn_shared,
+int krt_launch(krt_module *m, int index, krt_dim3 grid, krt_dim3 block, size_t dyn_shared,
                void **args, char *err, size_t errlen) {
   if (!m) return krt_err(err, errlen, "krt_launch: module is NULL");
   if (index < 0 || index >= m->nkernels)

@@ -443,7 +443,7 @@ fail:
 /* Above 48 KiB of dynamic shared memory a kernel must opt in, once. */
 #define CUDA_DEFAULT_DYN_SHARED (48u * 1024u)
 
-static int cuda_launch(krt_module *m, int index, kl_dim3 grid, kl_dim3 block,
+static int cuda_launch(krt_module *m, int index, krt_dim3 grid, krt_dim3 block,
                        size_t dyn_shared, void **args, char *err, size_t errlen) {
   cuda_module *cm = m->priv;
   cuda_dev *c = m->dev->priv;

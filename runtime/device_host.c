@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "device_impl.h"
+#include "emu/emu.h"
 
 /* cudaMalloc gives 256-byte alignment and kernels may rely on some of it for
  * vector loads (float4, double2: 16 bytes); 64 bytes covers those and a
@@ -92,7 +93,7 @@ static int host_module_load(krt_module *m, const krt_module_desc *desc, char *er
 
 static void host_module_unload(krt_module *m) { m->priv = NULL; }
 
-static int host_launch(krt_module *m, int index, kl_dim3 grid, kl_dim3 block,
+static int host_launch(krt_module *m, int index, krt_dim3 grid, krt_dim3 block,
                        size_t dyn_shared, void **args, char *err, size_t errlen) {
   if (!m->host[index] || !m->host[index]->fn) return no_host_entry(m, index, err, errlen);
   return kl_emu_launch(m->host[index], grid, block, dyn_shared, args, err, errlen);

@@ -30,7 +30,7 @@ typedef struct krt_device_ops {
   int (*module_load)(krt_module *m, const krt_module_desc *desc, char *err, size_t errlen);
   void (*module_unload)(krt_module *m);
   /* index already checked against m->nkernels. */
-  int (*launch)(krt_module *m, int index, kl_dim3 grid, kl_dim3 block, size_t dyn_shared,
+  int (*launch)(krt_module *m, int index, krt_dim3 grid, krt_dim3 block, size_t dyn_shared,
                 void **args, char *err, size_t errlen);
   /* Shapes, strides and pointers already checked (krt_gemm_check); m, n and
    * batch > 0. */
@@ -60,7 +60,7 @@ struct krt_module {
   krt_device *dev;
   int nkernels;
   char **names;
-  const kl_emu_kernel **host;
+  const krt_host_kernel **host;
   void *priv;
 };
 

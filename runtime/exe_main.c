@@ -1,8 +1,9 @@
 /* exe_main.c - the command line of a standalone compiled model (`kiln
- * compile --emit=exe`): read the inputs (.npy or ONNX .pb), check them
- * against the model's signature, run on a device, time the runs, and write
- * or summarise the outputs.  The generated main() is one call to
- * krt_exe_main with the model's krt_model_api. */
+ * compile --emit=exe`): read the inputs (.npy, and ONNX .pb when the program
+ * links libkilnrt_pb), check them against the model's signature, run on a
+ * device, time the runs, and write or summarise the outputs.  The generated
+ * main() is one call to krt_exe_main (or krt_exe_main_pb) with the model's
+ * krt_model_api. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdbool.h>
@@ -13,14 +14,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kilnrt.h"
+#include "exe_main.h"
 
 enum { EXIT_USAGE = 2, MAX_FILES = 256 };
 enum { OPT_INPUT = 1000, OPT_INPUTS_DIR, OPT_OUTPUT_DIR, OPT_DEVICE, OPT_ITERS };
 
+/* What a program built without libkilnrt_pb says about a .pb input. */
+#define PB_HINT                                                                         \
+  "convert to .npy, run the model with `kiln run`, or build the program with "          \
+  "`kiln compile --emit=exe --pb-inputs`"
+
 typedef struct {
   const char *prog;
   const krt_model_api *api;
+  krt_tensor_reader pb_read;  /* NULL: the program reads no .pb */
   const char *names[MAX_FILES], *paths[MAX_FILES]; /* --input NAME=FILE */
   int nfiles;
   const char *inputs_dir, *output_dir;
@@ -42,15 +49,18 @@ static void usage(FILE *f, const exe_opts *o) {
   fprintf(f, "usage: %s [--input NAME=FILE ...] [--inputs-dir DIR] [--output-dir DIR]\n"
              "       [--device auto|host|cuda] [--iters N]\n"
              "Run the compiled model '%s' and print the device and the median time per run.\n"
-             "  --input NAME=FILE  feed input NAME from a .npy or ONNX .pb file (repeatable)\n"
-             "  --inputs-dir DIR   read DIR/input_K.pb or DIR/input_K.npy for input K\n"
+             "  --input NAME=FILE  feed input NAME from a %s file (repeatable)\n"
+             "  --inputs-dir DIR   read %s for input K\n"
              "  --output-dir DIR   write output_K.npy for output K (made if absent);\n"
              "                     without it, a summary of each output is printed\n"
              "  --device DEV       auto (a GPU when one works, else the host; the default),\n"
              "                     host or cuda; KILN_DEVICE=host|cuda|auto overrides auto\n"
              "  --iters N          timed runs after one warm-up run (default 1, no warm-up)\n"
              "  -h, --help         this help\n",
-          o->prog, a->model_name);
+          o->prog, a->model_name, o->pb_read ? ".npy or ONNX .pb" : ".npy",
+          o->pb_read ? "DIR/input_K.pb or DIR/input_K.npy" : "DIR/input_K.npy");
+  if (!o->pb_read)
+    fprintf(f, "ONNX .pb inputs are not read by this program:\n  %s\n", PB_HINT);
   fprintf(f, "inputs:\n");
   for (int i = 0; i < a->ninputs; i++)
     fprintf(f, "  %d %s: %s\n", i, a->inputs[i].name,
@@ -127,13 +137,19 @@ static bool ends_with(const char *s, const char *tail) {
   return n >= k && !strcmp(s + n - k, tail);
 }
 
-/* The file for input i: --input NAME=FILE, else DIR/input_K.pb or .npy. */
+/* The file for input i: --input NAME=FILE, else DIR/input_K.pb or .npy,
+ * the one this program reads first (the other, when only it is there, so
+ * that a missing .pb reader is said rather than a missing file). */
 static const char *input_path(const exe_opts *o, int i, char *buf, size_t n) {
   for (int f = 0; f < o->nfiles; f++)
     if (!strcmp(o->names[f], o->api->inputs[i].name)) return o->paths[f];
   if (!o->inputs_dir) return NULL;
-  snprintf(buf, n, "%s/input_%d.pb", o->inputs_dir, i);
-  if (access(buf, F_OK) != 0) snprintf(buf, n, "%s/input_%d.npy", o->inputs_dir, i);
+  const char *first = o->pb_read ? "pb" : "npy", *second = o->pb_read ? "npy" : "pb";
+  snprintf(buf, n, "%s/input_%d.%s", o->inputs_dir, i, first);
+  if (access(buf, F_OK) != 0) {
+    snprintf(buf, n, "%s/input_%d.%s", o->inputs_dir, i, second);
+    if (access(buf, F_OK) != 0) snprintf(buf, n, "%s/input_%d.%s", o->inputs_dir, i, first);
+  }
   return buf;
 }
 
@@ -147,7 +163,12 @@ static int read_input(const exe_opts *o, int i, krt_tensor *t) {
             o->prog, d->name, shape_text(d->dtype, d->rank, d->dims, want, sizeof want), d->name);
     return -1;
   }
-  int rc = ends_with(path, ".pb") ? krt_pb_read(path, t, msg, sizeof msg)
+  if (ends_with(path, ".pb") && !o->pb_read) {
+    fprintf(stderr, "%s: error: input '%s': %s: this program reads .npy inputs only; %s\n",
+            o->prog, d->name, path, PB_HINT);
+    return -1;
+  }
+  int rc = ends_with(path, ".pb") ? o->pb_read(path, t, msg, sizeof msg)
                                   : krt_npy_read(path, t, msg, sizeof msg);
   if (rc) {
     fprintf(stderr, "%s: error: input '%s': %s\n", o->prog, d->name, msg);
@@ -228,9 +249,13 @@ static void summarise(const char *name, const krt_tensor *t) {
 }
 
 int krt_exe_main(const krt_model_api *api, int argc, char **argv) {
+  return krt_exe_main_with(api, NULL, argc, argv);
+}
+
+int krt_exe_main_with(const krt_model_api *api, krt_tensor_reader pb_read, int argc, char **argv) {
   const char *slash = argc > 0 ? strrchr(argv[0], '/') : NULL;
   exe_opts o = {.prog = argc > 0 ? (slash ? slash + 1 : argv[0]) : api->model_name,
-                .api = api, .device = KRT_DEVICE_AUTO, .iters = 1};
+                .api = api, .pb_read = pb_read, .device = KRT_DEVICE_AUTO, .iters = 1};
   if (parse_args(&o, argc, argv)) return EXIT_USAGE;
   int ni = api->ninputs, no = api->noutputs, rc = 1;
   krt_tensor *in = calloc((size_t)ni + 1, sizeof *in), *out = calloc((size_t)no + 1, sizeof *out);

@@ -1,8 +1,12 @@
 /* kilnrt.h - Kiln's runtime library: tensors, half-precision conversions and
  * tensor files (.npy, .safetensors).  One public header for the runtime/
- * folder; compiled programs and the driver include only this. */
-#ifndef KILN_KILNRT_H
-#define KILN_KILNRT_H
+ * folder; compiled programs and the driver include only this.  It declares
+ * krt_ and KRT_ names only (tests/unit/check_public_names.py checks): it is
+ * included into users' code.  ONNX .pb tensor files are libkilnrt_pb's,
+ * runtime/pb/kilnrt_pb.h, so that only programs reading them link
+ * protobuf-c. */
+#ifndef KRT_KILNRT_H
+#define KRT_KILNRT_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -69,10 +73,6 @@ int krt_npy_read(const char *path, krt_tensor *out, char *errbuf,
 int krt_npy_write(const char *path, const krt_tensor *t, char *errbuf,
                   size_t errlen);
 
-/* ONNX TensorProto (.pb), the tensors of ONNX's test data: raw_data or
- * the typed fields, every dtype above; external data is refused. */
-int krt_pb_read(const char *path, krt_tensor *out, char *errbuf, size_t errlen);
-
 /* .safetensors: a named list of tensors.  Reading keeps the header's order
  * and ignores "__metadata__"; writing stores tensors in the given order. */
 typedef struct {
@@ -102,8 +102,6 @@ void krt_tensor_set_free(krt_tensor_set *set);
  * runtime/emu, contractions through a CPU BLAS).  Every fallible call
  * returns 0, or -1 with a message naming the call, the kernel or the
  * sizes in err (errlen bytes; err may be NULL). */
-#include "emu/emu.h"
-
 typedef enum { KRT_DEVICE_AUTO, KRT_DEVICE_HOST, KRT_DEVICE_CUDA } krt_device_kind;
 typedef struct krt_device krt_device;
 
@@ -128,12 +126,27 @@ int krt_memset_zero(krt_device *d, void *dst, size_t bytes, char *err, size_t er
 /* Wait for all queued work; reports an asynchronous failure. */
 int krt_synchronize(krt_device *d, char *err, size_t errlen);
 
+/* CUDA's dim3: a launch's grid and block sizes. */
+typedef struct krt_dim3 {
+  unsigned int x, y, z;
+} krt_dim3;
+
+/* A kernel built for the host device: its name (for messages) and a
+ * function that unpacks `args` - the array cuLaunchKernel takes, args[i]
+ * pointing at the i-th argument's value - and runs the kernel.  The
+ * emulator's KL_EMU_ENTRY defines one per kernel as `NAME__emu`
+ * (runtime/emu/emu.h calls this type kl_emu_kernel). */
+typedef struct krt_host_kernel {
+  const char *name;
+  void (*fn)(void **args);
+} krt_host_kernel;
+
 /* The kernels of one compiled model: for the host, each kernel's emulator
  * entry; for the GPU, cubin images per architecture and a PTX fallback,
  * compiled from the same kernels.cu by NVRTC at `kiln compile` time. */
 typedef struct {
   const char *name;
-  const kl_emu_kernel *host;   /* NULL in a GPU-only build */
+  const krt_host_kernel *host; /* NULL in a GPU-only build */
 } krt_kernel_desc;
 
 typedef struct {
@@ -155,7 +168,7 @@ int krt_module_load(krt_device *d, const krt_module_desc *desc, krt_module **out
                     size_t errlen);
 void krt_module_unload(krt_module *m);                /* NULL-safe */
 /* Launch kernel `index` of the module; args as cuLaunchKernel takes them. */
-int krt_launch(krt_module *m, int index, kl_dim3 grid, kl_dim3 block, size_t dyn_shared,
+int krt_launch(krt_module *m, int index, krt_dim3 grid, krt_dim3 block, size_t dyn_shared,
                void **args, char *err, size_t errlen);
 
 /* Row-major (batched) GEMM on device pointers: for each batch item b,
@@ -241,7 +254,9 @@ double krt_median(double *values, size_t n);   /* sorts values; 0 when n is 0 */
 /* The command line of a standalone compiled program (kiln compile
  * --emit=exe): `--input NAME=FILE`, `--inputs-dir`, `--output-dir`,
  * `--device`, `--iters`; see --help.  Returns the exit status: 0, 1 for bad
- * input or a failed run, 2 for a bad command line. */
+ * input or a failed run, 2 for a bad command line.  Inputs are .npy files;
+ * a .pb input is refused with a message saying how to read it
+ * (krt_exe_main_pb of kilnrt_pb.h reads those too). */
 int krt_exe_main(const krt_model_api *api, int argc, char **argv);
 
-#endif /* KILN_KILNRT_H */
+#endif /* KRT_KILNRT_H */

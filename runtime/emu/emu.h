@@ -12,6 +12,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The two types a launch shares with the runtime (krt_dim3 and
+ * krt_host_kernel): defined once, there, so that a kernels.cu defining
+ * `const kl_emu_kernel k0__emu` and the model.c declaring it as
+ * `extern const krt_host_kernel k0__emu` name the same struct. */
+#include "../kilnrt.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -19,9 +25,7 @@ extern "C" {
 /* ---- 1. launch API ---------------------------------------------------- */
 
 /* CUDA's dim3/uint3 under a name that clashes with nothing. */
-typedef struct kl_dim3 {
-  unsigned int x, y, z;
-} kl_dim3;
+typedef krt_dim3 kl_dim3;
 
 /* A kernel's host-side entry ("trampoline"): unpacks `args` - the same array
  * cuLaunchKernel takes, args[i] pointing at the i-th argument's value - and
@@ -29,11 +33,8 @@ typedef struct kl_dim3 {
 typedef void (*kl_emu_kernel_fn)(void **args);
 
 /* What KL_EMU_ENTRY(name, ...) defines as `name__emu`, with external linkage,
- * for the host code to pass to kl_emu_launch.  The name is for messages. */
-typedef struct kl_emu_kernel {
-  const char *name;
-  kl_emu_kernel_fn fn;
-} kl_emu_kernel;
+ * for the host code to pass to kl_emu_launch: {name for messages, fn}. */
+typedef krt_host_kernel kl_emu_kernel;
 
 /* Limits checked at launch; they are sm_90's. */
 #define KL_EMU_MAX_BLOCK_THREADS 1024

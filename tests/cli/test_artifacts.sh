@@ -38,7 +38,25 @@ np.save("x_short.npy", rng.standard_normal((32, 783), dtype=np.float32))
 np.save("x_f64.npy", rng.standard_normal((32, 784)))
 open("garbage.npy", "wb").write(b"\x93NUMPY\x01\x00garbage")
 open("garbage.pb", "wb").write(b"\xff\xff\xff\xff")
+# a TensorProto by hand (no onnx needed): dims 2, FLOAT, raw_data 1.5, -2
+open("pair.pb", "wb").write(b"\x08\x02\x10\x01\x4a\x08" + np.array([1.5, -2], "<f4").tobytes())
+import os
+os.makedirs("npy_and_pb", exist_ok=True)  # an inputs dir with both kinds
+np.save("npy_and_pb/input_0.npy", np.load("x.npy"))
+np.save("npy_and_pb/input_1.npy", np.load("labels.npy"))
+open("npy_and_pb/input_0.pb", "wb").write(b"\xff\xff\xff\xff")
+os.makedirs("pb_only", exist_ok=True)
+open("pb_only/input_0.pb", "wb").write(b"\xff\xff\xff\xff")
 PY
+
+# needs_protobuf NAME FILE yes|no: whether FILE (a program or a shared
+# object) loads libprotobuf-c; only a program that reads .pb files should.
+needs_protobuf() {
+  local deps
+  deps=$(readelf -d "$2" 2>&1 | grep NEEDED)
+  if grep -q "libprotobuf-c" <<<"$deps"; then [ "$3" = yes ]; else [ "$3" = no ]; fi &&
+    ok "$1" || bad "$1" "$deps"
+}
 
 # ---- the standalone program -----------------------------------------------
 expect exe_builds 0 "wrote .*mlp_exe" -- "$kiln" compile "$root/examples/mlp.kl" --emit=exe -o mlp_exe
@@ -76,8 +94,32 @@ expect exe_misshapen 1 "input 'x' must be f32\[32,784\], the file holds f32\[32,
 expect exe_wrong_dtype 1 "input 'x' must be f32\[32,784\], the file holds f64\[32,784\]" -- \
   ./mlp_exe --input x=x_f64.npy --input labels=labels.npy
 expect exe_garbage_npy 1 "input 'x': garbage.npy: " -- ./mlp_exe --input x=garbage.npy --input labels=labels.npy
-expect exe_garbage_pb 1 "input 'x': garbage.pb: not an ONNX TensorProto" -- \
+
+# .pb inputs: libkilnrt_pb's, linked only with --pb-inputs; without it a .pb
+# input is refused with the ways to read it.
+needs_protobuf exe_links_no_protobuf mlp_exe no
+expect exe_pb_refused 1 "input 'x': garbage.pb: this program reads .npy inputs only; .*--pb-inputs" -- \
   ./mlp_exe --input x=garbage.pb --input labels=labels.npy
+expect exe_pb_dir_refused 1 "pb_only/input_0.pb: this program reads .npy inputs only" -- \
+  ./mlp_exe --inputs-dir pb_only
+expect exe_dir_takes_npy 0 "device: " -- ./mlp_exe --inputs-dir npy_and_pb
+expect exe_help_says_pb 0 "ONNX .pb inputs are not read by this program" -- ./mlp_exe --help
+expect exe_pb_builds 0 "wrote .*mlp_pb" -- \
+  "$kiln" compile "$root/examples/mlp.kl" --emit=exe --pb-inputs -o mlp_pb
+needs_protobuf exe_pb_links_protobuf mlp_pb yes
+expect exe_garbage_pb 1 "input 'x': garbage.pb: not an ONNX TensorProto" -- \
+  ./mlp_pb --input x=garbage.pb --input labels=labels.npy
+expect exe_pb_dir_takes_pb 1 "npy_and_pb/input_0.pb: not an ONNX TensorProto" -- \
+  ./mlp_pb --inputs-dir npy_and_pb
+expect exe_pb_reads_npy 0 "device: " -- ./mlp_pb --input x=x.npy --input labels=labels.npy
+expect exe_pb_only_exe 2 "--pb-inputs is for --emit=exe" -- \
+  "$kiln" compile "$root/examples/mlp.kl" --emit=lib --pb-inputs -o lib_bad
+# kiln run's shared object takes the runtime from kiln itself: no protobuf-c
+kept=$(KILN_KEEP_BUILD=1 "$kiln" run "$root/examples/mlp.kl" --device=host --input x=x.npy \
+  --input labels=labels.npy 2>&1 | sed -n 's/^kiln: build folder kept: //p')
+if [ -f "$kept/model.so" ]; then needs_protobuf run_so_links_no_protobuf "$kept/model.so" no
+else bad run_so_links_no_protobuf "no model.so kept ($kept)"; fi
+[ -n "$kept" ] && rm -rf "$kept"
 expect exe_unwritable_output 1 "--output-dir x.npy/out: Not a directory" -- \
   ./mlp_exe --input x=x.npy --input labels=labels.npy --output-dir x.npy/out
 expect exe_output_is_file 1 "--output-dir x.npy: not a directory" -- \
@@ -90,7 +132,7 @@ expect exe_stray_argument 2 "unexpected argument" -- ./mlp_exe extra
 # An ONNX model fed the .pb files of its own test data.
 if [ -d "$onnx_data/test_conv_with_strides_padding" ]; then
   t=$onnx_data/test_conv_with_strides_padding
-  expect exe_onnx_builds 0 "wrote" -- "$kiln" compile "$t/model.onnx" --emit=exe -o conv_exe
+  expect exe_onnx_builds 0 "wrote" -- "$kiln" compile "$t/model.onnx" --emit=exe --pb-inputs -o conv_exe
   expect exe_onnx_runs 0 "device: " -- ./conv_exe --inputs-dir "$t/test_data_set_0" --output-dir conv_out
   if out=$("$py" -c '
 import sys, numpy as np, onnx.numpy_helper as nh, onnx
@@ -157,10 +199,43 @@ int main(void) {
 C
 export PKG_CONFIG_PATH=$tmp/lib_mlp:$tmp/lib_cnn
 expect lib_pkg_config 0 "-lkiln_mlp" -- pkg-config --libs kiln_mlp
+if pkg-config --libs kiln_mlp | grep -q protobuf; then
+  bad lib_pkg_config_no_protobuf "$(pkg-config --libs kiln_mlp)"
+else
+  ok lib_pkg_config_no_protobuf
+fi
 expect lib_links_two_models 0 "" -- bash -c \
   "cc -std=c11 -Wall -Werror use.c \$(pkg-config --cflags --libs kiln_mlp) -L lib_cnn -lkiln_cnn \$(pkg-config --libs kiln_mlp) -o use"
 expect lib_runs 0 "ran mlp and cnn" -- ./use
 same lib_matches_interpreter lib_out.npy ref/output_0.npy
+needs_protobuf lib_links_no_protobuf use no
+
+# A user's program that reads .pb files links kiln_mlp_pb: krt_pb_read.
+cat >use_pb.c <<'C'
+#include <stdio.h>
+#include "kilnrt_pb.h"
+
+int main(int argc, char **argv) {
+  char err[1024];
+  for (int i = 1; i < argc; i++) {
+    krt_tensor t;
+    if (krt_pb_read(argv[i], &t, err, sizeof err)) {
+      printf("error: %s\n", err);
+      continue;
+    }
+    printf("%s[%lld]: %g %g\n", krt_dtype_name(t.dtype), (long long)t.dims[0],
+           ((float *)t.data)[0], ((float *)t.data)[1]);
+    krt_tensor_free(&t);
+  }
+  return 0;
+}
+C
+expect lib_pb_pkg_config 0 "-lkilnrt_pb .*-lprotobuf-c.*-lkiln_mlp -lkilnrt" -- pkg-config --libs kiln_mlp_pb
+expect lib_pb_links 0 "" -- bash -c \
+  "cc -std=c11 -Wall -Werror use_pb.c \$(pkg-config --cflags --libs kiln_mlp_pb) -o use_pb"
+expect lib_pb_reads 0 "f32\[2\]: 1.5 -2" -- ./use_pb pair.pb
+expect lib_pb_garbage 0 "error: garbage.pb: not an ONNX TensorProto" -- ./use_pb garbage.pb
+needs_protobuf lib_pb_links_protobuf use_pb yes
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -25,11 +25,12 @@
 #include <cmocka.h>
 
 #include "../../runtime/kilnrt.h"
+#include "../../runtime/emu/emu.h" /* kl_emu_shutdown, at the end */
 
-extern const kl_emu_kernel axpy__emu, block_reverse__emu;
+extern const krt_host_kernel axpy__emu, block_reverse__emu;
 
-static kl_dim3 d3(unsigned x, unsigned y, unsigned z) {
-  kl_dim3 d = {x, y, z};
+static krt_dim3 d3(unsigned x, unsigned y, unsigned z) {
+  krt_dim3 d = {x, y, z};
   return d;
 }
 

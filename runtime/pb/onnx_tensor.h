@@ -1,11 +1,11 @@
-/* onnx_tensor.h - ONNX TensorProto contents for the runtime (.pb tensor
+/* onnx_tensor.h - ONNX TensorProto contents for libkilnrt_pb (.pb tensor
  * files) and the ONNX frontend (initializers, Constant values).  Internal
  * to Kiln: it exposes protobuf-c's generated types, so compiled programs
- * use krt_pb_read from kilnrt.h instead. */
+ * use krt_pb_read from kilnrt_pb.h instead. */
 #ifndef KILN_ONNX_TENSOR_H
 #define KILN_ONNX_TENSOR_H
 
-#include "kilnrt.h"
+#include "../kilnrt.h"
 #include "onnx.pb-c.h"
 
 /* ONNX TensorProto.DataType -> krt_dtype; -1 when Kiln has no such type. */

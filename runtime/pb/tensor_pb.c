@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "io_util.h"
+#include "../io_util.h"
+#include "kilnrt_pb.h"
 #include "onnx_tensor.h"
 
 int krt_onnx_dtype(int onnx_type, krt_dtype *out) {
