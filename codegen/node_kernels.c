@@ -60,63 +60,27 @@ void kl_cg_store(FILE *f, kl_dtype t, const char *dst, const char *value) {
 }
 
 /* The scalar expression of an elementwise op over operands a, b, c in
- * compute type `ct` ("float", "double" or an integer type); NULL when the
- * op has no template. */
-static const char *expression(const kl_node *n, const char *ct, char *buf, size_t len) {
+ * compute type `ct` ("float", "double" or an integer type), for the ops
+ * whose row in ir/ops.def says CUSTOM in its `cuda` column: the expression
+ * depends on attributes or on the compute type. */
+static const char *custom_expression(const kl_node *n, const char *ct, char *buf, size_t len) {
   bool flt = !strcmp(ct, "float"), dbl = !strcmp(ct, "double"), is_f = flt || dbl;
   const char *s = flt ? "f" : "";
 #define F(fmt, ...) (snprintf(buf, len, fmt, __VA_ARGS__), buf)
   switch (n->op) {
-  case KL_OP_NEG: return "-a";
   case KL_OP_ABS: return is_f ? F("fabs%s(a)", s) : "(a < 0 ? -a : a)";
-  case KL_OP_EXP: return F("exp%s(a)", s);
-  case KL_OP_LOG: return F("log%s(a)", s);
-  case KL_OP_SQRT: return F("sqrt%s(a)", s);
-  case KL_OP_RSQRT: return F("1 / sqrt%s(a)", s);
-  case KL_OP_RECIPROCAL: return "1 / a";
-  case KL_OP_TANH: return F("tanh%s(a)", s);
-  case KL_OP_SIGMOID: return F("1 / (1 + exp%s(-a))", s);
-  case KL_OP_RELU: return "(a > 0 ? a : (a != a ? a : 0))";
   case KL_OP_LEAKY_RELU: return F("(a >= 0 ? a : a * %.17g)", kl_attr_float(n, "alpha", 0.01));
   case KL_OP_GELU:
     if (!strcmp(kl_attr_string(n, "approximate", "none"), "tanh"))
       return F("0.5 * a * (1 + tanh%s(0.7978845608028654 * (a + 0.044715 * a * a * a)))", s);
     return F("0.5 * a * (1 + erf%s(a * 0.7071067811865476))", s);
-  case KL_OP_SILU: return F("a / (1 + exp%s(-a))", s);
-  case KL_OP_ERF: return F("erf%s(a)", s);
-  case KL_OP_CAST: return "a";
-  case KL_OP_ADD: return "a + b";
-  case KL_OP_SUB: return "a - b";
-  case KL_OP_MUL: return "a * b";
   case KL_OP_DIV: return is_f ? "a / b" : "(b == 0 ? 0 : a / b)"; /* the GPU traps nothing */
   case KL_OP_POW: /* integers: kiln_prelude.h's powers by squaring */
     return is_f ? F("pow%s(a, b)", s) : ct[0] == 'u' ? "kl_upow(a, b)" : "kl_ipow(a, b)";
   case KL_OP_MAXIMUM: return is_f ? "(a != a || a > b ? a : b)" : "(a > b ? a : b)";
   case KL_OP_MINIMUM: return is_f ? "(a != a || a < b ? a : b)" : "(a < b ? a : b)";
-  case KL_OP_EQ: return "a == b";
-  case KL_OP_NE: return "a != b";
-  case KL_OP_LT: return "a < b";
-  case KL_OP_LE: return "a <= b";
-  case KL_OP_GT: return "a > b";
-  case KL_OP_GE: return "a >= b";
-  case KL_OP_WHERE: return "a ? b : c";
-  case KL_OP_SIN: return F("sin%s(a)", s);
-  case KL_OP_COS: return F("cos%s(a)", s);
-  case KL_OP_TAN: return F("tan%s(a)", s);
-  case KL_OP_ASIN: return F("asin%s(a)", s);
-  case KL_OP_ACOS: return F("acos%s(a)", s);
-  case KL_OP_ATAN: return F("atan%s(a)", s);
-  case KL_OP_SINH: return F("sinh%s(a)", s);
-  case KL_OP_COSH: return F("cosh%s(a)", s);
-  case KL_OP_ASINH: return F("asinh%s(a)", s);
-  case KL_OP_ACOSH: return F("acosh%s(a)", s);
-  case KL_OP_ATANH: return F("atanh%s(a)", s);
-  case KL_OP_FLOOR: return F("floor%s(a)", s);
-  case KL_OP_CEIL: return F("ceil%s(a)", s);
-  case KL_OP_ROUND: return F("rint%s(a)", s); /* halves to even */
   case KL_OP_SIGN:
     return !is_f && ct[0] == 'u' ? "(a > 0 ? 1 : 0)" : "(a > 0 ? 1 : a < 0 ? -1 : a)";
-  case KL_OP_ISNAN: return "a != a";
   case KL_OP_ELU:
     return is_f ? F("(a >= 0 ? a : %.17g * expm1%s(a))", kl_attr_float(n, "alpha", 1.0), s) : NULL;
   case KL_OP_SOFTPLUS: /* log(1 + e^a) without overflow */
@@ -138,13 +102,25 @@ static const char *expression(const kl_node *n, const char *ct, char *buf, size_
     bool left = !strcmp(kl_attr_string(n, "direction", "left"), "left");
     return F("(b >= %d ? 0 : a %s b)", bits, left ? "<<" : ">>");
   }
-  case KL_OP_LOGICAL_NOT: return "!a";
-  case KL_OP_LOGICAL_AND: return "a && b";
-  case KL_OP_LOGICAL_OR: return "a || b";
-  case KL_OP_LOGICAL_XOR: return "(a != 0) != (b != 0)";
   default: return NULL;
   }
 #undef F
+}
+
+/* The scalar expression of an elementwise op over operands a, b, c in
+ * compute type `ct` ("float", "double" or an integer type), from the `cuda`
+ * column of the op's row in ir/ops.def; NULL when the op has none.  A
+ * template's %s is the float suffix: "f" for float, "" otherwise. */
+static const char *expression(const kl_node *n, const char *ct, char *buf, size_t len) {
+  const char *t = kl_ops[n->op].cuda;
+  if (!t) return NULL;
+  if (t == kl_op_cuda_custom) return custom_expression(n, ct, buf, len);
+  if (!strchr(t, '%')) return t;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+  snprintf(buf, len, t, !strcmp(ct, "float") ? "f" : "");
+#pragma GCC diagnostic pop
+  return buf;
 }
 
 /* Compute type of a node's operands: that of its first data input (where's

@@ -6,7 +6,7 @@
  * As everywhere in codegen/, shapes are static: every size, stride, slice
  * start and pad is computed here and written into the kernel as a literal,
  * so kernels are plain index arithmetic.  Each template matches the
- * interpreter's kl_eval_<OP> (ir/ops_movement.c, ir/ops_ext_tensor.c,
+ * interpreter's kl_eval_<OP> (ir/ops_movement.c,
  * ir/ops_reduce.c) element for element.
  *
  * Indices read at run time (gather family, scatters): the device cannot
@@ -431,7 +431,7 @@ static int emit_gather_elements(kl_cg_emitter *e, const kl_node *n) {
   return 0;
 }
 
-/* gather_nd / scatter_nd geometry (nd_setup in ir/ops_ext_tensor.c):
+/* gather_nd / scatter_nd geometry (nd_setup in ir/ops_movement.c):
  * indices [b.., n.., m] address x [b.., m axes, slice..]. */
 typedef struct {
   int b, m;

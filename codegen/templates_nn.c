@@ -2,8 +2,8 @@
  * the template interface): layer_norm, rms_norm, batch_norm, conv2d (im2col
  * + runtime GEMM, or straight to GEMM for 1x1), max/avg pools,
  * global_avg_pool, cross_entropy, nll_loss, conv_transpose2d, resize and
- * det.  Each kernel mirrors the interpreter's code in ir/ (ops_reduce.c,
- * ops_contract.c, ops_ext_nn.c, ops_ext_math.c): same index math, same
+ * det.  Each kernel mirrors the interpreter's code in ir/ (ops_nn.c,
+ * ops_contract.c, ops_sample.c, ops_math.c): same index math, same
  * order of operations where it decides NaN and rounding, sums in double. */
 #include <math.h>
 #include <stdlib.h>
@@ -796,7 +796,7 @@ static int emit_tconv(kl_cg_emitter *e, const kl_node *n) {
 }
 
 /* ---- resize ------------------------------------------------------------------ */
-/* The interpreter's tap computation (ops_ext_nn.c) runs here, at compile
+/* The interpreter's tap computation (ir/ops_sample.c) runs here, at compile
  * time: shapes are static, so every axis's taps (input index, weight) are
  * tables in kernels.cu and the kernel only sums. */
 enum { RESIZE_MAX_TABLE = 1 << 20 }; /* taps in all, beyond which: no template */

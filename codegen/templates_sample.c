@@ -2,7 +2,7 @@
  * run time (see codegen_impl.h for the template interface): grid_sample,
  * linear, nearest and cubic, over any number of spatial axes.
  *
- * The kernel mirrors kl_eval_GRID_SAMPLE (ir/ops_ext_math.c) step by step,
+ * The kernel mirrors kl_eval_GRID_SAMPLE (ir/ops_sample.c) step by step,
  * in double as the interpreter: the same coordinate formulas, the same
  * padding of the point and of each tap, and the same sum (taps in the same
  * order, products of weights built axis by axis, zero weights skipped so

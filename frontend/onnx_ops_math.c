@@ -49,25 +49,6 @@ static kl_value *need_input(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k) {
 }
 
 /* ---- one to one ------------------------------------------------------ */
-/* Ops that map onto an IR op with no attributes. */
-static const struct { const char *onnx; kl_op op; } direct[] = {
-    {"Abs", KL_OP_ABS},         {"Neg", KL_OP_NEG},           {"Exp", KL_OP_EXP},
-    {"Log", KL_OP_LOG},         {"Sqrt", KL_OP_SQRT},         {"Reciprocal", KL_OP_RECIPROCAL},
-    {"Tanh", KL_OP_TANH},       {"Sigmoid", KL_OP_SIGMOID},   {"Relu", KL_OP_RELU},
-    {"Erf", KL_OP_ERF},         {"Sin", KL_OP_SIN},           {"Cos", KL_OP_COS},
-    {"Tan", KL_OP_TAN},         {"Asin", KL_OP_ASIN},         {"Acos", KL_OP_ACOS},
-    {"Atan", KL_OP_ATAN},       {"Sinh", KL_OP_SINH},         {"Cosh", KL_OP_COSH},
-    {"Asinh", KL_OP_ASINH},     {"Acosh", KL_OP_ACOSH},       {"Atanh", KL_OP_ATANH},
-    {"Floor", KL_OP_FLOOR},     {"Ceil", KL_OP_CEIL},         {"Round", KL_OP_ROUND},
-    {"Sign", KL_OP_SIGN},       {"Not", KL_OP_LOGICAL_NOT},   {"IsNaN", KL_OP_ISNAN},
-    {"Softplus", KL_OP_SOFTPLUS},
-    {"Add", KL_OP_ADD},         {"Sub", KL_OP_SUB},           {"Mul", KL_OP_MUL},
-    {"Div", KL_OP_DIV},         {"Pow", KL_OP_POW},           {"Equal", KL_OP_EQ},
-    {"Less", KL_OP_LT},         {"LessOrEqual", KL_OP_LE},    {"Greater", KL_OP_GT},
-    {"GreaterOrEqual", KL_OP_GE}, {"And", KL_OP_LOGICAL_AND}, {"Or", KL_OP_LOGICAL_OR},
-    {"Xor", KL_OP_LOGICAL_XOR}, {"Where", KL_OP_WHERE},
-};
-
 /* Before opset 7 binary ops broadcast only with broadcast=1, and then B
  * aligns with A from `axis` (default: trailing, as NumPy): B gets trailing
  * 1s so that NumPy broadcasting lines it up the same way. */
@@ -104,12 +85,13 @@ static kl_value *mixed_pow(kl_onnx_ctx *c, kl_value *a, kl_value *b) {
   return cast_to(c, y, a->dtype);
 }
 
+/* Ops that map onto an IR op with no attributes: the ops registered below
+ * with convert_direct.  The IR op is the row of ir/ops.def whose `onnx`
+ * column names the ONNX op type (kl_op_lookup_onnx). */
 static int convert_direct(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
-  kl_op op = KL_OP_COUNT;
-  for (size_t i = 0; i < sizeof direct / sizeof *direct; i++)
-    if (!strcmp(direct[i].onnx, n->op_type)) op = direct[i].op;
+  kl_op op;
   int nin = kl_onnx_ninputs(n);
-  if (op == KL_OP_COUNT) return kl_onnx_fail(c, "no IR op for this ONNX op");
+  if (kl_op_lookup_onnx(n->op_type, &op)) return kl_onnx_fail(c, "no IR op for this ONNX op");
   if (nin < kl_ops[op].min_inputs || nin > kl_ops[op].max_inputs)
     return kl_onnx_fail(c, "takes %d input(s), got %d", kl_ops[op].min_inputs, nin);
   kl_value *ins[3];

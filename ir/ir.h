@@ -96,8 +96,17 @@ typedef enum {
   KL_KIND_CONTRACTION, KL_KIND_DATA_MOVEMENT, KL_KIND_SOURCE, KL_KIND_OPAQUE
 } kl_op_kind;
 
+/* The class of an op for the mixed-precision pass (passes/precision.c), the
+ * `precision` column of ops.def: allow (runs in the low type), deny (runs
+ * in fp32), follow (low when its non-weight float inputs are) or keep (its
+ * type is spelled out).  KL_PREC_UNLISTED is in no row: it is what
+ * kl_precision_op_class answers for an op id out of range. */
 typedef enum {
-#define KL_OP(id, name, onnx, kind, min_in, max_in, nout, attrs) KL_OP_##id,
+  KL_PREC_UNLISTED, KL_PREC_ALLOW, KL_PREC_DENY, KL_PREC_FOLLOW, KL_PREC_KEEP
+} kl_precision_class;
+
+typedef enum {
+#define KL_OP(id, name, onnx, kind, min_in, max_in, nout, attrs, prec, cuda) KL_OP_##id,
 #include "ops.def"
 #undef KL_OP
   KL_OP_COUNT
@@ -130,10 +139,19 @@ typedef struct {
   kl_infer_fn infer;
   kl_eval_fn eval;
   const char *attrs;      /* "name:kind ..." accepted attributes */
+  kl_precision_class precision; /* for the mixed-precision pass */
+  /* The scalar CUDA expression (codegen/node_kernels.c): a template over
+   * operands a, b, c where %s is the float suffix; kl_op_cuda_custom when
+   * codegen builds it from attributes or the compute type; NULL: none. */
+  const char *cuda;
 } kl_op_info;
 
 extern const kl_op_info kl_ops[KL_OP_COUNT];
+/* The `cuda` of rows whose expression codegen builds itself (CUSTOM). */
+extern const char kl_op_cuda_custom[];
 int kl_op_lookup(const char *name, kl_op *out); /* 0 on success */
+/* The op whose row names ONNX op type `onnx_type`; 0 on success. */
+int kl_op_lookup_onnx(const char *onnx_type, kl_op *out);
 
 /* ---- values, nodes, graphs ------------------------------------------- */
 typedef enum {

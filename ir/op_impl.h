@@ -4,7 +4,7 @@
 #define KILN_OP_IMPL_H
 #include "ir.h"
 
-#define KL_OP(id, name, onnx, kind, min_in, max_in, nout, attrs)            \
+#define KL_OP(id, name, onnx, kind, min_in, max_in, nout, attrs, prec, cuda) \
   int kl_infer_##id(kl_node *n, kl_error *err);                              \
   int kl_eval_##id(const kl_node *n, kl_tensor **in, kl_tensor **out,        \
                    kl_error *err);

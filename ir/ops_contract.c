@@ -1,5 +1,6 @@
 /* ops_contract.c - shape inference and reference evaluation of the
- * contraction rows (matmul, gemm, conv2d) and the 2-D pools. */
+ * contraction rows (matmul, gemm, conv2d, conv_transpose2d) and the 2-D
+ * pools. */
 #include <math.h>
 #include <string.h>
 
@@ -48,6 +49,14 @@ static double dot(const double *a, int64_t sa, const double *b, int64_t sb,
   double acc = 0.0;
   for (int64_t p = 0; p < k; p++) acc += a[p * sa] * b[p * sb];
   return acc;
+}
+
+static int need_float(const kl_node *n, kl_error *err, int k,
+                      const char *what) {
+  char b[300];
+  if (kl_dtype_is_float(n->inputs[k]->dtype)) return 0;
+  return KL_NODE_FAIL(n, err, "%s must be a float tensor, got %s", what,
+                      kl_value_str(n->inputs[k], b, sizeof b));
 }
 
 /* ---- matmul ---------------------------------------------------------- */
@@ -346,6 +355,147 @@ int kl_eval_CONV2D(const kl_node *n, kl_tensor **in, kl_tensor **out,
               }
             }
           *o++ = acc;
+        }
+    }
+  return 0;
+}
+
+/* ---- conv_transpose2d ------------------------------------------------ */
+
+/* An ints attribute of `len` entries, each in [lo, KL_MAX_NUMEL] (the cap
+ * keeps index arithmetic far from overflow); all `dv` when absent. */
+static int ints_attr_or(const kl_node *n, kl_error *err, const char *name,
+                        int len, int64_t lo, int64_t dv, int64_t *out) {
+  const int64_t *v;
+  int got = kl_attr_ints(n, name, &v);
+  if (got < 0) {
+    for (int i = 0; i < len; i++) out[i] = dv;
+    return 0;
+  }
+  if (got != len)
+    return KL_NODE_FAIL(n, err, "%s must have %d entries, got %d", name, len,
+                        got);
+  for (int i = 0; i < len; i++) {
+    if (v[i] < lo || v[i] > KL_MAX_NUMEL)
+      return KL_NODE_FAIL(n, err, "%s[%d] = %lld is out of range [%lld, %lld]",
+                          name, i, (long long)v[i], (long long)lo,
+                          (long long)KL_MAX_NUMEL);
+    out[i] = v[i];
+  }
+  return 0;
+}
+
+
+typedef struct {
+  int64_t stride[2], pad[4], dil[2], opad[2], k[2], out[2], groups;
+} tconv;
+
+static int tconv_setup(const kl_node *n, kl_error *err, tconv *t) {
+  const kl_value *x = n->inputs[0], *w = n->inputs[1];
+  const kl_value *b = n->ninputs > 2 ? n->inputs[2] : NULL;
+  char sx[300], sw[300];
+  if (ints_attr_or(n, err, "strides", 2, 1, 1, t->stride) ||
+      ints_attr_or(n, err, "pads", 4, -KL_MAX_NUMEL, 0, t->pad) ||
+      ints_attr_or(n, err, "dilations", 2, 1, 1, t->dil) ||
+      ints_attr_or(n, err, "output_padding", 2, 0, 0, t->opad))
+    return -1;
+  t->groups = kl_attr_int(n, "groups", 1);
+  int64_t c = x->shape.dims[1];
+  if (t->groups < 1 || t->groups > KL_MAX_NUMEL)
+    return KL_NODE_FAIL(n, err, "groups must be >= 1, got %lld",
+                        (long long)t->groups);
+  if (w->shape.dims[0] != c || c % t->groups != 0)
+    return KL_NODE_FAIL(n, err, "w %s must be [C, M/groups, kH, kW] with C = "
+                        "%lld input channels divisible by groups %lld (x %s)",
+                        kl_value_str(w, sw, sizeof sw), (long long)c,
+                        (long long)t->groups, kl_value_str(x, sx, sizeof sx));
+  int64_t m = w->shape.dims[1] * t->groups;
+  if (b && (b->shape.rank != 1 || b->shape.dims[0] != m))
+    return KL_NODE_FAIL(n, err, "bias must have shape [%lld], got %s",
+                        (long long)m, kl_value_str(b, sx, sizeof sx));
+  for (int a = 0; a < 2; a++) {
+    t->k[a] = w->shape.dims[2 + a];
+    int64_t in = x->shape.dims[2 + a];
+    if (t->k[a] < 1 || in < 1)
+      return KL_NODE_FAIL(n, err, "spatial dims of x %s and w %s must be >= 1",
+                          kl_value_str(x, sx, sizeof sx),
+                          kl_value_str(w, sw, sizeof sw));
+    /* Each product stays below 2^62; their sum is checked in double
+     * before it is formed in int64. */
+    double len = (double)t->stride[a] * (double)(in - 1) + (double)t->opad[a] +
+                 (double)t->dil[a] * (double)(t->k[a] - 1) + 1 -
+                 (double)t->pad[a] - (double)t->pad[2 + a];
+    if (len > (double)KL_MAX_NUMEL)
+      return KL_NODE_FAIL(n, err, "output dim %d (%.0f) is too large", a, len);
+    t->out[a] = (int64_t)len;
+    if (t->out[a] < 1)
+      return KL_NODE_FAIL(n, err, "pads [%lld, %lld, %lld, %lld] crop the "
+                          "whole output of x %s, w %s",
+                          (long long)t->pad[0], (long long)t->pad[1],
+                          (long long)t->pad[2], (long long)t->pad[3],
+                          kl_value_str(x, sx, sizeof sx),
+                          kl_value_str(w, sw, sizeof sw));
+  }
+  return 0;
+}
+
+int kl_infer_CONV_TRANSPOSE2D(kl_node *n, kl_error *err) {
+  char a[300], b[300];
+  for (int i = 0; i < n->ninputs; i++) {
+    if (need_float(n, err, i, i == 0 ? "x" : i == 1 ? "w" : "b")) return -1;
+    if (n->inputs[i]->dtype != n->inputs[0]->dtype)
+      return KL_NODE_FAIL(n, err, "operands must share a dtype: %s and %s",
+                          kl_value_str(n->inputs[0], a, sizeof a),
+                          kl_value_str(n->inputs[i], b, sizeof b));
+  }
+  if (n->inputs[0]->shape.rank != 4 || n->inputs[1]->shape.rank != 4)
+    return KL_NODE_FAIL(n, err, "x and w must have rank 4, got %s and %s",
+                        kl_value_str(n->inputs[0], a, sizeof a),
+                        kl_value_str(n->inputs[1], b, sizeof b));
+  tconv t;
+  if (tconv_setup(n, err, &t)) return -1;
+  kl_shape out = {4, {n->inputs[0]->shape.dims[0],
+                      n->inputs[1]->shape.dims[1] * t.groups, t.out[0],
+                      t.out[1]}};
+  return kl_set_checked_output(n, err, 0, n->inputs[0]->dtype, &out);
+}
+
+/* Scatter form: each input pixel adds its kernel-weighted copy to the
+ * output window it reaches. */
+int kl_eval_CONV_TRANSPOSE2D(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                             kl_error *err) {
+  tconv t;
+  if (tconv_setup(n, err, &t)) return -1;
+  const int64_t *xd = in[0]->shape.dims;
+  int64_t nb = xd[0], c = xd[1], h = xd[2], wi = xd[3];
+  int64_t mpg = in[1]->shape.dims[1], m = mpg * t.groups, cpg = c / t.groups;
+  int64_t oh = t.out[0], ow = t.out[1], plane = oh * ow;
+  const double *x = in[0]->data, *w = in[1]->data;
+  double *o = out[0]->data;
+  if (n->ninputs > 2)
+    for (int64_t b = 0; b < nb; b++)
+      for (int64_t oc = 0; oc < m; oc++)
+        for (int64_t i = 0; i < plane; i++)
+          o[(b * m + oc) * plane + i] = in[2]->data[oc];
+  for (int64_t b = 0; b < nb; b++)
+    for (int64_t ic = 0; ic < c; ic++) {
+      int64_t g = ic / cpg;
+      for (int64_t iy = 0; iy < h; iy++)
+        for (int64_t ix = 0; ix < wi; ix++) {
+          double v = x[((b * c + ic) * h + iy) * wi + ix];
+          for (int64_t j = 0; j < mpg; j++) {
+            double *op = o + (b * m + g * mpg + j) * plane;
+            const double *wp = w + (ic * mpg + j) * t.k[0] * t.k[1];
+            for (int64_t ky = 0; ky < t.k[0]; ky++) {
+              int64_t oy = iy * t.stride[0] - t.pad[0] + ky * t.dil[0];
+              if (oy < 0 || oy >= oh) continue;
+              for (int64_t kx = 0; kx < t.k[1]; kx++) {
+                int64_t ox = ix * t.stride[1] - t.pad[1] + kx * t.dil[1];
+                if (ox < 0 || ox >= ow) continue;
+                op[oy * ow + ox] += v * wp[ky * t.k[1] + kx];
+              }
+            }
+          }
         }
     }
   return 0;

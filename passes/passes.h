@@ -103,10 +103,8 @@ int kl_memplan_check(const kl_membuf *bufs, int n, size_t arena, char *msg, size
  * Each op is allow (runs in the low type: contractions), deny (runs in
  * fp32: softmax, norms, reductions, exp/log, losses), follow (low when its
  * non-weight float inputs are: elementwise, data movement) or keep (cast,
- * constant); the table is in precision.c. */
-typedef enum {
-  KL_PREC_UNLISTED, KL_PREC_ALLOW, KL_PREC_DENY, KL_PREC_FOLLOW, KL_PREC_KEEP
-} kl_precision_class;
+ * constant); the class is the `precision` column of the op's row in
+ * ir/ops.def, and kl_precision_class is declared in ir/ir.h. */
 
 typedef struct {
   kl_dtype low;        /* KL_F16 or KL_BF16; KL_F32 lowers nothing */
@@ -126,7 +124,7 @@ typedef struct {
  * never changed.  The graph is verified afterwards.  An unknown op or node
  * name in the lists is an error. */
 int kl_assign_precision(kl_graph *g, const kl_precision_options *opt, kl_error *err);
-/* The op's class in the table (KL_PREC_UNLISTED if it has none yet). */
+/* kl_ops[op].precision (KL_PREC_UNLISTED for an op id out of range). */
 kl_precision_class kl_precision_op_class(kl_op op);
 /* The class the pass uses for node n: the table, the user's lists, and
  * deny for unlisted ops. */

@@ -2,7 +2,8 @@
  * storage and compute type for every float value of a graph and insert the
  * casts between them.
  *
- * Every op has one class, kept in the table below:
+ * Every op has one class, the `precision` column of its row in ir/ops.def
+ * (kl_ops[op].precision):
  *   allow   contractions, which gain most from fp16/bf16 (tensor cores, half
  *           the bytes); they run in the low type and accumulate in fp32
  *           (the runtime GEMM and the kernels' float arithmetic do);
@@ -29,70 +30,6 @@
 
 #include "passes.h"
 
-/* ---- the lists: one class per op ------------------------------------ */
-static const kl_precision_class op_class[KL_OP_COUNT] = {
-    /* allow: contractions */
-    [KL_OP_MATMUL] = KL_PREC_ALLOW, [KL_OP_GEMM] = KL_PREC_ALLOW,
-    [KL_OP_CONV2D] = KL_PREC_ALLOW, [KL_OP_CONV_TRANSPOSE2D] = KL_PREC_ALLOW,
-
-    /* deny: range or mantissa matters */
-    [KL_OP_EXP] = KL_PREC_DENY, [KL_OP_LOG] = KL_PREC_DENY, [KL_OP_POW] = KL_PREC_DENY,
-    [KL_OP_RSQRT] = KL_PREC_DENY, [KL_OP_RECIPROCAL] = KL_PREC_DENY,
-    [KL_OP_SOFTPLUS] = KL_PREC_DENY, [KL_OP_SINH] = KL_PREC_DENY, [KL_OP_COSH] = KL_PREC_DENY,
-    [KL_OP_TAN] = KL_PREC_DENY, [KL_OP_ASIN] = KL_PREC_DENY, [KL_OP_ACOS] = KL_PREC_DENY,
-    [KL_OP_ASINH] = KL_PREC_DENY, [KL_OP_ACOSH] = KL_PREC_DENY, [KL_OP_ATANH] = KL_PREC_DENY,
-    [KL_OP_DET] = KL_PREC_DENY,
-    [KL_OP_REDUCE_SUM] = KL_PREC_DENY, [KL_OP_REDUCE_MEAN] = KL_PREC_DENY,
-    [KL_OP_REDUCE_MAX] = KL_PREC_DENY, [KL_OP_REDUCE_MIN] = KL_PREC_DENY,
-    [KL_OP_REDUCE_PROD] = KL_PREC_DENY, [KL_OP_ARGMAX] = KL_PREC_DENY,
-    [KL_OP_ARGMIN] = KL_PREC_DENY, [KL_OP_TOPK] = KL_PREC_DENY, [KL_OP_CUMSUM] = KL_PREC_DENY,
-    [KL_OP_AVG_POOL2D] = KL_PREC_DENY, [KL_OP_GLOBAL_AVG_POOL] = KL_PREC_DENY,
-    [KL_OP_SOFTMAX] = KL_PREC_DENY, [KL_OP_LOG_SOFTMAX] = KL_PREC_DENY,
-    [KL_OP_LAYER_NORM] = KL_PREC_DENY, [KL_OP_RMS_NORM] = KL_PREC_DENY,
-    [KL_OP_CROSS_ENTROPY] = KL_PREC_DENY, [KL_OP_NLL_LOSS] = KL_PREC_DENY,
-    /* sampling coordinates lose whole pixels in 8 or 11 bits */
-    [KL_OP_GRID_SAMPLE] = KL_PREC_DENY,
-
-    /* follow: elementwise */
-    [KL_OP_NEG] = KL_PREC_FOLLOW, [KL_OP_ABS] = KL_PREC_FOLLOW, [KL_OP_SQRT] = KL_PREC_FOLLOW,
-    [KL_OP_TANH] = KL_PREC_FOLLOW, [KL_OP_SIGMOID] = KL_PREC_FOLLOW,
-    [KL_OP_RELU] = KL_PREC_FOLLOW, [KL_OP_LEAKY_RELU] = KL_PREC_FOLLOW,
-    [KL_OP_GELU] = KL_PREC_FOLLOW, [KL_OP_SILU] = KL_PREC_FOLLOW, [KL_OP_ERF] = KL_PREC_FOLLOW,
-    [KL_OP_ELU] = KL_PREC_FOLLOW, [KL_OP_SIN] = KL_PREC_FOLLOW, [KL_OP_COS] = KL_PREC_FOLLOW,
-    [KL_OP_ATAN] = KL_PREC_FOLLOW, [KL_OP_FLOOR] = KL_PREC_FOLLOW, [KL_OP_CEIL] = KL_PREC_FOLLOW,
-    [KL_OP_ROUND] = KL_PREC_FOLLOW, [KL_OP_SIGN] = KL_PREC_FOLLOW,
-    [KL_OP_ISNAN] = KL_PREC_FOLLOW, [KL_OP_ISINF] = KL_PREC_FOLLOW,
-    [KL_OP_ADD] = KL_PREC_FOLLOW, [KL_OP_SUB] = KL_PREC_FOLLOW, [KL_OP_MUL] = KL_PREC_FOLLOW,
-    [KL_OP_DIV] = KL_PREC_FOLLOW, [KL_OP_MAXIMUM] = KL_PREC_FOLLOW,
-    [KL_OP_MINIMUM] = KL_PREC_FOLLOW, [KL_OP_MOD] = KL_PREC_FOLLOW,
-    [KL_OP_EQ] = KL_PREC_FOLLOW, [KL_OP_NE] = KL_PREC_FOLLOW, [KL_OP_LT] = KL_PREC_FOLLOW,
-    [KL_OP_LE] = KL_PREC_FOLLOW, [KL_OP_GT] = KL_PREC_FOLLOW, [KL_OP_GE] = KL_PREC_FOLLOW,
-    [KL_OP_WHERE] = KL_PREC_FOLLOW,
-    /* integer and bool only: nothing to choose */
-    [KL_OP_LOGICAL_NOT] = KL_PREC_FOLLOW, [KL_OP_LOGICAL_AND] = KL_PREC_FOLLOW,
-    [KL_OP_LOGICAL_OR] = KL_PREC_FOLLOW, [KL_OP_LOGICAL_XOR] = KL_PREC_FOLLOW,
-    [KL_OP_BITSHIFT] = KL_PREC_FOLLOW,
-    /* inference batch_norm is a per-channel affine map, computed in float
-     * by the kernel: storing its input and output low costs nothing */
-    [KL_OP_BATCH_NORM] = KL_PREC_FOLLOW,
-    /* max_pool picks an element: exact in any type */
-    [KL_OP_MAX_POOL2D] = KL_PREC_FOLLOW,
-
-    /* follow: data movement */
-    [KL_OP_RESHAPE] = KL_PREC_FOLLOW, [KL_OP_TRANSPOSE] = KL_PREC_FOLLOW,
-    [KL_OP_CONCAT] = KL_PREC_FOLLOW, [KL_OP_SPLIT] = KL_PREC_FOLLOW,
-    [KL_OP_SLICE] = KL_PREC_FOLLOW, [KL_OP_GATHER] = KL_PREC_FOLLOW,
-    [KL_OP_EXPAND] = KL_PREC_FOLLOW, [KL_OP_SQUEEZE] = KL_PREC_FOLLOW,
-    [KL_OP_UNSQUEEZE] = KL_PREC_FOLLOW, [KL_OP_FLATTEN] = KL_PREC_FOLLOW,
-    [KL_OP_PAD] = KL_PREC_FOLLOW, [KL_OP_TRILU] = KL_PREC_FOLLOW,
-    [KL_OP_RESIZE] = KL_PREC_FOLLOW, [KL_OP_GATHER_ELEMENTS] = KL_PREC_FOLLOW,
-    [KL_OP_GATHER_ND] = KL_PREC_FOLLOW, [KL_OP_SCATTER_ELEMENTS] = KL_PREC_FOLLOW,
-    [KL_OP_SCATTER_ND] = KL_PREC_FOLLOW,
-
-    /* keep: the type is spelled out */
-    [KL_OP_CAST] = KL_PREC_KEEP, [KL_OP_CONSTANT] = KL_PREC_KEEP,
-};
-
 const char *kl_precision_class_name(kl_precision_class c) {
   switch (c) {
   case KL_PREC_ALLOW: return "allow";
@@ -104,7 +41,7 @@ const char *kl_precision_class_name(kl_precision_class c) {
 }
 
 kl_precision_class kl_precision_op_class(kl_op op) {
-  return (unsigned)op < KL_OP_COUNT ? op_class[op] : KL_PREC_UNLISTED;
+  return (unsigned)op < KL_OP_COUNT ? kl_ops[op].precision : KL_PREC_UNLISTED;
 }
 
 static bool in_list(const char *name, const char *const *list, int n) {

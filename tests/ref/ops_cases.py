@@ -12,7 +12,7 @@ writes one folder per case:
                                   least tolerance check.py applies there
 
 Every expected value comes from an independent NumPy implementation written
-from the op semantics in ir/ops.def and ir/ops_ext_*.def (nothing from Kiln).
+from the op semantics in ir/ops.def (nothing from Kiln).
 Float results are computed in float64 from the (already rounded) inputs and
 rounded once to the output dtype, as Kiln's interpreter does.  Seeds are
 fixed: the output is the same on every run.  Run tests/ref/check.py on
@@ -1575,7 +1575,7 @@ def gen_edge():
          [f32(a.astype(np.float64) @ b)])
 
 # --------------------------------------------------------------------------
-# ONNX-coverage ops, math family (ir/ops_ext_math.def): trigonometric and
+# ONNX-coverage ops, math family (ir/ops_math.c): trigonometric and
 # hyperbolic functions, rounding, softplus, elu, sign, isnan/isinf, logic,
 # mod, bitshift, det
 
@@ -1925,7 +1925,7 @@ def gen_ext_math():
 
 
 # --------------------------------------------------------------------------
-# ONNX-coverage ops, nn family (ir/ops_ext_nn.def): conv_transpose2d,
+# ONNX-coverage ops, nn family (now in ir/ops_contract.c, ir/ops_sample.c, ir/ops_nn.c): conv_transpose2d,
 # resize, nll_loss
 
 def conv_transpose2d_ref(x, w, b=None, strides=(1, 1), pads=(0, 0, 0, 0),
@@ -2304,7 +2304,7 @@ def gen_ext_nn():
 
 
 # --------------------------------------------------------------------------
-# ONNX-coverage ops, tensor family (ir/ops_ext_tensor.def): gather_elements,
+# ONNX-coverage ops, tensor family (ir/ops_movement.c, ir/ops_reduce.c): gather_elements,
 # gather_nd, scatter_elements, scatter_nd, cumsum, argmin, topk
 
 def gather_elements_ref(x, idx, axis):

@@ -291,6 +291,31 @@ static void test_rng_is_deterministic(void **state) {
   assert_true(fabs(sq / 20000 - 1) < 0.05);
 }
 
+/* The op table's own rules: ONNX names are unique (the ONNX frontend looks
+ * rows up by them), only elementwise rows have a CUDA expression, and a
+ * template's only conversion is %s (it is used as a format). */
+static void test_op_table_columns(void **state) {
+  (void)state;
+  for (int i = 0; i < KL_OP_COUNT; i++) {
+    const kl_op_info *r = &kl_ops[i];
+    if (r->onnx) {
+      kl_op op;
+      assert_int_equal(kl_op_lookup_onnx(r->onnx, &op), 0);
+      if ((int)op != i) fail_msg("ONNX name %s is on two rows", r->onnx);
+    }
+    if (r->precision < KL_PREC_ALLOW || r->precision > KL_PREC_KEEP)
+      fail_msg("op %s has no precision class", r->name);
+    if (!r->cuda || r->cuda == kl_op_cuda_custom) continue;
+    if (r->kind != KL_KIND_ELEMENTWISE) fail_msg("op %s: a CUDA expression but not elementwise", r->name);
+    for (const char *p = strchr(r->cuda, '%'); p; p = strchr(p + 2, '%'))
+      if (p[1] != 's') fail_msg("op %s: CUDA template \"%s\" has a %% other than %%s", r->name, r->cuda);
+  }
+  kl_op op;
+  assert_int_equal(kl_op_lookup_onnx("Exp", &op), 0);
+  assert_int_equal(op, KL_OP_EXP);
+  assert_int_equal(kl_op_lookup_onnx("NoSuchOp", &op), -1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_broadcast_rules),
@@ -303,6 +328,7 @@ int main(void) {
       cmocka_unit_test(test_dtype_round),
       cmocka_unit_test(test_interpret_broadcast_add),
       cmocka_unit_test(test_rng_is_deterministic),
+      cmocka_unit_test(test_op_table_columns),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,5 @@
-/* ops_ext_nn.c - shape inference and evaluation of the rows in
- * ops_ext_nn.def. */
+/* ops_sample.c - shape inference and evaluation of the sampling rows of
+ * ops.def: resize and grid_sample, interpolation at computed coordinates. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,37 +7,6 @@
 #include "op_impl.h"
 
 /* ---- shared helpers -------------------------------------------------- */
-
-static int need_float(const kl_node *n, kl_error *err, int k,
-                      const char *what) {
-  char b[300];
-  if (kl_dtype_is_float(n->inputs[k]->dtype)) return 0;
-  return KL_NODE_FAIL(n, err, "%s must be a float tensor, got %s", what,
-                      kl_value_str(n->inputs[k], b, sizeof b));
-}
-
-/* An ints attribute of `len` entries, each in [lo, KL_MAX_NUMEL] (the cap
- * keeps index arithmetic far from overflow); all `dv` when absent. */
-static int ints_attr(const kl_node *n, kl_error *err, const char *name,
-                     int len, int64_t lo, int64_t dv, int64_t *out) {
-  const int64_t *v;
-  int got = kl_attr_ints(n, name, &v);
-  if (got < 0) {
-    for (int i = 0; i < len; i++) out[i] = dv;
-    return 0;
-  }
-  if (got != len)
-    return KL_NODE_FAIL(n, err, "%s must have %d entries, got %d", name, len,
-                        got);
-  for (int i = 0; i < len; i++) {
-    if (v[i] < lo || v[i] > KL_MAX_NUMEL)
-      return KL_NODE_FAIL(n, err, "%s[%d] = %lld is out of range [%lld, %lld]",
-                          name, i, (long long)v[i], (long long)lo,
-                          (long long)KL_MAX_NUMEL);
-    out[i] = v[i];
-  }
-  return 0;
-}
 
 /* A floats attribute of exactly `len` entries into out; 0 when absent (out
  * untouched), 1 when read, -1 on a wrong length. */
@@ -67,123 +36,6 @@ static int pick(const kl_node *n, kl_error *err, const char *attr,
   }
   return KL_NODE_FAIL(n, err, "%s must be one of %s, not \"%s\"", attr, all,
                       s);
-}
-
-/* ---- conv_transpose2d ------------------------------------------------ */
-
-typedef struct {
-  int64_t stride[2], pad[4], dil[2], opad[2], k[2], out[2], groups;
-} tconv;
-
-static int tconv_setup(const kl_node *n, kl_error *err, tconv *t) {
-  const kl_value *x = n->inputs[0], *w = n->inputs[1];
-  const kl_value *b = n->ninputs > 2 ? n->inputs[2] : NULL;
-  char sx[300], sw[300];
-  if (ints_attr(n, err, "strides", 2, 1, 1, t->stride) ||
-      ints_attr(n, err, "pads", 4, -KL_MAX_NUMEL, 0, t->pad) ||
-      ints_attr(n, err, "dilations", 2, 1, 1, t->dil) ||
-      ints_attr(n, err, "output_padding", 2, 0, 0, t->opad))
-    return -1;
-  t->groups = kl_attr_int(n, "groups", 1);
-  int64_t c = x->shape.dims[1];
-  if (t->groups < 1 || t->groups > KL_MAX_NUMEL)
-    return KL_NODE_FAIL(n, err, "groups must be >= 1, got %lld",
-                        (long long)t->groups);
-  if (w->shape.dims[0] != c || c % t->groups != 0)
-    return KL_NODE_FAIL(n, err, "w %s must be [C, M/groups, kH, kW] with C = "
-                        "%lld input channels divisible by groups %lld (x %s)",
-                        kl_value_str(w, sw, sizeof sw), (long long)c,
-                        (long long)t->groups, kl_value_str(x, sx, sizeof sx));
-  int64_t m = w->shape.dims[1] * t->groups;
-  if (b && (b->shape.rank != 1 || b->shape.dims[0] != m))
-    return KL_NODE_FAIL(n, err, "bias must have shape [%lld], got %s",
-                        (long long)m, kl_value_str(b, sx, sizeof sx));
-  for (int a = 0; a < 2; a++) {
-    t->k[a] = w->shape.dims[2 + a];
-    int64_t in = x->shape.dims[2 + a];
-    if (t->k[a] < 1 || in < 1)
-      return KL_NODE_FAIL(n, err, "spatial dims of x %s and w %s must be >= 1",
-                          kl_value_str(x, sx, sizeof sx),
-                          kl_value_str(w, sw, sizeof sw));
-    /* Each product stays below 2^62; their sum is checked in double
-     * before it is formed in int64. */
-    double len = (double)t->stride[a] * (double)(in - 1) + (double)t->opad[a] +
-                 (double)t->dil[a] * (double)(t->k[a] - 1) + 1 -
-                 (double)t->pad[a] - (double)t->pad[2 + a];
-    if (len > (double)KL_MAX_NUMEL)
-      return KL_NODE_FAIL(n, err, "output dim %d (%.0f) is too large", a, len);
-    t->out[a] = (int64_t)len;
-    if (t->out[a] < 1)
-      return KL_NODE_FAIL(n, err, "pads [%lld, %lld, %lld, %lld] crop the "
-                          "whole output of x %s, w %s",
-                          (long long)t->pad[0], (long long)t->pad[1],
-                          (long long)t->pad[2], (long long)t->pad[3],
-                          kl_value_str(x, sx, sizeof sx),
-                          kl_value_str(w, sw, sizeof sw));
-  }
-  return 0;
-}
-
-int kl_infer_CONV_TRANSPOSE2D(kl_node *n, kl_error *err) {
-  char a[300], b[300];
-  for (int i = 0; i < n->ninputs; i++) {
-    if (need_float(n, err, i, i == 0 ? "x" : i == 1 ? "w" : "b")) return -1;
-    if (n->inputs[i]->dtype != n->inputs[0]->dtype)
-      return KL_NODE_FAIL(n, err, "operands must share a dtype: %s and %s",
-                          kl_value_str(n->inputs[0], a, sizeof a),
-                          kl_value_str(n->inputs[i], b, sizeof b));
-  }
-  if (n->inputs[0]->shape.rank != 4 || n->inputs[1]->shape.rank != 4)
-    return KL_NODE_FAIL(n, err, "x and w must have rank 4, got %s and %s",
-                        kl_value_str(n->inputs[0], a, sizeof a),
-                        kl_value_str(n->inputs[1], b, sizeof b));
-  tconv t;
-  if (tconv_setup(n, err, &t)) return -1;
-  kl_shape out = {4, {n->inputs[0]->shape.dims[0],
-                      n->inputs[1]->shape.dims[1] * t.groups, t.out[0],
-                      t.out[1]}};
-  return kl_set_checked_output(n, err, 0, n->inputs[0]->dtype, &out);
-}
-
-/* Scatter form: each input pixel adds its kernel-weighted copy to the
- * output window it reaches. */
-int kl_eval_CONV_TRANSPOSE2D(const kl_node *n, kl_tensor **in, kl_tensor **out,
-                             kl_error *err) {
-  tconv t;
-  if (tconv_setup(n, err, &t)) return -1;
-  const int64_t *xd = in[0]->shape.dims;
-  int64_t nb = xd[0], c = xd[1], h = xd[2], wi = xd[3];
-  int64_t mpg = in[1]->shape.dims[1], m = mpg * t.groups, cpg = c / t.groups;
-  int64_t oh = t.out[0], ow = t.out[1], plane = oh * ow;
-  const double *x = in[0]->data, *w = in[1]->data;
-  double *o = out[0]->data;
-  if (n->ninputs > 2)
-    for (int64_t b = 0; b < nb; b++)
-      for (int64_t oc = 0; oc < m; oc++)
-        for (int64_t i = 0; i < plane; i++)
-          o[(b * m + oc) * plane + i] = in[2]->data[oc];
-  for (int64_t b = 0; b < nb; b++)
-    for (int64_t ic = 0; ic < c; ic++) {
-      int64_t g = ic / cpg;
-      for (int64_t iy = 0; iy < h; iy++)
-        for (int64_t ix = 0; ix < wi; ix++) {
-          double v = x[((b * c + ic) * h + iy) * wi + ix];
-          for (int64_t j = 0; j < mpg; j++) {
-            double *op = o + (b * m + g * mpg + j) * plane;
-            const double *wp = w + (ic * mpg + j) * t.k[0] * t.k[1];
-            for (int64_t ky = 0; ky < t.k[0]; ky++) {
-              int64_t oy = iy * t.stride[0] - t.pad[0] + ky * t.dil[0];
-              if (oy < 0 || oy >= oh) continue;
-              for (int64_t kx = 0; kx < t.k[1]; kx++) {
-                int64_t ox = ix * t.stride[1] - t.pad[1] + kx * t.dil[1];
-                if (ox < 0 || ox >= ow) continue;
-                op[oy * ow + ox] += v * wp[ky * t.k[1] + kx];
-              }
-            }
-          }
-        }
-    }
-  return 0;
 }
 
 /* ---- resize ---------------------------------------------------------- */
@@ -426,74 +278,141 @@ int kl_eval_RESIZE(const kl_node *n, kl_tensor **in, kl_tensor **out,
   return 0;
 }
 
-/* ---- nll_loss -------------------------------------------------------- */
+/* ---- grid_sample ----------------------------------------------------- */
+enum { GS_LINEAR, GS_NEAREST, GS_CUBIC };
+enum { GS_ZEROS, GS_BORDER, GS_REFLECTION };
 
-static const char *const reductions[] = {"mean", "sum", "none", NULL};
-enum { RED_MEAN, RED_SUM, RED_NONE };
-
-int kl_infer_NLL_LOSS(kl_node *n, kl_error *err) {
-  const kl_value *x = n->inputs[0], *t = n->inputs[1];
-  const kl_value *w = n->ninputs > 2 ? n->inputs[2] : NULL;
-  char bx[300], bt[300];
-  int red;
-  if (need_float(n, err, 0, "x") ||
-      pick(n, err, "reduction", "mean", reductions, &red))
-    return -1;
-  if (x->shape.rank < 2)
-    return KL_NODE_FAIL(n, err, "x must be [N, C, d...], got %s",
-                        kl_value_str(x, bx, sizeof bx));
-  kl_shape items = {0};
-  for (int d = 0; d < x->shape.rank; d++)
-    if (d != 1) items.dims[items.rank++] = x->shape.dims[d];
-  if ((t->dtype != KL_I32 && t->dtype != KL_I64) ||
-      !kl_shape_equal(&t->shape, &items)) {
-    char bs[200];
-    return KL_NODE_FAIL(n, err, "target must be i32/i64 of shape %s (x %s "
-                        "without its class axis 1), got %s",
-                        kl_shape_str(&items, bs, sizeof bs),
-                        kl_value_str(x, bx, sizeof bx),
-                        kl_value_str(t, bt, sizeof bt));
-  }
-  if (w && (w->dtype != x->dtype || w->shape.rank != 1 ||
-            w->shape.dims[0] != x->shape.dims[1]))
-    return KL_NODE_FAIL(n, err, "weight must be %s[%lld] (one per class of x "
-                        "%s), got %s", kl_dtype_name(x->dtype),
-                        (long long)x->shape.dims[1],
-                        kl_value_str(x, bx, sizeof bx),
-                        kl_value_str(w, bt, sizeof bt));
-  kl_shape scalar = {0};
-  kl_set_output(n, 0, x->dtype, red == RED_NONE ? &items : &scalar);
-  return 0;
+static int gs_pick(const char *s, const char *const *names, int n) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(s, names[i])) return i;
+  return -1;
 }
 
-int kl_eval_NLL_LOSS(const kl_node *n, kl_tensor **in, kl_tensor **out,
-                     kl_error *err) {
-  const kl_tensor *x = in[0], *t = in[1];
-  const kl_tensor *w = n->ninputs > 2 ? in[2] : NULL;
-  int red;
-  if (pick(n, err, "reduction", "mean", reductions, &red)) return -1;
-  bool has_ii = kl_node_attr(n, "ignore_index") != NULL;
-  int64_t ii = kl_attr_int(n, "ignore_index", 0);
-  int64_t nb = x->shape.dims[0], c = x->shape.dims[1];
-  int64_t inner = nb > 0 && c > 0 ? x->numel / (nb * c) : 0;
-  double total = 0, wsum = 0;
+static const char *const gs_modes[] = {"linear", "nearest", "cubic"};
+static const char *const gs_pads[] = {"zeros", "border", "reflection"};
+
+int kl_infer_GRID_SAMPLE(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0], *g = n->inputs[1];
+  char bx[256], bg[256];
+  bool ac;
+  const char *mode = kl_attr_string(n, "mode", "linear");
+  const char *pad = kl_attr_string(n, "padding_mode", "zeros");
+  if (gs_pick(mode, gs_modes, 3) < 0)
+    return KL_NODE_FAIL(n, err, "mode must be \"linear\", \"nearest\" or \"cubic\", got \"%s\"",
+                        mode);
+  if (gs_pick(pad, gs_pads, 3) < 0)
+    return KL_NODE_FAIL(n, err, "padding_mode must be \"zeros\", \"border\" or \"reflection\", "
+                        "got \"%s\"", pad);
+  if (kl_attr_flag(n, err, "align_corners", 0, &ac)) return -1;
+  if (kl_need_float(n, err, x) || kl_need_float(n, err, g)) return -1;
+  int k = x->shape.rank - 2;
+  if (k < 1 || g->shape.rank != k + 2 || g->shape.dims[0] != x->shape.dims[0] ||
+      g->shape.dims[k + 1] != k)
+    return KL_NODE_FAIL(n, err, "needs x [N, C, d1..dk] and grid [N, o1..ok, k], got %s and %s",
+                        kl_value_str(x, bx, sizeof bx), kl_value_str(g, bg, sizeof bg));
+  kl_shape s = x->shape;
+  for (int i = 0; i < k; i++) s.dims[2 + i] = g->shape.dims[1 + i];
+  return kl_set_checked_output(n, err, 0, x->dtype, &s);
+}
+
+/* Reflect v into [lo, hi] by the nearer border, as often as needed. */
+static double gs_reflect(double v, double lo, double hi) {
+  double range = hi - lo;
+  if (range <= 0) return lo;
+  if (v >= lo && v <= hi) return v;
+  double dx = v < lo ? lo - v : v - hi;
+  double m = floor(dx / range), r = dx - m * range;
+  bool even = fmod(m, 2) == 0;
+  return (v < lo) == even ? lo + r : hi - r;
+}
+
+/* Keys cubic weights for the taps at -1, 0, 1, 2 of fraction t. */
+static void gs_cubic(double t, double *w) {
+  const double a = -0.75;
+  double d[4] = {t + 1, t, 1 - t, 2 - t};
+  for (int i = 0; i < 4; i++) {
+    double x = d[i];
+    w[i] = x <= 1 ? ((a + 2) * x - (a + 3)) * x * x + 1
+                  : ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;
+  }
+}
+
+/* Taps of one axis: up to 4 indices (already moved inside by the padding
+ * mode, or -1 for a zero) and their weights. */
+typedef struct {
+  int ntaps;
+  int64_t idx[4];
+  double w[4];
+} gs_axis;
+
+static int64_t gs_tap(int64_t i, int64_t d, int pad, double lo, double hi) {
+  if (pad == GS_ZEROS) return i >= 0 && i < d ? i : -1;
+  if (pad == GS_BORDER) return i < 0 ? 0 : i >= d ? d - 1 : i;
+  int64_t r = (int64_t)gs_reflect((double)i, lo, hi); /* truncates, as ONNX */
+  return r < 0 ? 0 : r >= d ? d - 1 : r;
+}
+
+static void gs_axis_taps(double g, int64_t d, int mode, int pad, bool ac, gs_axis *a) {
+  double v = ac ? (g + 1) / 2 * (double)(d - 1) : ((g + 1) * (double)d - 1) / 2;
+  double lo = ac ? 0 : -0.5, hi = ac ? (double)d - 1 : (double)d - 0.5;
+  if (mode == GS_NEAREST) v = nearbyint(v);
+  if (v < lo || v > hi) { /* the point itself outside: border / reflection move it */
+    if (pad == GS_BORDER) v = v < 0 ? 0 : v > (double)d - 1 ? (double)d - 1 : v;
+    else if (pad == GS_REFLECTION) v = gs_reflect(v, lo, hi);
+  }
+  if (isnan(v)) v = lo;
+  double v0 = floor(v), t = v - v0;
+  int64_t i0 = (int64_t)fmax(fmin(v0, 1e15), -1e15);
+  if (mode == GS_NEAREST) {
+    a->ntaps = 1, a->w[0] = 1, a->idx[0] = gs_tap(i0, d, pad, lo, hi);
+  } else if (mode == GS_LINEAR) {
+    a->ntaps = 2, a->w[0] = 1 - t, a->w[1] = t;
+    for (int j = 0; j < 2; j++) a->idx[j] = gs_tap(i0 + j, d, pad, lo, hi);
+  } else {
+    a->ntaps = 4;
+    gs_cubic(t, a->w);
+    for (int j = 0; j < 4; j++) a->idx[j] = gs_tap(i0 - 1 + j, d, pad, lo, hi);
+  }
+}
+
+int kl_eval_GRID_SAMPLE(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                        kl_error *err) {
+  (void)err;
+  const kl_tensor *x = in[0], *g = in[1];
+  kl_tensor *y = out[0];
+  int mode = gs_pick(kl_attr_string(n, "mode", "linear"), gs_modes, 3);
+  int pad = gs_pick(kl_attr_string(n, "padding_mode", "zeros"), gs_pads, 3);
+  bool ac = kl_attr_int(n, "align_corners", 0) != 0;
+  int k = x->shape.rank - 2;
+  int64_t nb = x->shape.dims[0], ch = x->shape.dims[1], xin = 1, yout = 1;
+  int64_t xs[KL_MAX_RANK];
+  kl_shape_strides(&x->shape, xs);
+  for (int i = 0; i < k; i++) xin *= x->shape.dims[2 + i], yout *= y->shape.dims[2 + i];
   for (int64_t b = 0; b < nb; b++)
-    for (int64_t i = 0; i < inner; i++) {
-      int64_t item = b * inner + i, cls = kl_to_i64(t->data[item]);
-      double loss = 0, wt = 0;
-      if (!has_ii || cls != ii) {
-        if (cls < 0 || cls >= c)
-          return KL_NODE_FAIL(n, err, "target %lld is out of range [0, %lld) "
-                              "(item %lld)", (long long)cls, (long long)c,
-                              (long long)item);
-        wt = w ? w->data[cls] : 1.0;
-        loss = -x->data[(b * c + cls) * inner + i] * wt;
+    for (int64_t o = 0; o < yout; o++) {
+      const double *gp = g->data + (b * yout + o) * k;
+      gs_axis ax[KL_MAX_RANK];
+      for (int i = 0; i < k; i++) /* grid[..., 0] is the last axis */
+        gs_axis_taps(gp[k - 1 - i], x->shape.dims[2 + i], mode, pad, ac, &ax[i]);
+      for (int64_t cc = 0; cc < ch; cc++) {
+        const double *xp = x->data + (b * ch + cc) * xin;
+        double acc = 0;
+        int t[KL_MAX_RANK] = {0};
+        for (;;) { /* every combination of one tap per axis */
+          double w = 1;
+          int64_t off = 0;
+          for (int i = 0; i < k && w != 0; i++) {
+            int64_t idx = ax[i].idx[t[i]];
+            if (idx < 0) w = 0;
+            else w *= ax[i].w[t[i]], off += idx * xs[2 + i];
+          }
+          if (w != 0) acc += w * xp[off];
+          int i = k - 1;
+          while (i >= 0 && ++t[i] == ax[i].ntaps) t[i--] = 0;
+          if (i < 0) break;
+        }
+        y->data[(b * ch + cc) * yout + o] = acc;
       }
-      if (red == RED_NONE) out[0]->data[item] = loss;
-      total += loss;
-      wsum += wt;
     }
-  if (red == RED_SUM) out[0]->data[0] = total;
-  if (red == RED_MEAN) out[0]->data[0] = total / wsum;
   return 0;
 }
