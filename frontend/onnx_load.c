@@ -551,34 +551,141 @@ static int check_supported(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
   return -1;
 }
 
+/* ---- the order nodes are converted in -------------------------------
+ * Sweeps over the node list, each taking in list order every node whose
+ * inputs are bound, until all are taken.  Computed without sweeping: a
+ * node is taken in the first sweep after each of its inputs' binders (the
+ * same sweep when the binder comes before it in the list), so the nodes
+ * come off a heap by (sweep, place in the list), each binding its outputs
+ * and releasing the nodes that wait for them: linear in the graph even
+ * when the list runs backwards. */
+typedef struct {
+  size_t sweep, node;
+} sweep_key;
+
+static bool key_before(sweep_key a, sweep_key b) {
+  return a.sweep < b.sweep || (a.sweep == b.sweep && a.node < b.node);
+}
+
+static void key_push(sweep_key *heap, size_t *n, sweep_key k) {
+  size_t i = (*n)++;
+  for (; i > 0 && key_before(k, heap[(i - 1) / 2]); i = (i - 1) / 2) heap[i] = heap[(i - 1) / 2];
+  heap[i] = k;
+}
+
+static sweep_key key_pop(sweep_key *heap, size_t *n) {
+  sweep_key top = heap[0], last = heap[--*n];
+  size_t i = 0;
+  for (;;) {
+    size_t k = 2 * i + 1;
+    if (k >= *n) break;
+    if (k + 1 < *n && key_before(heap[k + 1], heap[k])) k++;
+    if (!key_before(heap[k], last)) break;
+    heap[i] = heap[k];
+    i = k;
+  }
+  if (*n) heap[i] = last;
+  return top;
+}
+
+/* The names nodes wait for (unbound before the nodes), each with the
+ * nodes that read it: waiting[first[w] .. first[w + 1]), one per reading. */
+typedef struct {
+  const char **names;
+  int *slots;              /* hash index: name -> id + 1 */
+  size_t cap, nnames;
+  size_t *first, *waiting;
+} wait_index;
+
+static size_t wait_id(const wait_index *w, const char *name, bool *found) {
+  size_t mask = w->cap - 1, k = (size_t)hash_str(name) & mask;
+  for (; w->slots[k]; k = (k + 1) & mask)
+    if (!strcmp(w->names[w->slots[k] - 1], name)) {
+      *found = true;
+      return (size_t)w->slots[k] - 1;
+    }
+  *found = false;
+  return k; /* the free slot */
+}
+
+/* Every unbound input name of every node, with its readers. */
+static void build_wait_index(kl_onnx_ctx *c, const Onnx__GraphProto *gp, wait_index *w,
+                             size_t *pending) {
+  size_t n = gp->n_node, reads = 0;
+  for (size_t i = 0; i < n; i++) reads += gp->node[i]->n_input;
+  w->cap = 2;
+  while (w->cap < 2 * reads + 2) w->cap *= 2;
+  w->names = malloc((reads + 1) * sizeof *w->names);
+  w->slots = calloc(w->cap, sizeof *w->slots);
+  w->first = calloc(reads + 2, sizeof *w->first);
+  w->waiting = malloc((reads + 1) * sizeof *w->waiting);
+  size_t *ids = malloc((reads + 1) * sizeof *ids), r = 0;
+  if (!w->names || !w->slots || !w->first || !w->waiting || !ids) abort();
+  w->nnames = 0;
+  for (size_t i = 0; i < n; i++) {
+    const Onnx__NodeProto *node = gp->node[i];
+    for (size_t k = 0; k < node->n_input; k++, r++) {
+      const char *in = node->input[k];
+      ids[r] = SIZE_MAX;
+      if (!in || !*in || lookup(c, in)) continue;
+      bool found;
+      size_t id = wait_id(w, in, &found);
+      if (!found) {
+        w->slots[id] = (int)w->nnames + 1;
+        w->names[w->nnames] = in;
+        id = w->nnames++;
+      }
+      ids[r] = id;
+      w->first[id + 1]++;
+      pending[i]++;
+    }
+  }
+  for (size_t id = 0; id < w->nnames; id++) w->first[id + 1] += w->first[id];
+  size_t *fill = malloc((w->nnames + 1) * sizeof *fill);
+  if (!fill) abort();
+  memcpy(fill, w->first, (w->nnames + 1) * sizeof *fill);
+  r = 0;
+  for (size_t i = 0; i < n; i++)
+    for (size_t k = 0; k < gp->node[i]->n_input; k++, r++)
+      if (ids[r] != SIZE_MAX) w->waiting[fill[ids[r]]++] = i;
+  free(fill);
+  free(ids);
+}
+
 /* Nodes in an order where producers come first (ONNX requires it, but we
  * accept any order), with dangling inputs and cycles reported. */
 static int order_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp, size_t *order) {
-  size_t n = gp->n_node, done = 0;
+  size_t n = gp->n_node, done = 0, nheap = 0;
   bool *placed = calloc(n + 1, 1);
-  if (!placed) abort();
+  size_t *pending = calloc(n + 1, sizeof *pending), *sweep = calloc(n + 1, sizeof *sweep);
+  sweep_key *heap = malloc((n + 1) * sizeof *heap);
+  if (!placed || !pending || !sweep || !heap) abort();
+  wait_index wi;
+  build_wait_index(c, gp, &wi, pending);
   int rc = 0;
-  while (done < n) {
-    bool progress = false;
-    for (size_t i = 0; i < n; i++) {
-      if (placed[i]) continue;
-      const Onnx__NodeProto *node = gp->node[i];
-      bool ready = true;
-      for (size_t k = 0; k < node->n_input && ready; k++)
-        if (node->input[k] && *node->input[k] && !lookup(c, node->input[k])) ready = false;
-      if (!ready) continue;
-      for (size_t k = 0; k < node->n_output; k++)
-        if (node->output[k] && *node->output[k] && !lookup(c, node->output[k]))
-        {
-          bind_name(c, node->output[k], NULL); /* placeholder, removed below */
-          c->vals[c->nvals - 1].const_checked = true;
-        }
-      placed[i] = true;
-      order[done++] = i;
-      progress = true;
+  for (size_t i = 0; i < n; i++)
+    if (!pending[i]) key_push(heap, &nheap, (sweep_key){sweep[i] = 1, i});
+  while (nheap) {
+    sweep_key at = key_pop(heap, &nheap);
+    const Onnx__NodeProto *node = gp->node[at.node];
+    for (size_t k = 0; k < node->n_output; k++) {
+      const char *out = node->output[k];
+      if (!out || !*out || lookup(c, out)) continue;
+      bind_name(c, out, NULL); /* placeholder, removed below */
+      c->vals[c->nvals - 1].const_checked = true;
+      bool found;
+      size_t id = wait_id(&wi, out, &found);
+      for (size_t r = found ? wi.first[id] : 0; found && r < wi.first[id + 1]; r++) {
+        size_t j = wi.waiting[r], s = j > at.node ? at.sweep : at.sweep + 1;
+        if (s > sweep[j]) sweep[j] = s;
+        if (--pending[j] == 0) key_push(heap, &nheap, (sweep_key){sweep[j], j});
+      }
     }
-    if (!progress) break;
+    placed[at.node] = true;
+    order[done++] = at.node;
   }
+  free(pending), free(sweep), free(heap);
+  free(wi.names), free(wi.slots), free(wi.first), free(wi.waiting);
   if (done < n) {
     for (size_t i = 0; i < n && !rc; i++) {
       if (placed[i]) continue;

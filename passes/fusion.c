@@ -8,7 +8,13 @@
  * groups stay a DAG: no path may leave the group and come back.  Nodes are
  * never duplicated, so fusion never recomputes a value; every merge only
  * removes a store and a load of an intermediate, which the DRAM byte count
- * (kl_group_dram_bytes) shows. */
+ * (kl_group_dram_bytes) shows.
+ *
+ * The groups keep a topological rank (a group's producers rank lower),
+ * repaired as edges are added (Pearce and Kelly's dynamic topological
+ * order), so that the test for a path back into a group only visits the
+ * groups ranked between the two: compile time stays near linear in the
+ * graph's size. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,8 +26,14 @@ typedef struct {
   int *group_of;    /* node id -> group */
   int **preds;      /* group -> groups it reads from (may repeat) */
   int *npreds, *cap;
+  int **succs;      /* group -> groups reading from it (may repeat) */
+  int *nsuccs, *scap;
+  int *rank;        /* group -> its place in a topological order of the groups */
+  int *at_rank;     /* rank -> group */
   int *seen;        /* DFS stamps per group */
   int stamp;
+  int *stack, *fwd, *bwd, *ranks; /* the searches' work lists, a slot per group */
+  int *tried, tries; /* per group: the last pick_group that asked it (a sibling's) */
   kl_node ***members;
   int *nmembers, *mcap;
   kl_node ***readers; /* value id -> nodes reading it, so far */
@@ -38,24 +50,84 @@ static void push_node(kl_node ***arr, int *n, int *cap, kl_node *x) {
   (*arr)[(*n)++] = x;
 }
 
-static void push_pred(fuse_ctx *c, int g, int p) {
-  if (p < 0 || p == g) return;
-  if (c->npreds[g] == c->cap[g]) {
-    c->cap[g] = c->cap[g] ? c->cap[g] * 2 : 4;
-    int *grown = realloc(c->preds[g], (size_t)c->cap[g] * sizeof *grown);
+static void push_int(int **arr, int *n, int *cap, int x) {
+  if (*n == *cap) {
+    *cap = *cap ? *cap * 2 : 4;
+    int *grown = realloc(*arr, (size_t)*cap * sizeof *grown);
     if (!grown) abort();
-    c->preds[g] = grown;
+    *arr = grown;
   }
-  c->preds[g][c->npreds[g]++] = p;
+  (*arr)[(*n)++] = x;
 }
 
-/* Does group `from` reach group `target` along producer edges? */
+/* The groups reachable from `from` along one kind of edge (preds: what it
+ * reads from; succs: what reads it) whose rank lies strictly between lo
+ * and hi, `from` included, into out; returns how many. */
+static int search(fuse_ctx *c, int from, int **edges, const int *nedges, int lo, int hi,
+                  int *out) {
+  int n = 0, top = 0;
+  c->stamp++;
+  c->seen[from] = c->stamp;
+  c->stack[top++] = from;
+  while (top) {
+    int g = c->stack[--top];
+    out[n++] = g;
+    for (int i = 0; i < nedges[g]; i++) {
+      int x = edges[g][i];
+      if (c->seen[x] == c->stamp || c->rank[x] <= lo || c->rank[x] >= hi) continue;
+      c->seen[x] = c->stamp;
+      c->stack[top++] = x;
+    }
+  }
+  return n;
+}
+
+static int cmp_int(const void *pa, const void *pb) {
+  int a = *(const int *)pa, b = *(const int *)pb;
+  return a < b ? -1 : a > b;
+}
+
+/* The ranks of list[0..n), sorted. */
+static void sorted_ranks(const fuse_ctx *c, int *list, int n) {
+  for (int i = 0; i < n; i++) list[i] = c->rank[list[i]];
+  qsort(list, (size_t)n, sizeof *list, cmp_int);
+}
+
+/* Group g now reads from p, which ranks above it: move p and what it
+ * reads (ranked above g) before g and what reads g (ranked below p),
+ * reusing their ranks, each side in its old order. */
+static void repair_ranks(fuse_ctx *c, int g, int p) {
+  int lo = c->rank[g], hi = c->rank[p];
+  int nf = search(c, g, c->succs, c->nsuccs, lo - 1, hi, c->fwd);
+  int nb = search(c, p, c->preds, c->npreds, lo, hi + 1, c->bwd);
+  sorted_ranks(c, c->fwd, nf);
+  sorted_ranks(c, c->bwd, nb);
+  int *moved = c->stack; /* free again: p's side first, then g's */
+  for (int i = 0; i < nb; i++) moved[i] = c->at_rank[c->bwd[i]], c->ranks[i] = c->bwd[i];
+  for (int i = 0; i < nf; i++) moved[nb + i] = c->at_rank[c->fwd[i]], c->ranks[nb + i] = c->fwd[i];
+  qsort(c->ranks, (size_t)(nb + nf), sizeof *c->ranks, cmp_int);
+  for (int i = 0; i < nb + nf; i++) {
+    c->rank[moved[i]] = c->ranks[i];
+    c->at_rank[c->ranks[i]] = moved[i];
+  }
+}
+
+static void push_pred(fuse_ctx *c, int g, int p) {
+  if (p < 0 || p == g) return;
+  push_int(&c->preds[g], &c->npreds[g], &c->cap[g], p);
+  push_int(&c->succs[p], &c->nsuccs[p], &c->scap[p], g);
+  if (c->rank[p] > c->rank[g]) repair_ranks(c, g, p);
+}
+
+/* Does group `from` reach group `target` along producer edges?  Every step
+ * back goes to a lower rank, so only groups ranked above the target are
+ * searched. */
 static bool reaches(fuse_ctx *c, int from, int target) {
   if (from == target) return true;
-  if (c->seen[from] == c->stamp) return false;
-  c->seen[from] = c->stamp;
-  for (int i = 0; i < c->npreds[from]; i++)
-    if (reaches(c, c->preds[from][i], target)) return true;
+  if (c->rank[from] < c->rank[target]) return false;
+  int n = search(c, from, c->preds, c->npreds, c->rank[target] - 1, c->rank[from] + 1, c->fwd);
+  for (int i = 0; i < n; i++)
+    if (c->fwd[i] == target) return true;
   return false;
 }
 
@@ -145,7 +217,6 @@ static int can_join(fuse_ctx *c, const kl_node *n, int g) {
   for (int i = 0; i < n->ninputs; i++) {
     int p = producer_group(c, n->inputs[i]);
     if (p < 0 || p == g) continue;
-    c->stamp++;
     if (reaches(c, p, g)) return NO;
   }
   return how;
@@ -155,6 +226,7 @@ static int new_group(fuse_ctx *c, kl_group_kind kind, const kl_shape *shape, int
   kl_fusion *f = c->f;
   int g = f->ngroups++;
   f->groups[g] = (kl_group){.kind = kind, .shape = *shape, .row_axes = axes};
+  c->rank[g] = c->at_rank[g] = g; /* a new group reads nothing yet: last */
   return g;
 }
 
@@ -183,11 +255,14 @@ static int pick_group(fuse_ctx *c, kl_node *n) {
       return p;
     }
   }
+  c->tries++; /* a group that said no once says no again: asked once */
   for (int i = 0; i < n->ninputs; i++) {
     const kl_value *v = n->inputs[i];
     for (int r = 0; r < c->nreaders[v->id]; r++) {
       int s = c->group_of[c->readers[v->id][r]->id];
-      if (s >= 0 && (how = can_join(c, n, s)) != NO) {
+      if (s < 0 || c->tried[s] == c->tries) continue;
+      c->tried[s] = c->tries;
+      if ((how = can_join(c, n, s)) != NO) {
         if (how == JOIN_AS_ROWS) become_rows(c, s, n);
         return s;
       }
@@ -196,43 +271,45 @@ static int pick_group(fuse_ctx *c, kl_node *n) {
   return -1;
 }
 
+/* A binary heap of group numbers, the smallest on top. */
+static void heap_push(int *heap, int *n, int x) {
+  int i = (*n)++;
+  for (; i > 0 && heap[(i - 1) / 2] > x; i = (i - 1) / 2) heap[i] = heap[(i - 1) / 2];
+  heap[i] = x;
+}
+
+static int heap_pop(int *heap, int *n) {
+  int top = heap[0], x = heap[--*n], i = 0;
+  for (;;) {
+    int k = 2 * i + 1;
+    if (k >= *n) break;
+    if (k + 1 < *n && heap[k + 1] < heap[k]) k++;
+    if (heap[k] >= x) break;
+    heap[i] = heap[k];
+    i = k;
+  }
+  if (*n) heap[i] = x;
+  return top;
+}
+
 /* Groups in an order that respects their edges (a group runs once all
  * it reads is written): groups grow after they are made, so the order they
- * were made in is not enough.  Kahn's algorithm, the smallest group first,
- * which keeps the schedule's order where it can.  Returns how many groups
- * it ordered into queue (fewer than all: a cycle). */
+ * were made in is not enough.  Kahn's algorithm, the smallest group first
+ * (a heap), which keeps the schedule's order where it can.  Returns how
+ * many groups it ordered into queue (fewer than all: a cycle). */
 static int sort_groups(const fuse_ctx *c, int *queue) {
-  int ng = c->f->ngroups, *indeg = calloc((size_t)ng + 1, sizeof *indeg);
-  int **succ = calloc((size_t)ng + 1, sizeof *succ), *nsucc = calloc((size_t)ng + 1, sizeof *nsucc),
-      *scap = calloc((size_t)ng + 1, sizeof *scap);
-  if (!indeg || !succ || !nsucc || !scap) abort();
+  int ng = c->f->ngroups, head = 0, nready = 0;
+  int *indeg = malloc(((size_t)ng + 1) * sizeof *indeg), *ready = malloc(((size_t)ng + 1) * sizeof *ready);
+  if (!indeg || !ready) abort();
   for (int gi = 0; gi < ng; gi++)
-    for (int k = 0; k < c->npreds[gi]; k++) {
-      int p = c->preds[gi][k];
-      if (nsucc[p] == scap[p]) {
-        scap[p] = scap[p] ? scap[p] * 2 : 4;
-        int *grown = realloc(succ[p], (size_t)scap[p] * sizeof *grown);
-        if (!grown) abort();
-        succ[p] = grown;
-      }
-      succ[p][nsucc[p]++] = gi;
-      indeg[gi]++;
-    }
-  int head = 0, tail = 0;
-  for (int gi = 0; gi < ng; gi++)
-    if (!indeg[gi]) queue[tail++] = gi;
-  while (head < tail) {
-    int best = head;
-    for (int q = head + 1; q < tail; q++)
-      if (queue[q] < queue[best]) best = q;
-    int gi = queue[best];
-    queue[best] = queue[head];
+    if (!(indeg[gi] = c->npreds[gi])) heap_push(ready, &nready, gi);
+  while (nready) {
+    int gi = heap_pop(ready, &nready);
     queue[head++] = gi;
-    for (int k = 0; k < nsucc[gi]; k++)
-      if (--indeg[succ[gi][k]] == 0) queue[tail++] = succ[gi][k];
+    for (int k = 0; k < c->nsuccs[gi]; k++)
+      if (--indeg[c->succs[gi][k]] == 0) heap_push(ready, &nready, c->succs[gi][k]);
   }
-  for (int gi = 0; gi < ng; gi++) free(succ[gi]);
-  free(indeg), free(succ), free(nsucc), free(scap);
+  free(indeg), free(ready);
   return head;
 }
 
@@ -286,6 +363,16 @@ int kl_fuse(const kl_graph *g, kl_node *const *order, int n, const kl_fusion_opt
   c.npreds = calloc((size_t)n + 1, sizeof *c.npreds);
   c.cap = calloc((size_t)n + 1, sizeof *c.cap);
   c.seen = calloc((size_t)n + 1, sizeof *c.seen);
+  c.succs = calloc((size_t)n + 1, sizeof *c.succs);
+  c.nsuccs = calloc((size_t)n + 1, sizeof *c.nsuccs);
+  c.scap = calloc((size_t)n + 1, sizeof *c.scap);
+  c.rank = calloc((size_t)n + 1, sizeof *c.rank);
+  c.at_rank = calloc((size_t)n + 1, sizeof *c.at_rank);
+  c.stack = calloc((size_t)n + 1, sizeof *c.stack);
+  c.fwd = calloc((size_t)n + 1, sizeof *c.fwd);
+  c.bwd = calloc((size_t)n + 1, sizeof *c.bwd);
+  c.ranks = calloc((size_t)n + 1, sizeof *c.ranks);
+  c.tried = calloc((size_t)n + 1, sizeof *c.tried);
   c.members = calloc((size_t)n + 1, sizeof *c.members);
   c.nmembers = calloc((size_t)n + 1, sizeof *c.nmembers);
   c.mcap = calloc((size_t)n + 1, sizeof *c.mcap);
@@ -293,6 +380,8 @@ int kl_fuse(const kl_graph *g, kl_node *const *order, int n, const kl_fusion_opt
   c.nreaders = calloc((size_t)nv + 1, sizeof *c.nreaders);
   c.rcap = calloc((size_t)nv + 1, sizeof *c.rcap);
   if (!f->groups || !f->nodes || !c.group_of || !c.preds || !c.npreds || !c.cap || !c.seen ||
+      !c.succs || !c.nsuccs || !c.scap || !c.rank || !c.at_rank || !c.stack || !c.fwd || !c.bwd ||
+      !c.ranks || !c.tried ||
       !c.members || !c.nmembers || !c.mcap || !c.readers || !c.nreaders || !c.rcap)
     abort();
   for (int i = 0; i < nn; i++) c.group_of[i] = -1;
@@ -324,10 +413,13 @@ int kl_fuse(const kl_graph *g, kl_node *const *order, int n, const kl_fusion_opt
   }
   for (int gi = 0; gi < ng; gi++) {
     free(c.preds[gi]);
+    free(c.succs[gi]);
     free(c.members[gi]);
   }
   for (int v = 0; v < nv; v++) free(c.readers[v]);
   free(c.preds), free(c.npreds), free(c.cap), free(c.seen), free(c.members), free(c.nmembers);
+  free(c.succs), free(c.nsuccs), free(c.scap), free(c.rank), free(c.at_rank), free(c.stack);
+  free(c.fwd), free(c.bwd), free(c.ranks), free(c.tried);
   free(c.mcap), free(c.readers), free(c.nreaders), free(c.rcap), free(queue);
   if (rc) kl_fusion_free(f);
   return rc;

@@ -4,6 +4,11 @@
  * inputs it reads last), ties to the graph's own order.  Greedy can lose to
  * the program's order, so both are measured and the lower peak wins.
  *
+ * The ready nodes wait in a heap by (growth, place in the graph's order).
+ * A node's growth only changes (downwards) when the last other reader of
+ * one of its inputs runs, so that is when it goes into the heap again; the
+ * entries left behind are recognised and skipped.
+ *
  * The bytes counted are the arena's: values computed by nodes, less graph
  * outputs (they have buffers of their own) and constants (stored with the
  * weights). */
@@ -53,15 +58,26 @@ static size_t peak_bytes(const sched_ctx *s, kl_node *const *order) {
 }
 
 /* The greedy search's state. */
+/* A ready node in the heap, under the growth it had when put there. */
+typedef struct {
+  int64_t growth;
+  int pos;            /* in the graph's own order: ties */
+  kl_node *n;
+} heap_entry;
+
 typedef struct {
   const sched_ctx *s;
+  const int *pos;     /* per node id: place in the graph's own order */
   int *reads_left;    /* per value id: reads by nodes not yet scheduled */
+  int *readers_left;  /* per value id: nodes not yet scheduled that read it */
+  int64_t *growth;    /* per node id: its growth now, once ready */
+  bool *done_node;    /* per node id: scheduled */
   int *waiting;       /* per node id: inputs whose producer is not yet scheduled */
   int *start;         /* the readers of value v are readers[start[v]..start[v + 1]) */
   kl_node **readers;
-  kl_node **ready;    /* nodes whose inputs are all computed */
+  heap_entry *ready;  /* nodes whose inputs are all computed (and stale entries) */
   kl_node **cheap;    /* ready constants (no arena bytes), taken in turn */
-  int nready, ncheap, cheap_next;
+  int nready, ncheap, cheap_next, cap_ready;
   kl_node **order;
   int done;
 } greedy_state;
@@ -86,19 +102,80 @@ static int64_t growth(const greedy_state *st, const kl_node *n) {
   return d;
 }
 
-static void push_ready(greedy_state *st, kl_node *n) {
-  if (n->op == KL_OP_CONSTANT) st->cheap[st->ncheap++] = n;
-  else st->ready[st->nready++] = n;
+static bool before(const heap_entry *a, const heap_entry *b) {
+  return a->growth < b->growth || (a->growth == b->growth && a->pos < b->pos);
 }
 
-/* Append n to the order; its readers may become ready. */
+/* n goes into the heap under its growth now. */
+static void heap_push(greedy_state *st, kl_node *n) {
+  if (st->nready == st->cap_ready) {
+    st->cap_ready = st->cap_ready ? 2 * st->cap_ready : 64;
+    heap_entry *grown = realloc(st->ready, (size_t)st->cap_ready * sizeof *grown);
+    if (!grown) abort();
+    st->ready = grown;
+  }
+  heap_entry e = {st->growth[n->id] = growth(st, n), st->pos[n->id], n};
+  int i = st->nready++;
+  for (; i > 0 && before(&e, &st->ready[(i - 1) / 2]); i = (i - 1) / 2)
+    st->ready[i] = st->ready[(i - 1) / 2];
+  st->ready[i] = e;
+}
+
+static heap_entry heap_pop(greedy_state *st) {
+  heap_entry top = st->ready[0], last = st->ready[--st->nready];
+  int i = 0;
+  for (;;) {
+    int k = 2 * i + 1;
+    if (k >= st->nready) break;
+    if (k + 1 < st->nready && before(&st->ready[k + 1], &st->ready[k])) k++;
+    if (!before(&st->ready[k], &last)) break;
+    st->ready[i] = st->ready[k];
+    i = k;
+  }
+  if (st->nready) st->ready[i] = last;
+  return top;
+}
+
+static void push_ready(greedy_state *st, kl_node *n) {
+  if (n->op == KL_OP_CONSTANT) st->cheap[st->ncheap++] = n;
+  else heap_push(st, n);
+}
+
+/* v has one reader left to run: when that node is ready, its growth may
+ * have dropped (it now reads v last). */
+static void last_reader_left(greedy_state *st, const kl_value *v) {
+  for (int r = st->start[v->id]; r < st->start[v->id + 1]; r++) {
+    kl_node *n = st->readers[r];
+    if (st->done_node[n->id]) continue;
+    if (!st->waiting[n->id] && n->op != KL_OP_CONSTANT && growth(st, n) != st->growth[n->id])
+      heap_push(st, n);
+    return;
+  }
+}
+
+/* Is input k of n the first place n reads that value? */
+static bool first_read(const kl_node *n, int k) {
+  for (int j = 0; j < k; j++)
+    if (n->inputs[j] == n->inputs[k]) return false;
+  return true;
+}
+
+/* Append n to the order; its readers may become ready, and the last
+ * readers left of its inputs may grow less. */
 static void schedule_node(greedy_state *st, kl_node *n) {
   st->order[st->done++] = n;
+  st->done_node[n->id] = true;
   for (int k = 0; k < n->ninputs; k++) st->reads_left[n->inputs[k]->id]--;
   for (int k = 0; k < n->noutputs; k++) {
     int v = n->outputs[k]->id;
     for (int r = st->start[v]; r < st->start[v + 1]; r++)
       if (--st->waiting[st->readers[r]->id] == 0) push_ready(st, st->readers[r]);
+  }
+  for (int k = 0; k < n->ninputs; k++) {
+    const kl_value *v = n->inputs[k];
+    if (first_read(n, k) && v->kind == KL_VAL_NODE && --st->readers_left[v->id] == 1 &&
+        st->s->bytes[v->id])
+      last_reader_left(st, v);
   }
 }
 
@@ -107,19 +184,24 @@ static void schedule_node(greedy_state *st, kl_node *n) {
 static void greedy(const sched_ctx *s, kl_node *const *base, const int *pos, kl_node **order) {
   const kl_graph *g = s->g;
   int nn = g->nodes.len, nv = g->values.len;
-  greedy_state st = {.s = s, .order = order};
+  greedy_state st = {.s = s, .pos = pos, .order = order};
   st.reads_left = calloc((size_t)nv + 1, sizeof *st.reads_left);
+  st.readers_left = calloc((size_t)nv + 1, sizeof *st.readers_left);
+  st.growth = calloc((size_t)nn + 1, sizeof *st.growth);
+  st.done_node = calloc((size_t)nn + 1, sizeof *st.done_node);
   st.waiting = calloc((size_t)nn + 1, sizeof *st.waiting);
   st.start = calloc((size_t)nv + 2, sizeof *st.start);
-  st.ready = malloc(((size_t)nn + 1) * sizeof *st.ready);
   st.cheap = malloc(((size_t)nn + 1) * sizeof *st.cheap);
-  if (!st.reads_left || !st.waiting || !st.start || !st.ready || !st.cheap) abort();
+  if (!st.reads_left || !st.readers_left || !st.growth || !st.done_node || !st.waiting ||
+      !st.start || !st.cheap)
+    abort();
   int nreads = 0;
   for (int i = 0; i < nn; i++) {
     const kl_node *n = base[i];
     if (!s->needed[n->id]) continue;
     for (int k = 0; k < n->ninputs; k++) {
       st.reads_left[n->inputs[k]->id]++;
+      if (first_read(n, k)) st.readers_left[n->inputs[k]->id]++;
       if (n->inputs[k]->kind == KL_VAL_NODE) st.waiting[n->id]++, st.start[n->inputs[k]->id + 1]++;
       nreads++;
     }
@@ -142,20 +224,15 @@ static void greedy(const sched_ctx *s, kl_node *const *base, const int *pos, kl_
       schedule_node(&st, st.cheap[st.cheap_next++]);
       continue;
     }
-    int best = 0;
-    int64_t best_growth = growth(&st, st.ready[0]);
-    for (int r = 1; r < st.nready; r++) {
-      int64_t d = growth(&st, st.ready[r]);
-      if (d < best_growth || (d == best_growth && pos[st.ready[r]->id] < pos[st.ready[best]->id]))
-        best = r, best_growth = d;
-    }
-    kl_node *n = st.ready[best];
-    st.ready[best] = st.ready[--st.nready];
-    schedule_node(&st, n);
+    heap_entry e = heap_pop(&st);
+    if (!st.done_node[e.n->id] && e.growth == st.growth[e.n->id]) schedule_node(&st, e.n);
   }
   for (int i = 0; i < nn; i++)
     if (!s->needed[base[i]->id]) order[st.done++] = base[i];
   free(st.reads_left);
+  free(st.readers_left);
+  free(st.growth);
+  free(st.done_node);
   free(st.waiting);
   free(st.start);
   free(st.readers);
