@@ -182,7 +182,7 @@ int kiln_cmd_compile(int argc, char **argv) {
       fprintf(stderr, "kiln: time: passes %.1f ms\nkiln: time: codegen %.1f ms\n", cg.passes_ms,
               krt_now_ms() - t0 - cg.passes_ms);
     if (!cg_rc) {
-      if ((mkdir(out_path, 0777) == 0 || errno == EEXIST) && !kiln_write_sources(&cg, out_path)) {
+      if ((mkdir(out_path, 0777) == 0 || errno == EEXIST) && !kiln_write_sources(&cg, out_path, timing)) {
         rc = KILN_EXIT_OK;
         char why[300];
         if (nvrtc && cg.nkernels && !kl_nvrtc_available(why, sizeof why))
