@@ -18,6 +18,20 @@ typedef struct {
 /* What this code generator's kernels can do, for the passes (target.c). */
 extern const kl_target kl_cg_target;
 
+/* A stretch of weights.bin: `bytes` bytes at `offset`, taken from `data`
+ * (a param's contents where the graph holds them, perhaps in a mapped
+ * file, so the graph must outlive the result; or, `owned`, a folded value
+ * that the result frees), or, when data is NULL, drawn from the seeded
+ * init of `value` as they are written.  Between pieces: zeros. */
+typedef struct {
+  size_t offset, bytes;
+  const void *data;
+  const kl_value *value;
+  bool mapped;          /* data lies in a file mapping: its pages are
+                           dropped once written */
+  bool owned;
+} kl_weight_piece;
+
 typedef struct {
   char *kernels_cu;     /* malloc'd, NUL-terminated */
   char *model_c;
@@ -42,8 +56,11 @@ typedef struct {
   int nmembufs, nvalue_membufs; /* [0, nvalue_membufs) are values */
   char **step_names;    /* the node run at each step */
   int nsteps, peak_step;
-  size_t param_bytes;   /* weights and constants */
-  unsigned char *params; /* their bytes: weights.bin, which model.c includes */
+  size_t param_bytes;   /* weights and constants: the size of weights.bin,
+                           which model.c includes */
+  kl_weight_piece *pieces; /* its contents, in offset order: no copy of the
+                           weights is made until kl_codegen_write_weights */
+  int npieces;
 } kl_codegen_result;
 
 /* NVRTC, loaded at run time: false (and why) when the library is not
@@ -59,5 +76,13 @@ int kl_nvrtc_compile(const char *src, const char *prelude, int sm, bool ptx, uns
 int kl_codegen(const kl_plan *plan, const kl_codegen_options *opt, kl_codegen_result *out,
                kl_error *err);
 void kl_codegen_result_free(kl_codegen_result *r);
+
+/* weights.bin into file descriptor fd, each piece streamed from where it
+ * lies a few MB at a time (mapped pages dropped once written), so memory
+ * stays flat whatever the weights' size.  -1 with err on a failed write. */
+int kl_codegen_write_weights(const kl_codegen_result *r, int fd, kl_error *err);
+/* weights.bin in memory (malloc'd, param_bytes bytes and one more), for
+ * small models and tests. */
+unsigned char *kl_codegen_weights_blob(const kl_codegen_result *r);
 
 #endif

@@ -192,7 +192,8 @@ typedef struct {
   const kl_graph *g;
   const kl_plan *p;       /* the passes' decisions: groups, GEMMs, views, memory */
   kl_error *err;
-  unsigned char *params;
+  kl_weight_piece *pieces; /* weights.bin, in offset order */
+  int npieces;
   int nkernels, ngemms, nlaunches;
   int step;               /* the step being written */
   int next_scratch;       /* the step's next scratch buffer */
@@ -217,8 +218,11 @@ static inline size_t kl_cg_value_bytes(const kl_value *v) {
  * C expression of a value's device pointer inside run(). */
 const char *kl_cg_buf_macro(const kl_cg_ctx *c, int b, char *buf, size_t len);
 const char *kl_cg_ptr_expr(const kl_cg_ctx *c, const kl_value *v, char *buf, size_t len);
-/* The weights blob (c->params) at the memory plan's offsets. */
-int kl_cg_write_params(kl_cg_ctx *c);
+/* What weights.bin holds at the memory plan's offsets (c->pieces): where
+ * each weight lies, and folded values' bytes. */
+int kl_cg_list_weights(kl_cg_ctx *c);
+/* Free a list of weight pieces and the bytes they own (weights.c). */
+void kl_cg_free_pieces(kl_weight_piece *pieces, int n);
 /* model.h into hf; model.c into mf around run()'s body (run_text). */
 void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, size_t run_len,
                       FILE *mf, FILE *hf, int nkernels);

@@ -225,7 +225,7 @@ int kl_codegen(const kl_plan *p, const kl_codegen_options *opt, kl_codegen_resul
     err->unsupported = true;
     goto done;
   }
-  if ((rc = kl_cg_write_params(&c)) || (rc = write_all(&c, opt && opt->prefix ? opt->prefix : "model", out)))
+  if ((rc = kl_cg_list_weights(&c)) || (rc = write_all(&c, opt && opt->prefix ? opt->prefix : "model", out)))
     goto done;
   out->nkernels = c.nkernels;
   out->ngemms = c.ngemms;
@@ -247,8 +247,9 @@ int kl_codegen(const kl_plan *p, const kl_codegen_options *opt, kl_codegen_resul
   out->arena_lower_bound = p->mem.lower_bound;
   out->naive_bytes = p->mem.naive;
   out->param_bytes = p->param_bytes;
-  out->params = c.params;
-  c.params = NULL;
+  out->pieces = c.pieces;
+  out->npieces = c.npieces;
+  c.pieces = NULL;
   /* the memory plan, for pictures and reports: a copy that outlives the plan */
   out->membufs = zalloc((size_t)p->nbufs, sizeof *out->membufs);
   for (int b = 0; b < p->nbufs; b++) {
@@ -264,7 +265,7 @@ int kl_codegen(const kl_plan *p, const kl_codegen_options *opt, kl_codegen_resul
     if (!(out->step_names[s] = strdup(kl_plan_step_node(p, s)->name))) abort();
 done:
   free(c.profile);
-  free(c.params);
+  kl_cg_free_pieces(c.pieces, c.npieces);
   if (rc) kl_codegen_result_free(out);
   return rc;
 }
@@ -274,8 +275,9 @@ void kl_codegen_result_free(kl_codegen_result *r) {
   free(r->group_kind);
   r->node_group = NULL;
   r->group_kind = NULL;
-  free(r->params);
-  r->params = NULL;
+  kl_cg_free_pieces(r->pieces, r->npieces);
+  r->pieces = NULL;
+  r->npieces = 0;
   for (int b = 0; b < r->nmembufs; b++) free((char *)r->membufs[b].name);
   free(r->membufs);
   r->membufs = NULL;

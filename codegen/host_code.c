@@ -6,26 +6,67 @@
 
 #include "codegen_impl.h"
 
-/* ---- the weights blob ------------------------------------------------ */
+/* ---- the weights ------------------------------------------------------ */
+/* v's piece of weights.bin, at the offset the memory pass gave it, its
+ * bytes to come from `data` (NULL: v's seeded init). */
+static void add_piece(kl_cg_ctx *c, const kl_value *v, const void *data, bool owned) {
+  kl_weight_piece *pc = &c->pieces[c->npieces++];
+  size_t bytes = kl_cg_value_bytes(v);
+  bool mapped = data && !owned && kl_graph_is_mapped(c->g, data, bytes);
+  *pc = (kl_weight_piece){c->p->loc[v->id].offset, bytes, data, v, mapped, owned};
+}
+
+/* A tensor's bytes, owned by their piece. */
+static void add_tensor(kl_cg_ctx *c, const kl_value *v, const kl_tensor *t) {
+  unsigned char *raw = malloc(kl_cg_value_bytes(v) + 1);
+  if (!raw) abort();
+  kl_tensor_to_raw(t, raw);
+  add_piece(c, v, raw, true);
+}
+
+/* A param or const: its bytes stay where the graph holds them (a mapped
+ * file, the arena) or are drawn from its seeded init as weights.bin is
+ * written.  Bool, i64 and u64 contents go through a tensor as before
+ * (bools made 0/1, 64-bit integers checked to be exact); without its data,
+ * materializing fails and says why. */
+static int add_weight(kl_cg_ctx *c, const kl_value *v) {
+  bool has_data = v->init.kind == KL_INIT_DATA || v->init.kind == KL_INIT_LOAD;
+  if (has_data && v->data && v->dtype != KL_BOOL && v->dtype != KL_I64 && v->dtype != KL_U64) {
+    add_piece(c, v, v->data, false);
+    return 0;
+  }
+  if (!has_data) {
+    add_piece(c, v, NULL, false);
+    return 0;
+  }
+  kl_tensor *t;
+  if (kl_value_materialize(v, &t, c->err)) return -1;
+  add_tensor(c, v, t);
+  kl_tensor_free(t);
+  return 0;
+}
+
+static int by_offset(const void *a, const void *b) {
+  size_t x = ((const kl_weight_piece *)a)->offset, y = ((const kl_weight_piece *)b)->offset;
+  return x < y ? -1 : x > y;
+}
+
 /* Weights, constants and folded values at the offsets the memory pass
- * gave them. */
-int kl_cg_write_params(kl_cg_ctx *c) {
+ * gave them: no copy of a weight is made here, only the list of where
+ * each lies, which kl_codegen_write_weights streams. */
+int kl_cg_list_weights(kl_cg_ctx *c) {
   const kl_plan *p = c->p;
   const kl_graph *g = c->g;
-  c->params = calloc(p->param_bytes + 1, 1);
-  if (!c->params) abort();
-  for (int i = 0; i < g->params.len; i++) {
-    kl_tensor *t;
-    const kl_value *v = g->params.items[i];
-    if (kl_value_materialize(v, &t, c->err)) return -1;
-    kl_tensor_to_raw(t, c->params + p->loc[v->id].offset);
-    kl_tensor_free(t);
-  }
+  c->pieces = calloc((size_t)g->values.len + 1, sizeof *c->pieces);
+  if (!c->pieces) abort();
+  for (int i = 0; i < g->params.len; i++)
+    if (add_weight(c, g->params.items[i])) return -1;
   for (int i = 0; i < g->nodes.len; i++) {
     const kl_node *n = p->order[i];
     for (int k = 0; p->live[n->id] && p->folded[n->id] && k < n->noutputs; k++)
-      kl_tensor_to_raw(p->known[n->outputs[k]->id], c->params + p->loc[n->outputs[k]->id].offset);
+      add_tensor(c, n->outputs[k], p->known[n->outputs[k]->id]);
   }
+  qsort(c->pieces, (size_t)c->npieces, sizeof *c->pieces, by_offset); /* the writer streams */
   return 0;
 }
 

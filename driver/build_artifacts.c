@@ -35,7 +35,7 @@ static int shell(const char *cmd, const char *dir, const char *what) {
 static int write_all_sources(const kl_codegen_result *cg, const char *dir,
                              const kiln_gpu_opts *gpu, bool *images) {
   *images = false;
-  if (kiln_write_sources(cg, dir)) return -1;
+  if (kiln_write_sources(cg, dir, gpu->timing)) return -1;
   char why[300];
   if (!gpu->nvrtc || !cg->nkernels) return 0;
   if (!kl_nvrtc_available(why, sizeof why)) {

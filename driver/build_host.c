@@ -6,10 +6,12 @@
 #define _XOPEN_SOURCE 700 /* realpath */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "driver.h"
 
@@ -29,21 +31,34 @@ static int write_file(const char *dir, const char *name, const char *text) {
   return 0;
 }
 
-static int write_bytes_file(const char *dir, const char *name, const void *data, size_t n) {
+/* weights.bin, streamed from where the weights lie (kl_codegen_write_weights):
+ * with `timing`, how long it took and how fast. */
+static int write_weights(const kl_codegen_result *cg, const char *dir, bool timing) {
   char path[4096];
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  FILE *f = fopen(path, "wb");
-  if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f)) {
+  snprintf(path, sizeof path, "%s/weights.bin", dir);
+  double t0 = krt_now_ms();
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  kl_error err;
+  if (fd < 0) {
     fprintf(stderr, "kiln: error: cannot write %s: %s\n", path, strerror(errno));
     return -1;
   }
+  int rc = kl_codegen_write_weights(cg, fd, &err);
+  if (close(fd) && !rc) rc = kl_fail(&err, (kl_loc){0}, "writing the weights failed: %s", strerror(errno));
+  if (rc) {
+    fprintf(stderr, "kiln: error: %s: %s\n", path, err.msg);
+    return -1;
+  }
+  double ms = krt_now_ms() - t0;
+  if (timing)
+    fprintf(stderr, "kiln: time: weights.bin %.1f ms (%zu bytes, %.0f MB/s)\n", ms, cg->param_bytes,
+            ms > 0 ? (double)cg->param_bytes / 1e3 / ms : 0.0);
   return 0;
 }
 
-int kiln_write_sources(const kl_codegen_result *cg, const char *dir) {
+int kiln_write_sources(const kl_codegen_result *cg, const char *dir, bool timing) {
   return write_file(dir, "kernels.cu", cg->kernels_cu) || write_file(dir, "model.c", cg->model_c) ||
-         write_file(dir, "model.h", cg->model_h) ||
-         write_bytes_file(dir, "weights.bin", cg->params, cg->param_bytes);
+         write_file(dir, "model.h", cg->model_h) || write_weights(cg, dir, timing);
 }
 
 const char *kiln_runtime_dir(void) {
@@ -181,7 +196,7 @@ void kiln_remove_build_dir(const char *dir) {
 
 void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
                       const krt_model_api **api) {
-  if (kiln_write_sources(cg, dir)) return NULL;
+  if (kiln_write_sources(cg, dir, false)) return NULL;
   /* For the GPU: NVRTC's images for the GPU's architecture family, in
    * gpu_images.c beside the host kernels (auto may still pick the host). */
   static const int archs[] = {80, 90};

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +26,8 @@ static const char compile_help[] =
     "  --arch LIST           GPU architectures (default sm_80,sm_90; PTX for the last)\n"
     "  --no-nvrtc            skip the GPU images (host device only)\n"
     "  --Werror              NVRTC warnings are errors\n"
-    "  --time                print the time of each phase on stderr\n"
+    "  --time                print the time of each phase on stderr, the rate at\n"
+    "                        which weights.bin was written, and the peak memory\n"
     "  --mem-limit=SIZE      fail when the planned arena of intermediates exceeds SIZE\n"
     "                        bytes (K, M, G: KiB, MiB, GiB)\n"
     "  --no-fuse             one kernel per node (the same pipeline, singleton groups)\n"
@@ -54,6 +56,32 @@ static int parse_archs(const char *list, int *sm, int cap) {
     p++;
   }
   return n;
+}
+
+/* Peak resident memory of this process image in KiB: VmHWM, since
+ * getrusage's ru_maxrss keeps the high-water mark of whatever ran before
+ * execve (a parent's pages, when it forked us); that where /proc is not. */
+static long peak_rss_kib(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long kib = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+  if (f) fclose(f);
+  struct rusage self;
+  if (kib < 0 && !getrusage(RUSAGE_SELF, &self)) kib = self.ru_maxrss;
+  return kib;
+}
+
+/* --time: the peak memory of kiln itself, which should stay far below the
+ * weights' size (they are streamed, not held), and of the largest host
+ * compiler process it ran. */
+static void print_max_rss(void) {
+  struct rusage children;
+  fprintf(stderr, "kiln: time: max RSS %.1f MiB", peak_rss_kib() / 1024.0);
+  if (!getrusage(RUSAGE_CHILDREN, &children) && children.ru_maxrss)
+    fprintf(stderr, " (host compiler %.1f MiB)", children.ru_maxrss / 1024.0);
+  fprintf(stderr, "\n");
 }
 
 /* exe or lib: generated code built in a scratch folder (kept when
@@ -182,7 +210,7 @@ int kiln_cmd_compile(int argc, char **argv) {
       fprintf(stderr, "kiln: time: passes %.1f ms\nkiln: time: codegen %.1f ms\n", cg.passes_ms,
               krt_now_ms() - t0 - cg.passes_ms);
     if (!cg_rc) {
-      if ((mkdir(out_path, 0777) == 0 || errno == EEXIST) && !kiln_write_sources(&cg, out_path)) {
+      if ((mkdir(out_path, 0777) == 0 || errno == EEXIST) && !kiln_write_sources(&cg, out_path, timing)) {
         rc = KILN_EXIT_OK;
         char why[300];
         if (nvrtc && cg.nkernels && !kl_nvrtc_available(why, sizeof why))
@@ -209,5 +237,6 @@ int kiln_cmd_compile(int argc, char **argv) {
     }
   }
   kl_graph_free(g);
+  if (timing) print_max_rss();
   return rc;
 }

@@ -93,8 +93,11 @@ int kiln_write_tensor(const char *path, const kl_tensor *t);
 kl_tensor *kiln_random_tensor(const kl_value *decl, uint64_t seed);
 void kiln_print_summary(FILE *f, const char *label, const kl_tensor *t);
 
-/* Write kernels.cu, model.c and model.h into dir. */
-int kiln_write_sources(const kl_codegen_result *cg, const char *dir);
+/* Write kernels.cu, model.c, model.h and weights.bin into dir; the
+ * weights are streamed from where they lie (the graph that cg was made
+ * from must still be alive).  With `timing`, the time and rate of writing
+ * the weights on stderr. */
+int kiln_write_sources(const kl_codegen_result *cg, const char *dir, bool timing);
 /* The memory plan as an SVG picture (memplan_svg.c); -1 after printing the
  * error. */
 int kiln_write_memplan_svg(const kl_codegen_result *cg, const char *model, const char *path);

@@ -116,40 +116,38 @@ int kiln_model_opt(kiln_model_opts *o, int opt, char *arg) {
 }
 
 /* Every tensor in the file must name a param or const of the model: a
- * silently ignored weight is a bug that is hard to find later. */
+ * silently ignored weight is a bug that is hard to find later.  The bytes
+ * stay in the file (mapped, not copied). */
 int kiln_apply_weights(kl_graph *g, const char *path) {
-  krt_tensor_set set = {0};
+  kl_mapped_tensor *ts;
+  int n;
   char msg[512];
-  if (krt_safetensors_read(path, &set, msg, sizeof msg)) {
+  if (kl_safetensors_map(g, path, &ts, &n, msg, sizeof msg)) {
     fprintf(stderr, "kiln: error: %s\n", msg);
     return -1;
   }
   int rc = 0;
-  for (int i = 0; i < set.count && !rc; i++) {
-    const krt_named_tensor *nt = &set.items[i];
-    kl_value *v = kl_graph_find_value(g, nt->name);
+  for (int i = 0; i < n && !rc; i++) {
+    const kl_mapped_tensor *t = &ts[i];
+    kl_value *v = kl_graph_find_value(g, t->name);
     if (!v || (v->kind != KL_VAL_PARAM && v->kind != KL_VAL_CONST)) {
       fprintf(stderr, "kiln: error: %s: tensor '%s' is not a param or const of the model\n",
-              path, nt->name);
+              path, t->name);
       rc = -1;
       break;
     }
-    kl_shape s = {.rank = nt->tensor.rank};
-    for (int d = 0; d < s.rank; d++) s.dims[d] = nt->tensor.dims[d];
-    if ((int)nt->tensor.dtype != (int)v->dtype || !kl_shape_equal(&s, &v->shape)) {
+    if (t->dtype != v->dtype || !kl_shape_equal(&t->shape, &v->shape)) {
       char a[128], b[128];
       fprintf(stderr, "kiln: error: %s: tensor '%s' is %s%s, but the model declares %s%s\n",
-              path, nt->name, krt_dtype_name(nt->tensor.dtype), kl_shape_str(&s, a, sizeof a),
+              path, t->name, kl_dtype_name(t->dtype), kl_shape_str(&t->shape, a, sizeof a),
               kl_dtype_name(v->dtype), kl_shape_str(&v->shape, b, sizeof b));
       rc = -1;
       break;
     }
-    size_t bytes = (size_t)krt_tensor_numel(&nt->tensor) * krt_dtype_size(nt->tensor.dtype);
-    v->data = kl_arena_alloc(&g->arena, bytes ? bytes : 1);
-    if (bytes) memcpy(v->data, nt->tensor.data, bytes);
+    v->data = (void *)t->data; /* read-only: nothing writes a value's data */
     v->init = (kl_init){.kind = KL_INIT_DATA};
   }
-  krt_tensor_set_free(&set);
+  free(ts);
   return rc;
 }
 

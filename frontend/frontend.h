@@ -25,6 +25,20 @@ kl_graph *kl_parse_file(const char *path, const kl_parse_options *opt,
 kl_graph *kl_parse_string(const char *text, size_t len, const char *filename,
                           const kl_parse_options *opt, kl_error *err);
 
+/* A tensor of a .safetensors file whose bytes stay in the file: `data`
+ * points into a read-only mapping of it that graph g keeps, so weights are
+ * never copied (bool tensors are: into g's arena, each byte made 0 or 1). */
+typedef struct {
+  const char *name; /* in g's arena */
+  kl_dtype dtype;
+  kl_shape shape;
+  const void *data;
+} kl_mapped_tensor;
+/* Every tensor of `path`, in header order, into *out (malloc'd, *n of
+ * them); -1 with the reason (naming the file) in msg. */
+int kl_safetensors_map(kl_graph *g, const char *path, kl_mapped_tensor **out, int *n,
+                       char *msg, size_t len);
+
 /* Read an ONNX model into a verified graph.  Symbolic or unknown input
  * dims are bound by `shapes` (--shape NAME=d0,d1,...).  Unsupported ops are
  * reported all at once: (op, opset, node name) for each. */

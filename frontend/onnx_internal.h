@@ -57,6 +57,7 @@ struct kl_onnx_ctx {
   const Onnx__NodeProto *node; /* the node being converted */
   const char *blocking_input;  /* a graph input a compile-time value needs */
   const Onnx__ModelProto *model;
+  const struct kl_onnx_file *file; /* the mapped model file, or NULL */
 };
 
 /* ---- for converters -------------------------------------------------- */
@@ -118,11 +119,36 @@ int kl_onnx_const_ints(kl_onnx_ctx *c, kl_value *v, const char *what,
 
 /* ONNX data type -> IR dtype; -1 when the IR has no such type. */
 int kl_onnx_dtype(int onnx_type, kl_dtype *out);
-/* TensorProto -> raw contents and shape; external data is resolved against
- * `model_path`.  *raw is malloc'd.  -1 with err on a malformed tensor. */
-int kl_onnx_tensor_data(const Onnx__TensorProto *t, const char *model_path,
-                        kl_dtype *dtype, kl_shape *shape, void **raw,
-                        kl_error *err);
+/* TensorProto -> contents and shape.  Bytes in a file stay there: external
+ * data (resolved against the model's folder) in a mapping the graph keeps,
+ * and raw_data the loader took out of the protobuf, at `span` of the mapped
+ * model file (span NULL or not .has: none); *raw then points into the
+ * mapping and *owned is NULL.  Anything else is decoded into *owned
+ * (malloc'd, *raw == *owned) for the caller to free.  -1 with c->err on a
+ * malformed tensor. */
+typedef struct kl_onnx_span kl_onnx_span;
+int kl_onnx_tensor_data(kl_onnx_ctx *c, const Onnx__TensorProto *t, const kl_onnx_span *span,
+                        kl_dtype *dtype, kl_shape *shape, const void **raw, void **owned);
+
+/* An .onnx file mapped, not read (onnx_map.c): the model is parsed
+ * without its main graph's initializers' raw_data, and spans[k] tells where
+ * initializer k's lies in the file (.has false: it had none).  base is NULL
+ * when the file could not be mapped and was read as it is. */
+struct kl_onnx_span {
+  size_t off, len;
+  bool has;
+};
+typedef struct kl_onnx_file {
+  unsigned char *base;
+  size_t len;
+  kl_onnx_span *spans;
+  int nspans;
+} kl_onnx_file;
+/* NULL with err when the file cannot be read or does not parse. */
+Onnx__ModelProto *kl_onnx_unpack_file(const char *path, kl_onnx_file *file, kl_error *err);
+/* Unmaps (unless base was set to NULL: a graph took the mapping) and frees
+ * the spans. */
+void kl_onnx_file_close(kl_onnx_file *file);
 
 /* A whole file into memory (malloc'd). */
 unsigned char *kl_onnx_read_file(const char *path, size_t *len, kl_error *err);

@@ -386,14 +386,20 @@ static int add_initializers(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
                      t->name);
     kl_dtype dt;
     kl_shape s;
-    void *raw;
-    if (kl_onnx_tensor_data(t, c->path, &dt, &s, &raw, c->err)) return -1;
+    const void *raw;
+    void *owned;
+    const kl_onnx_span *span = c->file && i < (size_t)c->file->nspans ? &c->file->spans[i] : NULL;
+    if (kl_onnx_tensor_data(c, t, span, &dt, &s, &raw, &owned)) return -1;
     kl_value *v = kl_graph_add_param(c->g, ir_name(c->g, t->name), dt, &s, KL_VAL_PARAM,
                                      (kl_init){.kind = KL_INIT_DATA}, (kl_loc){c->path, 0, 0});
     size_t bytes = (size_t)kl_shape_numel(&s) * kl_dtype_size(dt);
-    v->data = kl_arena_alloc(&c->g->arena, bytes ? bytes : 1);
-    if (bytes) memcpy(v->data, raw, bytes);
-    free(raw);
+    if (owned) { /* decoded from typed fields: into the graph */
+      v->data = kl_arena_alloc(&c->g->arena, bytes ? bytes : 1);
+      if (bytes) memcpy(v->data, raw, bytes);
+      free(owned);
+    } else { /* in a mapped file, where it stays (read-only) */
+      v->data = (void *)raw;
+    }
     bind_name(c, t->name, v);
   }
   return 0;
@@ -822,19 +828,19 @@ static int mark_outputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
   return 0;
 }
 
-kl_graph *kl_onnx_load_bytes(const unsigned char *data, size_t len, const char *path,
-                             kl_onnx_options *opt, kl_error *err) {
+static void reset_results(kl_onnx_options *opt, kl_error *err) {
   memset(err, 0, sizeof *err);
   if (opt) {
     opt->unsupported_only = false;
     opt->needs_const[0] = 0;
   }
-  Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, data);
-  if (!m) {
-    kl_fail(err, (kl_loc){path, 0, 0}, "not an ONNX model (the protobuf does not parse)");
-    return NULL;
-  }
-  kl_onnx_ctx c = {.path = path, .err = err, .model = m};
+}
+
+/* The graph of model m (freed here); `file`, when given, is where m was
+ * parsed from, mapped, with the raw_data taken out of it. */
+static kl_graph *load_model(Onnx__ModelProto *m, const char *path, const kl_onnx_file *file,
+                            kl_onnx_options *opt, kl_error *err) {
+  kl_onnx_ctx c = {.path = path, .err = err, .model = m, .file = file};
   int rc = 0;
   if (!m->graph) rc = kl_fail(err, (kl_loc){path, 0, 0}, "the model has no graph");
   if (!rc) rc = model_opset(&c, m);
@@ -866,22 +872,40 @@ kl_graph *kl_onnx_load_bytes(const unsigned char *data, size_t len, const char *
   return c.g;
 }
 
+kl_graph *kl_onnx_load_bytes(const unsigned char *data, size_t len, const char *path,
+                             kl_onnx_options *opt, kl_error *err) {
+  reset_results(opt, err);
+  Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, data);
+  if (!m) {
+    kl_fail(err, (kl_loc){path, 0, 0}, "not an ONNX model (the protobuf does not parse)");
+    return NULL;
+  }
+  return load_model(m, path, NULL, opt, err);
+}
+
+/* The file is mapped, and weights inside it stay there: the graph keeps
+ * the mapping when a param points into it. */
 kl_graph *kl_onnx_load(const char *path, kl_onnx_options *opt, kl_error *err) {
-  size_t len;
-  unsigned char *data = kl_onnx_read_file(path, &len, err);
-  if (!data) return NULL;
-  kl_graph *g = kl_onnx_load_bytes(data, len, path, opt, err);
-  free(data);
+  reset_results(opt, err);
+  kl_onnx_file file;
+  Onnx__ModelProto *m = kl_onnx_unpack_file(path, &file, err);
+  if (!m) return NULL;
+  kl_graph *g = load_model(m, path, &file, opt, err);
+  bool used = false;
+  for (int i = 0; i < file.nspans; i++) used |= file.spans[i].has;
+  if (g && used) {
+    kl_graph_add_mapping(g, path, file.base, file.len);
+    file.base = NULL;
+  }
+  kl_onnx_file_close(&file);
   return g;
 }
 
 int kl_onnx_input_names(const char *path, char (*names)[256], int cap, kl_error *err) {
-  size_t len;
-  unsigned char *data = kl_onnx_read_file(path, &len, err);
-  if (!data) return -1;
-  Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, data);
-  free(data);
-  if (!m) return kl_fail(err, (kl_loc){path, 0, 0}, "not an ONNX model (the protobuf does not parse)");
+  kl_onnx_file file;
+  Onnx__ModelProto *m = kl_onnx_unpack_file(path, &file, err);
+  kl_onnx_file_close(&file);
+  if (!m) return -1;
   if (!m->graph) {
     onnx__model_proto__free_unpacked(m, NULL);
     return kl_fail(err, (kl_loc){path, 0, 0}, "the model has no graph");

@@ -35,10 +35,13 @@ static int const_ints(kl_onnx_ctx *c, kl_value *v, const char *what, int64_t *ou
     int64_t numel = kl_shape_numel(&v->shape);
     if (numel > cap)
       return kl_onnx_fail(c, "%s has %lld values (at most %d)", what, (long long)numel, cap);
+    const unsigned char *p = v->data; /* may be unaligned: it can lie in a mapped file */
     for (int64_t i = 0; i < numel; i++) {
-      if (v->dtype == KL_I64) memcpy(&out[i], (const int64_t *)v->data + i, sizeof *out);
-      else if (v->dtype == KL_I32) out[i] = ((const int32_t *)v->data)[i];
-      else out[i] = ((const int8_t *)v->data)[i];
+      int64_t x64;
+      int32_t x32;
+      if (v->dtype == KL_I64) memcpy(&x64, p + 8 * i, 8), out[i] = x64;
+      else if (v->dtype == KL_I32) memcpy(&x32, p + 4 * i, 4), out[i] = x32;
+      else out[i] = (int8_t)p[i];
     }
     return (int)numel;
   }
@@ -146,13 +149,14 @@ static int convert_constant(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   if (a && a->t) {
     kl_dtype dt;
     kl_shape s;
-    void *raw;
-    if (kl_onnx_tensor_data(a->t, c->path, &dt, &s, &raw, c->err)) return -1;
+    const void *raw;
+    void *owned;
+    if (kl_onnx_tensor_data(c, a->t, NULL, &dt, &s, &raw, &owned)) return -1;
     char name[64];
     snprintf(name, sizeof name, "const_%d", c->g->values.len);
     y = kl_graph_add_const_data(c->g, kl_graph_fresh_name(c->g, name), dt, &s, raw,
                                 (kl_loc){c->path, 0, 0});
-    free(raw);
+    free(owned);
   } else if ((a = kl_onnx_attr(n, "value_float")) && a->has_f) {
     y = kl_onnx_scalar(c, KL_F32, a->f);
   } else if ((a = kl_onnx_attr(n, "value_int")) && a->has_i) {
@@ -217,13 +221,14 @@ static int convert_constant_of_shape(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   const Onnx__AttributeProto *a = kl_onnx_attr(n, "value");
   if (a && a->t) {
     kl_shape vs;
-    void *raw;
-    if (kl_onnx_tensor_data(a->t, c->path, &dt, &vs, &raw, c->err)) return -1;
+    const void *raw;
+    void *owned;
+    if (kl_onnx_tensor_data(c, a->t, NULL, &dt, &vs, &raw, &owned)) return -1;
     kl_tensor *t = kl_tensor_new(dt, &vs);
     int bad = t->numel != 1 || kl_tensor_from_raw(t, raw);
     if (!bad) v = t->data[0];
     kl_tensor_free(t);
-    free(raw);
+    free(owned);
     if (bad) return kl_onnx_fail(c, "value must be a one-element tensor");
   }
   return bind0(c, n, kl_onnx_constant(c, dt, &s, &v, 1));

@@ -15,10 +15,10 @@ int kl_onnx_dtype(int onnx_type, kl_dtype *out) {
   return 0;
 }
 
-/* Read [offset, offset+length) of an external data file that must lie in
- * the model's folder. */
-static int read_external(const Onnx__TensorProto *t, const char *model_path,
-                         size_t want, unsigned char **raw, kl_error *err) {
+/* [offset, offset+length) of an external data file that must lie in the
+ * model's folder, where it lies: in a mapping of the file that g keeps. */
+static int map_external(const Onnx__TensorProto *t, const char *model_path, kl_graph *g,
+                        size_t want, const void **raw, kl_error *err) {
   const char *location = NULL;
   long long offset = 0, length = -1;
   for (size_t i = 0; i < t->n_external_data; i++) {
@@ -66,53 +66,54 @@ static int read_external(const Onnx__TensorProto *t, const char *model_path,
   if (!path) abort();
   memcpy(path, model_path, dir);
   strcpy(path + dir, location);
-  FILE *f = fopen(path, "rb");
+  size_t size = 0;
+  const unsigned char *base = kl_graph_map_file(g, path, &size);
   int rc = 0;
-  if (!f) {
+  if (!base)
     rc = kl_fail(err, (kl_loc){model_path, 0, 0}, "tensor '%s': cannot open external data '%s': %s",
                  tname, path, strerror(errno));
-  } else {
-    long long size = -1;
-    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
-    if (size < 0 || offset > size || (long long)want > size - offset)
-      rc = kl_fail(err, (kl_loc){model_path, 0, 0},
-                   "tensor '%s': external data '%s' has %lld bytes; offset %lld + %zu is past its end",
-                   tname, path, size, offset, want);
-    else if (!(*raw = malloc(want ? want : 1)))
-      abort();
-    else if (fseek(f, offset, SEEK_SET) != 0 || fread(*raw, 1, want, f) != want)
-      rc = kl_fail(err, (kl_loc){model_path, 0, 0}, "tensor '%s': reading '%s' failed", tname, path);
-    fclose(f);
-  }
+  else if ((unsigned long long)offset > size || want > size - (size_t)offset)
+    rc = kl_fail(err, (kl_loc){model_path, 0, 0},
+                 "tensor '%s': external data '%s' has %lld bytes; offset %lld + %zu is past its end",
+                 tname, path, (long long)size, offset, want);
+  else
+    *raw = base + offset;
   free(path);
   return rc;
 }
 
-int kl_onnx_tensor_data(const Onnx__TensorProto *t, const char *model_path,
-                        kl_dtype *dtype, kl_shape *shape, void **raw,
-                        kl_error *err) {
-  kl_loc loc = {model_path, 0, 0};
+int kl_onnx_tensor_data(kl_onnx_ctx *c, const Onnx__TensorProto *t, const kl_onnx_span *span,
+                        kl_dtype *dtype, kl_shape *shape, const void **raw, void **owned) {
+  kl_loc loc = {c->path, 0, 0};
   char msg[400];
   krt_tensor h;
   *raw = NULL;
+  *owned = NULL;
   int rc = krt_onnx_tensor_header(t, &h, msg, sizeof msg);
   if (rc) {
-    kl_fail(err, loc, "%s", msg);
-    err->unsupported = rc == -2;
+    kl_fail(c->err, loc, "%s", msg);
+    c->err->unsupported = rc == -2;
     return -1;
   }
   *dtype = (kl_dtype)h.dtype;
   shape->rank = h.rank;
   for (int d = 0; d < h.rank; d++) shape->dims[d] = h.dims[d];
-  if (t->has_data_location && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
-    size_t bytes = (size_t)krt_tensor_numel(&h) * krt_dtype_size(h.dtype);
-    unsigned char *out = NULL;
-    if (read_external(t, model_path, bytes, &out, err)) return -1;
-    *raw = out;
-    return 0;
+  size_t bytes = (size_t)krt_tensor_numel(&h) * krt_dtype_size(h.dtype);
+  Onnx__TensorProto with_raw;
+  if (t->has_data_location && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL)
+    return map_external(t, c->path, c->g, bytes, raw, c->err);
+  if (span && span->has) { /* raw_data, left in the mapped model file */
+    *raw = c->file->base + span->off;
+    if (span->len == bytes) return 0;
+    /* the runtime's check, and its words, on the bytes where they are */
+    with_raw = *t;
+    with_raw.has_raw_data = 1;
+    with_raw.raw_data = (ProtobufCBinaryData){span->len, (uint8_t *)*raw};
+    t = &with_raw;
   }
-  if (krt_onnx_tensor_payload(t, &h, raw, msg, sizeof msg))
-    return kl_fail(err, loc, "%s", msg);
+  if (krt_onnx_tensor_payload(t, &h, owned, msg, sizeof msg))
+    return kl_fail(c->err, loc, "%s", msg);
+  *raw = *owned;
   return 0;
 }
 

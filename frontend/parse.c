@@ -23,36 +23,84 @@ static char *resolve_path(const char *model, const char *path) {
   return out;
 }
 
+int kl_safetensors_map(kl_graph *g, const char *path, kl_mapped_tensor **out, int *n,
+                       char *msg, size_t len) {
+  krt_tensor_set set = {0};
+  int64_t *offsets = NULL;
+  *out = NULL;
+  *n = 0;
+  if (krt_safetensors_index(path, &set, &offsets, msg, len)) return -1;
+  size_t size = 0;
+  const unsigned char *base = kl_graph_map_file(g, path, &size);
+  if (!base) {
+    snprintf(msg, len, "%s: %s", path, strerror(errno));
+    krt_tensor_set_free(&set);
+    free(offsets);
+    return -1;
+  }
+  kl_mapped_tensor *ts = calloc((size_t)set.count + 1, sizeof *ts);
+  if (!ts) abort();
+  int rc = 0;
+  for (int i = 0; i < set.count && !rc; i++) {
+    const krt_tensor *t = &set.items[i].tensor;
+    size_t bytes = (size_t)krt_tensor_numel(t) * krt_dtype_size(t->dtype);
+    kl_mapped_tensor *m = &ts[i];
+    m->name = kl_arena_strdup(&g->arena, set.items[i].name);
+    m->dtype = (kl_dtype)t->dtype;
+    m->shape.rank = t->rank;
+    for (int d = 0; d < t->rank; d++) m->shape.dims[d] = t->dims[d];
+    /* the index checked the offsets against the size it saw; the file
+     * may have changed since */
+    if ((size_t)offsets[i] > size || bytes > size - (size_t)offsets[i]) {
+      snprintf(msg, len, "%s: tensor '%s' lies past the end of the file", path, m->name);
+      rc = -1;
+    } else if (m->dtype == KL_BOOL) { /* stored as any nonzero byte; we promise 0 or 1 */
+      unsigned char *b = kl_arena_alloc(&g->arena, bytes ? bytes : 1);
+      for (size_t k = 0; k < bytes; k++) b[k] = base[offsets[i] + (int64_t)k] != 0;
+      m->data = b;
+    } else {
+      m->data = base + offsets[i];
+    }
+  }
+  if (!rc) {
+    *out = ts;
+    *n = set.count;
+  } else {
+    free(ts);
+  }
+  krt_tensor_set_free(&set);
+  free(offsets);
+  return rc;
+}
+
+/* load("file", key=...): the tensor's bytes where they lie in the file. */
 static int load_params(kl_parser *P) {
   kl_graph *g = P->g;
   for (int i = 0; i < g->params.len; i++) {
     kl_value *v = g->params.items[i];
     if (v->init.kind != KL_INIT_LOAD) continue;
     char *path = resolve_path(P->file, v->init.path);
-    krt_tensor_set set = {0};
+    kl_mapped_tensor *ts;
+    int n, rc = 0;
     char msg[512];
-    int rc = 0;
-    if (krt_safetensors_read(path, &set, msg, sizeof msg)) {
+    if (kl_safetensors_map(g, path, &ts, &n, msg, sizeof msg)) {
       rc = kl_fail(P->err, v->loc, "cannot load '%s': %s", v->name, msg);
     } else {
       const char *key = v->init.key ? v->init.key : v->name;
-      const krt_tensor *t = krt_tensor_set_find(&set, key);
-      kl_shape s = {.rank = t ? t->rank : 0};
-      for (int d = 0; t && d < t->rank; d++) s.dims[d] = t->dims[d];
+      const kl_mapped_tensor *t = NULL;
+      for (int k = 0; k < n && !t; k++)
+        if (!strcmp(ts[k].name, key)) t = &ts[k];
       char a[128], b[128];
       if (!t)
         rc = kl_fail(P->err, v->loc, "'%s' has no tensor named '%s'", path, key);
-      else if ((int)t->dtype != (int)v->dtype || !kl_shape_equal(&s, &v->shape))
+      else if (t->dtype != v->dtype || !kl_shape_equal(&t->shape, &v->shape))
         rc = kl_fail(P->err, v->loc, "'%s' in '%s' is %s%s, but '%s' is declared %s%s",
-                     key, path, krt_dtype_name(t->dtype), kl_shape_str(&s, a, sizeof a),
+                     key, path, kl_dtype_name(t->dtype), kl_shape_str(&t->shape, a, sizeof a),
                      v->name, kl_dtype_name(v->dtype), kl_shape_str(&v->shape, b, sizeof b));
-      else {
-        size_t bytes = (size_t)krt_tensor_numel(t) * krt_dtype_size(t->dtype);
-        v->data = kl_arena_alloc(&g->arena, bytes ? bytes : 1);
-        if (bytes) memcpy(v->data, t->data, bytes);
-      }
+      else
+        v->data = (void *)t->data; /* read-only: nothing writes a value's data */
+      free(ts);
     }
-    krt_tensor_set_free(&set);
     free(path);
     if (rc) return rc;
   }

@@ -31,6 +31,7 @@ void kl_graph_free(kl_graph *g) {
   free(g->outputs.items);
   free(g->value_names.slots);
   free(g->node_names.slots);
+  kl_graph_unmap(g); /* params' data may point into these */
   kl_arena_free(&g->arena);
   free(g);
 }

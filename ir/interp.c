@@ -29,84 +29,89 @@ void kl_tensor_free(kl_tensor *t) {
   free(t);
 }
 
-int kl_tensor_from_raw(kl_tensor *t, const void *raw) {
+double kl_raw_get(kl_dtype t, const void *raw, int64_t i, bool *inexact) {
   const unsigned char *p = raw;
-  int rc = 0;
-  for (int64_t i = 0; i < t->numel; i++) {
-    double v = 0;
-    switch (t->dtype) {
-    case KL_F32: { float x; memcpy(&x, p + 4 * i, 4); v = x; break; }
-    case KL_F16: { uint16_t h; memcpy(&h, p + 2 * i, 2); v = krt_f16_to_f32(h); break; }
-    case KL_BF16: { uint16_t h; memcpy(&h, p + 2 * i, 2); v = krt_bf16_to_f32(h); break; }
-    case KL_F64: memcpy(&v, p + 8 * i, 8); break;
-    case KL_I8: v = (int8_t)p[i]; break;
-    case KL_I32: { int32_t x; memcpy(&x, p + 4 * i, 4); v = x; break; }
-    case KL_I64: {
-      int64_t x;
-      memcpy(&x, p + 8 * i, 8);
-      if (x > KL_MAX_EXACT_I64 || x < -KL_MAX_EXACT_I64) rc = -1;
-      v = (double)x;
-      break;
-    }
-    case KL_BOOL: v = p[i] != 0; break;
-    case KL_U8: v = p[i]; break;
-    case KL_I16: { int16_t x; memcpy(&x, p + 2 * i, 2); v = x; break; }
-    case KL_U16: { uint16_t x; memcpy(&x, p + 2 * i, 2); v = x; break; }
-    case KL_U32: { uint32_t x; memcpy(&x, p + 4 * i, 4); v = x; break; }
-    case KL_U64: {
-      uint64_t x;
-      memcpy(&x, p + 8 * i, 8);
-      if (x > (uint64_t)KL_MAX_EXACT_I64) rc = -1;
-      v = (double)x;
-      break;
-    }
-    default: break;
-    }
-    t->data[i] = v;
+  switch (t) {
+  case KL_F32: { float x; memcpy(&x, p + 4 * i, 4); return x; }
+  case KL_F16: { uint16_t h; memcpy(&h, p + 2 * i, 2); return krt_f16_to_f32(h); }
+  case KL_BF16: { uint16_t h; memcpy(&h, p + 2 * i, 2); return krt_bf16_to_f32(h); }
+  case KL_F64: { double v; memcpy(&v, p + 8 * i, 8); return v; }
+  case KL_I8: return (int8_t)p[i];
+  case KL_I32: { int32_t x; memcpy(&x, p + 4 * i, 4); return x; }
+  case KL_I64: {
+    int64_t x;
+    memcpy(&x, p + 8 * i, 8);
+    if ((x > KL_MAX_EXACT_I64 || x < -KL_MAX_EXACT_I64) && inexact) *inexact = true;
+    return (double)x;
   }
-  return rc;
+  case KL_BOOL: return p[i] != 0;
+  case KL_U8: return p[i];
+  case KL_I16: { int16_t x; memcpy(&x, p + 2 * i, 2); return x; }
+  case KL_U16: { uint16_t x; memcpy(&x, p + 2 * i, 2); return x; }
+  case KL_U32: { uint32_t x; memcpy(&x, p + 4 * i, 4); return x; }
+  case KL_U64: {
+    uint64_t x;
+    memcpy(&x, p + 8 * i, 8);
+    if (x > (uint64_t)KL_MAX_EXACT_I64 && inexact) *inexact = true;
+    return (double)x;
+  }
+  default: return 0;
+  }
+}
+
+void kl_raw_set(kl_dtype t, void *raw, int64_t i, double v) {
+  unsigned char *p = raw;
+  v = kl_dtype_round(t, v);
+  switch (t) {
+  case KL_F32: { float x = (float)v; memcpy(p + 4 * i, &x, 4); break; }
+  case KL_F16: { uint16_t h = krt_f32_to_f16((float)v); memcpy(p + 2 * i, &h, 2); break; }
+  case KL_BF16: { uint16_t h = krt_f32_to_bf16((float)v); memcpy(p + 2 * i, &h, 2); break; }
+  case KL_F64: memcpy(p + 8 * i, &v, 8); break;
+  case KL_I8: p[i] = (unsigned char)(int8_t)v; break;
+  case KL_I32: { int32_t x = (int32_t)v; memcpy(p + 4 * i, &x, 4); break; }
+  case KL_I64: { int64_t x = (int64_t)v; memcpy(p + 8 * i, &x, 8); break; }
+  case KL_BOOL: p[i] = v != 0; break;
+  case KL_U8: p[i] = (unsigned char)v; break;
+  case KL_I16: { int16_t x = (int16_t)v; memcpy(p + 2 * i, &x, 2); break; }
+  case KL_U16: { uint16_t x = (uint16_t)v; memcpy(p + 2 * i, &x, 2); break; }
+  case KL_U32: { uint32_t x = (uint32_t)v; memcpy(p + 4 * i, &x, 4); break; }
+  case KL_U64: { uint64_t x = (uint64_t)v; memcpy(p + 8 * i, &x, 8); break; }
+  default: break;
+  }
+}
+
+int kl_tensor_from_raw(kl_tensor *t, const void *raw) {
+  bool inexact = false;
+  for (int64_t i = 0; i < t->numel; i++) t->data[i] = kl_raw_get(t->dtype, raw, i, &inexact);
+  return inexact ? -1 : 0;
 }
 
 void kl_tensor_to_raw(const kl_tensor *t, void *raw) {
-  unsigned char *p = raw;
-  for (int64_t i = 0; i < t->numel; i++) {
-    double v = kl_dtype_round(t->dtype, t->data[i]);
-    switch (t->dtype) {
-    case KL_F32: { float x = (float)v; memcpy(p + 4 * i, &x, 4); break; }
-    case KL_F16: { uint16_t h = krt_f32_to_f16((float)v); memcpy(p + 2 * i, &h, 2); break; }
-    case KL_BF16: { uint16_t h = krt_f32_to_bf16((float)v); memcpy(p + 2 * i, &h, 2); break; }
-    case KL_F64: memcpy(p + 8 * i, &v, 8); break;
-    case KL_I8: p[i] = (unsigned char)(int8_t)v; break;
-    case KL_I32: { int32_t x = (int32_t)v; memcpy(p + 4 * i, &x, 4); break; }
-    case KL_I64: { int64_t x = (int64_t)v; memcpy(p + 8 * i, &x, 8); break; }
-    case KL_BOOL: p[i] = v != 0; break;
-    case KL_U8: p[i] = (unsigned char)v; break;
-    case KL_I16: { int16_t x = (int16_t)v; memcpy(p + 2 * i, &x, 2); break; }
-    case KL_U16: { uint16_t x = (uint16_t)v; memcpy(p + 2 * i, &x, 2); break; }
-    case KL_U32: { uint32_t x = (uint32_t)v; memcpy(p + 4 * i, &x, 4); break; }
-    case KL_U64: { uint64_t x = (uint64_t)v; memcpy(p + 8 * i, &x, 8); break; }
-    default: break;
-    }
+  for (int64_t i = 0; i < t->numel; i++) kl_raw_set(t->dtype, raw, i, t->data[i]);
+}
+
+/* The next element of a seeded init, rounded to v's dtype. */
+static double init_draw(const kl_value *v, kl_rng *rng) {
+  double x = 0;
+  switch (v->init.kind) {
+  case KL_INIT_ONES: x = 1; break;
+  case KL_INIT_FULL: x = v->init.a; break;
+  case KL_INIT_RANDN: x = v->init.b + v->init.a * kl_rng_normal(rng); break;
+  case KL_INIT_UNIFORM: x = v->init.a + (v->init.b - v->init.a) * kl_rng_uniform(rng); break;
+  default: break;
   }
+  return kl_dtype_round(v->dtype, x);
+}
+
+void kl_init_fill_raw(const kl_value *v, kl_rng *rng, int64_t n, void *raw) {
+  for (int64_t i = 0; i < n; i++) kl_raw_set(v->dtype, raw, i, init_draw(v, rng));
 }
 
 int kl_value_materialize(const kl_value *v, kl_tensor **out, kl_error *err) {
   kl_tensor *t = kl_tensor_new(v->dtype, &v->shape);
   kl_rng rng;
   kl_rng_seed(&rng, v->init.seed);
-  for (int64_t i = 0; i < t->numel; i++) {
-    double x = 0;
-    switch (v->init.kind) {
-    case KL_INIT_ONES: x = 1; break;
-    case KL_INIT_FULL: x = v->init.a; break;
-    case KL_INIT_RANDN: x = v->init.b + v->init.a * kl_rng_normal(&rng); break;
-    case KL_INIT_UNIFORM:
-      x = v->init.a + (v->init.b - v->init.a) * kl_rng_uniform(&rng);
-      break;
-    default: break;
-    }
-    t->data[i] = kl_dtype_round(v->dtype, x);
-  }
+  for (int64_t i = 0; i < t->numel; i++) t->data[i] = init_draw(v, &rng);
   if (v->init.kind == KL_INIT_LOAD || v->init.kind == KL_INIT_DATA) {
     if (!v->data) {
       kl_tensor_free(t);

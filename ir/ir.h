@@ -223,6 +223,17 @@ typedef struct {
   int cap, used;
 } kl_name_index;
 
+/* A file mapped read-only (mmap) that params' `data` point into: external
+ * weights, safetensors, the raw_data of an .onnx file.  Weights are then
+ * never copied into memory; pages are read from the page cache as they are
+ * touched, and a writer that has passed them can drop them again
+ * (kl_pages_release), so memory stays flat whatever the weights' size. */
+typedef struct {
+  char *path;   /* malloc'd */
+  void *base;
+  size_t len;
+} kl_mapping;
+
 struct kl_graph {
   kl_arena arena;
   const char *name;
@@ -234,6 +245,7 @@ struct kl_graph {
   kl_train *train;             /* NULL unless a train block was given */
   kl_name_index value_names, node_names;
   int auto_names[KL_OP_COUNT]; /* last k used for "<op>_k" node names */
+  KL_VEC(kl_mapping) maps;     /* unmapped by kl_graph_free */
 };
 
 kl_graph *kl_graph_new(const char *name);
@@ -250,6 +262,25 @@ kl_value *kl_graph_add_const_data(kl_graph *g, const char *name, kl_dtype t,
                                   const kl_shape *s, const void *data,
                                   kl_loc loc);
 int kl_graph_mark_output(kl_graph *g, kl_value *v, kl_error *err);
+
+/* File mappings (mapped.c).  kl_graph_map_file maps the whole of `path`
+ * read-only into g, once per path (a second call returns the first
+ * mapping), and gives its size in *len; NULL with errno set when it cannot
+ * (an empty file gives a non-NULL pointer to nothing).  Pages must never be
+ * written.  kl_map_file maps without a graph, for a caller that hands the
+ * mapping to one later (kl_graph_add_mapping takes ownership) or unmaps it
+ * itself (kl_unmap_file). */
+const unsigned char *kl_graph_map_file(kl_graph *g, const char *path, size_t *len);
+void *kl_map_file(const char *path, size_t *len);
+void kl_unmap_file(void *base, size_t len);
+void kl_graph_add_mapping(kl_graph *g, const char *path, void *base, size_t len);
+/* Whether [p, p + n) lies inside one of g's mappings. */
+bool kl_graph_is_mapped(const kl_graph *g, const void *p, size_t n);
+/* Drop the whole pages inside [p, p + n), which must lie in a read-only
+ * file mapping, from this process's memory: they are read from the file
+ * again if touched later.  Called after streaming weights through, so the
+ * resident size does not grow with them. */
+void kl_pages_release(const void *p, size_t n);
 kl_value *kl_graph_find_value(const kl_graph *g, const char *name);
 kl_node *kl_graph_find_node(const kl_graph *g, const char *name);
 /* Rename (the name is copied into the graph); the caller keeps names
@@ -320,6 +351,12 @@ void kl_tensor_free(kl_tensor *t);
 int kl_tensor_from_raw(kl_tensor *t, const void *raw);
 #define KL_MAX_EXACT_I64 ((int64_t)1 << 53)
 void kl_tensor_to_raw(const kl_tensor *t, void *raw);
+/* One element of raw contents in dtype t: element i as float64 (*inexact
+ * set, when not NULL, for an i64 or u64 beyond 2^53), and element i set to
+ * v rounded to t.  What the two above do for each element, for code that
+ * works through weights in their stored dtype, piece by piece. */
+double kl_raw_get(kl_dtype t, const void *raw, int64_t i, bool *inexact);
+void kl_raw_set(kl_dtype t, void *raw, int64_t i, double v);
 /* Contents of a param/const as a tensor (fills from its init; LOAD must have
  * been resolved into `data` first). */
 int kl_value_materialize(const kl_value *v, kl_tensor **out, kl_error *err);
@@ -336,5 +373,12 @@ void kl_rng_seed(kl_rng *r, uint64_t seed);
 uint64_t kl_rng_next(kl_rng *r);
 double kl_rng_uniform(kl_rng *r);  /* [0, 1) */
 double kl_rng_normal(kl_rng *r);   /* mean 0, std 1 */
+
+/* The contents of a param/const with a seeded init (zeros, ones, full,
+ * randn, uniform), the bytes kl_value_materialize then kl_tensor_to_raw
+ * give, n elements at a time: the next n into raw (v's dtype), `rng`
+ * carrying the draws from one call to the next.  Seed it with
+ * kl_rng_seed(rng, v->init.seed) before the first call. */
+void kl_init_fill_raw(const kl_value *v, kl_rng *rng, int64_t n, void *raw);
 
 #endif

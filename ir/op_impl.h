@@ -23,6 +23,9 @@ int64_t kl_broadcast_index(const kl_shape *src, const kl_shape *dst,
 /* Advance a multi-index over `s` in row-major order; false after the end. */
 bool kl_index_next(const kl_shape *s, int64_t *idx);
 
+/* Unmap g's file mappings (kl_graph_free). */
+void kl_graph_unmap(kl_graph *g);
+
 /* "f32[2, 3]": a value's dtype and shape, for error messages. */
 const char *kl_value_str(const kl_value *v, char *buf, size_t n);
 /* Element count of s; -1 for a negative dim or over KL_MAX_NUMEL. */

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../runtime/kilnrt.h"
 #include "passes.h"
 
 const char *kl_precision_class_name(kl_precision_class c) {
@@ -206,16 +207,48 @@ static double saturate(kl_dtype t, double v) {
   return isfinite(v) && v > m ? m : isfinite(v) && v < -m ? -m : v;
 }
 
-/* Raw contents of weight v converted to dtype t, in the graph's arena. */
+/* n elements of raw contents `in` (dtype from) into `out` (dtype t),
+ * saturated.  f32 -> f16/bf16, the common case, converts directly: the
+ * same bits kl_raw_set gives, without its rounding twice. */
+static void convert_slice(kl_dtype from, const void *in, kl_dtype t, void *out, int64_t n) {
+  if (from == KL_F32 && (t == KL_F16 || t == KL_BF16)) {
+    for (int64_t i = 0; i < n; i++) {
+      float x;
+      memcpy(&x, (const char *)in + 4 * i, 4);
+      x = (float)saturate(t, x);
+      uint16_t h = t == KL_F16 ? krt_f32_to_f16(x) : krt_f32_to_bf16(x);
+      memcpy((char *)out + 2 * i, &h, 2);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) kl_raw_set(t, out, i, saturate(t, kl_raw_get(from, in, i, NULL)));
+}
+
+/* Raw contents of weight v converted to dtype t, in the graph's arena, a
+ * slice at a time: from the bytes where they lie (no float64 copy of the
+ * whole weight; a mapped file's pages are dropped once passed), or drawn
+ * from v's seeded init. */
 static int convert_data(prec_ctx *c, const kl_value *v, kl_dtype t, void **out) {
-  kl_tensor *x;
-  if (kl_value_materialize(v, &x, c->err)) return -1;
-  for (int64_t i = 0; i < x->numel; i++) x->data[i] = saturate(t, x->data[i]);
-  x->dtype = t;
-  size_t bytes = (size_t)x->numel * kl_dtype_size(t);
-  *out = kl_arena_alloc(&c->g->arena, bytes ? bytes : 1);
-  kl_tensor_to_raw(x, *out);
-  kl_tensor_free(x);
+  bool seeded = v->init.kind != KL_INIT_DATA && v->init.kind != KL_INIT_LOAD;
+  if (!seeded && !v->data)
+    return kl_fail(c->err, v->loc, "'%s' has no contents: its weights were not loaded", v->name);
+  enum { SLICE = 1 << 20 }; /* elements */
+  int64_t n = kl_shape_numel(&v->shape);
+  size_t in_size = kl_dtype_size(v->dtype), out_size = kl_dtype_size(t);
+  bool mapped = !seeded && kl_graph_is_mapped(c->g, v->data, (size_t)n * in_size);
+  unsigned char *drawn = seeded ? malloc(SLICE * in_size) : NULL;
+  if (seeded && !drawn) abort();
+  kl_rng rng;
+  kl_rng_seed(&rng, v->init.seed);
+  *out = kl_arena_alloc(&c->g->arena, n ? (size_t)n * out_size : 1);
+  for (int64_t lo = 0; lo < n; lo += SLICE) {
+    int64_t k = n - lo < SLICE ? n - lo : SLICE;
+    const char *in = seeded ? (const char *)drawn : (const char *)v->data + lo * in_size;
+    if (seeded) kl_init_fill_raw(v, &rng, k, drawn);
+    convert_slice(v->dtype, in, t, (char *)*out + lo * out_size, k);
+    if (mapped) kl_pages_release(in, (size_t)k * in_size);
+  }
+  free(drawn);
   return 0;
 }
 
@@ -272,10 +305,11 @@ static kl_value *as_type(prec_ctx *c, kl_value *v, kl_dtype t, kl_loc loc) {
                                      0, a, na, NULL, 0, v->producer->loc, c->err);
       out = n ? n->outputs[0] : NULL;
     } else {
-      void *raw;
+      void *raw; /* in the arena already: the twin takes it as it is */
       if (convert_data(c, v, t, &raw)) return NULL;
-      out = kl_graph_add_const_data(c->g, typed_name(c, v->name, "_", t), t, &v->shape, raw,
-                                    v->loc);
+      out = kl_graph_add_param(c->g, typed_name(c, v->name, "_", t), t, &v->shape, KL_VAL_CONST,
+                               (kl_init){.kind = KL_INIT_DATA}, v->loc);
+      out->data = raw;
     }
   } else {
     kl_attr to = {.name = "to", .kind = KL_ATTR_DTYPE, .i = t};

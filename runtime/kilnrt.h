@@ -87,6 +87,12 @@ typedef struct {
 
 int krt_safetensors_read(const char *path, krt_tensor_set *out, char *errbuf,
                          size_t errlen);
+/* The header alone: the same set with every data NULL, and (*offsets)[i]
+ * (malloc'd) where item i's bytes start in the file, for a reader that maps
+ * the file rather than copy the weights (bool bytes are then as stored:
+ * any nonzero byte is true). */
+int krt_safetensors_index(const char *path, krt_tensor_set *out, int64_t **offsets,
+                          char *errbuf, size_t errlen);
 int krt_safetensors_write(const char *path, const krt_tensor_set *set,
                           char *errbuf, size_t errlen);
 /* NULL when absent. */

@@ -43,6 +43,8 @@ typedef struct {
   size_t errlen;
   FILE *f;
   int64_t data_start, data_len; /* the data section within the file */
+  int64_t *offsets; /* index only: each tensor's file offset, no data read */
+  const krt_named_tensor *items; /* the set being filled (for offsets) */
 } reader;
 
 /* Reads the JSON integer `v` into *out if it lies in [0, max]. */
@@ -114,6 +116,13 @@ static int read_entry(reader *r, const char *name, const json_t *e,
                     (long long)(end - begin), (long long)nbytes);
 
   char *copy = strdup(name);
+  if (r->offsets) { /* the caller maps the file instead */
+    if (!copy) return krt_fail(eb, el, path, "out of memory for tensor '%s'", name);
+    r->offsets[nt - r->items] = r->data_start + begin;
+    nt->name = copy;
+    nt->tensor = t;
+    return 0;
+  }
   t.data = malloc(nbytes ? (size_t)nbytes : 1);
   if (!copy || !t.data) {
     free(copy);
@@ -131,10 +140,11 @@ static int read_entry(reader *r, const char *name, const json_t *e,
   return 0;
 }
 
-int krt_safetensors_read(const char *path, krt_tensor_set *out, char *errbuf,
-                         size_t errlen) {
+static int read_set(const char *path, krt_tensor_set *out, int64_t **offsets, char *errbuf,
+                    size_t errlen) {
   if (!out) return krt_fail(errbuf, errlen, path, "no output set");
   memset(out, 0, sizeof *out);
+  if (offsets) *offsets = NULL;
   if (!path) return krt_fail(errbuf, errlen, path, "no path");
 
   int rc = -1;
@@ -185,16 +195,25 @@ int krt_safetensors_read(const char *path, krt_tensor_set *out, char *errbuf,
     krt_fail(errbuf, errlen, path, "out of memory");
     goto done;
   }
-  reader r = {path, errbuf, errlen, f, 8 + (int64_t)n, size - 8 - (int64_t)n};
+  int64_t *offs = offsets ? calloc(count ? count : 1, sizeof *offs) : NULL;
+  if (offsets && !offs) {
+    krt_fail(errbuf, errlen, path, "out of memory");
+    goto done;
+  }
+  reader r = {path, errbuf, errlen, f, 8 + (int64_t)n, size - 8 - (int64_t)n, offs, set.items};
   const char *name;
   json_t *e;
   json_object_foreach(root, name, e) {
     if (strcmp(name, "__metadata__") == 0) continue;
-    if (read_entry(&r, name, e, &set.items[set.count])) goto done;
+    if (read_entry(&r, name, e, &set.items[set.count])) {
+      free(offs);
+      goto done;
+    }
     set.count++;
   }
   *out = set;
   set = (krt_tensor_set){0};
+  if (offsets) *offsets = offs;
   rc = 0;
 done:
   krt_tensor_set_free(&set);
@@ -202,6 +221,16 @@ done:
   free(hdr);
   fclose(f);
   return rc;
+}
+
+int krt_safetensors_read(const char *path, krt_tensor_set *out, char *errbuf,
+                         size_t errlen) {
+  return read_set(path, out, NULL, errbuf, errlen);
+}
+
+int krt_safetensors_index(const char *path, krt_tensor_set *out, int64_t **offsets,
+                          char *errbuf, size_t errlen) {
+  return read_set(path, out, offsets, errbuf, errlen);
 }
 
 /* ---- writing --------------------------------------------------------- */
