@@ -102,7 +102,8 @@ static int measure(const kl_graph *g, bool fuse, krt_device *dev, void **in, lon
   double *times = calloc((size_t)iters, sizeof *times), **step_ms = NULL;
   int rc = -1;
   if (!times) abort();
-  if (!mkdtemp(dir)) {
+  bool made = mkdtemp(dir) != NULL; /* (a random suffix may hold an X too) */
+  if (!made) {
     fprintf(stderr, "kiln: error: cannot make a build folder: %s\n", strerror(errno));
     goto done;
   }
@@ -151,7 +152,7 @@ done:
   free(out);
   free(times);
   kl_codegen_result_free(&cg);
-  if (strchr(dir, 'X') == NULL) kiln_remove_build_dir(dir);
+  if (made) kiln_remove_build_dir(dir);
   return rc;
 }
 

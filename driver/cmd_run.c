@@ -194,7 +194,8 @@ static int run_compiled(const kl_graph *g, krt_device_kind kind, const kiln_comp
   void **raw_in = calloc((size_t)g->inputs.len + 1, sizeof *raw_in);
   void **raw_out = calloc((size_t)g->outputs.len + 1, sizeof *raw_out);
   if (!raw_in || !raw_out) abort();
-  if (!mkdtemp(dir)) {
+  bool made = mkdtemp(dir) != NULL; /* (a random suffix may hold an X too) */
+  if (!made) {
     fprintf(stderr, "kiln: error: cannot make a build folder under %s: %s\n",
             tmp && *tmp ? tmp : "/tmp", strerror(errno));
     goto done;
@@ -236,7 +237,7 @@ done:
   free(raw_in);
   free(raw_out);
   kl_codegen_result_free(&cg);
-  if (strchr(dir, 'X') == NULL) kiln_remove_build_dir(dir); /* mkdtemp ran */
+  if (made) kiln_remove_build_dir(dir);
   return rc;
 }
 
