@@ -22,3 +22,21 @@ for m in examples/mlp.kl examples/cnn.kl examples/transformer.kl \
   gm=$(grep -oP '\(\K[0-9]+(?= GEMM)' <<<"$log" || echo "-")
   echo "| $name | $(t 'front end') | $(t passes) | $(t codegen) | $(t 'nvrtc sm_80') | $(t 'nvrtc sm_90') | $(t 'nvrtc compute_90') | $k | $gm |"
 done
+
+# Scaling: chains of decoder blocks (bench/gen_chain.py) at about 2.5k, 10k
+# and 40k nodes; each phase's time, and the whole compile's growth per 4x
+# nodes (near-linear is at most 5x).
+echo
+echo "| nodes (about) | front end ms | passes ms | codegen ms | weights.bin ms | total ms | x the size before |"
+echo "|---|---|---|---|---|---|---|"
+prev=""
+for n in 2500 10000 40000; do
+  "$py" bench/gen_chain.py --nodes $n -o "$tmp/chain$n.kl"
+  log=$("$kiln" compile "$tmp/chain$n.kl" --emit=cu --no-nvrtc -o "$tmp/chain_out$n" --time 2>&1)
+  t() { grep -oP "time: $1 \K[0-9.]+" <<<"$log" || echo 0; }
+  fe=$(t 'front end') ps=$(t passes) cg=$(t codegen) wb=$(t 'weights.bin')
+  total=$(awk -v a="$fe" -v b="$ps" -v c="$cg" 'BEGIN { printf "%.1f", a + b + c }')
+  ratio=$([ -n "$prev" ] && awk -v a="$total" -v b="$prev" 'BEGIN { printf "%.2f", a / b }' || echo "-")
+  echo "| $n | $fe | $ps | $cg | $wb | $total | $ratio |"
+  prev=$total
+done
