@@ -320,4 +320,8 @@ void kl_plan_print_memory(FILE *f, const kl_plan *p) {
     if (m->inplace_of >= 0) fprintf(f, ", in place of %s", p->bufs[m->inplace_of].name);
     fprintf(f, "\n");
   }
+  for (int i = 0; i < p->g->nodes.len; i++)
+    if (p->alias[p->order[i]->id])
+      fprintf(f, "  %s: no kernel, its input %s's buffer\n", p->order[i]->outputs[0]->name,
+              p->order[i]->inputs[0]->name);
 }

@@ -66,6 +66,11 @@ static void print_step(FILE *f, const kl_plan *p, int gi) {
   } else if (kind == KL_STEP_NONE) {
     fprintf(f, " (in the epilogue of a GEMM)");
   }
+  /* aliases are the memory pass's to decide (it knows where the input lives) */
+  if (kind == KL_STEP_NODE && !p->loc[n->outputs[0]->id].kind &&
+      (n->op == KL_OP_RESHAPE || n->op == KL_OP_FLATTEN || n->op == KL_OP_SQUEEZE ||
+       n->op == KL_OP_UNSQUEEZE))
+    fprintf(f, " (a copy, unless the memory pass makes it its input's buffer)");
   if (gr->count == 1 && p->writes_into[n->id])
     fprintf(f, ", writes through %s", p->writes_into[n->id]->name);
   int stored = 0;
