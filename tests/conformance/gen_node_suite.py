@@ -5,9 +5,10 @@ of ONNX's backend test data: OUT/node/test_NAME/model.onnx and
 test_data_set_K/{input,output}_J.pb.  The expected outputs are what those
 cases computed with ONNX's reference implementation.
 
-usage: gen_node_suite.py OUT
+usage: gen_node_suite.py OUT [--stamp FILE]
 
-The cases are written into a stamp-checked cache: when OUT/STAMP names the
+--stamp FILE is touched when OUT is ready (a build system's output).  The
+cases are written into a stamp-checked cache: when OUT/STAMP names the
 same onnx version, nothing is redone.  Only tensor-typed inputs and
 outputs are written; a case with a sequence, map or optional is written
 without data sets (the runner reports it as out of scope)."""
@@ -17,6 +18,10 @@ import sys
 import warnings
 
 import numpy as np
+
+# The expected-pass list (tests/conformance/expected_pass_onnx_node.txt)
+# is for the cases of this release; scripts/setup.sh pins it.
+PINNED = "1.23.2"
 
 
 def write_value(path, value, name):
@@ -35,11 +40,27 @@ def is_tensor(value_info):
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: gen_node_suite.py OUT")
-    out = sys.argv[1]
-    import onnx
-    from onnx.backend.test.case import node
+    args = sys.argv[1:]
+    touch = None
+    if len(args) == 3 and args[1] == "--stamp":
+        touch = args[2]
+    elif len(args) != 1:
+        sys.exit("usage: gen_node_suite.py OUT [--stamp FILE]")
+    out = args[0]
+    generate(out)
+    if touch:
+        open(touch, "w").close()
+
+
+def generate(out):
+    try:
+        import onnx
+        from onnx.backend.test.case import node
+    except ImportError as e:
+        sys.exit(f"gen_node_suite: {e}; scripts/setup.sh installs onnx into .venv")
+    if onnx.__version__ != PINNED:
+        sys.exit(f"gen_node_suite: onnx {onnx.__version__} is installed; the suite and its "
+                 f"expected-pass list are for onnx {PINNED} (scripts/setup.sh installs it)")
 
     stamp_path = os.path.join(out, "STAMP")
     stamp = f"onnx {onnx.__version__}\n"
