@@ -225,8 +225,10 @@ static kl_value *find_twin(const kl_graph *ref, const kl_value *v) {
   return r;
 }
 
-/* A node can be compared when each of its outputs has a twin. */
+/* A node can be compared when each of its outputs has a twin.  A constant
+ * node holds its value in both graphs: not a suspect. */
 static bool comparable(const checker *c, const kl_node *n) {
+  if (n->op == KL_OP_CONSTANT) return false;
   for (int k = 0; k < n->noutputs; k++)
     if (!c->twin[n->outputs[k]->id] || !c->twin[n->outputs[k]->id]->producer) return false;
   return n->noutputs > 0;
@@ -419,6 +421,20 @@ static void report_culprit(const checker *c, const round_result *r, const kl_nod
   }
 }
 
+/* The input of n, exposed in r, that diverges and runs first; NULL when
+ * its inputs agree. */
+static kl_value *divergent_input(const checker *c, const round_result *r, const kl_node *n) {
+  kl_value *first = NULL;
+  for (int k = 0; k < n->ninputs; k++) {
+    kl_value *in = n->inputs[k];
+    const diff *d = result_of(r, in);
+    if (d && !d->ok && in->producer &&
+        (!first || c->pos[in->producer->id] < c->pos[first->producer->id]))
+      first = in;
+  }
+  return first;
+}
+
 /* Find the first divergent node before `target` (a divergent value).
  * CHECK_DIVERGES after printing it, CHECK_ERROR on a failed compile. */
 static int bisect(checker *c, kl_value *target) {
@@ -466,6 +482,19 @@ static int bisect(checker *c, kl_value *target) {
       const kl_node *culprit = NULL;
       for (int i = 0; i < m && !culprit; i++)
         if (!node_agrees(&r, list[i])) culprit = list[i];
+      kl_value *bad_in = culprit ? divergent_input(c, &r, culprit) : NULL;
+      if (bad_in) {
+        /* Exposing other values changed how an input was computed (a GEMM
+         * epilogue, an attention kernel, a fusion group): an earlier round
+         * cleared it.  Search again before that input, clearing nothing. */
+        target = bad_in;
+        memset(cand, 0, (size_t)nn * sizeof *cand);
+        mark_ancestors(c, target, cand);
+        for (int i = 0; i < nn; i++)
+          if (cand[i] && !comparable(c, c->cmp->nodes.items[i])) cand[i] = false;
+        round_free(&r);
+        continue;
+      }
       if (culprit) report_culprit(c, &r, culprit);
       else
         printf("no single node diverges when the %d values before '%s' are materialized: the "
