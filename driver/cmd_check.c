@@ -539,8 +539,9 @@ static int bisect(checker *c, kl_value *target) {
  * --io-precision input is rounded, and the reference takes the rounded
  * values too, so both see the same numbers). */
 static int match_inputs(checker *c) {
-  if (c->ref->inputs.len != c->cmp->inputs.len) {
-    fprintf(stderr, "kiln check: error: the precision options changed the model's inputs\n");
+  if (c->ref->inputs.len != c->cmp->inputs.len || c->ref->outputs.len != c->cmp->outputs.len) {
+    fprintf(stderr, "kiln check: error: the precision options changed the model's inputs or "
+                    "outputs\n");
     return -1;
   }
   c->cmp_in = calloc((size_t)c->cmp->inputs.len + 1, sizeof *c->cmp_in);
