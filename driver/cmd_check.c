@@ -125,7 +125,13 @@ static void ancestry_init(ancestry *a, const kl_graph *g, kl_node *const *order)
   }
 }
 
-/* The rule of the help text. */
+/* The relative tolerance of a value (the help text states it too): by the
+ * coarsest float type it is computed from, its own or any before it,
+ * fp32 1e-4, fp16 1e-2, bf16 5e-2, f64 alone 1e-9: some 800, 10 and 6
+ * units of that type's last place, room for what a chain of rounded ops
+ * gathers; times sqrt(K / 256) past a reduction of K > 256 terms, since the
+ * rounding errors of a sum grow like the square root of its length.
+ * Integers and bools: exact. */
 static double tolerance(const ancestry *a, const kl_value *v) {
   if (!kl_dtype_is_float(v->dtype)) return 0;
   double step = a->step[v->id], base;
