@@ -18,6 +18,13 @@ typedef struct {
 /* What this code generator's kernels can do, for the passes (target.c). */
 extern const kl_target kl_cg_target;
 
+/* For tests only: the IR name of an elementwise op ("relu") whose scalar
+ * expression is made wrong (a/2 is added where operand a < 0), so that
+ * `kiln check` has a known bug to find.  NULL (always, in kiln itself);
+ * only the test build of the driver (main.c with KILN_TEST_BREAK_OP, the
+ * kiln_test_break program) sets it, from the environment. */
+extern const char *kl_cg_test_break_op;
+
 /* A stretch of weights.bin: `bytes` bytes at `offset`, taken from `data`
  * (a param's contents where the graph holds them, perhaps in a mapped
  * file, so the graph must outlive the result; or, `owned`, a folded value

@@ -111,7 +111,7 @@ static const char *custom_expression(const kl_node *n, const char *ct, char *buf
  * compute type `ct` ("float", "double" or an integer type), from the `cuda`
  * column of the op's row in ir/ops.def; NULL when the op has none.  A
  * template's %s is the float suffix: "f" for float, "" otherwise. */
-static const char *expression(const kl_node *n, const char *ct, char *buf, size_t len) {
+static const char *op_expression(const kl_node *n, const char *ct, char *buf, size_t len) {
   const char *t = kl_ops[n->op].cuda;
   if (!t) return NULL;
   if (t == kl_op_cuda_custom) return custom_expression(n, ct, buf, len);
@@ -120,6 +120,19 @@ static const char *expression(const kl_node *n, const char *ct, char *buf, size_
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
   snprintf(buf, len, t, !strcmp(ct, "float") ? "f" : "");
 #pragma GCC diagnostic pop
+  return buf;
+}
+
+const char *kl_cg_test_break_op;
+
+/* The expression, made wrong for negative a when a test build asked for
+ * it (kl_cg_test_break_op): a relu then leaks a/2. */
+static const char *expression(const kl_node *n, const char *ct, char *buf, size_t len) {
+  const char *e = op_expression(n, ct, buf, len);
+  if (!e || !kl_cg_test_break_op || strcmp(kl_ops[n->op].name, kl_cg_test_break_op)) return e;
+  char good[512];
+  snprintf(good, sizeof good, "%s", e);
+  snprintf(buf, len, "((%s) + (a < 0 ? a / 2 : 0))", good);
   return buf;
 }
 

@@ -29,9 +29,7 @@ static const char run_help[] =
 
 enum { OPT_INPUT = 2000, OPT_INPUTS_DIR, OPT_OUTPUT_DIR, OPT_DEVICE, OPT_SEED, OPT_MEM_LIMIT, OPT_NO_FUSE };
 
-typedef struct {
-  const char *name, *path;
-} named_file;
+typedef kiln_named_file named_file;
 
 static int make_dir(const char *dir) {
   if (mkdir(dir, 0777) == 0 || errno == EEXIST) {
@@ -97,7 +95,7 @@ static kl_tensor *random_input(const kl_value *decl, uint64_t seed) {
   return kiln_random_tensor(decl, seed);
 }
 
-static int gather_inputs(const kl_graph *g, named_file *files, int nfiles,
+static int gather_inputs(const kl_graph *g, const named_file *files, int nfiles,
                          const char *dir, uint64_t seed, kl_tensor **in) {
   const char **names = calloc((size_t)g->inputs.len + 1, sizeof *names);
   if (!names) abort();
@@ -117,9 +115,9 @@ static int gather_inputs(const kl_graph *g, named_file *files, int nfiles,
 /* An ONNX model is compiled for the inputs at hand: symbolic dims take the
  * given files' shapes, and an input that decides a shape (a Reshape target,
  * Slice bounds) is frozen to the given value.  Fills `in` for the inputs
- * that remain. */
+ * that remain (when in_out is not NULL). */
 static kl_graph *load_onnx_for_run(const char *path, const kiln_model_opts *mo,
-                                   named_file *files, int nfiles, const char *dir,
+                                   const named_file *files, int nfiles, const char *dir,
                                    uint64_t seed, kl_tensor ***in_out) {
   enum { MAX_IN = 64 };
   static char names[MAX_IN][256];
@@ -149,8 +147,8 @@ static kl_graph *load_onnx_for_run(const char *path, const kiln_model_opts *mo,
     kl_graph_free(g);
     g = NULL;
   }
-  kl_tensor **in = g ? calloc((size_t)g->inputs.len + 1, sizeof *in) : NULL;
-  for (int k = 0, i = 0; g && k < n; k++) {
+  kl_tensor **in = g && in_out ? calloc((size_t)g->inputs.len + 1, sizeof *in) : NULL;
+  for (int k = 0, i = 0; in && k < n; k++) {
     if (frozen[k]) {
       fprintf(stderr, "kiln: input '%s' decides a shape: compiled with the given value\n",
               names[k]);
@@ -174,14 +172,45 @@ static kl_graph *load_onnx_for_run(const char *path, const kiln_model_opts *mo,
     i++;
   }
   for (int k = 0; k < n; k++) kl_tensor_free(values[k]);
-  *in_out = in;
+  if (in_out) *in_out = in;
   return g;
 }
 
-/* Compile g for a device (host or cuda) in a temporary folder and run it;
- * out[] receives new tensors. */
-static int run_compiled(const kl_graph *g, krt_device_kind kind, const kiln_compile_opts *base, kl_tensor **in,
-                        kl_tensor **out, char *device_name, size_t n) {
+kl_graph *kiln_load_for_run(const char *path, const kiln_model_opts *mo, const kiln_input_opts *io,
+                            kl_tensor ***in) {
+  size_t mlen = strlen(path);
+  bool onnx = mlen >= 5 && !strcmp(path + mlen - 5, ".onnx") && mo->nshapes == 0;
+  if (onnx) return load_onnx_for_run(path, mo, io->files, io->nfiles, io->dir, io->seed, in);
+  kl_graph *g = kiln_load_model(path, mo);
+  if (!g || !in) return g;
+  *in = calloc((size_t)g->inputs.len + 1, sizeof **in);
+  if (!*in) abort();
+  if (!gather_inputs(g, io->files, io->nfiles, io->dir, io->seed, *in)) return g;
+  for (int i = 0; i < g->inputs.len; i++) kl_tensor_free((*in)[i]);
+  free(*in);
+  *in = NULL;
+  kl_graph_free(g);
+  return NULL;
+}
+
+int kiln_input_file_opt(const char *cmd, char *arg, kiln_named_file *files, int *nfiles,
+                        int cap) {
+  char *eq = strchr(arg, '=');
+  if (!eq || eq == arg || !eq[1]) {
+    fprintf(stderr, "kiln %s: --input takes NAME=FILE, got '%s'\n", cmd, arg);
+    return -1;
+  }
+  if (*nfiles == cap) {
+    fprintf(stderr, "kiln %s: too many --input options\n", cmd);
+    return -1;
+  }
+  *eq = 0;
+  files[(*nfiles)++] = (named_file){arg, eq + 1};
+  return 0;
+}
+
+int kiln_run_compiled(const kl_graph *g, krt_device_kind kind, const kiln_compile_opts *base,
+                      kl_tensor **in, kl_tensor **out, char *device_name, size_t n) {
   kl_codegen_result cg;
   if (kiln_generate(g, base, &cg)) return -1;
   char dir[4096], msg[1024];
@@ -263,20 +292,9 @@ int kiln_cmd_run(int argc, char **argv) {
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
     case 'h': fputs(run_help, stdout); return KILN_EXIT_OK;
-    case OPT_INPUT: {
-      char *eq = strchr(optarg, '=');
-      if (!eq || eq == optarg || !eq[1]) {
-        fprintf(stderr, "kiln run: --input takes NAME=FILE, got '%s'\n", optarg);
-        return KILN_EXIT_USAGE;
-      }
-      if (nfiles == 256) {
-        fprintf(stderr, "kiln run: too many --input options\n");
-        return KILN_EXIT_USAGE;
-      }
-      *eq = 0;
-      files[nfiles++] = (named_file){optarg, eq + 1};
+    case OPT_INPUT:
+      if (kiln_input_file_opt("run", optarg, files, &nfiles, 256)) return KILN_EXIT_USAGE;
       break;
-    }
     case OPT_INPUTS_DIR: inputs_dir = optarg; break;
     case OPT_OUTPUT_DIR: output_dir = optarg; break;
     case OPT_DEVICE:
@@ -311,24 +329,20 @@ int kiln_cmd_run(int argc, char **argv) {
     return KILN_EXIT_USAGE;
   }
   const char *model = argv[optind];
-  size_t mlen = strlen(model);
-  bool onnx = mlen >= 5 && !strcmp(model + mlen - 5, ".onnx") && mo.nshapes == 0;
   if (output_dir && make_dir(output_dir)) return KILN_EXIT_ERROR;
   kl_tensor **in = NULL;
-  kl_graph *g = onnx ? load_onnx_for_run(model, &mo, files, nfiles, inputs_dir, seed, &in)
-                     : kiln_load_model(model, &mo);
+  kiln_input_opts io = {files, nfiles, inputs_dir, seed};
+  kl_graph *g = kiln_load_for_run(model, &mo, &io, &in);
   if (!g) return KILN_EXIT_ERROR;
   int rc = KILN_EXIT_ERROR;
-  if (!in) in = calloc((size_t)g->inputs.len + 1, sizeof *in);
   kl_tensor **out = calloc((size_t)g->outputs.len + 1, sizeof *out);
-  if (!in || !out) abort();
-  if (!onnx && gather_inputs(g, files, nfiles, inputs_dir, seed, in)) goto done;
+  if (!out) abort();
   kl_error err;
   char device_name[128] = "interp";
   if (strcmp(device, "interp")) {
     krt_device_kind kind;
     krt_device_kind_parse(device, &kind);
-    if (run_compiled(g, kind, &copt, in, out, device_name, sizeof device_name)) goto done;
+    if (kiln_run_compiled(g, kind, &copt, in, out, device_name, sizeof device_name)) goto done;
   } else if (kl_interpret(g, in, out, &err)) {
     kl_error_print(stderr, &err);
     goto done;

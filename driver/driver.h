@@ -148,10 +148,39 @@ int kiln_build_exe(const kl_codegen_result *cg, const char *prefix, const char *
 int kiln_build_lib(const kl_codegen_result *cg, const char *prefix, const char *dir,
                    const char *out_dir, const kiln_gpu_opts *gpu);
 
+/* Where a run's inputs come from (kiln run, kiln check): --input NAME=FILE,
+ * --inputs-dir DIR (input_K.pb or .npy), else seeded random values. */
+typedef struct {
+  const char *name, *path;
+} kiln_named_file;
+typedef struct {
+  const kiln_named_file *files;
+  int nfiles;
+  const char *dir;
+  uint64_t seed;
+} kiln_input_opts;
+/* --input NAME=FILE into files[*nfiles] (arg is cut in place); -1 after
+ * printing why not. */
+int kiln_input_file_opt(const char *cmd, char *arg, kiln_named_file *files, int *nfiles,
+                        int cap);
+/* Read a model for a run on these inputs, applying the shared options.  An
+ * ONNX model without --shape is compiled for the given files' shapes, and
+ * an input that decides a shape is frozen to its value.  When `in` is not
+ * NULL, *in receives g->inputs.len tensors, read or seeded random (said on
+ * stderr).  NULL after printing the error. */
+kl_graph *kiln_load_for_run(const char *path, const kiln_model_opts *mo, const kiln_input_opts *io,
+                            kl_tensor ***in);
+/* Compile g for a device (host, cuda or auto) in a temporary folder and run
+ * it on in[] (g's input order); out[] receives g->outputs.len new tensors,
+ * device_name the device's name.  -1 after printing the error. */
+int kiln_run_compiled(const kl_graph *g, krt_device_kind kind, const kiln_compile_opts *co,
+                      kl_tensor **in, kl_tensor **out, char *device_name, size_t n);
+
 int kiln_cmd_run(int argc, char **argv);
 int kiln_cmd_compile(int argc, char **argv);
 int kiln_cmd_inspect(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
 int kiln_cmd_profile(int argc, char **argv);
+int kiln_cmd_check(int argc, char **argv);
 
 #endif

@@ -1,5 +1,6 @@
 /* main.c - the kiln command: dispatch to subcommands. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "driver.h"
@@ -13,12 +14,21 @@ static const char main_help[] =
     "  inspect MODEL    inputs, outputs, parameters and op counts\n"
     "  bench MODEL      compile fused and unfused, run both, compare\n"
     "  profile MODEL    time each kernel and GEMM, bandwidth against a copy\n"
+    "  check MODEL      compiled model against the interpreter; names the first\n"
+    "                   node that diverges\n"
     "  help             show this help\n"
     "`kiln COMMAND --help` describes each command.\n"
     "exit codes: 0 success, 1 error in the model or its inputs, 2 bad command\n"
-    "line, 3 internal error or out of memory.\n";
+    "line, 3 internal error or out of memory (check: 1 when outputs differ, 2 on\n"
+    "any error).\n";
 
 int main(int argc, char **argv) {
+#ifdef KILN_TEST_BREAK_OP
+  /* kiln_test_break only (tests/cli/test_check.sh): codegen writes a wrong
+   * kernel for this op, the bug `kiln check` must find. */
+  const char *broken = getenv("KILN_TEST_BREAK_OP");
+  if (broken && *broken) kl_cg_test_break_op = broken;
+#endif
   if (argc < 2) {
     fputs(main_help, stderr);
     return KILN_EXIT_USAGE;
@@ -38,6 +48,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "inspect")) return kiln_cmd_inspect(argc - 1, argv + 1);
   if (!strcmp(cmd, "bench")) return kiln_cmd_bench(argc - 1, argv + 1);
   if (!strcmp(cmd, "profile")) return kiln_cmd_profile(argc - 1, argv + 1);
+  if (!strcmp(cmd, "check")) return kiln_cmd_check(argc - 1, argv + 1);
   fprintf(stderr, "kiln: unknown command '%s'\n%s", cmd, main_help);
   return KILN_EXIT_USAGE;
 }

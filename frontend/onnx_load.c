@@ -210,6 +210,10 @@ kl_node *kl_onnx_emit_node(kl_onnx_ctx *c, kl_op op, kl_value **ins, int nins,
     kl_onnx_fail(c, "%s", e.msg);
     return NULL;
   }
+  if (c->node) { /* what `kiln check` names when the node diverges */
+    node->onnx_name = kl_arena_strdup(&c->g->arena, node_label(c->node));
+    node->onnx_op = kl_arena_strdup(&c->g->arena, c->node->op_type ? c->node->op_type : "?");
+  }
   /* Temporary names until kl_onnx_bind gives the ONNX ones. */
   for (int k = 0; k < node->noutputs; k++)
   {

@@ -202,6 +202,10 @@ struct kl_node {
   int id;             /* index in graph->nodes */
   kl_loc loc;
   kl_graph *graph;
+  /* The ONNX node it was converted from, its name and op type (in the
+   * graph's arena), so that messages name what the user wrote; NULL for
+   * .kl models (loc says where) and for nodes the compiler adds. */
+  const char *onnx_name, *onnx_op;
 };
 
 typedef struct {
