@@ -311,8 +311,7 @@ int kiln_cmd_run(int argc, char **argv) {
     return KILN_EXIT_USAGE;
   }
   const char *model = argv[optind];
-  size_t mlen = strlen(model);
-  bool onnx = mlen >= 5 && !strcmp(model + mlen - 5, ".onnx") && mo.nshapes == 0;
+  bool onnx = kiln_is_onnx(model) && mo.nshapes == 0;
   if (output_dir && make_dir(output_dir)) return KILN_EXIT_ERROR;
   kl_tensor **in = NULL;
   kl_graph *g = onnx ? load_onnx_for_run(model, &mo, files, nfiles, inputs_dir, seed, &in)

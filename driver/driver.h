@@ -60,6 +60,9 @@ int kiln_model_opt(kiln_model_opts *o, int opt, char *arg);
  * one of the shared options (0, or -1 after printing why its value is
  * bad), or an unknown one (-1 after printing `help`). */
 int kiln_model_opt_or_usage(kiln_model_opts *o, int opt, char *arg, const char *help);
+/* Whether `path` holds an ONNX model: named .onnx, or protobuf by its
+ * first bytes whatever its name (.kl text has no control characters). */
+bool kiln_is_onnx(const char *path);
 /* Read a model (.kl or .onnx), apply --weights and the precision options;
  * NULL after printing the error. */
 kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o);

@@ -351,8 +351,36 @@ int kl_onnx_const_ints(kl_onnx_ctx *c, kl_value *v, const char *what, int64_t *o
 }
 
 /* ---- the model ------------------------------------------------------- */
+/* The newest opset Kiln reads in each domain it knows; 0: no limit (the
+ * nodes of an unknown domain are reported as unsupported anyway). */
+static int64_t newest_opset(const char *domain) {
+  if (is_default_domain(domain)) return KL_ONNX_MAX_OPSET;
+  if (!strcmp(domain, "ai.onnx.ml")) return KL_ONNX_MAX_OPSET_ML;
+  if (!strcmp(domain, "ai.onnx.preview") || !strcmp(domain, "ai.onnx.preview.training"))
+    return KL_ONNX_MAX_OPSET_PREVIEW;
+  return 0;
+}
+
+/* An opset newer than Kiln knows may have changed what an op means: the
+ * model is refused rather than read with older semantics. */
+static int check_opset_versions(kl_onnx_ctx *c, const Onnx__ModelProto *m) {
+  for (size_t i = 0; i < m->n_opset_import; i++) {
+    const Onnx__OperatorSetIdProto *o = m->opset_import[i];
+    int64_t newest = newest_opset(o->domain);
+    if (!o->has_version || !newest || o->version <= newest) continue;
+    kl_fail(c->err, (kl_loc){c->path, 0, 0},
+            "the model imports opset %lld of domain '%s'; Kiln reads opsets up to %lld there",
+            (long long)o->version, is_default_domain(o->domain) ? "ai.onnx" : o->domain,
+            (long long)newest);
+    c->err->unsupported = true;
+    return -1;
+  }
+  return 0;
+}
+
 static int model_opset(kl_onnx_ctx *c, const Onnx__ModelProto *m) {
   int opset = -1;
+  if (check_opset_versions(c, m)) return -1;
   for (size_t i = 0; i < m->n_opset_import; i++) {
     const Onnx__OperatorSetIdProto *o = m->opset_import[i];
     if ((!o->domain || !*o->domain || !strcmp(o->domain, "ai.onnx")) && o->has_version)
@@ -721,6 +749,48 @@ static int order_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp, size_t *order
   return rc;
 }
 
+/* The first element of an i64 or u64 constant beyond 2^53 (exact doubles
+ * end there, and with them the interpreter's numbers); -1 when none. */
+static int64_t first_inexact(const kl_value *v, int64_t *value) {
+  const unsigned char *p = v->data; /* may be unaligned: in a mapped file */
+  const int64_t limit = (int64_t)1 << 53;
+  for (int64_t i = 0, n = kl_shape_numel(&v->shape); i < n; i++) {
+    int64_t x;
+    memcpy(&x, p + 8 * i, 8);
+    bool beyond = v->dtype == KL_U64 ? (uint64_t)x > (uint64_t)limit : x > limit || x < -limit;
+    if (beyond) {
+      *value = x;
+      return i;
+    }
+  }
+  return -1;
+}
+
+/* A 64-bit constant that an IR node reads (not one a converter consumed
+ * while loading, such as a Slice bound) must be exact as a double: the
+ * error names the ONNX node that reads it, whatever the device. */
+static int check_exact_constants(kl_onnx_ctx *c, int first_node) {
+  for (int i = first_node; i < c->g->nodes.len; i++) {
+    const kl_node *nd = c->g->nodes.items[i];
+    for (int k = 0; k < nd->ninputs; k++) {
+      const kl_value *v = nd->inputs[k];
+      int64_t x, at;
+      if ((v->kind != KL_VAL_PARAM && v->kind != KL_VAL_CONST) || !v->data ||
+          (v->dtype != KL_I64 && v->dtype != KL_U64) || (at = first_inexact(v, &x)) < 0)
+        continue;
+      kl_onnx_binding *b = binding_of(c, v);
+      char num[32];
+      if (v->dtype == KL_U64) snprintf(num, sizeof num, "%llu", (unsigned long long)x);
+      else snprintf(num, sizeof num, "%lld", (long long)x);
+      return kl_onnx_fail(c, "%s constant '%s' holds %s at element %lld, beyond 2^53: "
+                             "an integer that large cannot be held exactly",
+                          kl_dtype_name(v->dtype), b && *b->name ? b->name : v->name, num,
+                          (long long)at);
+    }
+  }
+  return 0;
+}
+
 static int convert_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
   size_t *order = calloc(gp->n_node + 1, sizeof *order);
   if (!order) abort();
@@ -732,7 +802,9 @@ static int convert_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
       if (n->input[k] && *n->input[k] && !lookup(c, n->input[k]))
         rc = kl_onnx_fail(c, "input '%s' is not defined", n->input[k]);
     if (rc) break;
+    int first_node = c->g->nodes.len;
     rc = node_converter(c, n)->convert(c, n);
+    if (!rc) rc = check_exact_constants(c, first_node);
     for (size_t k = 0; k < n->n_output && !rc; k++)
       if (n->output[k] && *n->output[k] && !lookup(c, n->output[k]))
         rc = kl_onnx_unsupported(c, "output %zu ('%s') is not supported by Kiln's converter", k,
@@ -854,6 +926,7 @@ static kl_graph *load_model(Onnx__ModelProto *m, const char *path, const kl_onnx
   if (!rc) rc = convert_nodes(&c, m->graph);
   if (!rc) rc = check_value_info(&c, m->graph);
   if (!rc) rc = mark_outputs(&c, m->graph);
+  if (!rc && !c.g->train) kl_graph_drop_unread_params(c.g); /* consumed while loading */
   if (!rc) rc = kl_verify(c.g, err);
   if (rc && opt) {
     opt->unsupported_only = err->unsupported;

@@ -287,6 +287,11 @@ kl_node *kl_graph_find_node(const kl_graph *g, const char *name);
  * unique. */
 void kl_graph_rename_value(kl_graph *g, kl_value *v, const char *name);
 void kl_graph_rename_node(kl_graph *g, kl_node *n, const char *name);
+/* Drop the params and consts that no node reads and that are not outputs
+ * (an ONNX initializer consumed while loading: a Slice bound, a Reshape
+ * target), so they are neither checked nor written as weights.  Values are
+ * renumbered; returns how many were dropped. */
+int kl_graph_drop_unread_params(kl_graph *g);
 
 /* Add a node; runs shape inference, creating its outputs (named from
  * `out_names` when given, else "<name>" / "<name>.K").  Returns NULL and
