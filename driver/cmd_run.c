@@ -311,7 +311,8 @@ int kiln_cmd_run(int argc, char **argv) {
     return KILN_EXIT_USAGE;
   }
   const char *model = argv[optind];
-  bool onnx = kiln_is_onnx(model) && mo.nshapes == 0;
+  /* with --shape or --dim the user binds the shapes, else the inputs do */
+  bool onnx = kiln_is_onnx(model) && mo.nshapes == 0 && mo.ndims == 0;
   if (output_dir && make_dir(output_dir)) return KILN_EXIT_ERROR;
   kl_tensor **in = NULL;
   kl_graph *g = onnx ? load_onnx_for_run(model, &mo, files, nfiles, inputs_dir, seed, &in)

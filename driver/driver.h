@@ -42,7 +42,8 @@ enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE, OPT_PRECISION, OPT_IO_PRECISION, 
   {"fp32-ops", required_argument, NULL, OPT_FP32_OPS},                         \
   {"fp32-nodes", required_argument, NULL, OPT_FP32_NODES}
 #define KILN_MODEL_HELP                                                        \
-  "  --dim NAME=V          set a `dim` of the model (repeatable)\n"            \
+  "  --dim NAME=V          set a `dim` of a .kl model, or bind the symbolic dim\n" \
+  "                        NAME of an ONNX model's inputs (repeatable)\n"     \
   "  --weights FILE        replace params/consts with the tensors of a "       \
   ".safetensors file\n"                                                       \
   "  --shape NAME=D0,D1,.. bind the shape of an ONNX input with symbolic dims\n" \

@@ -182,11 +182,8 @@ kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o) {
   kl_error err;
   kl_graph *g;
   if (kiln_is_onnx(path)) {
-    if (o->ndims) {
-      fprintf(stderr, "kiln: error: --dim is for .kl models; ONNX inputs take --shape\n");
-      return NULL;
-    }
-    kl_onnx_options oopt = {.shapes = o->shapes, .nshapes = o->nshapes};
+    kl_onnx_options oopt = {.shapes = o->shapes, .nshapes = o->nshapes, .dims = o->dims,
+                            .ndims = o->ndims};
     g = kl_onnx_load(path, &oopt, &err);
   } else {
     if (o->nshapes) {
