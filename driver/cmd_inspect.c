@@ -44,7 +44,10 @@ static int compiled(const kl_graph *g, const char *svg, const char *dot, bool no
 
 static void print_value(const kl_value *v) {
   char s[160];
-  printf("  %-24s %s%s\n", v->name, kl_dtype_name(v->dtype), kl_shape_str(&v->shape, s, sizeof s));
+  printf("  %-24s %s%s", kl_value_label(v), kl_dtype_name(v->dtype),
+         kl_shape_str(&v->shape, s, sizeof s));
+  if (v->label) printf("  (%s in the IR)", v->name); /* what --emit=ir prints */
+  printf("\n");
 }
 
 /* After the precision pass: each node, in run order, with the type it

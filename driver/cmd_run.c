@@ -82,7 +82,7 @@ static int check_value(const kl_value *decl, kl_tensor *t, const char *path) {
   if (t->dtype != decl->dtype || !kl_shape_equal(&t->shape, &decl->shape)) {
     char a[128], b[128];
     fprintf(stderr, "kiln: error: %s: input '%s' must be %s%s, the file holds %s%s\n", path,
-            decl->name, kl_dtype_name(decl->dtype), kl_shape_str(&decl->shape, a, sizeof a),
+            kl_value_label(decl), kl_dtype_name(decl->dtype), kl_shape_str(&decl->shape, a, sizeof a),
             kl_dtype_name(t->dtype), kl_shape_str(&t->shape, b, sizeof b));
     return -1;
   }
@@ -92,7 +92,7 @@ static int check_value(const kl_value *decl, kl_tensor *t, const char *path) {
 static kl_tensor *random_input(const kl_value *decl, uint64_t seed) {
   char s[128];
   fprintf(stderr, "kiln: input '%s' not given: using seeded random values (%s%s, seed %llu)\n",
-          decl->name, kl_dtype_name(decl->dtype), kl_shape_str(&decl->shape, s, sizeof s),
+          kl_value_label(decl), kl_dtype_name(decl->dtype), kl_shape_str(&decl->shape, s, sizeof s),
           (unsigned long long)seed);
   return kiln_random_tensor(decl, seed);
 }
@@ -101,13 +101,13 @@ static int gather_inputs(const kl_graph *g, named_file *files, int nfiles,
                          const char *dir, uint64_t seed, kl_tensor **in) {
   const char **names = calloc((size_t)g->inputs.len + 1, sizeof *names);
   if (!names) abort();
-  for (int i = 0; i < g->inputs.len; i++) names[i] = g->inputs.items[i]->name;
+  for (int i = 0; i < g->inputs.len; i++) names[i] = kl_value_label(g->inputs.items[i]);
   int rc = check_input_names(files, nfiles, names, g->inputs.len);
   free(names);
   for (int i = 0; i < g->inputs.len && !rc; i++) {
     const kl_value *decl = g->inputs.items[i];
     char buf[4096];
-    const char *path = input_path(files, nfiles, dir, decl->name, i, buf, sizeof buf);
+    const char *path = input_path(files, nfiles, dir, kl_value_label(decl), i, buf, sizeof buf);
     if (!path) in[i] = random_input(decl, seed + (uint64_t)i);
     else if (!(in[i] = kiln_read_tensor(path)) || check_value(decl, in[i], path)) rc = -1;
   }
@@ -336,7 +336,7 @@ int kiln_cmd_run(int argc, char **argv) {
   rc = KILN_EXIT_OK;
   for (int i = 0; i < g->outputs.len; i++) {
     char label[300], path[4096];
-    snprintf(label, sizeof label, "output %d '%s'", i, g->outputs.items[i]->name);
+    snprintf(label, sizeof label, "output %d '%s'", i, kl_value_label(g->outputs.items[i]));
     kiln_print_summary(stdout, label, out[i]);
     if (output_dir) {
       snprintf(path, sizeof path, "%s/output_%d.npy", output_dir, i);

@@ -106,15 +106,20 @@ static void bind_name(kl_onnx_ctx *c, const char *name, kl_value *v) {
 }
 
 /* ONNX names are any strings ("onnx::Add_3", "0"); IR names are made into
- * identifiers so that the printed IR stays readable and parses. */
-static const char *ir_name(kl_graph *g, const char *onnx) {
-  char buf[256];
+ * identifiers so that the printed IR stays readable and parses.  What a
+ * graph input or output is called by the model stays in its label. */
+static const char *identifier(const char *onnx, char *buf, size_t cap) {
   size_t n = 0;
   if (!onnx || !*onnx || isdigit((unsigned char)onnx[0])) buf[n++] = 'v';
-  for (const char *p = onnx ? onnx : ""; *p && n < sizeof buf - 1; p++)
+  for (const char *p = onnx ? onnx : ""; *p && n < cap - 1; p++)
     buf[n++] = isalnum((unsigned char)*p) ? *p : '_';
   buf[n] = 0;
-  return kl_graph_fresh_value_name(g, buf);
+  return buf;
+}
+
+static const char *ir_name(kl_graph *g, const char *onnx) {
+  char buf[256];
+  return kl_graph_fresh_value_name(g, identifier(onnx, buf, sizeof buf));
 }
 
 /* ---- converter helpers ----------------------------------------------- */
@@ -691,8 +696,10 @@ static int add_inputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp, const kl_onnx_
     if (too_many_elements(&s))
       return kl_fail(c->err, (kl_loc){c->path, 0, 0},
                      "'%s': dims hold more than %lld elements", vi->name, (long long)KL_MAX_NUMEL);
-    bind_name(c, vi->name, kl_graph_add_input(c->g, ir_name(c->g, vi->name), dt, &s,
-                                              (kl_loc){c->path, 0, 0}));
+    kl_value *v = kl_graph_add_input(c->g, ir_name(c->g, vi->name), dt, &s,
+                                     (kl_loc){c->path, 0, 0});
+    if (strcmp(v->name, vi->name)) v->label = kl_arena_strdup(&c->g->arena, vi->name);
+    bind_name(c, vi->name, v);
   }
   return 0;
 }
@@ -1030,9 +1037,12 @@ static int mark_outputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
       if (gp->output[j]->name && !strcmp(gp->output[j]->name, name))
         return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "graph output '%s' is listed twice", name);
     kl_value *v = b->v;
-    /* Two outputs may be the same IR value (Identity): give the second a
-     * copy so outputs stay distinct. */
-    if (v->is_output) {
+    /* Two outputs may be the same IR value (Identity), or an output a graph
+     * input or a weight: give it a copy so outputs stay distinct and keep
+     * their names.  An output aliasing a value of another name takes its
+     * own. */
+    char want[256];
+    if (v->is_output || v->kind != KL_VAL_NODE) {
       c->node = NULL;
       kl_shape one = {0};
       double zero = 0;
@@ -1041,7 +1051,10 @@ static int mark_outputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
       if (!z || !(v = kl_onnx_emit(c, v->dtype == KL_BOOL ? KL_OP_NE : KL_OP_ADD, ins, 2, NULL, 0)))
         return -1;
       kl_graph_rename_value(c->g, v, ir_name(c->g, name));
+    } else if (strcmp(v->name, identifier(name, want, sizeof want))) {
+      kl_graph_rename_value(c->g, v, ir_name(c->g, name));
     }
+    if (strcmp(v->name, name)) v->label = kl_arena_strdup(&c->g->arena, name);
     /* The declared type, when given, must agree with what Kiln inferred. */
     kl_dtype dt;
     kl_shape s = {0};

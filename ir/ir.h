@@ -188,7 +188,15 @@ struct kl_value {
   bool is_output;
   int id;             /* index in graph->values */
   kl_loc loc;
+  /* A graph input's or output's name as the model spells it, when that is
+   * not the IR name (an ONNX "sigmoid_0.tmp_0" is IR sigmoid_0_tmp_0);
+   * NULL otherwise.  What users see: kl_value_label. */
+  const char *label;
 };
+
+static inline const char *kl_value_label(const kl_value *v) {
+  return v->label ? v->label : v->name;
+}
 
 struct kl_node {
   kl_op op;
