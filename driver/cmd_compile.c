@@ -96,9 +96,9 @@ static int emit_ir(const kl_graph *g, const char *out_path) {
             (long long)nlarge, (long long)bytes);
     return KILN_EXIT_USAGE;
   }
-  if (nlarge) {
+  if (out_path) { /* (small weights load()ed from elsewhere are printed) */
     weights_path(out_path, weights, sizeof weights);
-    if (write_large_constants(g, weights)) return KILN_EXIT_ERROR;
+    if (nlarge && write_large_constants(g, weights)) return KILN_EXIT_ERROR;
     ref = strrchr(weights, '/') ? strrchr(weights, '/') + 1 : weights;
   }
   FILE *f = out_path ? fopen(out_path, "w") : stdout;

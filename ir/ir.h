@@ -342,11 +342,11 @@ int kl_verify(const kl_graph *g, kl_error *err);
 int kl_topo_order(const kl_graph *g, kl_node **order, kl_error *err);
 /* Stable IR text, in the syntax the .kl parser reads back. */
 void kl_print_graph(FILE *f, const kl_graph *g);
-/* The same, with the constants too large to print (kl_print_inlines false)
- * as load(weights, key=NAME): the caller writes them, by their names, into
- * that .safetensors file (a path relative to the printed file's folder), so
- * the text parses back to the same graph.  kl_print_graph says only how
- * large they are. */
+/* The same, with the contents too large to print (kl_print_inlines false:
+ * data, or weights load()ed from elsewhere) as load(weights, key=NAME): the
+ * caller writes them, by their names, into that .safetensors file (a path
+ * relative to the printed file's folder), so the text parses back to the
+ * same graph on its own.  kl_print_graph says only how large data is. */
 void kl_print_graph_weights(FILE *f, const kl_graph *g, const char *weights);
 bool kl_print_inlines(const kl_value *v);
 

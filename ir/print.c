@@ -59,12 +59,24 @@ static void print_attr(FILE *f, const kl_attr *a) {
 enum { MAX_INLINE_VALUES = 256 };
 
 bool kl_print_inlines(const kl_value *v) {
-  return v->init.kind != KL_INIT_DATA ||
-         (v->data && kl_shape_numel(&v->shape) <= MAX_INLINE_VALUES);
+  bool contents = v->init.kind == KL_INIT_DATA || v->init.kind == KL_INIT_LOAD;
+  return !contents || !v->data || kl_shape_numel(&v->shape) <= MAX_INLINE_VALUES;
 }
 
 static void print_init(FILE *f, const kl_value *v, const char *weights) {
   const kl_init *in = &v->init;
+  if (weights && !kl_print_inlines(v)) { /* the caller writes it there */
+    fputs(" = load(", f); print_string(f, weights);
+    fputs(", key=", f); print_string(f, v->name);
+    fputc(')', f);
+    return;
+  }
+  if (weights && in->kind == KL_INIT_LOAD && v->data) { /* small: printed, self-contained */
+    kl_value data = *v;
+    data.init.kind = KL_INIT_DATA;
+    print_init(f, &data, weights);
+    return;
+  }
   switch (in->kind) {
   case KL_INIT_NONE: break;
   case KL_INIT_ZEROS: fputs(" = zeros", f); break;
@@ -87,12 +99,6 @@ static void print_init(FILE *f, const kl_value *v, const char *weights) {
     break;
   case KL_INIT_DATA: {
     int64_t n = kl_shape_numel(&v->shape);
-    if (!kl_print_inlines(v) && weights && v->data) {
-      fputs(" = load(", f); print_string(f, weights);
-      fputs(", key=", f); print_string(f, v->name);
-      fputc(')', f);
-      break;
-    }
     if (n > MAX_INLINE_VALUES || !v->data) {
       fprintf(f, " = data(%lld bytes)", (long long)(n * (int64_t)kl_dtype_size(v->dtype)));
       break;
