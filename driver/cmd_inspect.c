@@ -142,7 +142,10 @@ int kiln_cmd_inspect(int argc, char **argv) {
   }
   if (kiln_is_onnx(argv[optind]) && !mo.nshapes && !mo.ndims) {
     int shown = print_unbound_signature(argv[optind]);
-    if (shown) return shown > 0 ? KILN_EXIT_OK : KILN_EXIT_ERROR;
+    if (shown > 0 && (svg || dot))
+      fprintf(stderr, "kiln inspect: --memplan and --dot compile the model: bind its symbolic "
+                      "dims first\n");
+    if (shown) return shown > 0 && !svg && !dot ? KILN_EXIT_OK : KILN_EXIT_ERROR;
   }
   kl_graph *g = kiln_load_model(argv[optind], &mo);
   if (!g) {
