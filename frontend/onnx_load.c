@@ -329,16 +329,41 @@ static kl_tensor *fold(kl_onnx_ctx *c, kl_value *v, kl_tensor **scratch, int dep
   return t;
 }
 
+/* The first element of an i64 or u64 constant beyond 2^53 (exact doubles
+ * end there, and with them the interpreter's numbers); -1 when none. */
+static int64_t first_inexact(const kl_value *v, int64_t *value) {
+  const unsigned char *p = v->data; /* may be unaligned: in a mapped file */
+  const int64_t limit = (int64_t)1 << 53;
+  for (int64_t i = 0, n = kl_shape_numel(&v->shape); i < n; i++) {
+    int64_t x;
+    memcpy(&x, p + 8 * i, 8);
+    bool beyond = v->dtype == KL_U64 ? (uint64_t)x > (uint64_t)limit : x > limit || x < -limit;
+    if (beyond) {
+      *value = x;
+      return i;
+    }
+  }
+  return -1;
+}
+
 const kl_tensor *kl_onnx_const(kl_onnx_ctx *c, kl_value *v, const char *what) {
   if (!v) {
     kl_onnx_fail(c, "%s is missing", what);
     return NULL;
   }
   kl_tensor *t = fold(c, v, NULL, 0);
-  if (!t)
+  int64_t x, at;
+  if (!t && (v->kind == KL_VAL_PARAM || v->kind == KL_VAL_CONST) && v->data &&
+      (v->dtype == KL_I64 || v->dtype == KL_U64) && (at = first_inexact(v, &x)) >= 0) {
+    kl_onnx_binding *b = binding_of(c, v);
+    kl_onnx_fail(c, "%s ('%s') holds %lld at element %lld, beyond 2^53: an integer that "
+                    "large cannot be held exactly", what, b && *b->name ? b->name : v->name,
+                 (long long)x, (long long)at);
+  } else if (!t) {
     kl_onnx_fail(c, "%s ('%s') must be known at compile time: Kiln compiles static "
                     "shapes, and this value depends on a graph input",
                  what, v->name);
+  }
   return t;
 }
 
@@ -915,23 +940,6 @@ static int order_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp, size_t *order
   reindex(c);
   free(placed);
   return rc;
-}
-
-/* The first element of an i64 or u64 constant beyond 2^53 (exact doubles
- * end there, and with them the interpreter's numbers); -1 when none. */
-static int64_t first_inexact(const kl_value *v, int64_t *value) {
-  const unsigned char *p = v->data; /* may be unaligned: in a mapped file */
-  const int64_t limit = (int64_t)1 << 53;
-  for (int64_t i = 0, n = kl_shape_numel(&v->shape); i < n; i++) {
-    int64_t x;
-    memcpy(&x, p + 8 * i, 8);
-    bool beyond = v->dtype == KL_U64 ? (uint64_t)x > (uint64_t)limit : x > limit || x < -limit;
-    if (beyond) {
-      *value = x;
-      return i;
-    }
-  }
-  return -1;
 }
 
 /* A 64-bit constant that an IR node reads (not one a converter consumed

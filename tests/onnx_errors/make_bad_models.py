@@ -109,6 +109,12 @@ write("slice_int64_max_ends", "",
               [vi("x", [2, 5])], [vi("y", [2, 4])],
               [numpy_helper.from_array(np.array([1], np.int64), "starts"),
                numpy_helper.from_array(np.array([1], np.int64), "axes")], check=True))
+# ... and so is Clip's max of INT64_MAX on an i64 tensor (no bound)
+write("clip_int64_max_bound", "",
+      m=model([helper.make_node("Clip", ["x", "lo", "hi"], ["y"], name="clamp_long")],
+              [vi("x", [3], I64)], [vi("y", [3], I64)],
+              [numpy_helper.from_array(np.array(0, np.int64), "lo"),
+               numpy_helper.from_array(np.array(i64max, np.int64), "hi")], check=True))
 write("unsupported_listed_at_once", "2 unsupported nodes",
       m=model([helper.make_node("StringNormalizer", ["x"], ["a"], name="first_bad"),
                 helper.make_node("Relu", ["a"], ["b"], name="fine"),
