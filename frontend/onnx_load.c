@@ -1053,10 +1053,11 @@ static int mark_outputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
     if (v->is_output || v->kind != KL_VAL_NODE) {
       c->node = NULL;
       kl_shape one = {0};
-      double zero = 0;
-      kl_value *z = kl_onnx_constant(c, v->dtype, &one, &zero, 1);
+      bool is_bool = v->dtype == KL_BOOL; /* x != false; x * 1 keeps -0 and NaN */
+      double unit = is_bool ? 0 : 1;
+      kl_value *z = kl_onnx_constant(c, v->dtype, &one, &unit, 1);
       kl_value *ins[2] = {v, z};
-      if (!z || !(v = kl_onnx_emit(c, v->dtype == KL_BOOL ? KL_OP_NE : KL_OP_ADD, ins, 2, NULL, 0)))
+      if (!z || !(v = kl_onnx_emit(c, is_bool ? KL_OP_NE : KL_OP_MUL, ins, 2, NULL, 0)))
         return -1;
       kl_graph_rename_value(c->g, v, ir_name(c->g, name));
     } else if (strcmp(v->name, identifier(name, want, sizeof want))) {
