@@ -130,7 +130,7 @@ static kl_graph *load_onnx_for_run(const char *path, const kiln_model_opts *mo,
   kl_graph *g = NULL;
   int n = kl_onnx_input_names(path, names, MAX_IN, &err);
   if (n < 0) {
-    kl_error_print(stderr, &err);
+    kiln_print_onnx_error(path, &err);
     return NULL;
   }
   for (int k = 0; k < n; k++) name_ptrs[k] = names[k];
@@ -143,7 +143,7 @@ static kl_graph *load_onnx_for_run(const char *path, const kiln_model_opts *mo,
   if (ok) {
     kl_onnx_options opt = {0};
     g = kl_onnx_load_for_inputs(path, name_ptrs, values, n, frozen, &opt, &err);
-    if (!g) kl_error_print(stderr, &err);
+    if (!g) kiln_print_onnx_error(path, &err);
   }
   if (g && ((mo->weights && kiln_apply_weights(g, mo->weights)) || kiln_apply_precision(g, mo))) {
     kl_graph_free(g);

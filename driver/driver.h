@@ -64,6 +64,9 @@ int kiln_model_opt_or_usage(kiln_model_opts *o, int opt, char *arg, const char *
 /* Whether `path` holds an ONNX model: named .onnx, or protobuf by its
  * first bytes whatever its name (.kl text has no control characters). */
 bool kiln_is_onnx(const char *path);
+/* A loading error of an ONNX model, with a note when it was taken for ONNX
+ * by its content (a .kl file with a stray control character). */
+void kiln_print_onnx_error(const char *path, const kl_error *err);
 /* Read a model (.kl or .onnx), apply --weights and the precision options;
  * NULL after printing the error. */
 kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o);

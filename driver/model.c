@@ -178,6 +178,14 @@ bool kiln_is_onnx(const char *path) {
   return looks_binary(head, got);
 }
 
+void kiln_print_onnx_error(const char *path, const kl_error *err) {
+  kl_error_print(stderr, err);
+  size_t n = strlen(path);
+  if (strstr(err->msg, "not an ONNX model") && !(n >= 5 && !strcmp(path + n - 5, ".onnx")))
+    fprintf(stderr, "kiln: note: %s was read as ONNX because it holds bytes that .kl text "
+                    "never does (control characters)\n", path);
+}
+
 kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o) {
   kl_error err;
   kl_graph *g;
@@ -194,7 +202,7 @@ kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o) {
     g = kl_parse_file(path, &popt, &err);
   }
   if (!g) {
-    kl_error_print(stderr, &err);
+    kiln_print_onnx_error(path, &err); /* (a .kl error prints as it is) */
     return NULL;
   }
   if ((o->weights && kiln_apply_weights(g, o->weights)) || kiln_apply_precision(g, o)) {

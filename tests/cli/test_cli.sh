@@ -218,6 +218,9 @@ expect wild_shape_names_in_summary 0 "output 0 'sigmoid_0.tmp_0': f32\[2, 300\].
 expect wild_dim_host 0 "output 0 'sigmoid_0.tmp_0': f32\[2, 300\]" -- "$kiln" run wild.onnx --dim input.1_dim0=2 --device=host
 expect wild_from_inputs 0 "output 1 'ident.out': f32\[2, 3\]" -- "$kiln" run wild.onnx --input input.1=wild_x.npy --device=host
 expect wild_bin_detected 0 "output 1 'ident.out'" -- "$kiln" run wild.bin --shape input.1=2,4
+printf 'input x: f32[2]\x01\noutput y = x\n' > stray.kl
+expect stray_control_char_note 1 "not an ONNX model.*note: stray.kl was read as ONNX because" -- \
+  bash -o pipefail -c "'$kiln' run stray.kl 2>&1 | tr '\n' ' '"
 expect wild_onnx_named_kl 0 "output 1 'ident.out'" -- "$kiln" run wild_onnx.kl --dim input.1_dim0=2
 expect wild_shape_unknown_input 1 "--shape y: the model has no input named 'y'; its inputs: input.1 f32\[input.1_dim0, 4\]" -- \
   "$kiln" run wild.onnx --shape y=2,4
