@@ -75,11 +75,25 @@ static void ptr(FILE *f, const kl_cg_ctx *c, const kl_value *v) {
   fputs(kl_cg_ptr_expr(c, v, buf, sizeof buf), f);
 }
 
+/* s as a C string literal (a model's names may hold any character). */
+static void c_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+    else if (ch < 0x20 || ch >= 0x7f) fprintf(f, "\\%03o", ch);
+    else fputc(ch, f);
+  }
+  fputc('"', f);
+}
+
+/* The I/O tables carry the names as the model spells them (the label). */
 static void io_table(FILE *f, const char *name, const kl_value *const *vals, int n) {
   fprintf(f, "static const krt_io_desc %s[] = {\n", name);
   for (int i = 0; i < n; i++) {
-    fprintf(f, "  {\"%s\", (krt_dtype)%d, %d, {", vals[i]->name, (int)vals[i]->dtype,
-            vals[i]->shape.rank);
+    fputs("  {", f);
+    c_string(f, kl_value_label(vals[i]));
+    fprintf(f, ", (krt_dtype)%d, %d, {", (int)vals[i]->dtype, vals[i]->shape.rank);
     for (int d = 0; d < vals[i]->shape.rank; d++)
       fprintf(f, "%s%lld", d ? ", " : "", (long long)vals[i]->shape.dims[d]);
     fprintf(f, "}},\n");
@@ -106,6 +120,34 @@ static void write_offsets(FILE *f, const kl_cg_ctx *c) {
   fprintf(f, "\n");
 }
 
+/* model.h: each input's and output's position by its C name (the IR name,
+ * an identifier: an ONNX "sigmoid_0.tmp_0" is PREFIX_OUTPUT_sigmoid_0_tmp_0),
+ * and the names as the model spells them, which the I/O tables hold too.
+ * NAMES_OF_ cannot clash with an INPUT_ or OUTPUT_ macro. */
+static void io_macros(FILE *hf, const char *prefix, const char *kind, const kl_value *const *vals,
+                      int n) {
+  const char *word = kind[0] == 'I' ? "inputs" : "outputs";
+  fprintf(hf, "/* The %s by position (%s_%s_<C name>); %s_NAMES_OF_%sS: their names as the\n"
+              " * model spells them, as in kiln_model_%s()'s tables. */\n",
+          word, prefix, kind, prefix, kind, prefix);
+  for (int i = 0; i < n; i++) {
+    fprintf(hf, "#define %s_%s_%s %d", prefix, kind, vals[i]->name, i);
+    if (vals[i]->label) {
+      fputs(" /* ", hf);
+      for (const char *p = vals[i]->label; *p; p++) /* a name must not end the comment */
+        if (*p != '\n' && !(p[0] == '*' && p[1] == '/')) fputc(*p, hf);
+      fputs(" */", hf);
+    }
+    fputc('\n', hf);
+  }
+  fprintf(hf, "#define %s_NAMES_OF_%sS {", prefix, kind);
+  for (int i = 0; i < n; i++) {
+    if (i) fputs(", ", hf);
+    c_string(hf, kl_value_label(vals[i]));
+  }
+  fprintf(hf, "}\n\n");
+}
+
 void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, size_t run_len,
                       FILE *mf, FILE *hf, int kernel) {
   const kl_graph *g = c->g;
@@ -115,6 +157,8 @@ void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, si
   fprintf(hf, "#define %s_PARAM_BYTES %zu /* weights and constants */\n", prefix, c->p->param_bytes);
   fprintf(hf, "#define %s_NUM_INPUTS %d\n#define %s_NUM_OUTPUTS %d\n\n", prefix, g->inputs.len, prefix,
           g->outputs.len);
+  io_macros(hf, prefix, "INPUT", (const kl_value *const *)g->inputs.items, g->inputs.len);
+  io_macros(hf, prefix, "OUTPUT", (const kl_value *const *)g->outputs.items, g->outputs.len);
   /* default visibility: a static library hides everything else, so that
    * two compiled models link into one program */
   fprintf(hf, "/* Inputs, outputs, sizes and create/run/destroy. */\n"

@@ -13,7 +13,9 @@
 static const char compile_help[] =
     "usage: kiln compile MODEL --emit=ir|cu|exe|lib [-o OUT] [options]\n"
     "Compile MODEL (.kl or .onnx).\n"
-    "  --emit=ir             print the verified IR as text (.kl syntax)\n"
+    "  --emit=ir             print the verified IR as text (.kl syntax) that parses\n"
+    "                        back; constants too large to print go to\n"
+    "                        OUT.safetensors beside -o OUT.kl (required then)\n"
     "  --emit=cu             write kernels.cu, model.c and model.h into folder OUT,\n"
     "                        and gpu_images.c with NVRTC's cubins and PTX\n"
     "  --emit=exe            build the standalone program OUT (run OUT --help); it\n"
@@ -44,6 +46,74 @@ static size_t mem_limit; /* --mem-limit, for every kl_codegen below; 0: none */
 static bool no_fuse;     /* --no-fuse */
 static const char *dump_after; /* --dump-after */
 static bool pb_inputs;   /* --pb-inputs */
+
+/* OUT.kl -> OUT.safetensors (OUT.ir -> OUT.ir.safetensors): the constants
+ * too large to print, beside the text that loads them. */
+static void weights_path(const char *out, char *buf, size_t n) {
+  size_t len = strlen(out);
+  bool kl = len > 3 && !strcmp(out + len - 3, ".kl");
+  snprintf(buf, n, "%.*s.safetensors", (int)(kl ? len - 3 : len), out);
+}
+
+/* The constants kl_print_graph cannot print into a .safetensors file,
+ * stored as they are (the bytes are not copied). */
+static int write_large_constants(const kl_graph *g, const char *path) {
+  krt_tensor_set set = {calloc((size_t)g->params.len + 1, sizeof *set.items), 0};
+  if (!set.items) abort();
+  for (int i = 0; i < g->params.len; i++) {
+    const kl_value *v = g->params.items[i];
+    if (kl_print_inlines(v) || !v->data) continue;
+    krt_named_tensor *t = &set.items[set.count++];
+    t->name = (char *)v->name;
+    t->tensor = (krt_tensor){.dtype = (krt_dtype)v->dtype, .rank = v->shape.rank,
+                             .data = v->data};
+    for (int d = 0; d < v->shape.rank; d++) t->tensor.dims[d] = v->shape.dims[d];
+  }
+  char msg[600];
+  int rc = set.count && krt_safetensors_write(path, &set, msg, sizeof msg) ? -1 : 0;
+  if (rc) fprintf(stderr, "kiln: error: %s\n", msg);
+  free(set.items);
+  return rc;
+}
+
+/* --emit=ir: text that parses back to the same graph.  Constants too large
+ * to print go to OUT.safetensors, which the text load()s (a path relative
+ * to its folder), so `kiln run OUT.kl` needs no flags; on standard output
+ * there is no folder for them, and -o is required. */
+static int emit_ir(const kl_graph *g, const char *out_path) {
+  int64_t nlarge = 0, bytes = 0;
+  for (int i = 0; i < g->params.len; i++)
+    if (!kl_print_inlines(g->params.items[i]) && g->params.items[i]->data) {
+      nlarge++;
+      bytes += kl_shape_numel(&g->params.items[i]->shape) *
+               (int64_t)kl_dtype_size(g->params.items[i]->dtype);
+    }
+  char weights[4096];
+  const char *ref = NULL;
+  if (nlarge && !out_path) {
+    fprintf(stderr, "kiln compile: --emit=ir: %lld constants (%lld bytes) are too large to print; "
+                    "give -o FILE.kl, and they go to FILE.safetensors beside it\n",
+            (long long)nlarge, (long long)bytes);
+    return KILN_EXIT_USAGE;
+  }
+  if (out_path) { /* (small weights load()ed from elsewhere are printed) */
+    weights_path(out_path, weights, sizeof weights);
+    if (nlarge && write_large_constants(g, weights)) return KILN_EXIT_ERROR;
+    ref = strrchr(weights, '/') ? strrchr(weights, '/') + 1 : weights;
+  }
+  FILE *f = out_path ? fopen(out_path, "w") : stdout;
+  if (!f) {
+    perror(out_path);
+    return KILN_EXIT_ERROR;
+  }
+  kl_print_graph_weights(f, g, ref);
+  int rc = (ferror(f) | (out_path ? fclose(f) : fflush(f))) ? KILN_EXIT_ERROR : KILN_EXIT_OK;
+  if (rc) fprintf(stderr, "kiln: error: writing %s failed\n", out_path ? out_path : "stdout");
+  else if (nlarge)
+    fprintf(stderr, "kiln: wrote %s, and %lld constants (%lld bytes) to %s\n", out_path,
+            (long long)nlarge, (long long)bytes, weights);
+  return rc;
+}
 
 static int parse_archs(const char *list, int *sm, int cap) {
   int n = 0;
@@ -227,14 +297,7 @@ int kiln_cmd_compile(int argc, char **argv) {
       kl_codegen_result_free(&cg);
     }
   } else if (g) {
-    FILE *f = out_path ? fopen(out_path, "w") : stdout;
-    if (!f) {
-      perror(out_path);
-    } else {
-      kl_print_graph(f, g);
-      rc = (ferror(f) | (out_path ? fclose(f) : fflush(f))) ? KILN_EXIT_ERROR : KILN_EXIT_OK;
-      if (rc) fprintf(stderr, "kiln: error: writing %s failed\n", out_path ? out_path : "stdout");
-    }
+    rc = emit_ir(g, out_path);
   }
   kl_graph_free(g);
   if (timing) print_max_rss();

@@ -9,7 +9,9 @@ static const char inspect_help[] =
     "usage: kiln inspect MODEL [options]\n"
     "Print inputs, outputs, parameters (count and bytes) and op counts; with\n"
     "--precision (or --io-precision, --fp32-ops, --fp32-nodes) also the type and\n"
-    "class (allow, deny, follow, keep) chosen for each node.\n"
+    "class (allow, deny, follow, keep) chosen for each node.  An ONNX model with\n"
+    "symbolic input dims and no --shape or --dim: its inputs and outputs as\n"
+    "declared, and the flags that bind them.\n"
     "  --memplan FILE.svg    compile the model and draw its memory plan (buffers\n"
     "                        over schedule steps); print the planned arena, the\n"
     "                        lower bound and the naive sum\n"
@@ -42,7 +44,10 @@ static int compiled(const kl_graph *g, const char *svg, const char *dot, bool no
 
 static void print_value(const kl_value *v) {
   char s[160];
-  printf("  %-24s %s%s\n", v->name, kl_dtype_name(v->dtype), kl_shape_str(&v->shape, s, sizeof s));
+  printf("  %-24s %s%s", kl_value_label(v), kl_dtype_name(v->dtype),
+         kl_shape_str(&v->shape, s, sizeof s));
+  if (v->label) printf("  (%s in the IR)", v->name); /* what --emit=ir prints */
+  printf("\n");
 }
 
 /* After the precision pass: each node, in run order, with the type it
@@ -62,6 +67,53 @@ static void print_precision(const kl_graph *g, const kiln_model_opts *mo) {
            kl_precision_class_name(kl_precision_node_class(n, &mo->prec)));
   }
   free(order);
+}
+
+/* An ONNX model whose inputs have symbolic dims cannot be loaded before
+ * they are bound: its inputs and outputs as declared, and the flags that
+ * bind them.  1 when printed, 0 when every dim is static, -1 on error. */
+static int print_unbound_signature(const char *path) {
+  kl_onnx_signature sig;
+  kl_error err;
+  if (kl_onnx_read_signature(path, &sig, &err)) {
+    kl_error_print(stderr, &err);
+    return -1;
+  }
+  if (!sig.nsymbolic) {
+    kl_onnx_signature_free(&sig);
+    return 0;
+  }
+  char t[600];
+  printf("model %s (symbolic dims not bound)\ninputs (%d):\n", path, sig.ninputs);
+  for (int i = 0; i < sig.ninputs; i++)
+    printf("  %-24s %s\n", sig.inputs[i].name, kl_onnx_io_str(&sig.inputs[i], t, sizeof t));
+  printf("outputs (%d):\n", sig.noutputs);
+  for (int i = 0; i < sig.noutputs; i++)
+    printf("  %-24s %s\n", sig.outputs[i].name, kl_onnx_io_str(&sig.outputs[i], t, sizeof t));
+  /* the flags, with 1 for each symbolic dim as an example */
+  printf("bind the symbolic dims to see params, nodes and plans:");
+  for (int i = 0; i < sig.ninputs; i++) {
+    const kl_onnx_io *io = &sig.inputs[i];
+    bool symbolic = false;
+    for (int d = 0; d < io->rank; d++) symbolic |= io->dim_names[d][0] != 0;
+    if (!symbolic) continue;
+    printf(" --shape %s=", io->name);
+    for (int d = 0; d < io->rank; d++)
+      printf("%s%lld", d ? "," : "", io->dim_names[d][0] ? 1LL : (long long)io->dims[d]);
+  }
+  printf("\n  or, by name:");
+  for (int i = 0, shown = 0; i < sig.ninputs; i++)
+    for (int d = 0; d < sig.inputs[i].rank; d++) {
+      const char *name = sig.inputs[i].dim_names[d];
+      bool seen = false; /* a name shared by inputs is one dim */
+      for (int j = 0; j <= i && !seen; j++)
+        for (int e = 0; e < (j < i ? sig.inputs[j].rank : d); e++)
+          seen |= !strcmp(sig.inputs[j].dim_names[e], name);
+      if (*name && !seen && shown++ < 16) printf(" --dim %s=1", name);
+    }
+  printf("\n");
+  kl_onnx_signature_free(&sig);
+  return 1;
 }
 
 int kiln_cmd_inspect(int argc, char **argv) {
@@ -87,6 +139,13 @@ int kiln_cmd_inspect(int argc, char **argv) {
   if (optind != argc - 1) {
     fprintf(stderr, "kiln inspect: expected one MODEL file\n%s", inspect_help);
     return KILN_EXIT_USAGE;
+  }
+  if (kiln_is_onnx(argv[optind]) && !mo.nshapes && !mo.ndims) {
+    int shown = print_unbound_signature(argv[optind]);
+    if (shown > 0 && (svg || dot))
+      fprintf(stderr, "kiln inspect: --memplan and --dot compile the model: bind its symbolic "
+                      "dims first\n");
+    if (shown) return shown > 0 && !svg && !dot ? KILN_EXIT_OK : KILN_EXIT_ERROR;
   }
   kl_graph *g = kiln_load_model(argv[optind], &mo);
   if (!g) {

@@ -80,7 +80,7 @@ static int check_value(const kl_value *decl, kl_tensor *t, const char *path) {
   if (t->dtype != decl->dtype || !kl_shape_equal(&t->shape, &decl->shape)) {
     char a[128], b[128];
     fprintf(stderr, "kiln: error: %s: input '%s' must be %s%s, the file holds %s%s\n", path,
-            decl->name, kl_dtype_name(decl->dtype), kl_shape_str(&decl->shape, a, sizeof a),
+            kl_value_label(decl), kl_dtype_name(decl->dtype), kl_shape_str(&decl->shape, a, sizeof a),
             kl_dtype_name(t->dtype), kl_shape_str(&t->shape, b, sizeof b));
     return -1;
   }
@@ -90,7 +90,7 @@ static int check_value(const kl_value *decl, kl_tensor *t, const char *path) {
 static kl_tensor *random_input(const kl_value *decl, uint64_t seed) {
   char s[128];
   fprintf(stderr, "kiln: input '%s' not given: using seeded random values (%s%s, seed %llu)\n",
-          decl->name, kl_dtype_name(decl->dtype), kl_shape_str(&decl->shape, s, sizeof s),
+          kl_value_label(decl), kl_dtype_name(decl->dtype), kl_shape_str(&decl->shape, s, sizeof s),
           (unsigned long long)seed);
   return kiln_random_tensor(decl, seed);
 }
@@ -99,13 +99,13 @@ static int gather_inputs(const kl_graph *g, const named_file *files, int nfiles,
                          const char *dir, uint64_t seed, kl_tensor **in) {
   const char **names = calloc((size_t)g->inputs.len + 1, sizeof *names);
   if (!names) abort();
-  for (int i = 0; i < g->inputs.len; i++) names[i] = g->inputs.items[i]->name;
+  for (int i = 0; i < g->inputs.len; i++) names[i] = kl_value_label(g->inputs.items[i]);
   int rc = check_input_names(files, nfiles, names, g->inputs.len);
   free(names);
   for (int i = 0; i < g->inputs.len && !rc; i++) {
     const kl_value *decl = g->inputs.items[i];
     char buf[4096];
-    const char *path = input_path(files, nfiles, dir, decl->name, i, buf, sizeof buf);
+    const char *path = input_path(files, nfiles, dir, kl_value_label(decl), i, buf, sizeof buf);
     if (!path) in[i] = random_input(decl, seed + (uint64_t)i);
     else if (!(in[i] = kiln_read_tensor(path)) || check_value(decl, in[i], path)) rc = -1;
   }
@@ -128,7 +128,7 @@ static kl_graph *load_onnx_for_run(const char *path, const kiln_model_opts *mo,
   kl_graph *g = NULL;
   int n = kl_onnx_input_names(path, names, MAX_IN, &err);
   if (n < 0) {
-    kl_error_print(stderr, &err);
+    kiln_print_onnx_error(path, &err);
     return NULL;
   }
   for (int k = 0; k < n; k++) name_ptrs[k] = names[k];
@@ -141,7 +141,7 @@ static kl_graph *load_onnx_for_run(const char *path, const kiln_model_opts *mo,
   if (ok) {
     kl_onnx_options opt = {0};
     g = kl_onnx_load_for_inputs(path, name_ptrs, values, n, frozen, &opt, &err);
-    if (!g) kl_error_print(stderr, &err);
+    if (!g) kiln_print_onnx_error(path, &err);
   }
   if (g && ((mo->weights && kiln_apply_weights(g, mo->weights)) || kiln_apply_precision(g, mo))) {
     kl_graph_free(g);
@@ -178,8 +178,8 @@ static kl_graph *load_onnx_for_run(const char *path, const kiln_model_opts *mo,
 
 kl_graph *kiln_load_for_run(const char *path, const kiln_model_opts *mo, const kiln_input_opts *io,
                             kl_tensor ***in) {
-  size_t mlen = strlen(path);
-  bool onnx = mlen >= 5 && !strcmp(path + mlen - 5, ".onnx") && mo->nshapes == 0;
+  /* with --shape or --dim the user binds the shapes, else the inputs do */
+  bool onnx = kiln_is_onnx(path) && mo->nshapes == 0 && mo->ndims == 0;
   if (onnx) return load_onnx_for_run(path, mo, io->files, io->nfiles, io->dir, io->seed, in);
   kl_graph *g = kiln_load_model(path, mo);
   if (!g || !in) return g;
@@ -350,7 +350,7 @@ int kiln_cmd_run(int argc, char **argv) {
   rc = KILN_EXIT_OK;
   for (int i = 0; i < g->outputs.len; i++) {
     char label[300], path[4096];
-    snprintf(label, sizeof label, "output %d '%s'", i, g->outputs.items[i]->name);
+    snprintf(label, sizeof label, "output %d '%s'", i, kl_value_label(g->outputs.items[i]));
     kiln_print_summary(stdout, label, out[i]);
     if (output_dir) {
       snprintf(path, sizeof path, "%s/output_%d.npy", output_dir, i);

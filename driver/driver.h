@@ -42,7 +42,8 @@ enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE, OPT_PRECISION, OPT_IO_PRECISION, 
   {"fp32-ops", required_argument, NULL, OPT_FP32_OPS},                         \
   {"fp32-nodes", required_argument, NULL, OPT_FP32_NODES}
 #define KILN_MODEL_HELP                                                        \
-  "  --dim NAME=V          set a `dim` of the model (repeatable)\n"            \
+  "  --dim NAME=V          set a `dim` of a .kl model, or bind the symbolic dim\n" \
+  "                        NAME of an ONNX model's inputs (repeatable)\n"     \
   "  --weights FILE        replace params/consts with the tensors of a "       \
   ".safetensors file\n"                                                       \
   "  --shape NAME=D0,D1,.. bind the shape of an ONNX input with symbolic dims\n" \
@@ -60,6 +61,12 @@ int kiln_model_opt(kiln_model_opts *o, int opt, char *arg);
  * one of the shared options (0, or -1 after printing why its value is
  * bad), or an unknown one (-1 after printing `help`). */
 int kiln_model_opt_or_usage(kiln_model_opts *o, int opt, char *arg, const char *help);
+/* Whether `path` holds an ONNX model: named .onnx, or protobuf by its
+ * first bytes whatever its name (.kl text has no control characters). */
+bool kiln_is_onnx(const char *path);
+/* A loading error of an ONNX model, with a note when it was taken for ONNX
+ * by its content (a .kl file with a stray control character). */
+void kiln_print_onnx_error(const char *path, const kl_error *err);
 /* Read a model (.kl or .onnx), apply --weights and the precision options;
  * NULL after printing the error. */
 kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o);

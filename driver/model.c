@@ -159,16 +159,39 @@ int kiln_model_opt_or_usage(kiln_model_opts *o, int opt, char *arg, const char *
   return kiln_model_opt(o, opt, arg);
 }
 
-kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o) {
+/* .kl is text; an ONNX model is protobuf, whose first bytes are field keys
+ * and lengths: control characters no text holds (ir_version's key is 0x08). */
+static bool looks_binary(const unsigned char *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] < 0x20 && (p[i] == 0 || !strchr("\t\n\r\f\v", p[i]))) return true;
+  return false;
+}
+
+bool kiln_is_onnx(const char *path) {
   size_t n = strlen(path);
+  if (n >= 5 && strcmp(path + n - 5, ".onnx") == 0) return true;
+  FILE *f = fopen(path, "rb");
+  if (!f) return false; /* the .kl reader says why it cannot open it */
+  unsigned char head[512];
+  size_t got = fread(head, 1, sizeof head, f);
+  fclose(f);
+  return looks_binary(head, got);
+}
+
+void kiln_print_onnx_error(const char *path, const kl_error *err) {
+  kl_error_print(stderr, err);
+  size_t n = strlen(path);
+  if (strstr(err->msg, "not an ONNX model") && !(n >= 5 && !strcmp(path + n - 5, ".onnx")))
+    fprintf(stderr, "kiln: note: %s was read as ONNX because it holds bytes that .kl text "
+                    "never does (control characters)\n", path);
+}
+
+kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o) {
   kl_error err;
   kl_graph *g;
-  if (n >= 5 && strcmp(path + n - 5, ".onnx") == 0) {
-    if (o->ndims) {
-      fprintf(stderr, "kiln: error: --dim is for .kl models; ONNX inputs take --shape\n");
-      return NULL;
-    }
-    kl_onnx_options oopt = {.shapes = o->shapes, .nshapes = o->nshapes};
+  if (kiln_is_onnx(path)) {
+    kl_onnx_options oopt = {.shapes = o->shapes, .nshapes = o->nshapes, .dims = o->dims,
+                            .ndims = o->ndims};
     g = kl_onnx_load(path, &oopt, &err);
   } else {
     if (o->nshapes) {
@@ -179,7 +202,7 @@ kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o) {
     g = kl_parse_file(path, &popt, &err);
   }
   if (!g) {
-    kl_error_print(stderr, &err);
+    kiln_print_onnx_error(path, &err); /* (a .kl error prints as it is) */
     return NULL;
   }
   if ((o->weights && kiln_apply_weights(g, o->weights)) || kiln_apply_precision(g, o)) {

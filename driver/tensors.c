@@ -26,8 +26,8 @@ kl_tensor *kiln_read_tensor(const char *path) {
   int inexact = kl_tensor_from_raw(t, raw.data);
   krt_tensor_free(&raw);
   if (inexact) {
-    fprintf(stderr, "kiln: error: %s: an i64 value lies beyond 2^53, which the "
-                    "interpreter cannot represent exactly\n", path);
+    fprintf(stderr, "kiln: error: %s: a 64-bit integer lies beyond 2^53, which cannot be "
+                    "held exactly (Kiln reads tensors as float64 on every device)\n", path);
     kl_tensor_free(t);
     return NULL;
   }

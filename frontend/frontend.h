@@ -56,8 +56,10 @@ typedef struct {
 } kl_frozen_input;
 
 typedef struct {
-  const kl_shape_binding *shapes;
+  const kl_shape_binding *shapes; /* checked against the declared rank and dims */
   int nshapes;
+  const kl_dim_override *dims;    /* --dim NAME=V: every symbolic dim named NAME */
+  int ndims;
   const kl_frozen_input *frozen;
   int nfrozen;
   bool unsupported_only; /* set on return when every error is "unsupported" */
@@ -68,6 +70,28 @@ typedef struct {
 } kl_onnx_options;
 
 kl_graph *kl_onnx_load(const char *path, kl_onnx_options *opt, kl_error *err);
+
+/* A graph input or output as the model declares it, before any binding.
+ * A dim is symbolic when the model gives a dim_param (its name), nothing,
+ * or, on an input, a dim_value <= 0 (exporters write -1 or 0 for "dynamic"):
+ * those take the name NAME_dimK.  --dim binds a symbolic dim by its name. */
+typedef struct {
+  char name[256];               /* as the model spells it */
+  bool tensor;                  /* false: a sequence, map or optional */
+  int dtype;                    /* a kl_dtype, -1 when Kiln has none for it */
+  int rank;                     /* -1: no shape declared */
+  int64_t dims[KL_MAX_RANK];    /* the static dims */
+  char dim_names[KL_MAX_RANK][80]; /* a symbolic dim's name; "" when static */
+} kl_onnx_io;
+typedef struct {
+  kl_onnx_io *inputs, *outputs; /* malloc'd; inputs exclude initializers */
+  int ninputs, noutputs;
+  int nsymbolic;                /* symbolic dims over all inputs */
+} kl_onnx_signature;
+int kl_onnx_read_signature(const char *path, kl_onnx_signature *sig, kl_error *err);
+void kl_onnx_signature_free(kl_onnx_signature *sig);
+/* "f32[N, 3, 224, 224]" into buf. */
+const char *kl_onnx_io_str(const kl_onnx_io *io, char *buf, size_t n);
 /* Names of the model's graph inputs that are not initializers, in order
  * (the order of input_K.pb files); -1 with err when the file does not
  * load. */

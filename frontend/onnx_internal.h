@@ -19,6 +19,16 @@ typedef struct {
   kl_onnx_convert_fn convert;
 } kl_onnx_op;
 
+/* The newest opset Kiln reads, per domain: a model importing a newer one is
+ * refused with the number (an op may have changed meaning since).  The
+ * default domain's is the newest of ONNX 1.23 (onnx.defs.onnx_opset_version());
+ * raise it when converters for a newer opset land. */
+enum {
+  KL_ONNX_MAX_OPSET = 28,        /* ai.onnx */
+  KL_ONNX_MAX_OPSET_ML = 5,      /* ai.onnx.ml */
+  KL_ONNX_MAX_OPSET_PREVIEW = 1  /* ai.onnx.preview, ai.onnx.preview.training */
+};
+
 /* The family tables, each ended by a row with op == NULL. */
 extern const kl_onnx_op kl_onnx_ops_math[];      /* onnx_ops_math.c */
 extern const kl_onnx_op kl_onnx_ops_nn[];        /* onnx_ops_nn.c */

@@ -106,15 +106,20 @@ static void bind_name(kl_onnx_ctx *c, const char *name, kl_value *v) {
 }
 
 /* ONNX names are any strings ("onnx::Add_3", "0"); IR names are made into
- * identifiers so that the printed IR stays readable and parses. */
-static const char *ir_name(kl_graph *g, const char *onnx) {
-  char buf[256];
+ * identifiers so that the printed IR stays readable and parses.  What a
+ * graph input or output is called by the model stays in its label. */
+static const char *identifier(const char *onnx, char *buf, size_t cap) {
   size_t n = 0;
   if (!onnx || !*onnx || isdigit((unsigned char)onnx[0])) buf[n++] = 'v';
-  for (const char *p = onnx ? onnx : ""; *p && n < sizeof buf - 1; p++)
+  for (const char *p = onnx ? onnx : ""; *p && n < cap - 1; p++)
     buf[n++] = isalnum((unsigned char)*p) ? *p : '_';
   buf[n] = 0;
-  return kl_graph_fresh_value_name(g, buf);
+  return buf;
+}
+
+static const char *ir_name(kl_graph *g, const char *onnx) {
+  char buf[256];
+  return kl_graph_fresh_value_name(g, identifier(onnx, buf, sizeof buf));
 }
 
 /* ---- converter helpers ----------------------------------------------- */
@@ -328,16 +333,41 @@ static kl_tensor *fold(kl_onnx_ctx *c, kl_value *v, kl_tensor **scratch, int dep
   return t;
 }
 
+/* The first element of an i64 or u64 constant beyond 2^53 (exact doubles
+ * end there, and with them the interpreter's numbers); -1 when none. */
+static int64_t first_inexact(const kl_value *v, int64_t *value) {
+  const unsigned char *p = v->data; /* may be unaligned: in a mapped file */
+  const int64_t limit = (int64_t)1 << 53;
+  for (int64_t i = 0, n = kl_shape_numel(&v->shape); i < n; i++) {
+    int64_t x;
+    memcpy(&x, p + 8 * i, 8);
+    bool beyond = v->dtype == KL_U64 ? (uint64_t)x > (uint64_t)limit : x > limit || x < -limit;
+    if (beyond) {
+      *value = x;
+      return i;
+    }
+  }
+  return -1;
+}
+
 const kl_tensor *kl_onnx_const(kl_onnx_ctx *c, kl_value *v, const char *what) {
   if (!v) {
     kl_onnx_fail(c, "%s is missing", what);
     return NULL;
   }
   kl_tensor *t = fold(c, v, NULL, 0);
-  if (!t)
+  int64_t x, at;
+  if (!t && (v->kind == KL_VAL_PARAM || v->kind == KL_VAL_CONST) && v->data &&
+      (v->dtype == KL_I64 || v->dtype == KL_U64) && (at = first_inexact(v, &x)) >= 0) {
+    kl_onnx_binding *b = binding_of(c, v);
+    kl_onnx_fail(c, "%s ('%s') holds %lld at element %lld, beyond 2^53: an integer that "
+                    "large cannot be held exactly", what, b && *b->name ? b->name : v->name,
+                 (long long)x, (long long)at);
+  } else if (!t) {
     kl_onnx_fail(c, "%s ('%s') must be known at compile time: Kiln compiles static "
                     "shapes, and this value depends on a graph input",
                  what, v->name);
+  }
   return t;
 }
 
@@ -355,8 +385,36 @@ int kl_onnx_const_ints(kl_onnx_ctx *c, kl_value *v, const char *what, int64_t *o
 }
 
 /* ---- the model ------------------------------------------------------- */
+/* The newest opset Kiln reads in each domain it knows; 0: no limit (the
+ * nodes of an unknown domain are reported as unsupported anyway). */
+static int64_t newest_opset(const char *domain) {
+  if (is_default_domain(domain)) return KL_ONNX_MAX_OPSET;
+  if (!strcmp(domain, "ai.onnx.ml")) return KL_ONNX_MAX_OPSET_ML;
+  if (!strcmp(domain, "ai.onnx.preview") || !strcmp(domain, "ai.onnx.preview.training"))
+    return KL_ONNX_MAX_OPSET_PREVIEW;
+  return 0;
+}
+
+/* An opset newer than Kiln knows may have changed what an op means: the
+ * model is refused rather than read with older semantics. */
+static int check_opset_versions(kl_onnx_ctx *c, const Onnx__ModelProto *m) {
+  for (size_t i = 0; i < m->n_opset_import; i++) {
+    const Onnx__OperatorSetIdProto *o = m->opset_import[i];
+    int64_t newest = newest_opset(o->domain);
+    if (!o->has_version || !newest || o->version <= newest) continue;
+    kl_fail(c->err, (kl_loc){c->path, 0, 0},
+            "the model imports opset %lld of domain '%s'; Kiln reads opsets up to %lld there",
+            (long long)o->version, is_default_domain(o->domain) ? "ai.onnx" : o->domain,
+            (long long)newest);
+    c->err->unsupported = true;
+    return -1;
+  }
+  return 0;
+}
+
 static int model_opset(kl_onnx_ctx *c, const Onnx__ModelProto *m) {
   int opset = -1;
+  if (check_opset_versions(c, m)) return -1;
   for (size_t i = 0; i < m->n_opset_import; i++) {
     const Onnx__OperatorSetIdProto *o = m->opset_import[i];
     if ((!o->domain || !*o->domain || !strcmp(o->domain, "ai.onnx")) && o->has_version)
@@ -409,6 +467,10 @@ static int add_initializers(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
   return 0;
 }
 
+/* The declared type of a graph input or output: an unsupported dtype, a
+ * non-tensor or a rank above KL_MAX_RANK is an error; *known is false
+ * when a dim is not a static size (*unknown_dim then names it, NULL for
+ * an undeclared shape). */
 static int value_type(kl_onnx_ctx *c, const Onnx__ValueInfoProto *vi, kl_dtype *dt,
                       kl_shape *s, bool *known, const char **unknown_dim) {
   const char *name = vi->name ? vi->name : "?";
@@ -437,16 +499,16 @@ static int value_type(kl_onnx_ctx *c, const Onnx__ValueInfoProto *vi, kl_dtype *
   int64_t numel = 1;
   for (int d = 0; d < s->rank; d++) {
     const Onnx__TensorShapeProto__Dimension *dim = tt->shape->dim[d];
-    if (dim->value_case != ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE) {
+    if (dim->value_case != ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE ||
+        dim->dim_value < 0) {
       *unknown_dim = dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM
                          ? dim->dim_param : "?";
       return 0;
     }
     int64_t v = dim->dim_value;
-    if (v < 0 || v > KL_MAX_NUMEL || (v && numel > KL_MAX_NUMEL / v))
+    if (v > KL_MAX_NUMEL || (v && numel > KL_MAX_NUMEL / v))
       return kl_fail(c->err, (kl_loc){c->path, 0, 0},
-                     "'%s': dims are negative or hold more than %lld elements", name,
-                     (long long)KL_MAX_NUMEL);
+                     "'%s': dims hold more than %lld elements", name, (long long)KL_MAX_NUMEL);
     s->dims[d] = v;
     numel *= v;
   }
@@ -454,7 +516,188 @@ static int value_type(kl_onnx_ctx *c, const Onnx__ValueInfoProto *vi, kl_dtype *
   return 0;
 }
 
+/* ---- the declared inputs, and binding their symbolic dims ------------ */
+/* vi as declared.  On an input, a dim_value <= 0 is an exporter's way of
+ * saying "dynamic" (a real empty input is rare, and --shape still gives
+ * one); on an output 0 is a size. */
+static void io_decl(const Onnx__ValueInfoProto *vi, bool input, kl_onnx_io *io) {
+  memset(io, 0, sizeof *io);
+  snprintf(io->name, sizeof io->name, "%s", vi->name ? vi->name : "");
+  io->dtype = -1;
+  io->rank = -1;
+  if (!vi->type || vi->type->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE) return;
+  io->tensor = true;
+  const Onnx__TypeProto__Tensor *tt = vi->type->tensor_type;
+  kl_dtype dt;
+  if (tt->has_elem_type && !kl_onnx_dtype(tt->elem_type, &dt)) io->dtype = (int)dt;
+  if (!tt->shape || tt->shape->n_dim > KL_MAX_RANK) return;
+  io->rank = (int)tt->shape->n_dim;
+  for (int d = 0; d < io->rank; d++) {
+    const Onnx__TensorShapeProto__Dimension *dim = tt->shape->dim[d];
+    bool sized = dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE &&
+                 (dim->dim_value > 0 || (!input && dim->dim_value == 0));
+    if (sized)
+      io->dims[d] = dim->dim_value;
+    else if (dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM &&
+             dim->dim_param && *dim->dim_param)
+      snprintf(io->dim_names[d], sizeof io->dim_names[d], "%s", dim->dim_param);
+    else if (input)
+      snprintf(io->dim_names[d], sizeof io->dim_names[d], "%.60s_dim%d", io->name, d);
+    else
+      snprintf(io->dim_names[d], sizeof io->dim_names[d], "?");
+  }
+}
+
+const char *kl_onnx_io_str(const kl_onnx_io *io, char *buf, size_t n) {
+  if (!io->tensor) {
+    snprintf(buf, n, "(not a tensor)");
+    return buf;
+  }
+  size_t used = (size_t)snprintf(buf, n, "%s", io->dtype >= 0 ? kl_dtype_name((kl_dtype)io->dtype)
+                                                             : "(unsupported type)");
+  if (io->rank < 0) {
+    if (used < n) snprintf(buf + used, n - used, "[?] (no shape declared)");
+    return buf;
+  }
+  for (int d = 0; d < io->rank && used < n; d++) {
+    used += (size_t)(io->dim_names[d][0]
+                         ? snprintf(buf + used, n - used, "%s%s", d ? ", " : "[", io->dim_names[d])
+                         : snprintf(buf + used, n - used, "%s%lld", d ? ", " : "[",
+                                    (long long)io->dims[d]));
+  }
+  if (used < n) snprintf(buf + used, n - used, "%s", io->rank ? "]" : "[]");
+  return buf;
+}
+
+static bool is_initializer(const Onnx__GraphProto *gp, const char *name) {
+  for (size_t j = 0; j < gp->n_initializer; j++)
+    if (gp->initializer[j]->name && !strcmp(gp->initializer[j]->name, name)) return true;
+  return false;
+}
+
+/* "x f32[N, 3, 224, 224], mask i64[N]": the inputs a user binds. */
+static const char *inputs_text(const Onnx__GraphProto *gp, char *buf, size_t n) {
+  size_t used = 0;
+  buf[0] = 0;
+  for (size_t i = 0; i < gp->n_input && used < n; i++) {
+    const Onnx__ValueInfoProto *vi = gp->input[i];
+    if (!vi->name || is_initializer(gp, vi->name)) continue;
+    kl_onnx_io io;
+    char t[400];
+    io_decl(vi, true, &io);
+    used += (size_t)snprintf(buf + used, n - used, "%s%s %s", used ? ", " : "", io.name,
+                             kl_onnx_io_str(&io, t, sizeof t));
+  }
+  if (!used) snprintf(buf, n, "(none)");
+  return buf;
+}
+
+static const kl_dim_override *dim_option(const kl_onnx_options *opt, const char *name) {
+  for (int k = 0; opt && k < opt->ndims; k++)
+    if (!strcmp(opt->dims[k].name, name)) return &opt->dims[k];
+  return NULL;
+}
+
+/* --shape names an input, has its rank and keeps its static dims; --dim
+ * names a symbolic dim of some input and agrees with --shape there.  The
+ * message lists the inputs as declared. */
+static int check_bindings(kl_onnx_ctx *c, const Onnx__GraphProto *gp, const kl_onnx_options *opt) {
+  char list[1500], a[200], t[400];
+  for (int k = 0; opt && k < opt->nshapes; k++) {
+    const kl_shape_binding *b = &opt->shapes[k];
+    const Onnx__ValueInfoProto *vi = NULL;
+    for (size_t i = 0; i < gp->n_input && !vi; i++)
+      if (gp->input[i]->name && !strcmp(gp->input[i]->name, b->input) &&
+          !is_initializer(gp, b->input))
+        vi = gp->input[i];
+    size_t used = 0; /* the dims as the user typed them: 1,3,224,224 */
+    a[0] = 0;
+    for (int d = 0; d < b->shape.rank && used < sizeof a; d++)
+      used += (size_t)snprintf(a + used, sizeof a - used, "%s%lld", d ? "," : "",
+                               (long long)b->shape.dims[d]);
+    if (!vi)
+      return kl_fail(c->err, (kl_loc){c->path, 0, 0},
+                     "--shape %s: the model has no input named '%s'; its inputs: %s", b->input,
+                     b->input, inputs_text(gp, list, sizeof list));
+    kl_onnx_io io;
+    io_decl(vi, true, &io);
+    int bad = io.rank >= 0 && io.rank != b->shape.rank ? -2 : -1;
+    for (int d = 0; bad == -1 && d < io.rank; d++) {
+      const kl_dim_override *o = io.dim_names[d][0] ? dim_option(opt, io.dim_names[d]) : NULL;
+      if ((!io.dim_names[d][0] && io.dims[d] != b->shape.dims[d]) ||
+          (o && o->value != b->shape.dims[d]))
+        bad = d;
+    }
+    if (bad == -2)
+      return kl_fail(c->err, (kl_loc){c->path, 0, 0},
+                     "--shape %s=%s: rank %d, but the model declares %s %s (rank %d); its "
+                     "inputs: %s", b->input, a, b->shape.rank, io.name,
+                     kl_onnx_io_str(&io, t, sizeof t), io.rank, inputs_text(gp, list, sizeof list));
+    if (bad >= 0)
+      return kl_fail(c->err, (kl_loc){c->path, 0, 0},
+                     "--shape %s=%s: dim %d is %lld, but the model declares %s %s%s; its "
+                     "inputs: %s", b->input, a, bad, (long long)b->shape.dims[bad], io.name,
+                     kl_onnx_io_str(&io, t, sizeof t),
+                     io.dim_names[bad][0] ? " and --dim sets it otherwise" : "",
+                     inputs_text(gp, list, sizeof list));
+  }
+  for (int k = 0; opt && k < opt->ndims; k++) {
+    bool found = false;
+    for (size_t i = 0; i < gp->n_input && !found; i++) {
+      kl_onnx_io io;
+      io_decl(gp->input[i], true, &io);
+      for (int d = 0; d < io.rank; d++) found |= !strcmp(io.dim_names[d], opt->dims[k].name);
+    }
+    if (!found)
+      return kl_fail(c->err, (kl_loc){c->path, 0, 0},
+                     "--dim %s: no input has a symbolic dim named '%s'; the model's inputs: %s",
+                     opt->dims[k].name, opt->dims[k].name, inputs_text(gp, list, sizeof list));
+  }
+  return 0;
+}
+
+/* The shape of input vi: --shape, else the declared dims with symbolic
+ * ones bound by --dim; an unbound one is an error saying how to bind it. */
+static int input_shape(kl_onnx_ctx *c, const Onnx__ValueInfoProto *vi,
+                       const kl_onnx_options *opt, kl_shape *s) {
+  kl_onnx_io io;
+  io_decl(vi, true, &io);
+  for (int k = 0; opt && k < opt->nshapes; k++)
+    if (!strcmp(opt->shapes[k].input, io.name)) {
+      *s = opt->shapes[k].shape; /* checked by check_bindings */
+      return 0;
+    }
+  char t[400], flags[600] = "";
+  size_t used = 0;
+  s->rank = io.rank;
+  for (int d = 0; d < io.rank; d++) {
+    const kl_dim_override *o = io.dim_names[d][0] ? dim_option(opt, io.dim_names[d]) : NULL;
+    s->dims[d] = o ? o->value : io.dims[d];
+    if (io.dim_names[d][0] && !o && used < sizeof flags)
+      used += (size_t)snprintf(flags + used, sizeof flags - used, " --dim %s=N", io.dim_names[d]);
+  }
+  if (io.rank < 0)
+    return kl_fail(c->err, (kl_loc){c->path, 0, 0},
+                   "input '%s' declares no shape: bind it with --shape %s=d0,d1,...", io.name,
+                   io.name);
+  if (used)
+    return kl_fail(c->err, (kl_loc){c->path, 0, 0},
+                   "input '%s' is declared %s, with symbolic dims: bind them with --shape "
+                   "%s=d0,d1,... or%s", io.name, kl_onnx_io_str(&io, t, sizeof t), io.name, flags);
+  return 0;
+}
+
+static bool too_many_elements(const kl_shape *s) {
+  int64_t numel = 1;
+  for (int d = 0; d < s->rank; d++) {
+    if (s->dims[d] < 0 || (s->dims[d] && numel > KL_MAX_NUMEL / s->dims[d])) return true;
+    numel *= s->dims[d];
+  }
+  return false;
+}
+
 static int add_inputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp, const kl_onnx_options *opt) {
+  if (check_bindings(c, gp, opt)) return -1;
   for (size_t i = 0; i < gp->n_input; i++) {
     const Onnx__ValueInfoProto *vi = gp->input[i];
     if (!vi->name || !*vi->name)
@@ -478,36 +721,14 @@ static int add_inputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp, const kl_onnx_
     kl_shape s = {0};
     bool known;
     const char *unknown;
-    if (value_type(c, vi, &dt, &s, &known, &unknown)) return -1;
-    const kl_shape_binding *bound = NULL;
-    for (int k = 0; opt && k < opt->nshapes; k++)
-      if (!strcmp(opt->shapes[k].input, vi->name)) bound = &opt->shapes[k];
-    if (bound) {
-      if (known && !kl_shape_equal(&bound->shape, &s)) {
-        char a[128], b[128];
-        return kl_fail(c->err, (kl_loc){c->path, 0, 0},
-                       "--shape %s=%s disagrees with the model's %s", vi->name,
-                       kl_shape_str(&bound->shape, a, sizeof a), kl_shape_str(&s, b, sizeof b));
-      }
-      s = bound->shape;
-    } else if (!known) {
+    if (value_type(c, vi, &dt, &s, &known, &unknown) || input_shape(c, vi, opt, &s)) return -1;
+    if (too_many_elements(&s))
       return kl_fail(c->err, (kl_loc){c->path, 0, 0},
-                     "input '%s' has %s dimension%s%s%s: bind its shape with --shape %s=d0,d1,...",
-                     vi->name, unknown ? "symbolic" : "an unknown", unknown ? " '" : "",
-                     unknown ? unknown : "", unknown ? "'" : "", vi->name);
-    }
-    bind_name(c, vi->name, kl_graph_add_input(c->g, ir_name(c->g, vi->name), dt, &s,
-                                              (kl_loc){c->path, 0, 0}));
-  }
-  for (int k = 0; opt && k < opt->nshapes; k++) {
-    bool found = false;
-    for (int i = 0; i < c->g->inputs.len; i++)
-      found |= !strcmp(c->g->inputs.items[i]->name, opt->shapes[k].input) ||
-               (lookup(c, opt->shapes[k].input) &&
-                lookup(c, opt->shapes[k].input)->v == c->g->inputs.items[i]);
-    if (!found)
-      return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "--shape %s: the model has no input named '%s'",
-                     opt->shapes[k].input, opt->shapes[k].input);
+                     "'%s': dims hold more than %lld elements", vi->name, (long long)KL_MAX_NUMEL);
+    kl_value *v = kl_graph_add_input(c->g, ir_name(c->g, vi->name), dt, &s,
+                                     (kl_loc){c->path, 0, 0});
+    if (strcmp(v->name, vi->name)) v->label = kl_arena_strdup(&c->g->arena, vi->name);
+    bind_name(c, vi->name, v);
   }
   return 0;
 }
@@ -725,6 +946,31 @@ static int order_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp, size_t *order
   return rc;
 }
 
+/* A 64-bit constant that an IR node reads (not one a converter consumed
+ * while loading, such as a Slice bound) must be exact as a double: the
+ * error names the ONNX node that reads it, whatever the device. */
+static int check_exact_constants(kl_onnx_ctx *c, int first_node) {
+  for (int i = first_node; i < c->g->nodes.len; i++) {
+    const kl_node *nd = c->g->nodes.items[i];
+    for (int k = 0; k < nd->ninputs; k++) {
+      const kl_value *v = nd->inputs[k];
+      int64_t x, at;
+      if ((v->kind != KL_VAL_PARAM && v->kind != KL_VAL_CONST) || !v->data ||
+          (v->dtype != KL_I64 && v->dtype != KL_U64) || (at = first_inexact(v, &x)) < 0)
+        continue;
+      kl_onnx_binding *b = binding_of(c, v);
+      char num[32];
+      if (v->dtype == KL_U64) snprintf(num, sizeof num, "%llu", (unsigned long long)x);
+      else snprintf(num, sizeof num, "%lld", (long long)x);
+      return kl_onnx_fail(c, "%s constant '%s' holds %s at element %lld, beyond 2^53: "
+                             "an integer that large cannot be held exactly",
+                          kl_dtype_name(v->dtype), b && *b->name ? b->name : v->name, num,
+                          (long long)at);
+    }
+  }
+  return 0;
+}
+
 static int convert_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
   size_t *order = calloc(gp->n_node + 1, sizeof *order);
   if (!order) abort();
@@ -736,7 +982,9 @@ static int convert_nodes(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
       if (n->input[k] && *n->input[k] && !lookup(c, n->input[k]))
         rc = kl_onnx_fail(c, "input '%s' is not defined", n->input[k]);
     if (rc) break;
+    int first_node = c->g->nodes.len;
     rc = node_converter(c, n)->convert(c, n);
+    if (!rc) rc = check_exact_constants(c, first_node);
     for (size_t k = 0; k < n->n_output && !rc; k++)
       if (n->output[k] && *n->output[k] && !lookup(c, n->output[k]))
         rc = kl_onnx_unsupported(c, "output %zu ('%s') is not supported by Kiln's converter", k,
@@ -801,18 +1049,25 @@ static int mark_outputs(kl_onnx_ctx *c, const Onnx__GraphProto *gp) {
       if (gp->output[j]->name && !strcmp(gp->output[j]->name, name))
         return kl_fail(c->err, (kl_loc){c->path, 0, 0}, "graph output '%s' is listed twice", name);
     kl_value *v = b->v;
-    /* Two outputs may be the same IR value (Identity): give the second a
-     * copy so outputs stay distinct. */
-    if (v->is_output) {
+    /* Two outputs may be the same IR value (Identity), or an output a graph
+     * input or a weight: give it a copy so outputs stay distinct and keep
+     * their names.  An output aliasing a value of another name takes its
+     * own. */
+    char want[256];
+    if (v->is_output || v->kind != KL_VAL_NODE) {
       c->node = NULL;
       kl_shape one = {0};
-      double zero = 0;
-      kl_value *z = kl_onnx_constant(c, v->dtype, &one, &zero, 1);
+      bool is_bool = v->dtype == KL_BOOL; /* x != false; x * 1 keeps -0 and NaN */
+      double unit = is_bool ? 0 : 1;
+      kl_value *z = kl_onnx_constant(c, v->dtype, &one, &unit, 1);
       kl_value *ins[2] = {v, z};
-      if (!z || !(v = kl_onnx_emit(c, v->dtype == KL_BOOL ? KL_OP_NE : KL_OP_ADD, ins, 2, NULL, 0)))
+      if (!z || !(v = kl_onnx_emit(c, is_bool ? KL_OP_NE : KL_OP_MUL, ins, 2, NULL, 0)))
         return -1;
       kl_graph_rename_value(c->g, v, ir_name(c->g, name));
+    } else if (strcmp(v->name, identifier(name, want, sizeof want))) {
+      kl_graph_rename_value(c->g, v, ir_name(c->g, name));
     }
+    if (strcmp(v->name, name)) v->label = kl_arena_strdup(&c->g->arena, name);
     /* The declared type, when given, must agree with what Kiln inferred. */
     kl_dtype dt;
     kl_shape s = {0};
@@ -858,6 +1113,7 @@ static kl_graph *load_model(Onnx__ModelProto *m, const char *path, const kl_onnx
   if (!rc) rc = convert_nodes(&c, m->graph);
   if (!rc) rc = check_value_info(&c, m->graph);
   if (!rc) rc = mark_outputs(&c, m->graph);
+  if (!rc && !c.g->train) kl_graph_drop_unread_params(c.g); /* consumed while loading */
   if (!rc) rc = kl_verify(c.g, err);
   if (rc && opt) {
     opt->unsupported_only = err->unsupported;
@@ -903,6 +1159,37 @@ kl_graph *kl_onnx_load(const char *path, kl_onnx_options *opt, kl_error *err) {
   }
   kl_onnx_file_close(&file);
   return g;
+}
+
+int kl_onnx_read_signature(const char *path, kl_onnx_signature *sig, kl_error *err) {
+  memset(sig, 0, sizeof *sig);
+  kl_onnx_file file;
+  Onnx__ModelProto *m = kl_onnx_unpack_file(path, &file, err);
+  kl_onnx_file_close(&file);
+  if (!m) return -1;
+  const Onnx__GraphProto *gp = m->graph;
+  if (!gp) {
+    onnx__model_proto__free_unpacked(m, NULL);
+    return kl_fail(err, (kl_loc){path, 0, 0}, "the model has no graph");
+  }
+  sig->inputs = calloc(gp->n_input + 1, sizeof *sig->inputs);
+  sig->outputs = calloc(gp->n_output + 1, sizeof *sig->outputs);
+  if (!sig->inputs || !sig->outputs) abort();
+  for (size_t i = 0; i < gp->n_input; i++) {
+    if (!gp->input[i]->name || is_initializer(gp, gp->input[i]->name)) continue;
+    kl_onnx_io *io = &sig->inputs[sig->ninputs++];
+    io_decl(gp->input[i], true, io);
+    for (int d = 0; d < io->rank; d++) sig->nsymbolic += io->dim_names[d][0] != 0;
+  }
+  for (size_t i = 0; i < gp->n_output; i++) io_decl(gp->output[i], false, &sig->outputs[sig->noutputs++]);
+  onnx__model_proto__free_unpacked(m, NULL);
+  return 0;
+}
+
+void kl_onnx_signature_free(kl_onnx_signature *sig) {
+  free(sig->inputs);
+  free(sig->outputs);
+  memset(sig, 0, sizeof *sig);
 }
 
 int kl_onnx_input_names(const char *path, char (*names)[256], int cap, kl_error *err) {

@@ -165,6 +165,19 @@ static kl_value *scalar_bound(kl_onnx_ctx *c, kl_value *v, const char *what) {
   return reshape(c, v, &s);
 }
 
+/* An integer bound at or past +-2^53 on the open side (an exporter's
+ * INT64_MAX for "no max", INT64_MIN for "no min") bounds nothing Kiln's
+ * integers can hold: dropped, rather than refused as inexact. */
+static kl_value *unless_sentinel(kl_value *v, int side) {
+  if (!v || (v->kind != KL_VAL_PARAM && v->kind != KL_VAL_CONST) || !v->data ||
+      kl_shape_numel(&v->shape) != 1 || (v->dtype != KL_I64 && v->dtype != KL_U64))
+    return v;
+  int64_t x, limit = (int64_t)1 << 53;
+  memcpy(&x, v->data, 8);
+  if (v->dtype == KL_U64) return side > 0 && (uint64_t)x >= (uint64_t)limit ? NULL : v;
+  return (side > 0 && x >= limit) || (side < 0 && x <= -limit) ? NULL : v;
+}
+
 /* max(x, min) then min(., max): NaN propagates, and min > max gives max,
  * as ONNX says.  Bounds are attributes before opset 11, inputs after. */
 static int convert_clip(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
@@ -176,10 +189,10 @@ static int convert_clip(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     if (kl_onnx_attr(n, "max") && !(hi = scalar_of(c, y, kl_onnx_attr_float(n, "max", 0))))
       return -1;
   } else {
-    if (kl_onnx_input(c, n, 1) && !(lo = scalar_bound(c, kl_onnx_input(c, n, 1), "min")))
-      return -1;
-    if (kl_onnx_input(c, n, 2) && !(hi = scalar_bound(c, kl_onnx_input(c, n, 2), "max")))
-      return -1;
+    kl_value *min = unless_sentinel(kl_onnx_input(c, n, 1), -1);
+    kl_value *max = unless_sentinel(kl_onnx_input(c, n, 2), 1);
+    if (min && !(lo = scalar_bound(c, min, "min"))) return -1;
+    if (max && !(hi = scalar_bound(c, max, "max"))) return -1;
   }
   if (lo) y = binary(c, KL_OP_MAXIMUM, y, lo);
   if (hi) y = binary(c, KL_OP_MINIMUM, y, hi);

@@ -333,20 +333,38 @@ static int convert_squeeze(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return bind0(c, n, emit1(c, un ? KL_OP_UNSQUEEZE : KL_OP_SQUEEZE, x, &a, un || na > 0));
 }
 
+/* Exporters write INT64_MAX or INT64_MIN for "to the end" (PyTorch's
+ * x[:, 1:]).  ONNX clamps bounds to the axis anyway, so a bound clamped into
+ * [-d - 1, d] for an axis of length d selects the same elements, whatever
+ * the step, and stays exact as the double the IR keeps. */
+static void clamp_slice_bounds(int64_t *bounds, int nb, const int64_t *axes, int naxes,
+                               const kl_value *x) {
+  for (int i = 0; i < nb && x; i++) {
+    int64_t axis = naxes >= 0 ? (i < naxes ? axes[i] : -KL_MAX_RANK - 1) : i;
+    if (axis < 0) axis += x->shape.rank;
+    if (axis < 0 || axis >= x->shape.rank) continue; /* the IR reports it */
+    int64_t d = x->shape.dims[axis];
+    bounds[i] = bounds[i] > d ? d : bounds[i] < -d - 1 ? -d - 1 : bounds[i];
+  }
+}
+
 /* Slice: starts, ends, axes as attributes before opset 10; constant inputs
  * (with steps) from it on. */
 static int convert_slice(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   static const char *const names[] = {"starts", "ends", "axes", "steps"};
   int64_t v[4][KL_MAX_RANK];
+  int len[4];
   kl_attr a[4];
   int na = 0;
   kl_value *x = need_input(c, n, 0);
   for (int k = 0; k < 4; k++) {
-    int len = ints_arg(c, n, names[k], k + 1, 10, v[k], KL_MAX_RANK);
-    if (len == -2) return -1;
-    if (len < 0 && k < 2) return kl_onnx_fail(c, "needs %s", names[k]);
-    if (len >= 0) a[na++] = kl_ais(names[k], v[k], len);
+    len[k] = ints_arg(c, n, names[k], k + 1, 10, v[k], KL_MAX_RANK);
+    if (len[k] == -2) return -1;
+    if (len[k] < 0 && k < 2) return kl_onnx_fail(c, "needs %s", names[k]);
   }
+  for (int k = 0; k < 2; k++) clamp_slice_bounds(v[k], len[k], v[2], len[2], x);
+  for (int k = 0; k < 4; k++)
+    if (len[k] >= 0) a[na++] = kl_ais(names[k], v[k], len[k]);
   return bind0(c, n, emit1(c, KL_OP_SLICE, x, a, na));
 }
 

@@ -158,7 +158,7 @@ kl_tensor *kl_read_tensor_pb(const char *path, kl_error *err) {
   kl_tensor *out = kl_tensor_new((kl_dtype)raw.dtype, &s);
   if (kl_tensor_from_raw(out, raw.data)) {
     kl_fail(err, (kl_loc){path, 0, 0},
-            "an i64 value lies beyond 2^53, which the interpreter cannot represent exactly");
+            "a 64-bit integer lies beyond 2^53, which cannot be held exactly");
     kl_tensor_free(out);
     out = NULL;
   }

@@ -145,6 +145,31 @@ void kl_graph_rename_node(kl_graph *g, kl_node *n, const char *name) {
   index_put(&g->node_names, n, node_name_of);
 }
 
+int kl_graph_drop_unread_params(kl_graph *g) {
+  bool *read = calloc((size_t)g->values.len + 1, 1);
+  if (!read) abort();
+  for (int i = 0; i < g->nodes.len; i++)
+    for (int k = 0; k < g->nodes.items[i]->ninputs; k++) read[g->nodes.items[i]->inputs[k]->id] = true;
+  int kept = 0, dropped = 0;
+  for (int i = 0; i < g->params.len; i++) {
+    kl_value *v = g->params.items[i];
+    if (read[v->id] || v->is_output) g->params.items[kept++] = v;
+    else v->id = -1, dropped++;
+  }
+  g->params.len = kept;
+  if (dropped) {
+    kept = 0;
+    for (int i = 0; i < g->values.len; i++)
+      if (g->values.items[i]->id >= 0) (g->values.items[kept] = g->values.items[i])->id = kept, kept++;
+    g->values.len = kept;
+    free(g->value_names.slots); /* the names of what is left, anew */
+    g->value_names = (kl_name_index){0};
+    for (int i = 0; i < g->values.len; i++) index_put(&g->value_names, g->values.items[i], value_name_of);
+  }
+  free(read);
+  return dropped;
+}
+
 static bool name_taken(const kl_graph *g, const char *name) {
   return kl_graph_find_value(g, name) || kl_graph_find_node(g, name);
 }

@@ -120,8 +120,8 @@ int kl_value_materialize(const kl_value *v, kl_tensor **out, kl_error *err) {
     }
     if (kl_tensor_from_raw(t, v->data)) {
       kl_tensor_free(t);
-      return kl_fail(err, v->loc, "'%s' holds an i64 value beyond 2^53, which the "
-                     "interpreter cannot represent exactly", v->name);
+      return kl_fail(err, v->loc, "%s constant '%s' holds a value beyond 2^53, which "
+                     "cannot be held exactly", kl_dtype_name(v->dtype), v->name);
     }
   }
   *out = t;

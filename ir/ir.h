@@ -188,7 +188,15 @@ struct kl_value {
   bool is_output;
   int id;             /* index in graph->values */
   kl_loc loc;
+  /* A graph input's or output's name as the model spells it, when that is
+   * not the IR name (an ONNX "sigmoid_0.tmp_0" is IR sigmoid_0_tmp_0);
+   * NULL otherwise.  What users see: kl_value_label. */
+  const char *label;
 };
+
+static inline const char *kl_value_label(const kl_value *v) {
+  return v->label ? v->label : v->name;
+}
 
 struct kl_node {
   kl_op op;
@@ -291,6 +299,11 @@ kl_node *kl_graph_find_node(const kl_graph *g, const char *name);
  * unique. */
 void kl_graph_rename_value(kl_graph *g, kl_value *v, const char *name);
 void kl_graph_rename_node(kl_graph *g, kl_node *n, const char *name);
+/* Drop the params and consts that no node reads and that are not outputs
+ * (an ONNX initializer consumed while loading: a Slice bound, a Reshape
+ * target), so they are neither checked nor written as weights.  Values are
+ * renumbered; returns how many were dropped. */
+int kl_graph_drop_unread_params(kl_graph *g);
 
 /* Add a node; runs shape inference, creating its outputs (named from
  * `out_names` when given, else "<name>" / "<name>.K").  Returns NULL and
@@ -333,6 +346,13 @@ int kl_verify(const kl_graph *g, kl_error *err);
 int kl_topo_order(const kl_graph *g, kl_node **order, kl_error *err);
 /* Stable IR text, in the syntax the .kl parser reads back. */
 void kl_print_graph(FILE *f, const kl_graph *g);
+/* The same, with the contents too large to print (kl_print_inlines false:
+ * data, or weights load()ed from elsewhere) as load(weights, key=NAME): the
+ * caller writes them, by their names, into that .safetensors file (a path
+ * relative to the printed file's folder), so the text parses back to the
+ * same graph on its own.  kl_print_graph says only how large data is. */
+void kl_print_graph_weights(FILE *f, const kl_graph *g, const char *weights);
+bool kl_print_inlines(const kl_value *v);
 
 /* The taps of a resize node (input index, weight) for output position o
  * along axis d, as the interpreter computes them, so that compiled kernels

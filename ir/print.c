@@ -58,8 +58,25 @@ static void print_attr(FILE *f, const kl_attr *a) {
  * ones (weights loaded from files) only say how big they are. */
 enum { MAX_INLINE_VALUES = 256 };
 
-static void print_init(FILE *f, const kl_value *v) {
+bool kl_print_inlines(const kl_value *v) {
+  bool contents = v->init.kind == KL_INIT_DATA || v->init.kind == KL_INIT_LOAD;
+  return !contents || !v->data || kl_shape_numel(&v->shape) <= MAX_INLINE_VALUES;
+}
+
+static void print_init(FILE *f, const kl_value *v, const char *weights) {
   const kl_init *in = &v->init;
+  if (weights && !kl_print_inlines(v)) { /* the caller writes it there */
+    fputs(" = load(", f); print_string(f, weights);
+    fputs(", key=", f); print_string(f, v->name);
+    fputc(')', f);
+    return;
+  }
+  if (weights && in->kind == KL_INIT_LOAD && v->data) { /* small: printed, self-contained */
+    kl_value data = *v;
+    data.init.kind = KL_INIT_DATA;
+    print_init(f, &data, weights);
+    return;
+  }
   switch (in->kind) {
   case KL_INIT_NONE: break;
   case KL_INIT_ZEROS: fputs(" = zeros", f); break;
@@ -100,7 +117,9 @@ static void print_init(FILE *f, const kl_value *v) {
   }
 }
 
-void kl_print_graph(FILE *f, const kl_graph *g) {
+void kl_print_graph(FILE *f, const kl_graph *g) { kl_print_graph_weights(f, g, NULL); }
+
+void kl_print_graph_weights(FILE *f, const kl_graph *g, const char *weights) {
   fprintf(f, "model %s\n", g->name);
   for (int i = 0; i < g->inputs.len; i++) {
     fprintf(f, "input %s: ", g->inputs.items[i]->name);
@@ -111,7 +130,7 @@ void kl_print_graph(FILE *f, const kl_graph *g) {
     const kl_value *v = g->params.items[i];
     fprintf(f, "%s %s: ", v->kind == KL_VAL_PARAM ? "param" : "const", v->name);
     print_type(f, v);
-    print_init(f, v);
+    print_init(f, v, weights);
     fputc('\n', f);
   }
   kl_node **order = malloc(((size_t)g->nodes.len + 1) * sizeof *order);

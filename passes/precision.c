@@ -361,6 +361,7 @@ static int fix_output(prec_ctx *c, int i) {
   if (!n) return -1;
   v->is_output = false;
   n->outputs[0]->is_output = true;
+  n->outputs[0]->label = v->label; /* the name the model's user knows */
   c->g->outputs.items[i] = n->outputs[0];
   return 0;
 }

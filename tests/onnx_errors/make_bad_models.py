@@ -56,7 +56,10 @@ blob = good.SerializeToString()
 write("truncated", "not an ONNX model", data=blob[: len(blob) // 2])
 write("not_protobuf", "not an ONNX model", data=b"\xff\xff\xff\xff this is not protobuf")
 write("empty_file", "no graph", data=b"")
-write("negative_dim", "negative", m=model([relu("x", "y")], [vi("x", [2, -3])], [vi("y", [2, -3])]))
+# an exporter's -1 is a symbolic dim, named after the input and its place
+write("negative_dim", "input 'x' is declared f32[2, x_dim1], with symbolic dims: bind them with "
+      "--shape x=d0,d1,... or --dim x_dim1=N",
+      m=model([relu("x", "y")], [vi("x", [2, -3])], [vi("y", [2, -3])]))
 big = raw_tensor("w", [1 << 40, 1 << 40], b"")
 write("overflowing_dims", "more than 2147483647 elements",
       m=model([helper.make_node("Add", ["x", "w"], ["y"])], [vi("x", [1])], [vi("y", [1])], [big]))
@@ -84,6 +87,34 @@ write("no_outputs", "no outputs", m=model([relu("x", "y")], [vi("x", [2])], []))
 write("no_opset", "imports no opset",
       m=helper.make_model(helper.make_graph([relu("x", "y")], "g", [vi("x", [2])], [vi("y", [2])]),
                           opset_imports=[helper.make_opsetid("com.example", 1)]))
+write("opset_too_new", "imports opset 99 of domain 'ai.onnx'; Kiln reads opsets up to",
+      m=model([relu("x", "y")], [vi("x", [2])], [vi("y", [2])], opset=99))
+write("ml_opset_too_new", "imports opset 7 of domain 'ai.onnx.ml'",
+      m=helper.make_model(helper.make_graph([relu("x", "y")], "g", [vi("x", [2])], [vi("y", [2])]),
+                          opset_imports=[helper.make_opsetid("", 17),
+                                         helper.make_opsetid("ai.onnx.ml", 7)]))
+I64 = TensorProto.INT64
+i64max = np.iinfo(np.int64).max
+# a 64-bit constant a node reads must be exact as a double: named at that node
+write("i64_constant_beyond_2p53",
+      "node 'add_big' (Add): i64 constant 'big' holds 9223372036854775807 at element 1, beyond 2^53",
+      m=model([helper.make_node("Add", ["x", "big"], ["y"], name="add_big")],
+              [vi("x", [2], I64)], [vi("y", [2], I64)],
+              [numpy_helper.from_array(np.array([1, i64max], np.int64), "big")]))
+# ... but a Slice bound of INT64_MAX (PyTorch's x[:, 1:]) is "to the end": it runs
+write("slice_int64_max_ends", "",
+      m=model([helper.make_node("Constant", [], ["ends"], name="const_25",
+                                value=numpy_helper.from_array(np.array([i64max], np.int64))),
+               helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["y"], name="Slice_7")],
+              [vi("x", [2, 5])], [vi("y", [2, 4])],
+              [numpy_helper.from_array(np.array([1], np.int64), "starts"),
+               numpy_helper.from_array(np.array([1], np.int64), "axes")], check=True))
+# ... and so is Clip's max of INT64_MAX on an i64 tensor (no bound)
+write("clip_int64_max_bound", "",
+      m=model([helper.make_node("Clip", ["x", "lo", "hi"], ["y"], name="clamp_long")],
+              [vi("x", [3], I64)], [vi("y", [3], I64)],
+              [numpy_helper.from_array(np.array(0, np.int64), "lo"),
+               numpy_helper.from_array(np.array(i64max, np.int64), "hi")], check=True))
 write("unsupported_listed_at_once", "2 unsupported nodes",
       m=model([helper.make_node("StringNormalizer", ["x"], ["a"], name="first_bad"),
                 helper.make_node("Relu", ["a"], ["b"], name="fine"),

@@ -14,6 +14,9 @@ decomposed LayerNorm and Gelu, Clip with min/max inputs, ...):
     bert_dynamic  the same with symbolic batch/sequence dims, as exported
                   with dynamic axes; args.json binds them with --shape
     gpt2_block    GPT-2 embeddings + 2 pre-norm blocks + LM head (opset 17)
+    crnn          a CRNN text recognizer (conv stack, bidirectional LSTM) as
+                  torch exports it: a -1 batch dim, INT64_MAX Slice ends,
+                  dotted names (opset 13); args.json binds the dim by --dim
 
 Each lands in OUTDIR/<name>/ as model.onnx plus test_data_set_0/input_K.pb
 and output_K.pb, the layout of ONNX's backend tests (plus args.json, extra
@@ -364,9 +367,55 @@ def gpt2_block():
     return m, feeds
 
 
+CRNN_HIDDEN, CRNN_CLASSES = 32, 12
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def crnn():
+    """A text-line recognizer as torch.onnx.export writes a CRNN: conv stack
+    (Conv+BatchNorm+Relu, MaxPool), the feature map folded into a sequence
+    (view from Shape, permute), a bidirectional LSTM, a linear head and
+    log_softmax.  The exporter's idioms: the batch dim declared as -1,
+    `x[1:]` and `x[:, :, 1:]` as Slices whose ends are INT64_MAX Constants,
+    Constant-node Slice/Reshape arguments, output names with dots."""
+    g = Graph(31)
+    x = "input.1"
+    y = g.op("Relu", [g.conv_bn(x, 1, 16, 3)])
+    y = g.op("MaxPool", [y], kernel_shape=[2, 2], strides=[2, 2])          # 16x16x48
+    y = g.op("Relu", [g.conv_bn(y, 16, 32, 3)])
+    y = g.op("MaxPool", [y], kernel_shape=[2, 2], strides=[2, 2])          # 32x8x24
+    y = g.op("Relu", [g.conv_bn(y, 32, 32, 3)])
+    y = g.op("MaxPool", [y], kernel_shape=[2, 1], strides=[2, 1])          # 32x4x24
+    # the width columns from the second on: x[:, :, :, 1:]
+    y = g.op("Slice", [y, g.const([1], np.int64), g.const([INT64_MAX], np.int64),
+                       g.const([3], np.int64), g.const([1], np.int64)])    # 32x4x23
+    # b, c, h, w = y.size(); y.view(b, c * h, w).permute(2, 0, 1)
+    b = g.dims(y, 0)
+    seq = g.op("Reshape", [y, g.op("Concat", [b, g.const([128, -1], np.int64)], axis=0)])
+    seq = g.op("Transpose", [seq], perm=[2, 0, 1])                         # T, B, 128
+    h = CRNN_HIDDEN
+    w = g.weight("lstm_W", (2, 4 * h, 128), 128, 0.5)
+    r = g.weight("lstm_R", (2, 4 * h, h), h, 0.5)
+    bias = g.uniform("lstm_B", (2, 8 * h), -0.1, 0.1)
+    out = g.op("LSTM", [seq, w, r, bias], nout=3, hidden_size=h, direction="bidirectional")[0]
+    out = g.op("Transpose", [out], perm=[0, 2, 1, 3])                      # T, B, 2, h
+    out = g.op("Reshape", [out, g.const([0, 0, -1], np.int64)])            # T, B, 2h
+    out = g.op("Slice", [out, g.const([1], np.int64), g.const([INT64_MAX], np.int64),
+                         g.const([0], np.int64)])                          # x[1:]
+    logits = g.linear(out, 2 * h, CRNN_CLASSES)
+    g.op("LogSoftmax", [logits], axis=2)
+    g.output("log_probs.0")
+    batch = 2
+    m = g.model("crnn", [helper.make_tensor_value_info(x, F32, [-1, 1, 32, 96])],
+                [helper.make_tensor_value_info("log_probs.0", F32, [22, -1, CRNN_CLASSES])], 13)
+    feeds = {x: np.random.default_rng(5).standard_normal((batch, 1, 32, 96)).astype(np.float32)}
+    # the -1 is a symbolic dim named after the input; bound by name
+    return m, feeds, ["--dim", "input.1_dim0=%d" % batch]
+
+
 MODELS = {"resnet18": resnet18, "mobilenetv2": mobilenetv2,
           "bert_block": bert_block, "bert_dynamic": bert_dynamic,
-          "gpt2_block": gpt2_block}
+          "gpt2_block": gpt2_block, "crnn": crnn}
 
 
 def reference(model, feeds):

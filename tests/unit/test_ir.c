@@ -294,6 +294,36 @@ static void test_rng_is_deterministic(void **state) {
 /* The op table's own rules: ONNX names are unique (the ONNX frontend looks
  * rows up by them), only elementwise rows have a CUDA expression, and a
  * template's only conversion is %s (it is used as a format). */
+/* Params no node reads (consumed while loading an ONNX model) leave the
+ * graph; read ones and outputs stay, values renumbered, names found. */
+static void test_drop_unread_params(void **state) {
+  (void)state;
+  kl_graph *g = kl_graph_new("t");
+  kl_value *x = input(g, "x", KL_F32, S(1, 2));
+  kl_init zeros = {.kind = KL_INIT_ZEROS};
+  kl_shape one = S(1, 1), row = S(1, 2);
+  kl_value *unread = kl_graph_add_param(g, "unread", KL_I64, &one, KL_VAL_CONST, zeros, noloc);
+  kl_value *w = kl_graph_add_param(g, "w", KL_F32, &row, KL_VAL_PARAM, zeros, noloc);
+  kl_value *out = kl_graph_add_param(g, "out", KL_F32, &row, KL_VAL_PARAM, zeros, noloc);
+  kl_error err;
+  kl_node *n = kl_graph_add_node(g, KL_OP_ADD, NULL, (kl_value *[]){x, w}, 2, NULL, 0, NULL, 0,
+                                 noloc, &err);
+  assert_non_null(n);
+  assert_int_equal(kl_graph_mark_output(g, n->outputs[0], &err), 0);
+  assert_int_equal(kl_graph_mark_output(g, out, &err), 0);
+  (void)unread;
+  assert_int_equal(kl_graph_drop_unread_params(g), 1);
+  assert_int_equal(g->params.len, 2);
+  assert_ptr_equal(g->params.items[0], w);
+  assert_ptr_equal(g->params.items[1], out);
+  assert_null(kl_graph_find_value(g, "unread"));
+  assert_ptr_equal(kl_graph_find_value(g, "w"), w);
+  for (int i = 0; i < g->values.len; i++) assert_int_equal(g->values.items[i]->id, i);
+  assert_int_equal(kl_verify(g, &err), 0);
+  assert_int_equal(kl_graph_drop_unread_params(g), 0);
+  kl_graph_free(g);
+}
+
 static void test_op_table_columns(void **state) {
   (void)state;
   for (int i = 0; i < KL_OP_COUNT; i++) {
@@ -325,6 +355,7 @@ int main(void) {
       cmocka_unit_test(test_verify_accepts_good_graph),
       cmocka_unit_test(test_verify_catches_errors),
       cmocka_unit_test(test_topo_order),
+      cmocka_unit_test(test_drop_unread_params),
       cmocka_unit_test(test_dtype_round),
       cmocka_unit_test(test_interpret_broadcast_add),
       cmocka_unit_test(test_rng_is_deterministic),
