@@ -806,8 +806,11 @@ static bool handles_resize(const kl_node *n) {
   if (n->op != KL_OP_RESIZE || n->inputs[0]->dtype == KL_BOOL || n->inputs[0]->shape.rank < 1 ||
       kl_resize_tap_at(n, 0, 0, &tp))
     return false;
-  int64_t total = 0;
-  for (int d = 0; d < n->outputs[0]->shape.rank; d++) total += 4 * n->outputs[0]->shape.dims[d];
+  int64_t total = 0; /* every output index of an axis has as many taps */
+  for (int d = 0; d < n->outputs[0]->shape.rank; d++) {
+    if (kl_resize_tap_at(n, d, 0, &tp)) return false;
+    total += (tp.ntap > 4 ? tp.ntap : 4) * n->outputs[0]->shape.dims[d];
+  }
   return total <= RESIZE_MAX_TABLE;
 }
 

@@ -808,8 +808,76 @@ static int const_floats(kl_onnx_ctx *c, kl_value *v, const char *what, double *o
   return (int)t->numel;
 }
 
+/* Resize-18's axes: the scales, sizes and roi given for `axes` only,
+ * spread over every axis (the others keep scale 1, their size and the
+ * whole roi).  n* are the counts read; each becomes per-axis. */
+static int resize_spread_axes(kl_onnx_ctx *c, const Onnx__NodeProto *n, const kl_value *x,
+                              double *scales,
+                              int *nscales, int64_t *sizes, int *nsizes, double *roi,
+                              int *nroi, int64_t *axes, int *naxes) {
+  const int64_t *ax;
+  int k = kl_onnx_attr_ints(n, "axes", &ax), r = x->shape.rank;
+  *naxes = r;
+  for (int d = 0; d < r; d++) axes[d] = d;
+  if (k < 0) return 0;
+  if (k < 1 || k > r) return kl_onnx_fail(c, "axes has %d entries for rank %d", k, r);
+  bool seen[KL_MAX_RANK] = {false};
+  for (int i = 0; i < k; i++) {
+    int64_t a = ax[i] < 0 ? ax[i] + r : ax[i];
+    if (a < 0 || a >= r || seen[a])
+      return kl_onnx_fail(c, "axes[%d] = %lld is out of range or repeated", i, (long long)ax[i]);
+    seen[a] = true;
+    axes[i] = a;
+  }
+  if ((*nscales && *nscales != k) || (*nsizes && *nsizes != k) || (*nroi && *nroi != 2 * k))
+    return kl_onnx_fail(c, "scales, sizes and roi must have one entry (roi: two) per axis in "
+                        "axes (%d)", k);
+  double sc[KL_MAX_RANK], ro[2 * KL_MAX_RANK];
+  int64_t sz[KL_MAX_RANK];
+  for (int d = 0; d < r; d++) sc[d] = 1.0, sz[d] = x->shape.dims[d], ro[d] = 0.0, ro[r + d] = 1.0;
+  for (int i = 0; i < k; i++) {
+    if (*nscales) sc[axes[i]] = scales[i];
+    if (*nsizes) sz[axes[i]] = sizes[i];
+    if (*nroi) ro[axes[i]] = roi[i], ro[r + axes[i]] = roi[k + i];
+  }
+  memcpy(scales, sc, sizeof sc);
+  memcpy(roi, ro, sizeof ro);
+  memcpy(sizes, sz, sizeof sz);
+  *naxes = k;
+  if (*nscales) *nscales = r;
+  if (*nroi) *nroi = 2 * r;
+  if (*nsizes) *nsizes = r;
+  return 0;
+}
+
+/* keep_aspect_ratio_policy "not_larger" / "not_smaller": one scale for
+ * the resized axes, the least / greatest of sizes / in, and sizes
+ * round(scale * in) (halves up). */
+static int resize_keep_aspect(kl_onnx_ctx *c, const char *policy, const kl_value *x,
+                              const int64_t *axes, int naxes, int64_t *sizes, double *scales) {
+  bool larger = !strcmp(policy, "not_smaller");
+  if (!larger && strcmp(policy, "not_larger"))
+    return kl_onnx_fail(c, "keep_aspect_ratio_policy must be \"stretch\", \"not_larger\" or "
+                        "\"not_smaller\", not \"%s\"", policy);
+  double scale = 0;
+  for (int i = 0; i < naxes; i++) {
+    double s = (double)sizes[axes[i]] / (double)x->shape.dims[axes[i]];
+    if (i == 0 || (larger ? s > scale : s < scale)) scale = s;
+  }
+  for (int d = 0; d < x->shape.rank; d++) scales[d] = 1.0;
+  for (int i = 0; i < naxes; i++) {
+    double len = floor(scale * (double)x->shape.dims[axes[i]] + 0.5);
+    if (!(len >= 1 && len <= (double)KL_MAX_NUMEL))
+      return kl_onnx_fail(c, "axis %lld would resize to %g elements", (long long)axes[i], len);
+    sizes[axes[i]] = (int64_t)len;
+    scales[axes[i]] = scale;
+  }
+  return 0;
+}
+
 /* Scales give floor(in * scale) outputs (the crop's share of it for
- * tf_crop_and_resize); sizes give the scales out / in. */
+ * tf_crop_and_resize); sizes give the scales out / in, unless a
+ * keep_aspect_ratio_policy fixes one scale for them all. */
 static int convert_resize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   bool upsample = !strcmp(n->op_type, "Upsample");
   kl_value *x = need_input(c, n, 0);
@@ -818,8 +886,10 @@ static int convert_resize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   double scales[KL_MAX_RANK], roi[2 * KL_MAX_RANK];
   int64_t sizes[KL_MAX_RANK];
   int nscales = 0, nsizes = 0, nroi = 0;
+  bool sized_scales = false; /* scales to pass beside sizes */
   const char *mode = kl_onnx_attr_string(c, n, "mode", "nearest");
   const char *coord = "asymmetric", *nearest = "floor";
+  bool antialias = false;
   if (upsample && c->opset < 9) {
     const Onnx__AttributeProto *a = kl_onnx_attr(n, "scales");
     if (!a) return kl_onnx_fail(c, "attribute scales is required");
@@ -831,17 +901,23 @@ static int convert_resize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   } else {
     coord = kl_onnx_attr_string(c, n, "coordinate_transformation_mode", "half_pixel");
     nearest = kl_onnx_attr_string(c, n, "nearest_mode", "round_prefer_floor");
-    if (kl_onnx_attr_int(n, "antialias", 0)) return kl_onnx_unsupported(c, "antialias is not supported");
-    if (kl_onnx_attr(n, "axes")) return kl_onnx_unsupported(c, "the axes attribute is not supported");
-    const char *policy = kl_onnx_attr_string(c, n, "keep_aspect_ratio_policy", "stretch");
-    if (strcmp(policy, "stretch"))
-      return kl_onnx_unsupported(c, "keep_aspect_ratio_policy \"%s\" is not supported", policy);
+    antialias = kl_onnx_attr_int(n, "antialias", 0) != 0;
     if (!strcmp(coord, "tf_crop_and_resize") &&
         (nroi = const_floats(c, kl_onnx_input(c, n, 1), "roi", roi, 2 * KL_MAX_RANK)) < 0)
       return -1;
     nscales = const_floats(c, kl_onnx_input(c, n, 2), "scales", scales, KL_MAX_RANK);
     kl_value *sz = kl_onnx_input(c, n, 3);
     if (sz && (nsizes = kl_onnx_const_ints(c, sz, "sizes", sizes, KL_MAX_RANK)) < 0) return -1;
+    if (nscales < 0) return -1;
+    int64_t axes[KL_MAX_RANK];
+    int naxes;
+    if (resize_spread_axes(c, n, x, scales, &nscales, sizes, &nsizes, roi, &nroi, axes, &naxes))
+      return -1;
+    const char *policy = kl_onnx_attr_string(c, n, "keep_aspect_ratio_policy", "stretch");
+    if (nsizes == r && strcmp(policy, "stretch")) {
+      if (resize_keep_aspect(c, policy, x, axes, naxes, sizes, scales)) return -1;
+      sized_scales = true;
+    }
   }
   if (nscales < 0) return -1;
   if (!strcmp(mode, "bilinear")) mode = "linear"; /* Upsample-7's name */
@@ -860,10 +936,10 @@ static int convert_resize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
         return kl_onnx_fail(c, "axis %d would resize to %g elements", d, (double)len);
       sizes[d] = (int64_t)len;
     }
-  kl_attr a[10];
+  kl_attr a[11];
   int na = 0;
   a[na++] = kl_ais("sizes", sizes, r);
-  if (!nsizes)
+  if (!nsizes || sized_scales)
     a[na++] = (kl_attr){.name = "scales", .kind = KL_ATTR_FLOATS, .floats = scales, .n = r};
   if (nroi) a[na++] = (kl_attr){.name = "roi", .kind = KL_ATTR_FLOATS, .floats = roi, .n = 2 * r};
   a[na++] = kl_as("mode", mode);
@@ -872,6 +948,7 @@ static int convert_resize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   a[na++] = kl_af("cubic_coeff_a", kl_onnx_attr_float(n, "cubic_coeff_a", -0.75));
   a[na++] = kl_ai("exclude_outside", kl_onnx_attr_int(n, "exclude_outside", 0));
   a[na++] = kl_af("extrapolation_value", kl_onnx_attr_float(n, "extrapolation_value", 0.0));
+  if (antialias) a[na++] = kl_ai("antialias", 1);
   kl_value *y = unary(c, KL_OP_RESIZE, x, a, na);
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }

@@ -334,9 +334,10 @@ void kl_print_graph(FILE *f, const kl_graph *g);
  * along axis d, as the interpreter computes them, so that compiled kernels
  * use the very same coordinates; ntap 0 means outside (tf_crop_and_resize
  * extrapolates).  -1 when the node's attributes are invalid. */
+enum { KL_RESIZE_MAX_TAPS = 64 }; /* antialias widens the filter up to this */
 typedef struct {
-  int64_t idx[4];
-  double w[4];
+  int64_t idx[KL_RESIZE_MAX_TAPS];
+  double w[KL_RESIZE_MAX_TAPS];
   int ntap;
 } kl_resize_taps;
 int kl_resize_tap_at(const kl_node *n, int d, int64_t o, kl_resize_taps *out);

@@ -57,10 +57,20 @@ static const char *const nearest_modes[] = {
 typedef struct {
   int mode, coord, nearest;
   double a, extrapolation;
-  bool exclude_outside;
+  bool exclude_outside, antialias;
   int64_t sizes[KL_MAX_RANK];
   double scales[KL_MAX_RANK], roi[2 * KL_MAX_RANK];
 } resize_cfg;
+
+/* With antialias, the first tap's offset from the left neighbour: the
+ * filter (support 1 linear, 2 cubic) stretched by 1 / scale when
+ * downscaling, as the ONNX reference.  The taps run to 1 - start. */
+static int64_t antialias_start(const resize_cfg *r, int d) {
+  double s = r->scales[d] < 1 ? r->scales[d] : 1.0;
+  double support = r->mode == R_CUBIC ? 2.0 : 1.0;
+  double start = floor(-support / s) + 1;
+  return start < -1e6 ? -1000000 : (int64_t)start;
+}
 
 static int resize_setup(const kl_node *n, kl_error *err, resize_cfg *r) {
   const kl_value *x = n->inputs[0];
@@ -71,8 +81,10 @@ static int resize_setup(const kl_node *n, kl_error *err, resize_cfg *r) {
            coord_modes, &r->coord) ||
       pick(n, err, "nearest_mode", "round_prefer_floor", nearest_modes,
            &r->nearest) ||
-      kl_attr_flag(n, err, "exclude_outside", 0, &r->exclude_outside))
+      kl_attr_flag(n, err, "exclude_outside", 0, &r->exclude_outside) ||
+      kl_attr_flag(n, err, "antialias", 0, &r->antialias))
     return -1;
+  if (r->mode == R_NEAREST) r->antialias = false; /* a filter of linear and cubic only */
   r->a = kl_attr_float(n, "cubic_coeff_a", -0.75);
   r->extrapolation = kl_attr_float(n, "extrapolation_value", 0.0);
   const int64_t *sizes;
@@ -92,10 +104,14 @@ static int resize_setup(const kl_node *n, kl_error *err, resize_cfg *r) {
   if (floats_attr(n, err, "scales", rank, r->scales) < 0 ||
       floats_attr(n, err, "roi", 2 * rank, r->roi) < 0)
     return -1;
-  for (int d = 0; d < rank; d++)
+  for (int d = 0; d < rank; d++) {
     if (!(r->scales[d] > 0) || !isfinite(r->scales[d]))
       return KL_NODE_FAIL(n, err, "scales[%d] = %g must be positive", d,
                           r->scales[d]);
+    if (r->antialias && antialias_start(r, d) < 1 - KL_RESIZE_MAX_TAPS / 2)
+      return KL_NODE_FAIL(n, err, "antialias at scales[%d] = %g needs more than "
+                          "%d taps", d, r->scales[d], KL_RESIZE_MAX_TAPS);
+  }
   return 0;
 }
 
@@ -112,13 +128,9 @@ int kl_infer_RESIZE(kl_node *n, kl_error *err) {
   return kl_set_checked_output(n, err, 0, x->dtype, &out);
 }
 
-/* Up to four taps (input index, weight) for one output index on one axis;
+/* The taps (input index, weight) for one output index on one axis;
  * ntap 0 means "outside the crop: use the extrapolation value". */
-typedef struct {
-  int64_t idx[4];
-  double w[4];
-  int ntap;
-} taps;
+typedef kl_resize_taps taps;
 
 /* The input coordinate of output index o on an axis (ONNX's formulas,
  * with the fractional output width scale * in); *outside for
@@ -149,6 +161,29 @@ static double source_coord(const resize_cfg *r, int d, int rank, int64_t o,
   }
 }
 
+/* Keys' cubic kernel at distance x. */
+static double cubic_kernel(double x, double a) {
+  x = fabs(x);
+  if (x <= 1) return ((a + 2) * x - (a + 3)) * x * x + 1;
+  if (x < 2) return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;
+  return 0;
+}
+
+/* Antialias weights of the taps base + start .. base + 1 - start: the
+ * filter at (i - t) * scale (scale at most 1), normalised to sum 1. */
+static int antialias_coeffs(const resize_cfg *r, int d, double t, double *c) {
+  double s = r->scales[d] < 1 ? r->scales[d] : 1.0, sum = 0;
+  int64_t start = antialias_start(r, d);
+  int nt = (int)(2 - 2 * start);
+  for (int k = 0; k < nt; k++) {
+    double x = ((double)(start + k) - t) * s;
+    c[k] = r->mode == R_CUBIC ? cubic_kernel(x, r->a) : fmax(0.0, 1 - fabs(x));
+    sum += c[k];
+  }
+  for (int k = 0; k < nt; k++) c[k] /= sum;
+  return nt;
+}
+
 static void cubic_coeffs(double t, double a, double *c) {
   double u = 1 - t;
   c[0] = ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a;
@@ -177,8 +212,11 @@ static void make_taps(const resize_cfg *r, int d, int rank, int64_t o,
     t = 1;
   }
   int64_t first;
-  double c[4];
-  if (r->mode == R_NEAREST) {
+  double c[KL_RESIZE_MAX_TAPS];
+  if (r->antialias) {
+    tp->ntap = antialias_coeffs(r, d, t, c);
+    first = base + antialias_start(r, d);
+  } else if (r->mode == R_NEAREST) {
     bool right = true;
     if (t < 1) {
       switch (r->nearest) {
@@ -217,11 +255,7 @@ int kl_resize_tap_at(const kl_node *n, int d, int64_t o, kl_resize_taps *out) {
   resize_cfg r;
   const kl_value *x = n->inputs[0];
   if (n->op != KL_OP_RESIZE || d < 0 || d >= x->shape.rank || resize_setup(n, NULL, &r)) return -1;
-  taps tp;
-  make_taps(&r, d, x->shape.rank, o, x->shape.dims[d], &tp);
-  memcpy(out->idx, tp.idx, sizeof tp.idx);
-  memcpy(out->w, tp.w, sizeof tp.w);
-  out->ntap = tp.ntap;
+  make_taps(&r, d, x->shape.rank, o, x->shape.dims[d], out);
   return 0;
 }
 
