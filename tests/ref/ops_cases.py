@@ -1987,6 +1987,16 @@ def resize_coord(mode, o, size_in, size_out, scale, roi0=0.0, roi1=1.0):
     return 0.5 * (roi0 + roi1) * (size_in - 1)
 
 
+def cubic_weight(d, a):
+    """Keys' cubic convolution kernel at distance d."""
+    d = abs(d)
+    if d <= 1:
+        return ((a + 2) * d - (a + 3)) * d * d + 1
+    if d < 2:
+        return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return 0.0
+
+
 def cubic_weights(t, a):
     """Keys' cubic convolution weights of the taps at distances 1+t, t,
     1-t, 2-t (ONNX's formulas)."""
@@ -2001,7 +2011,7 @@ def cubic_weights(t, a):
 
 
 def resize_matrix(n_in, n_out, scale, coord, mode, nearest_mode, a=-0.75,
-                  exclude_outside=0, roi0=0.0, roi1=1.0):
+                  exclude_outside=0, roi0=0.0, roi1=1.0, antialias=0):
     """[n_out, n_in] interpolation weights of one axis; a row of NaN marks
     a tf_crop_and_resize point outside the input."""
     m = np.zeros((n_out, n_in))
@@ -2012,7 +2022,21 @@ def resize_matrix(n_in, n_out, scale, coord, mode, nearest_mode, a=-0.75,
             continue
         fl = math.floor(x)
         t = x - fl
-        if mode == "nearest":
+        if antialias and mode != "nearest":
+            # the filter stretched by 1/scale when downscaling, normalised;
+            # taps counted from the left neighbour (t in (0, 1])
+            s = min(scale, 1.0)
+            if t == 0:
+                fl, t = fl - 1, 1.0
+            sup = 2.0 if mode == "cubic" else 1.0
+            start = math.floor(-sup / s) + 1
+            ks = range(start, 2 - start)
+            if mode == "cubic":
+                ws = [cubic_weight((k - t) * s, a) for k in ks]
+            else:
+                ws = [max(0.0, 1 - abs((k - t) * s)) for k in ks]
+            taps = [(fl + k, w / sum(ws)) for k, w in zip(ks, ws)]
+        elif mode == "nearest":
             if t == 0:
                 taps = [(fl, 1.0)]
             else:
@@ -2035,7 +2059,7 @@ def resize_matrix(n_in, n_out, scale, coord, mode, nearest_mode, a=-0.75,
 
 def resize_ref(x, sizes, scales=None, mode="nearest", coord="half_pixel",
                nearest_mode="round_prefer_floor", a=-0.75, exclude_outside=0,
-               roi=None, extrapolation=0.0):
+               roi=None, extrapolation=0.0, antialias=0):
     y = np.asarray(x, np.float64)
     rank = y.ndim
     outside = np.zeros(tuple(sizes), bool)
@@ -2043,7 +2067,7 @@ def resize_ref(x, sizes, scales=None, mode="nearest", coord="half_pixel",
         sc = scales[d] if scales is not None else sizes[d] / x.shape[d]
         r0, r1 = (roi[d], roi[rank + d]) if roi is not None else (0.0, 1.0)
         m = resize_matrix(x.shape[d], sizes[d], sc, coord, mode,
-                          nearest_mode, a, exclude_outside, r0, r1)
+                          nearest_mode, a, exclude_outside, r0, r1, antialias)
         bad = np.isnan(m[:, 0])
         sh = [1] * rank
         sh[d] = sizes[d]
@@ -2217,6 +2241,15 @@ def gen_ext_nn():
          ", coordinate_transformation_mode=tf_crop_and_resize",
          dict(coord="tf_crop_and_resize")),
         ("identity", x4, (1, 2, 3, 4), ", mode=cubic", dict(mode="cubic")),
+        ("linear_antialias_down", randn(r, (9, 13)), (4, 5),
+         ", mode=linear, antialias=1", dict(mode="linear", antialias=1)),
+        ("cubic_antialias_down_up", randn(r, (11, 4)), (3, 7),
+         ", mode=cubic, antialias=1", dict(mode="cubic", antialias=1)),
+        ("cubic_antialias_exclude_scales", randn(r, (2, 12)), (2, 5),
+         ", mode=cubic, antialias=1, exclude_outside=1, scales=[1.0, 0.45]",
+         dict(mode="cubic", antialias=1, exclude_outside=1,
+              scales=(1.0, 0.45))),
+        ("nearest_antialias_ignored", x2, (2, 3), ", antialias=1", {}),
     ]
     for name, x, sizes, src, kw in rs:
         name = "resize_" + name
