@@ -953,6 +953,56 @@ static int convert_resize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* ---- AffineGrid ------------------------------------------------------ */
+
+/* grid[n, p, :] = theta[n] @ [x, y, (z,) 1] for every point p of the
+ * spatial size (x along the last axis): the homogeneous coordinates are a
+ * constant [P, k + 1], and the whole grid one batched matmul with theta
+ * transposed. */
+static int convert_affine_grid(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *theta = need_input(c, n, 0), *sv = need_input(c, n, 1);
+  if (!theta || !sv) return -1;
+  int64_t size[5];
+  int ns = kl_onnx_const_ints(c, sv, "size", size, 5);
+  if (ns < 0) return -1;
+  int k = ns - 2;
+  if (k != 2 && k != 3) return kl_onnx_fail(c, "size must be [N, C, H, W] or [N, C, D, H, W]");
+  if (!kl_dtype_is_float(theta->dtype) || theta->shape.rank != 3 ||
+      theta->shape.dims[0] != size[0] || theta->shape.dims[1] != k ||
+      theta->shape.dims[2] != k + 1)
+    return kl_onnx_fail(c, "theta must be float [%lld, %d, %d]", (long long)size[0], k, k + 1);
+  bool ac = kl_onnx_attr_int(n, "align_corners", 0) != 0;
+  int64_t pts = 1;
+  for (int i = 0; i < k; i++) {
+    if (size[2 + i] < 1 || size[2 + i] > KL_MAX_NUMEL / pts)
+      return kl_onnx_fail(c, "size[%d] = %lld is not a length", 2 + i, (long long)size[2 + i]);
+    pts *= size[2 + i];
+  }
+  double *base = malloc(sizeof *base * (size_t)(pts * (k + 1)));
+  if (!base) return kl_onnx_fail(c, "out of memory");
+  for (int64_t p = 0; p < pts; p++) {
+    int64_t rest = p;
+    for (int i = k - 1; i >= 0; i--) { /* column k-1-i holds axis i */
+      int64_t len = size[2 + i], at = rest % len;
+      rest /= len;
+      double v = ac ? (len > 1 ? -1 + 2.0 * (double)at / (double)(len - 1) : -1.0)
+                    : (2.0 * (double)at + 1) / (double)len - 1;
+      base[p * (k + 1) + (k - 1 - i)] = v;
+    }
+    base[p * (k + 1) + k] = 1;
+  }
+  kl_shape bs = {2, {pts, k + 1}};
+  kl_value *b = kl_onnx_constant(c, theta->dtype, &bs, base, (int)(pts * (k + 1)));
+  free(base);
+  static const int64_t perm[3] = {0, 2, 1};
+  kl_value *g = binary(c, KL_OP_MATMUL, b, transpose(c, theta, perm));
+  int64_t out[5] = {size[0]};
+  for (int i = 0; i < k; i++) out[1 + i] = size[2 + i];
+  out[k + 1] = k;
+  g = reshape(c, g, out, k + 2);
+  return g ? kl_onnx_bind(c, n, 0, g) : -1;
+}
+
 /* ---- Einsum ---------------------------------------------------------- */
 
 /* Labels are letters (their ASCII codes) and the axes an ellipsis covers
@@ -1210,6 +1260,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"DepthToSpace", 1, convert_depth_space},
     {"SpaceToDepth", 1, convert_depth_space},
     {"Resize", 10, convert_resize},
+    {"AffineGrid", 20, convert_affine_grid},
     {"Upsample", 7, convert_resize},
     {"Einsum", 12, convert_einsum},
     {NULL, 0, NULL},
