@@ -378,8 +378,7 @@ static int emit_pool(kl_cg_emitter *e, const kl_node *n) {
   ints_or(n, "strides", 2, -1, dstride);
   for (int a = 0; a < 2; a++) wn.stride[a] = dstride[a] < 0 ? wn.k[a] : dstride[a];
   ints_or(n, "pads", 4, 0, wn.pad);
-  if (is_max) ints_or(n, "dilations", 2, 1, wn.dil);
-  else wn.dil[0] = wn.dil[1] = 1;
+  ints_or(n, "dilations", 2, 1, wn.dil);
   bool include_pad = !is_max && kl_attr_int(n, "count_include_pad", 0) != 0;
   int64_t h = x->shape.dims[2], wi = x->shape.dims[3], oh = y->shape.dims[2], ow = y->shape.dims[3];
   int64_t total = kl_shape_numel(&y->shape);
@@ -414,12 +413,11 @@ static int emit_pool(kl_cg_emitter *e, const kl_node *n) {
   else fprintf(f, "        acc += v;\n%s", include_pad ? "" : "        count++;\n");
   fprintf(f, "      }\n    }\n");
   if (!is_max && include_pad) {
-    /* positions inside the padded input, not beyond it */
-    fprintf(f, "    const int64_t ny = (y0 + %lldLL < %lldLL ? y0 + %lldLL : %lldLL) - y0;\n"
-               "    const int64_t nx = (x0 + %lldLL < %lldLL ? x0 + %lldLL : %lldLL) - x0;\n"
-               "    const int64_t count = ny * nx;\n",
-            (ll)wn.k[0], (ll)(h + wn.pad[2]), (ll)wn.k[0], (ll)(h + wn.pad[2]), (ll)wn.k[1],
-            (ll)(wi + wn.pad[3]), (ll)wn.k[1], (ll)(wi + wn.pad[3]));
+    /* taps inside the padded input, not beyond it (y0, x0 lie before its end) */
+    fprintf(f, "    const int64_t ny = (%lldLL - y0 + %lldLL) / %lldLL, nx = (%lldLL - x0 + %lldLL) / %lldLL;\n"
+               "    const int64_t count = (ny < %lldLL ? ny : %lldLL) * (nx < %lldLL ? nx : %lldLL);\n",
+            (ll)(h + wn.pad[2]), (ll)(wn.dil[0] - 1), (ll)wn.dil[0], (ll)(wi + wn.pad[3]),
+            (ll)(wn.dil[1] - 1), (ll)wn.dil[1], (ll)wn.k[0], (ll)wn.k[0], (ll)wn.k[1], (ll)wn.k[1]);
   }
   fprintf(f, "    ");
   st(f, y->dtype, "out[i]", is_max ? "acc" : "acc / (double)count");

@@ -411,10 +411,10 @@ static kl_value *pool2d(kl_onnx_ctx *c, kl_value *x, bool is_max, const window *
   if (!x) return NULL;
   int64_t k[2], st[2], dil[2], pads[4];
   window_2d(w, a0, a1, k, st, dil, pads);
-  kl_attr a[5] = {kl_ais("kernel", k, 2), kl_ais("strides", st, 2), kl_ais("pads", pads, 4),
-                  kl_ai("ceil_mode", ceil_mode),
-                  is_max ? kl_ais("dilations", dil, 2) : kl_ai("count_include_pad", include_pad)};
-  return unary(c, is_max ? KL_OP_MAX_POOL2D : KL_OP_AVG_POOL2D, x, a, 5);
+  kl_attr a[6] = {kl_ais("kernel", k, 2), kl_ais("strides", st, 2), kl_ais("pads", pads, 4),
+                  kl_ai("ceil_mode", ceil_mode), kl_ais("dilations", dil, 2),
+                  kl_ai("count_include_pad", include_pad)};
+  return unary(c, is_max ? KL_OP_MAX_POOL2D : KL_OP_AVG_POOL2D, x, a, is_max ? 5 : 6);
 }
 
 /* Both pools are separable (a max, or a mean over a box that is a
@@ -462,9 +462,6 @@ static int convert_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     area *= w.k[i] = ks[i];
   }
   if (read_window(c, n, x, true, &w)) return -1;
-  if (!is_max)
-    for (int i = 0; i < w.nsp; i++)
-      if (w.dil[i] != 1) return kl_onnx_unsupported(c, "%s with dilations is not supported", n->op_type);
   bool ceil_mode = kl_onnx_attr_int(n, "ceil_mode", 0) != 0;
   bool cip = kl_onnx_attr_int(n, "count_include_pad", 0) != 0;
   kl_value *y;

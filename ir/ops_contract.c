@@ -522,7 +522,7 @@ static int pool_setup(const kl_node *n, kl_error *err, bool is_max,
                         kl_value_str(x, sx, sizeof sx));
   p->w.stride[0] = p->w.k[0];
   p->w.stride[1] = p->w.k[1];
-  if (window_setup(n, err, x, is_max, p->ceil_mode, &p->w)) return -1;
+  if (window_setup(n, err, x, true, p->ceil_mode, &p->w)) return -1;
   /* As ONNX Runtime: a pad as wide as the kernel would make windows that
    * see only padding. */
   for (int i = 0; i < 4; i++)
@@ -541,6 +541,12 @@ static int pool_infer(kl_node *n, kl_error *err, bool is_max) {
   const kl_shape *x = &n->inputs[0]->shape;
   kl_shape out = {4, {x->dims[0], x->dims[1], p.w.out[0], p.w.out[1]}};
   return kl_set_checked_output(n, err, 0, n->inputs[0]->dtype, &out);
+}
+
+/* How many of the taps start, start + d, .. (k of them) lie before end. */
+static int64_t taps_before(int64_t start, int64_t k, int64_t d, int64_t end) {
+  int64_t n = start < end ? (end - start + d - 1) / d : 0;
+  return n < k ? n : k;
 }
 
 /* Max of an empty window (possible only with dilation) is -inf. */
@@ -573,15 +579,10 @@ static int pool_eval(const kl_node *n, kl_tensor **in, kl_tensor **out,
           }
         }
         if (!is_max) {
-          if (p.include_pad) {
-            /* Positions inside the padded input, not beyond it (ceil
-             * mode's overhang is never counted). */
-            int64_t ny = (y0 + w->k[0] < h + w->pad[2] ? y0 + w->k[0]
-                                                       : h + w->pad[2]) - y0;
-            int64_t nx = (x0 + w->k[1] < wi + w->pad[3] ? x0 + w->k[1]
-                                                        : wi + w->pad[3]) - x0;
-            count = ny * nx;
-          }
+          if (p.include_pad) /* taps inside the padded input, not beyond
+                                 it (ceil mode's overhang never counts) */
+            count = taps_before(y0, w->k[0], w->dil[0], h + w->pad[2]) *
+                    taps_before(x0, w->k[1], w->dil[1], wi + w->pad[3]);
           acc /= (double)count;
         }
         *o++ = acc;

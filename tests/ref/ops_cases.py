@@ -1028,11 +1028,22 @@ def gen_pool():
                                          "pads": (1, 1, 1, 1),
                                          "ceil_mode": 1}),
         ("rect", (1, 3, 5, 8), {"kernel": (1, 3), "strides": (1, 2)}),
+        ("dilation", (1, 2, 9, 8), {"kernel": (2, 3), "strides": (1, 2),
+                                    "dilations": (3, 2)}),
+        ("dilation_pad_excl", (2, 1, 7, 7), {"kernel": (3, 2),
+                                             "strides": (2, 1),
+                                             "pads": (2, 1, 1, 1),
+                                             "dilations": (2, 3)}),
+        ("dilation_pad_incl", (1, 2, 8, 7), {"kernel": (2, 3),
+                                             "strides": (2, 2),
+                                             "pads": (1, 1, 1, 2),
+                                             "dilations": (3, 2),
+                                             "count_include_pad": 1}),
     ]
     for n, xs, at in ap:
         x = randn(r, xs)
         args = "x"
-        for k in ["kernel", "strides", "pads"]:
+        for k in ["kernel", "strides", "pads", "dilations"]:
             if k in at:
                 args += ", %s=%s" % (k, klist(at[k]))
         for k in ["count_include_pad", "ceil_mode"]:
