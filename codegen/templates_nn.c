@@ -793,6 +793,63 @@ static int emit_tconv(kl_cg_emitter *e, const kl_node *n) {
   return 0;
 }
 
+/* ---- col2im -------------------------------------------------------------------- */
+static bool handles_col2im(const kl_node *n) {
+  kl_col2im_geom g;
+  return n->op == KL_OP_COL2IM && kl_dtype_is_float(n->outputs[0]->dtype) &&
+         !kl_col2im_geometry(n, &g);
+}
+
+/* One thread per image element (plane, p..), gathering what the
+ * interpreter scatters: block element b lands on p when
+ * p = q * stride - pad + b * dil for a block position q; the blocks are
+ * visited in the interpreter's order, so each sum has its order. */
+static int emit_col2im(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *y = n->outputs[0];
+  kl_col2im_geom g;
+  kl_col2im_geometry(n, &g);
+  int s = g.s;
+  int64_t k = 1, l = x->shape.dims[2], img = 1, total = kl_shape_numel(&y->shape);
+  for (int i = 0; i < s; i++) k *= g.block[i], img *= g.image[i];
+  host_comment(e, n);
+  if (total == 0) return 0;
+  char name[32], b1[128];
+  int kn = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  karg a[2] = {in_arg(x, "x"), out_arg(y->dtype, "out")};
+  kbegin(f, n, name, "", a, 2);
+  loop(f, total);
+  fprintf(f, "    const int64_t pl = i / %lldLL;\n    int64_t r = i %% %lldLL;\n", (ll)img, (ll)img);
+  for (int d = s - 1; d >= 0; d--)
+    fprintf(f, "    const int64_t p%d = r %% %lldLL;\n    r /= %lldLL;\n", d, (ll)g.image[d],
+            (ll)g.image[d]);
+  fprintf(f, "    double acc = 0;\n"
+             "    for (int64_t b = 0; b < %lldLL; b++) {\n"
+             "      int64_t rb = b, q = 0;\n", (ll)k);
+  /* t%d: the padded position of block element b's row on axis d, a
+   * multiple of the stride below nblk strides when it comes from a block */
+  for (int d = s - 1; d >= 0; d--)
+    fprintf(f, "      const int64_t t%d = p%d + %lldLL - (rb %% %lldLL) * %lldLL;\n"
+               "      rb /= %lldLL;\n"
+               "      if (t%d < 0 || t%d %% %lldLL != 0 || t%d / %lldLL >= %lldLL) continue;\n",
+            d, d, (ll)g.pad[d], (ll)g.block[d], (ll)g.dil[d], (ll)g.block[d], d, d,
+            (ll)g.stride[d], d, (ll)g.stride[d], (ll)g.nblk[d]);
+  int64_t qs = 1;
+  for (int d = s - 1; d >= 0; d--) {
+    fprintf(f, "      q += t%d / %lldLL * %lldLL;\n", d, (ll)g.stride[d], (ll)qs);
+    qs *= g.nblk[d];
+  }
+  fprintf(f, "      (void)rb;\n");
+  char at[96];
+  snprintf(at, sizeof at, "x[(pl * %lldLL + b) * %lldLL + q]", (ll)k, (ll)l);
+  fprintf(f, "      acc += %s;\n    }\n    (void)r;\n    ", ld(b1, sizeof b1, x->dtype, "double", at));
+  st(f, y->dtype, "out[i]", "acc");
+  fprintf(f, "  }\n");
+  kend(f, name, a, 2);
+  kl_cg_launch_node(e, kn, total, n);
+  return 0;
+}
+
 /* ---- resize ------------------------------------------------------------------ */
 /* The interpreter's tap computation (ir/ops_sample.c) runs here, at compile
  * time: shapes are static, so every axis's taps (input index, weight) are
@@ -970,6 +1027,7 @@ const kl_cg_template kl_cg_templates_nn[] = {
     {handles_nll, emit_nll, scratch_nll},
     {handles_tconv, emit_tconv, NULL},
     {handles_resize, emit_resize, NULL},
+    {handles_col2im, emit_col2im, NULL},
     {handles_det, emit_det, scratch_det},
     {NULL, NULL, NULL},
 };

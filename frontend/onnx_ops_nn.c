@@ -481,6 +481,32 @@ static int convert_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* Col2Im: image_shape and block_shape are constant inputs. */
+static int convert_col2im(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *iv = need_input(c, n, 1), *bv = need_input(c, n, 2);
+  if (!x || !iv || !bv) return -1;
+  int64_t img[KL_MAX_RANK], blk[KL_MAX_RANK];
+  int s = kl_onnx_const_ints(c, iv, "image_shape", img, KL_MAX_RANK - 2);
+  if (s < 0) return -1;
+  int sb = kl_onnx_const_ints(c, bv, "block_shape", blk, KL_MAX_RANK - 2);
+  if (sb < 0) return -1;
+  if (s < 1 || sb != s)
+    return kl_onnx_fail(c, "image_shape and block_shape must have one entry per spatial axis, "
+                        "got %d and %d", s, sb);
+  kl_attr a[5];
+  int na = 0;
+  a[na++] = kl_ais("image_shape", img, s);
+  a[na++] = kl_ais("block_shape", blk, s);
+  static const char *const names[3] = {"strides", "pads", "dilations"};
+  for (int i = 0; i < 3; i++) {
+    const int64_t *v;
+    int k = kl_onnx_attr_ints(n, names[i], &v);
+    if (k >= 0) a[na++] = kl_ais(names[i], v, k);
+  }
+  kl_value *y = unary(c, KL_OP_COL2IM, x, a, na);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
 /* GlobalMaxPool reduces with reduce_max; GlobalLpPool is the p-norm over
  * the spatial axes. */
 static int convert_global_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
@@ -1242,6 +1268,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"GlobalAveragePool", 1, convert_global_pool},
     {"GlobalMaxPool", 1, convert_global_pool},
     {"LpPool", 1, convert_pool},
+    {"Col2Im", 18, convert_col2im},
     {"GlobalLpPool", 1, convert_global_pool},
     {"BatchNormalization", 1, convert_batch_norm},
     {"InstanceNormalization", 1, convert_instance_norm},

@@ -639,3 +639,99 @@ int kl_eval_GLOBAL_AVG_POOL(const kl_node *n, kl_tensor **in,
   }
   return 0;
 }
+
+/* ---- col2im ---------------------------------------------------------- */
+
+/* An ints attribute of s entries, each >= lo; `dflt` for every entry when
+ * absent (dflt < 0: required). */
+static int axis_ints(const kl_node *n, kl_error *err, const char *name, int s, int64_t lo,
+                     int64_t dflt, int64_t *out) {
+  const int64_t *v;
+  int got = kl_attr_ints(n, name, &v);
+  if (got < 0 && dflt >= 0) {
+    for (int i = 0; i < s; i++) out[i] = dflt;
+    return 0;
+  }
+  if (got != s) return KL_NODE_FAIL(n, err, "%s must have %d entries, got %d", name, s, got);
+  for (int i = 0; i < s; i++) {
+    if (v[i] < lo || v[i] > KL_MAX_NUMEL)
+      return KL_NODE_FAIL(n, err, "%s[%d] = %lld is out of range [%lld, %lld]", name, i,
+                          (long long)v[i], (long long)lo, (long long)KL_MAX_NUMEL);
+    out[i] = v[i];
+  }
+  return 0;
+}
+
+static int col2im_setup(const kl_node *n, kl_error *err, kl_col2im_geom *g) {
+  const int64_t *img;
+  int s = kl_attr_ints(n, "image_shape", &img);
+  if (s < 1 || s > KL_MAX_RANK - 2)
+    return KL_NODE_FAIL(n, err, "image_shape must have 1 to %d entries", KL_MAX_RANK - 2);
+  g->s = s;
+  if (axis_ints(n, err, "image_shape", s, 1, -1, g->image) ||
+      axis_ints(n, err, "block_shape", s, 1, -1, g->block) ||
+      axis_ints(n, err, "strides", s, 1, 1, g->stride) ||
+      axis_ints(n, err, "pads", 2 * s, 0, 0, g->pad) ||
+      axis_ints(n, err, "dilations", s, 1, 1, g->dil))
+    return -1;
+  for (int i = 0; i < s; i++) {
+    int64_t span = g->image[i] + g->pad[i] + g->pad[s + i], ext = g->dil[i] * (g->block[i] - 1) + 1;
+    if (span < ext)
+      return KL_NODE_FAIL(n, err, "block %lld (dilation %lld) does not fit image axis %d of "
+                          "%lld padded to %lld", (long long)g->block[i], (long long)g->dil[i], i,
+                          (long long)g->image[i], (long long)span);
+    g->nblk[i] = (span - ext) / g->stride[i] + 1;
+  }
+  return 0;
+}
+
+int kl_col2im_geometry(const kl_node *n, kl_col2im_geom *g) {
+  if (n->op != KL_OP_COL2IM) return -1;
+  return col2im_setup(n, NULL, g);
+}
+
+int kl_infer_COL2IM(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0];
+  char sx[300];
+  kl_col2im_geom g;
+  if (check_operands(n, err, false) || check_rank(n, err, 0, 3, "x") || col2im_setup(n, err, &g))
+    return -1;
+  int64_t k = 1, l = 1;
+  for (int i = 0; i < g.s; i++) k *= g.block[i], l *= g.nblk[i];
+  if (x->shape.dims[1] % k || x->shape.dims[2] != l)
+    return KL_NODE_FAIL(n, err, "x %s must be [N, C * %lld (the block size), %lld (the block "
+                        "positions)]", kl_value_str(x, sx, sizeof sx), (long long)k, (long long)l);
+  kl_shape out = {2 + g.s, {x->shape.dims[0], x->shape.dims[1] / k}};
+  for (int i = 0; i < g.s; i++) out.dims[2 + i] = g.image[i];
+  return kl_set_checked_output(n, err, 0, x->dtype, &out);
+}
+
+/* Scatters each block element to its image position, blocks in order;
+ * positions in the padding are dropped. */
+int kl_eval_COL2IM(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  kl_col2im_geom g;
+  if (col2im_setup(n, err, &g)) return -1;
+  const kl_tensor *x = in[0];
+  kl_tensor *y = out[0];
+  int s = g.s;
+  int64_t k = 1, l = x->shape.dims[2], img = 1;
+  for (int i = 0; i < s; i++) k *= g.block[i], img *= g.image[i];
+  int64_t planes = x->shape.dims[0] * y->shape.dims[1];
+  memset(y->data, 0, sizeof(double) * (size_t)y->numel);
+  for (int64_t pl = 0; pl < planes; pl++)
+    for (int64_t b = 0; b < k; b++)
+      for (int64_t q = 0; q < l; q++) {
+        int64_t rb = b, rq = q, at = 0, stride = 1;
+        bool inside = true;
+        for (int i = s - 1; i >= 0; i--) {
+          int64_t bi = rb % g.block[i], qi = rq % g.nblk[i];
+          rb /= g.block[i], rq /= g.nblk[i];
+          int64_t p = qi * g.stride[i] - g.pad[i] + bi * g.dil[i];
+          inside &= p >= 0 && p < g.image[i];
+          at += p * stride;
+          stride *= g.image[i];
+        }
+        if (inside) y->data[pl * img + at] += x->data[(pl * k + b) * l + q];
+      }
+  return 0;
+}

@@ -2750,6 +2750,71 @@ def gen_ext_tensor():
 
 
 # --------------------------------------------------------------------------
+# col2im, deform_conv2d, roi_align
+
+def col2im_ref(x, image, block, strides=None, pads=None, dilations=None):
+    """Each column of x is one block position's block (im2col's layout,
+    positions row-major); the blocks are summed back into the image."""
+    x = np.asarray(x, np.float64)
+    s = len(image)
+    strides = strides or [1] * s
+    pads = pads or [0] * (2 * s)
+    dilations = dilations or [1] * s
+    n, ck, _ = x.shape
+    k = int(np.prod(block))
+    c = ck // k
+    nblk = [(image[i] + pads[i] + pads[s + i] - dilations[i] * (block[i] - 1)
+             - 1) // strides[i] + 1 for i in range(s)]
+    padded = np.zeros((n, c) + tuple(image[i] + pads[i] + pads[s + i]
+                                     for i in range(s)))
+    cols = x.reshape((n, c) + tuple(block) + tuple(nblk))
+    for b in np.ndindex(*block):
+        for q in np.ndindex(*nblk):
+            at = tuple(q[i] * strides[i] + b[i] * dilations[i]
+                       for i in range(s))
+            padded[(slice(None), slice(None)) + at] += \
+                cols[(slice(None), slice(None)) + b + q]
+    inner = tuple(slice(pads[i], pads[i] + image[i]) for i in range(s))
+    return padded[(slice(None), slice(None)) + inner]
+
+
+def gen_spatial():
+    r = rng_for("spatial")
+    cs = [
+        # name, N, C, image, block, attrs
+        ("2d", 2, 2, (4, 5), (2, 3), {}),
+        ("strided_padded", 1, 2, (5, 6), (2, 2),
+         {"strides": [2, 2], "pads": [1, 0, 1, 1]}),
+        ("dilated", 1, 1, (5, 4), (2, 2),
+         {"dilations": [2, 1], "pads": [0, 1, 0, 0]}),
+        ("1d", 2, 1, (6,), (3,), {}),
+        ("3d", 1, 2, (3, 3, 4), (2, 2, 2), {"strides": [1, 1, 2]}),
+    ]
+    for name, n, c, image, block, at in cs:
+        sp = len(image)
+        st = at.get("strides", [1] * sp)
+        pd = at.get("pads", [0] * (2 * sp))
+        dl = at.get("dilations", [1] * sp)
+        nblk = [(image[i] + pd[i] + pd[sp + i] - dl[i] * (block[i] - 1) - 1)
+                // st[i] + 1 for i in range(sp)]
+        x = randn(r, (n, c * int(np.prod(block)), int(np.prod(nblk))))
+        args = ", image_shape=%s, block_shape=%s" % (klist(image),
+                                                      klist(block))
+        for k in ["strides", "pads", "dilations"]:
+            if k in at:
+                args += ", %s=%s" % (k, klist(at[k]))
+        case("col2im_" + name, [("x", x)], "output y = col2im(x%s)" % args,
+             [f32(col2im_ref(x, list(image), list(block), **at))])
+    x = randn(r, (1, 4, 6), np.float64)  # 2x3 positions of 2x2 blocks
+    case("col2im_f64", [("x", x)],
+         "output y = col2im(x, image_shape=[3, 4], block_shape=[2, 2])",
+         [col2im_ref(x, [3, 4], [2, 2])])
+    case("col2im_bad_columns", [("x", randn(r, (1, 4, 5)))],
+         "output y = col2im(x, image_shape=[3, 4], block_shape=[2, 2])",
+         [], error="the block positions")
+
+
+# --------------------------------------------------------------------------
 
 def main():
     if len(sys.argv) != 2:
@@ -2759,7 +2824,8 @@ def main():
     out = sys.argv[1]
     for g in [gen_unary, gen_cast, gen_binary, gen_reduce, gen_norm,
               gen_contract, gen_pool, gen_movement, gen_sources, gen_loss,
-              gen_edge, gen_ext_math, gen_ext_nn, gen_ext_tensor]:
+              gen_edge, gen_ext_math, gen_ext_nn, gen_ext_tensor,
+              gen_spatial]:
         g()
     os.makedirs(out, exist_ok=True)
     for c in CASES:
