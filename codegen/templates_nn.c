@@ -505,6 +505,13 @@ static void flag_check(kl_cg_emitter *e, const kl_node *n, const char *flag, con
              "      }\n      return -1;\n    }\n  }\n");
 }
 
+void kl_cg_flag_reset(kl_cg_emitter *e, const char *flag) { flag_reset(e, flag); }
+
+void kl_cg_flag_check(kl_cg_emitter *e, const kl_node *n, const char *flag, const char *what,
+                      int64_t c) {
+  flag_check(e, n, flag, what, c);
+}
+
 /* ---- cross_entropy, nll_loss ---------------------------------------------- */
 typedef enum { RED_MEAN, RED_SUM, RED_NONE } reduction;
 

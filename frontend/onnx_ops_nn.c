@@ -976,6 +976,26 @@ static int convert_resize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* ---- RoiAlign -------------------------------------------------------- */
+
+/* RoiAlign-10 shifts nothing (output_half_pixel); 16 adds the mode,
+ * half_pixel by default. */
+static int convert_roi_align(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *in[3] = {need_input(c, n, 0), need_input(c, n, 1), need_input(c, n, 2)};
+  if (!in[0] || !in[1] || !in[2]) return -1;
+  const char *coord = c->opset < 16 ? "output_half_pixel"
+                                    : kl_onnx_attr_string(c, n, "coordinate_transformation_mode",
+                                                          "half_pixel");
+  kl_attr a[6] = {kl_as("mode", kl_onnx_attr_string(c, n, "mode", "avg")),
+                  kl_ai("output_height", kl_onnx_attr_int(n, "output_height", 1)),
+                  kl_ai("output_width", kl_onnx_attr_int(n, "output_width", 1)),
+                  kl_ai("sampling_ratio", kl_onnx_attr_int(n, "sampling_ratio", 0)),
+                  kl_af("spatial_scale", kl_onnx_attr_float(n, "spatial_scale", 1.0)),
+                  kl_as("coordinate_transformation_mode", coord)};
+  kl_value *y = kl_onnx_emit(c, KL_OP_ROI_ALIGN, in, 3, a, 6);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
 /* ---- AffineGrid ------------------------------------------------------ */
 
 /* grid[n, p, :] = theta[n] @ [x, y, (z,) 1] for every point p of the
@@ -1285,6 +1305,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"SpaceToDepth", 1, convert_depth_space},
     {"Resize", 10, convert_resize},
     {"AffineGrid", 20, convert_affine_grid},
+    {"RoiAlign", 10, convert_roi_align},
     {"Upsample", 7, convert_resize},
     {"Einsum", 12, convert_einsum},
     {NULL, 0, NULL},

@@ -1,5 +1,6 @@
 /* ops_sample.c - shape inference and evaluation of the sampling rows of
- * ops.def: resize and grid_sample, interpolation at computed coordinates. */
+ * ops.def: resize, roi_align and grid_sample, interpolation at computed
+ * coordinates. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -309,6 +310,136 @@ int kl_eval_RESIZE(const kl_node *n, kl_tensor **in, kl_tensor **out,
     y->data[i++] = acc;
   } while (kl_index_next(&y->shape, idx));
   free(all);
+  return 0;
+}
+
+/* ---- roi_align ------------------------------------------------------- */
+
+typedef struct {
+  bool max, half_pixel;
+  int64_t oh, ow, ratio;
+  double scale;
+} roi_cfg;
+
+static int roi_setup(const kl_node *n, kl_error *err, roi_cfg *c) {
+  static const char *const modes[] = {"avg", "max", NULL};
+  static const char *const coords[] = {"half_pixel", "output_half_pixel", NULL};
+  int mode, coord;
+  if (pick(n, err, "mode", "avg", modes, &mode) ||
+      pick(n, err, "coordinate_transformation_mode", "half_pixel", coords, &coord))
+    return -1;
+  c->max = mode == 1;
+  c->half_pixel = coord == 0;
+  c->oh = kl_attr_int(n, "output_height", 1);
+  c->ow = kl_attr_int(n, "output_width", 1);
+  c->ratio = kl_attr_int(n, "sampling_ratio", 0);
+  c->scale = kl_attr_float(n, "spatial_scale", 1.0);
+  if (c->oh < 1 || c->ow < 1 || c->oh > KL_MAX_NUMEL || c->ow > KL_MAX_NUMEL)
+    return KL_NODE_FAIL(n, err, "output_height and output_width must be >= 1, got %lld and %lld",
+                        (long long)c->oh, (long long)c->ow);
+  if (c->ratio < 0 || c->ratio > 65536)
+    return KL_NODE_FAIL(n, err, "sampling_ratio must be in [0, 65536], got %lld",
+                        (long long)c->ratio);
+  if (!isfinite(c->scale)) return KL_NODE_FAIL(n, err, "spatial_scale must be finite");
+  return 0;
+}
+
+int kl_infer_ROI_ALIGN(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0], *r = n->inputs[1], *b = n->inputs[2];
+  char sx[300], sr[300], sb[300];
+  roi_cfg c;
+  if (roi_setup(n, err, &c) || kl_need_float(n, err, x)) return -1;
+  if (x->shape.rank != 4 || r->shape.rank != 2 || r->shape.dims[1] != 4 || r->dtype != x->dtype ||
+      b->shape.rank != 1 || b->shape.dims[0] != r->shape.dims[0] ||
+      (b->dtype != KL_I32 && b->dtype != KL_I64))
+    return KL_NODE_FAIL(n, err, "needs x [N, C, H, W], rois [R, 4] of x's dtype and "
+                        "batch_indices [R] (i32 or i64), got %s, %s and %s",
+                        kl_value_str(x, sx, sizeof sx), kl_value_str(r, sr, sizeof sr),
+                        kl_value_str(b, sb, sizeof sb));
+  kl_shape out = {4, {r->shape.dims[0], x->shape.dims[1], c.oh, c.ow}};
+  return kl_set_checked_output(n, err, 0, x->dtype, &out);
+}
+
+/* Samples per bin along an axis: sampling_ratio, else ceil(bin size)
+ * (0 for an empty or NaN region). */
+static int64_t roi_grid(int64_t ratio, double bin) {
+  if (ratio > 0) return ratio;
+  double g = ceil(bin);
+  return g > 0 ? (g < 1e9 ? (int64_t)g : 1000000000) : 0;
+}
+
+/* One bin of one channel plane xp [h, w], as the ONNX reference: samples
+ * at the centres of a grid over the bin, each a bilinear interpolation
+ * (points beyond a pixel outside the plane count as 0, points in the
+ * last half pixel read the edge); their mean, or the greatest of the
+ * four weighted terms of every sample. */
+static double roi_bin(const roi_cfg *c, const double *xp, int64_t h, int64_t w, double y0,
+                      double x0, double bh, double bw, int64_t gh, int64_t gw) {
+  double acc = 0;
+  bool first = true;
+  for (int64_t iy = 0; iy < gh; iy++) {
+    double yy = y0 + ((double)iy + 0.5) * bh / (double)gh;
+    for (int64_t ix = 0; ix < gw; ix++) {
+      double xx = x0 + ((double)ix + 0.5) * bw / (double)gw;
+      double t[4] = {0, 0, 0, 0};
+      if (!(yy < -1 || yy > (double)h || xx < -1 || xx > (double)w)) {
+        double y = yy > 0 ? yy : 0, x = xx > 0 ? xx : 0;
+        int64_t ylo = (int64_t)y, xlo = (int64_t)x, yhi, xhi;
+        if (ylo >= h - 1) yhi = ylo = h - 1, y = (double)ylo;
+        else yhi = ylo + 1;
+        if (xlo >= w - 1) xhi = xlo = w - 1, x = (double)xlo;
+        else xhi = xlo + 1;
+        double ly = y - (double)ylo, lx = x - (double)xlo, hy = 1 - ly, hx = 1 - lx;
+        t[0] = hy * hx * xp[ylo * w + xlo];
+        t[1] = hy * lx * xp[ylo * w + xhi];
+        t[2] = ly * hx * xp[yhi * w + xlo];
+        t[3] = ly * lx * xp[yhi * w + xhi];
+      }
+      if (!c->max) {
+        acc += t[0] + t[1] + t[2] + t[3];
+        continue;
+      }
+      double m = fmax(fmax(t[0], t[1]), fmax(t[2], t[3]));
+      acc = first ? m : fmax(acc, m);
+      first = false;
+    }
+  }
+  if (c->max) return acc;
+  int64_t count = gh * gw;
+  return acc / (double)(count > 1 ? count : 1);
+}
+
+int kl_eval_ROI_ALIGN(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  roi_cfg c;
+  if (roi_setup(n, err, &c)) return -1;
+  const kl_tensor *x = in[0], *rois = in[1], *bi = in[2];
+  int64_t nb = x->shape.dims[0], ch = x->shape.dims[1], h = x->shape.dims[2],
+          w = x->shape.dims[3], nr = rois->shape.dims[0];
+  double off = c.half_pixel ? 0.5 : 0.0;
+  double *y = out[0]->data;
+  for (int64_t r = 0; r < nr; r++) {
+    double bd = bi->data[r];
+    if (!(bd >= 0 && bd < (double)nb))
+      return KL_NODE_FAIL(n, err, "batch_indices[%lld] = %g is out of range [0, %lld)",
+                          (long long)r, bd, (long long)nb);
+    int64_t b = (int64_t)bd;
+    const double *rp = rois->data + r * 4;
+    double x0 = rp[0] * c.scale - off, y0 = rp[1] * c.scale - off;
+    double rw = rp[2] * c.scale - off - x0, rh = rp[3] * c.scale - off - y0;
+    if (!c.half_pixel) { /* malformed regions become 1x1 */
+      rw = rw > 1 ? rw : 1;
+      rh = rh > 1 ? rh : 1;
+    }
+    double bh = rh / (double)c.oh, bw = rw / (double)c.ow;
+    int64_t gh = roi_grid(c.ratio, bh), gw = roi_grid(c.ratio, bw);
+    for (int64_t cc = 0; cc < ch; cc++) {
+      const double *xp = x->data + (b * ch + cc) * h * w;
+      for (int64_t ph = 0; ph < c.oh; ph++)
+        for (int64_t pw = 0; pw < c.ow; pw++)
+          *y++ = roi_bin(&c, xp, h, w, y0 + (double)ph * bh, x0 + (double)pw * bw, bh, bw, gh,
+                         gw);
+    }
+  }
   return 0;
 }
 

@@ -2778,6 +2778,55 @@ def col2im_ref(x, image, block, strides=None, pads=None, dilations=None):
     return padded[(slice(None), slice(None)) + inner]
 
 
+def bilinear_terms(plane, y, x):
+    """RoiAlign's bilinear sample of plane at (y, x): its four weighted
+    terms; a point more than a pixel outside is 0, the last half pixel
+    reads the edge."""
+    h, w = plane.shape
+    if y < -1 or y > h or x < -1 or x > w:
+        return [0.0] * 4
+    y, x = max(y, 0.0), max(x, 0.0)
+    y0, x0 = min(int(y), h - 1), min(int(x), w - 1)
+    y1, x1 = min(y0 + 1, h - 1), min(x0 + 1, w - 1)
+    ly = y - y0 if y0 < h - 1 else 0.0
+    lx = x - x0 if x0 < w - 1 else 0.0
+    return [(1 - ly) * (1 - lx) * plane[y0, x0], (1 - ly) * lx * plane[y0, x1],
+            ly * (1 - lx) * plane[y1, x0], ly * lx * plane[y1, x1]]
+
+
+def roi_align_ref(x, rois, bi, oh=1, ow=1, ratio=0, scale=1.0, mode="avg",
+                  half_pixel=True):
+    x = np.asarray(x, np.float64)
+    rois = np.asarray(rois, np.float64)
+    out = np.zeros((len(rois), x.shape[1], oh, ow))
+    off = 0.5 if half_pixel else 0.0
+    for r, (x1, y1, x2, y2) in enumerate(rois):
+        sx, sy = x1 * scale - off, y1 * scale - off
+        rw, rh = x2 * scale - off - sx, y2 * scale - off - sy
+        if not half_pixel:
+            rw, rh = max(rw, 1.0), max(rh, 1.0)
+        bh, bw = rh / oh, rw / ow
+        gh = ratio if ratio > 0 else max(int(math.ceil(bh)), 0)
+        gw = ratio if ratio > 0 else max(int(math.ceil(bw)), 0)
+        for c in range(x.shape[1]):
+            plane = x[int(bi[r]), c]
+            for i in range(oh):
+                for j in range(ow):
+                    vals = []
+                    for a in range(gh):
+                        for b in range(gw):
+                            vals.append(bilinear_terms(
+                                plane, sy + i * bh + (a + 0.5) * bh / gh,
+                                sx + j * bw + (b + 0.5) * bw / gw))
+                    if not vals:
+                        continue
+                    if mode == "avg":
+                        out[r, c, i, j] = sum(map(sum, vals)) / len(vals)
+                    else:
+                        out[r, c, i, j] = max(max(v) for v in vals)
+    return out
+
+
 def gen_spatial():
     r = rng_for("spatial")
     cs = [
@@ -2805,6 +2854,34 @@ def gen_spatial():
                 args += ", %s=%s" % (k, klist(at[k]))
         case("col2im_" + name, [("x", x)], "output y = col2im(x%s)" % args,
              [f32(col2im_ref(x, list(image), list(block), **at))])
+    # roi_align: regions inside, across the edges and past them
+    x = randn(r, (2, 3, 6, 7))
+    rois = np.array([[0.5, 1.0, 4.2, 5.1], [-1.5, 2.2, 3.0, 3.1],
+                     [3.3, 0.0, 8.9, 7.5], [1.0, 1.0, 1.4, 1.2]], np.float32)
+    bi = np.array([1, 0, 1, 0], np.int64)
+    ra = [
+        ("avg_ratio2", dict(oh=3, ow=2, ratio=2), "output_height=3, "
+         "output_width=2, sampling_ratio=2"),
+        ("avg_adaptive_scaled", dict(oh=2, ow=2, scale=0.75),
+         "output_height=2, output_width=2, spatial_scale=0.75"),
+        ("output_half_pixel", dict(oh=2, ow=3, half_pixel=False),
+         "output_height=2, output_width=3, "
+         "coordinate_transformation_mode=output_half_pixel"),
+        ("max", dict(oh=2, ow=2, ratio=3, mode="max"),
+         "output_height=2, output_width=2, sampling_ratio=3, mode=max"),
+    ]
+    for name, kw, src in ra:
+        case("roi_align_" + name, [("x", x), ("rois", rois), ("bi", bi)],
+             "output y = roi_align(x, rois, bi, %s)" % src,
+             [f32(roi_align_ref(x, rois, bi, **kw))])
+    case("roi_align_i32_f64", [("x", x.astype(np.float64)),
+                               ("rois", rois.astype(np.float64)),
+                               ("bi", bi.astype(np.int32))],
+         "output y = roi_align(x, rois, bi, output_height=2)",
+         [roi_align_ref(x, rois, bi, oh=2)])
+    case("roi_align_bad_batch_index",
+         [("x", x), ("rois", rois), ("bi", np.array([0, 2, 1, 0], np.int64))],
+         "output y = roi_align(x, rois, bi)", [], error="out of range")
     x = randn(r, (1, 4, 6), np.float64)  # 2x3 positions of 2x2 blocks
     case("col2im_f64", [("x", x)],
          "output y = col2im(x, image_shape=[3, 4], block_shape=[2, 2])",
