@@ -1,6 +1,7 @@
 /* templates_sample.c - kernel templates for sampling at coordinates read at
  * run time (see codegen_impl.h for the template interface): grid_sample,
- * linear, nearest and cubic, over any number of spatial axes; roi_align.
+ * linear, nearest and cubic, over any number of spatial axes; roi_align;
+ * deform_conv2d (a convolution whose taps are bilinear samples).
  *
  * The kernel mirrors kl_eval_GRID_SAMPLE (ir/ops_sample.c) step by step,
  * in double as the interpreter: the same coordinate formulas, the same
@@ -298,8 +299,113 @@ static int emit_roi_align(kl_cg_emitter *e, const kl_node *n) {
   return 0;
 }
 
+/* ---- deform_conv2d -------------------------------------------------------- */
+
+static bool handles_deform_conv(const kl_node *n) {
+  return n->op == KL_OP_DEFORM_CONV2D && kl_dtype_is_float(n->outputs[0]->dtype);
+}
+
+static void attr_ints_or(const kl_node *n, const char *attr, int len, int64_t dflt, int64_t *out) {
+  const int64_t *v;
+  int got = kl_attr_ints(n, attr, &v);
+  for (int i = 0; i < len; i++) out[i] = got == len ? v[i] : dflt;
+}
+
+/* One thread per output element (b, oc, oy, ox), as kl_eval_DEFORM_CONV2D:
+ * for each input channel of the group and each tap, the moved point's
+ * bilinear value (zero outside; `name`_at), times the mask and the weight,
+ * summed in double in the interpreter's order. */
+static int emit_deform_conv(kl_cg_emitter *e, const kl_node *n) {
+  kl_cg_comment(e, n);
+  const kl_value *x = n->inputs[0], *w = n->inputs[1], *off = n->inputs[2], *y = n->outputs[0];
+  const kl_value *bias = n->ninputs > 3 ? n->inputs[3] : NULL;
+  const kl_value *mask = n->ninputs > 4 ? n->inputs[4] : NULL;
+  int64_t total = kl_shape_numel(&y->shape);
+  if (total == 0) return 0;
+  int64_t stride[2], pad[4], dil[2];
+  attr_ints_or(n, "strides", 2, 1, stride);
+  attr_ints_or(n, "pads", 4, 0, pad);
+  attr_ints_or(n, "dilations", 2, 1, dil);
+  int64_t groups = kl_attr_int(n, "groups", 1), ogroups = kl_attr_int(n, "offset_groups", 1);
+  const int64_t *xd = x->shape.dims;
+  int64_t c = xd[1], h = xd[2], wi = xd[3], m = w->shape.dims[0], kh = w->shape.dims[2],
+          kw = w->shape.dims[3], oh = y->shape.dims[2], ow = y->shape.dims[3];
+  int64_t cpg = c / groups, mpg = m / groups, cpo = c / ogroups, taps = kh * kw, plane = oh * ow;
+  char name[32], b1[128], b2[128], b3[128], px[64];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  snprintf(px, sizeof px, "p[yy * %lldLL + xx]", (ll)wi);
+  /* bilinear_zero of ir/ops_contract.c over one plane */
+  fprintf(f, "__device__ double %s_at(const %s *p, double y, double x) {\n"
+             "  if (y != y || x != x) return KL_NAN;\n"
+             "  y = fmax(fmin(y, 1e9), -1e9);\n  x = fmax(fmin(x, 1e9), -1e9);\n"
+             "  const double fy = floor(y), fx = floor(x), ly = y - fy, lx = x - fx;\n"
+             "  const int64_t y0 = (int64_t)fy, x0 = (int64_t)fx;\n"
+             "  const double wy[2] = {1 - ly, ly}, wx[2] = {1 - lx, lx};\n"
+             "  double acc = 0;\n"
+             "  for (int i = 0; i < 2; i++)\n"
+             "    for (int j = 0; j < 2; j++) {\n"
+             "      const int64_t yy = y0 + i, xx = x0 + j;\n"
+             "      if (yy >= 0 && yy < %lldLL && xx >= 0 && xx < %lldLL && wy[i] * wx[j] != 0)\n"
+             "        acc += wy[i] * wx[j] * %s;\n"
+             "    }\n  return acc;\n}\n",
+          name, kl_cg_storage(x->dtype), (ll)h, (ll)wi,
+          kl_cg_load(b1, sizeof b1, x->dtype, "double", px));
+  fprintf(f, "/* deform_conv2d, x %s */\n", kl_dtype_name(x->dtype));
+  fprintf(f, "KL_KERNEL void %s(const %s *__restrict__ x, const %s *__restrict__ w, "
+             "const %s *__restrict__ off, ", name, kl_cg_storage(x->dtype),
+          kl_cg_storage(w->dtype), kl_cg_storage(off->dtype));
+  if (bias) fprintf(f, "const %s *__restrict__ bias, ", kl_cg_storage(bias->dtype));
+  if (mask) fprintf(f, "const %s *__restrict__ mask, ", kl_cg_storage(mask->dtype));
+  fprintf(f, "%s *__restrict__ out) {\n", kl_cg_storage(y->dtype));
+  fprintf(f, "  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < %lldLL;\n"
+             "       i += (int64_t)blockDim.x * gridDim.x) {\n", (ll)total);
+  fprintf(f, "    const int64_t at = i %% %lldLL, ox = at %% %lldLL, oy = at / %lldLL;\n"
+             "    const int64_t oc = (i / %lldLL) %% %lldLL, b = i / %lldLL;\n",
+          (ll)plane, (ll)ow, (ll)ow, (ll)plane, (ll)m, (ll)(plane * m));
+  if (bias)
+    fprintf(f, "    double acc = %s;\n", kl_cg_load(b1, sizeof b1, bias->dtype, "double", "bias[oc]"));
+  else
+    fprintf(f, "    double acc = 0;\n");
+  fprintf(f, "    for (int64_t icl = 0; icl < %lldLL; icl++) {\n"
+             "      const int64_t ic = oc / %lldLL * %lldLL + icl, og = ic / %lldLL;\n"
+             "      const %s *const xp = x + (b * %lldLL + ic) * %lldLL;\n"
+             "      for (int64_t t = 0; t < %lldLL; t++) {\n"
+             "        const int64_t ky = t / %lldLL, kx = t %% %lldLL;\n"
+             "        const int64_t ob = ((b * %lldLL + og) * %lldLL + t) * %lldLL + at;\n",
+          (ll)cpg, (ll)mpg, (ll)cpg, (ll)cpo, kl_cg_storage(x->dtype), (ll)c, (ll)(h * wi),
+          (ll)taps, (ll)kw, (ll)kw, (ll)ogroups, (ll)taps, (ll)(2 * plane));
+  fprintf(f, "        const double yy = (double)(oy * %lldLL - %lldLL + ky * %lldLL) + %s;\n",
+          (ll)stride[0], (ll)pad[0], (ll)dil[0],
+          kl_cg_load(b1, sizeof b1, off->dtype, "double", "off[ob]"));
+  char at[96];
+  snprintf(at, sizeof at, "off[ob + %lldLL]", (ll)plane);
+  fprintf(f, "        const double xx = (double)(ox * %lldLL - %lldLL + kx * %lldLL) + %s;\n",
+          (ll)stride[1], (ll)pad[1], (ll)dil[1], kl_cg_load(b2, sizeof b2, off->dtype, "double", at));
+  fprintf(f, "        double v = %s_at(xp, yy, xx);\n", name);
+  if (mask) {
+    snprintf(at, sizeof at, "mask[((b * %lldLL + og) * %lldLL + t) * %lldLL + at]", (ll)ogroups,
+             (ll)taps, (ll)plane);
+    fprintf(f, "        v *= %s;\n", kl_cg_load(b3, sizeof b3, mask->dtype, "double", at));
+  }
+  snprintf(at, sizeof at, "w[(oc * %lldLL + icl) * %lldLL + t]", (ll)cpg, (ll)taps);
+  fprintf(f, "        acc += %s * v;\n      }\n    }\n    ",
+          kl_cg_load(b1, sizeof b1, w->dtype, "double", at));
+  kl_cg_store(f, y->dtype, "out[i]", "acc");
+  fprintf(f, "  }\n}\nKL_EMU_ENTRY(%s, KL_ARG(const %s *, 0), KL_ARG(const %s *, 1), "
+             "KL_ARG(const %s *, 2)", name, kl_cg_storage(x->dtype), kl_cg_storage(w->dtype),
+          kl_cg_storage(off->dtype));
+  int na = 3;
+  if (bias) fprintf(f, ", KL_ARG(const %s *, %d)", kl_cg_storage(bias->dtype), na++);
+  if (mask) fprintf(f, ", KL_ARG(const %s *, %d)", kl_cg_storage(mask->dtype), na++);
+  fprintf(f, ", KL_ARG(%s *, %d));\n\n", kl_cg_storage(y->dtype), na);
+  kl_cg_launch_node(e, k, total, n);
+  return 0;
+}
+
 const kl_cg_template kl_cg_templates_sample[] = {
     {handles_grid_sample, emit_grid_sample, NULL},
     {handles_roi_align, emit_roi_align, scratch_roi_align},
+    {handles_deform_conv, emit_deform_conv, NULL},
     {NULL, NULL, NULL},
 };

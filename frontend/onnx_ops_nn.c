@@ -404,6 +404,39 @@ static int convert_conv_transpose(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* DeformConv (2-D): kernel_shape must agree with w; a mask without a
+ * bias gets a zero bias (the IR's inputs are positional). */
+static int convert_deform_conv(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *in[5] = {need_input(c, n, 0), need_input(c, n, 1), need_input(c, n, 2),
+                     kl_onnx_input(c, n, 3), kl_onnx_input(c, n, 4)};
+  if (!in[0] || !in[1] || !in[2]) return -1;
+  kl_value *x = in[0], *wt = in[1];
+  if (x->shape.rank != 4 || wt->shape.rank != 4)
+    return kl_onnx_unsupported(c, "only 2-D DeformConv (x [N, C, H, W]) is supported");
+  const int64_t *ks;
+  int nk = kl_onnx_attr_ints(n, "kernel_shape", &ks);
+  if (nk >= 0 && (nk != 2 || ks[0] != wt->shape.dims[2] || ks[1] != wt->shape.dims[3]))
+    return kl_onnx_fail(c, "kernel_shape does not match the weight");
+  int nin = in[4] ? 5 : in[3] ? 4 : 3;
+  if (in[4] && !in[3]) {
+    kl_shape bs = {1, {wt->shape.dims[0]}};
+    double zero = 0;
+    in[3] = kl_onnx_constant(c, x->dtype, &bs, &zero, 1);
+  }
+  kl_attr a[5];
+  int na = 0;
+  static const char *const names[3] = {"strides", "pads", "dilations"};
+  for (int i = 0; i < 3; i++) {
+    const int64_t *v;
+    int k = kl_onnx_attr_ints(n, names[i], &v);
+    if (k >= 0) a[na++] = kl_ais(names[i], v, k);
+  }
+  a[na++] = kl_ai("groups", kl_onnx_attr_int(n, "group", 1));
+  a[na++] = kl_ai("offset_groups", kl_onnx_attr_int(n, "offset_group", 1));
+  kl_value *y = kl_onnx_emit(c, KL_OP_DEFORM_CONV2D, in, nin, a, na);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
 /* ---- pools ----------------------------------------------------------- */
 
 static kl_value *pool2d(kl_onnx_ctx *c, kl_value *x, bool is_max, const window *w, int a0,
@@ -1289,6 +1322,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"GlobalMaxPool", 1, convert_global_pool},
     {"LpPool", 1, convert_pool},
     {"Col2Im", 18, convert_col2im},
+    {"DeformConv", 19, convert_deform_conv},
     {"GlobalLpPool", 1, convert_global_pool},
     {"BatchNormalization", 1, convert_batch_norm},
     {"InstanceNormalization", 1, convert_instance_norm},

@@ -2827,6 +2827,49 @@ def roi_align_ref(x, rois, bi, oh=1, ow=1, ratio=0, scale=1.0, mode="avg",
     return out
 
 
+def bilinear_zero_ref(plane, y, x):
+    """plane sampled at (y, x) by bilinear interpolation, pixels outside
+    reading 0."""
+    h, w = plane.shape
+    y0, x0 = math.floor(y), math.floor(x)
+    acc = 0.0
+    for yy, wy in ((y0, 1 - (y - y0)), (y0 + 1, y - y0)):
+        for xx, wx in ((x0, 1 - (x - x0)), (x0 + 1, x - x0)):
+            if 0 <= yy < h and 0 <= xx < w:
+                acc += wy * wx * plane[yy, xx]
+    return acc
+
+
+def deform_conv2d_ref(x, w, off, b=None, mask=None, strides=(1, 1),
+                      pads=(0, 0, 0, 0), dilations=(1, 1), groups=1,
+                      offset_groups=1):
+    x, w, off = (np.asarray(a, np.float64) for a in (x, w, off))
+    n, c, h, wi = x.shape
+    m, cpg, kh, kw = w.shape
+    oh, ow = off.shape[2:]
+    off = off.reshape(n, offset_groups, kh, kw, 2, oh, ow)
+    if mask is not None:
+        mask = np.asarray(mask, np.float64).reshape(n, offset_groups, kh, kw,
+                                                    oh, ow)
+    out = np.zeros((n, m, oh, ow))
+    for bb, oc, i, j in np.ndindex(n, m, oh, ow):
+        g = oc // (m // groups)
+        acc = 0.0 if b is None else float(b[oc])
+        for ic in range(g * cpg, (g + 1) * cpg):
+            og = ic // (c // offset_groups)
+            for ky, kx in np.ndindex(kh, kw):
+                y = i * strides[0] - pads[0] + ky * dilations[0] + \
+                    off[bb, og, ky, kx, 0, i, j]
+                xx = j * strides[1] - pads[1] + kx * dilations[1] + \
+                    off[bb, og, ky, kx, 1, i, j]
+                v = bilinear_zero_ref(x[bb, ic], y, xx)
+                if mask is not None:
+                    v *= mask[bb, og, ky, kx, i, j]
+                acc += w[oc, ic - g * cpg, ky, kx] * v
+        out[bb, oc, i, j] = acc
+    return out
+
+
 def gen_spatial():
     r = rng_for("spatial")
     cs = [
@@ -2882,6 +2925,38 @@ def gen_spatial():
     case("roi_align_bad_batch_index",
          [("x", x), ("rois", rois), ("bi", np.array([0, 2, 1, 0], np.int64))],
          "output y = roi_align(x, rois, bi)", [], error="out of range")
+    # deform_conv2d: offsets of a pixel or two, some taps leave x
+    dc = [
+        # name, x, w, out hw, attrs (.kl text), kwargs
+        ("basic", (1, 2, 5, 6), (3, 2, 2, 2), (4, 5), "", {}),
+        ("pads_strides_dil", (2, 2, 7, 6), (2, 2, 3, 2), (4, 3),
+         ", strides=[2, 2], pads=[1, 0, 1, 1], dilations=[1, 2]",
+         dict(strides=(2, 2), pads=(1, 0, 1, 1), dilations=(1, 2))),
+        ("groups", (1, 4, 5, 5), (4, 2, 2, 2), (4, 4),
+         ", groups=2, offset_groups=2", dict(groups=2, offset_groups=2)),
+    ]
+    for name, xs, ws, ohw, src, kw in dc:
+        x = randn(r, xs)
+        w = randn(r, ws)
+        og = kw.get("offset_groups", 1)
+        off = randn(r, (xs[0], 2 * og * ws[2] * ws[3]) + ohw, scale=1.5)
+        case("deform_conv2d_" + name, [("x", x), ("w", w), ("off", off)],
+             "output y = deform_conv2d(x, w, off%s)" % src,
+             [f32(deform_conv2d_ref(x, w, off, **kw))],
+             tol={"rtol": 1e-5, "atol": 1e-5})
+    x, w = randn(r, (1, 2, 4, 4), np.float64), randn(r, (2, 1, 2, 2), np.float64)
+    off = randn(r, (1, 16, 3, 3), np.float64)
+    b = randn(r, (2,), np.float64)
+    mask = unif(r, (1, 8, 3, 3), 0, 1, np.float64)
+    case("deform_conv2d_mask_bias_f64",
+         [("x", x), ("w", w), ("off", off), ("b", b), ("mask", mask)],
+         "output y = deform_conv2d(x, w, off, b, mask, groups=2, "
+         "offset_groups=2)",
+         [deform_conv2d_ref(x, w, off, b, mask, groups=2, offset_groups=2)])
+    case("deform_conv2d_bad_offset", [("x", x), ("w", w),
+                                      ("off", off[:, :8])],
+         "output y = deform_conv2d(x, w, off, groups=2, offset_groups=2)",
+         [], error="offset must be")
     x = randn(r, (1, 4, 6), np.float64)  # 2x3 positions of 2x2 blocks
     case("col2im_f64", [("x", x)],
          "output y = col2im(x, image_shape=[3, 4], block_shape=[2, 2])",
