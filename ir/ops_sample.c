@@ -260,6 +260,12 @@ int kl_resize_tap_at(const kl_node *n, int d, int64_t o, kl_resize_taps *out) {
   return 0;
 }
 
+/* The most taps make_taps gives on axis d. */
+static int max_taps(const resize_cfg *r, int d) {
+  if (r->antialias) return (int)(2 - 2 * antialias_start(r, d));
+  return r->mode == R_NEAREST ? 1 : r->mode == R_LINEAR ? 2 : 4;
+}
+
 int kl_eval_RESIZE(const kl_node *n, kl_tensor **in, kl_tensor **out,
                    kl_error *err) {
   resize_cfg r;
@@ -268,26 +274,37 @@ int kl_eval_RESIZE(const kl_node *n, kl_tensor **in, kl_tensor **out,
   kl_tensor *y = out[0];
   int rank = x->shape.rank;
   if (y->numel == 0) return 0;
-  /* Per axis, the taps of each output index. */
-  taps *tab[KL_MAX_RANK];
+  /* Per axis, the taps of each output index o: ntap[o] of them at
+   * idx/w[o * nt[d] ..] (a wide antialias filter would not fit in a
+   * kl_resize_taps per index). */
+  int nt[KL_MAX_RANK];
   int64_t total = 0;
-  for (int d = 0; d < rank; d++) total += r.sizes[d];
-  taps *all = malloc(sizeof *all * (size_t)(total > 0 ? total : 1));
-  if (!all) return KL_NODE_FAIL(n, err, "out of memory");
-  for (int d = 0, at = 0; d < rank; at += (int)r.sizes[d], d++) {
-    tab[d] = all + at;
-    for (int64_t o = 0; o < r.sizes[d]; o++)
-      make_taps(&r, d, rank, o, x->shape.dims[d], &tab[d][o]);
+  for (int d = 0; d < rank; d++) nt[d] = max_taps(&r, d), total += r.sizes[d] * nt[d];
+  int64_t *idx_all = malloc(sizeof *idx_all * (size_t)total);
+  double *w_all = malloc(sizeof *w_all * (size_t)total);
+  int *ntap_all = malloc(sizeof *ntap_all * (size_t)total);
+  if (!idx_all || !w_all || !ntap_all) {
+    free(idx_all), free(w_all), free(ntap_all);
+    return KL_NODE_FAIL(n, err, "out of memory");
+  }
+  int64_t *tidx[KL_MAX_RANK];
+  double *tw[KL_MAX_RANK];
+  int *tn[KL_MAX_RANK];
+  taps tp;
+  for (int d = 0, at = 0; d < rank; at += (int)(r.sizes[d] * nt[d]), d++) {
+    tidx[d] = idx_all + at, tw[d] = w_all + at, tn[d] = ntap_all + at;
+    for (int64_t o = 0; o < r.sizes[d]; o++) {
+      make_taps(&r, d, rank, o, x->shape.dims[d], &tp);
+      tn[d][o] = tp.ntap;
+      memcpy(tidx[d] + o * nt[d], tp.idx, sizeof *tp.idx * (size_t)tp.ntap);
+      memcpy(tw[d] + o * nt[d], tp.w, sizeof *tp.w * (size_t)tp.ntap);
+    }
   }
   int64_t xs[KL_MAX_RANK], idx[KL_MAX_RANK] = {0}, i = 0;
   kl_shape_strides(&x->shape, xs);
   do {
-    const taps *t[KL_MAX_RANK];
     bool extrapolate = false;
-    for (int d = 0; d < rank; d++) {
-      t[d] = &tab[d][idx[d]];
-      extrapolate |= t[d]->ntap == 0;
-    }
+    for (int d = 0; d < rank; d++) extrapolate |= tn[d][idx[d]] == 0;
     double acc = 0;
     if (extrapolate) {
       acc = r.extrapolation;
@@ -298,18 +315,19 @@ int kl_eval_RESIZE(const kl_node *n, kl_tensor **in, kl_tensor **out,
         double w = 1;
         int64_t off = 0;
         for (int d = 0; d < rank; d++) {
-          w *= t[d]->w[k[d]];
-          off += t[d]->idx[k[d]] * xs[d];
+          int64_t at = idx[d] * nt[d] + k[d];
+          w *= tw[d][at];
+          off += tidx[d][at] * xs[d];
         }
         if (w != 0) acc += w * x->data[off];
         int d = rank - 1;
-        while (d >= 0 && ++k[d] == t[d]->ntap) k[d--] = 0;
+        while (d >= 0 && ++k[d] == tn[d][idx[d]]) k[d--] = 0;
         if (d < 0) break;
       }
     }
     y->data[i++] = acc;
   } while (kl_index_next(&y->shape, idx));
-  free(all);
+  free(idx_all), free(w_all), free(ntap_all);
   return 0;
 }
 
