@@ -1,8 +1,8 @@
 /* templates_nn.c - kernel templates for the nn ops (see codegen_impl.h for
  * the template interface): layer_norm, rms_norm, batch_norm, conv2d (im2col
  * + runtime GEMM, or straight to GEMM for 1x1), max/avg pools,
- * global_avg_pool, cross_entropy, nll_loss, conv_transpose2d, resize and
- * det.  Each kernel mirrors the interpreter's code in ir/ (ops_nn.c,
+ * global_avg_pool, cross_entropy, nll_loss, conv_transpose2d, resize,
+ * col2im and det.  Each kernel mirrors the interpreter's code in ir/ (ops_nn.c,
  * ops_contract.c, ops_sample.c, ops_math.c): same index math, same
  * order of operations where it decides NaN and rounding, sums in double. */
 #include <math.h>
