@@ -2957,6 +2957,25 @@ def gen_spatial():
                                       ("off", off[:, :8])],
          "output y = deform_conv2d(x, w, off, groups=2, offset_groups=2)",
          [], error="offset must be")
+    # f16 storage (computed in double, rounded once)
+    h16 = dict(tol={"rtol": 1e-3, "atol": 1e-3})
+    x = randn(r, (1, 2, 5, 6), np.float16)
+    rois = np.array([[0.5, 0.5, 4.0, 3.5], [1.0, 0.0, 5.5, 4.0]], np.float16)
+    case("roi_align_f16", [("x", x), ("rois", rois),
+                           ("bi", np.array([0, 0], np.int32))],
+         "output y = roi_align(x, rois, bi, output_height=2, "
+         "output_width=2, mode=max)",
+         [as_dt(roi_align_ref(x, rois, [0, 0], oh=2, ow=2, mode="max"),
+                np.float16)], **h16)
+    w = randn(r, (2, 1, 2, 2), np.float16)
+    off = randn(r, (1, 8, 4, 5), np.float16)
+    case("deform_conv2d_f16", [("x", x), ("w", w), ("off", off)],
+         "output y = deform_conv2d(x, w, off, groups=2)",
+         [as_dt(deform_conv2d_ref(x, w, off, groups=2), np.float16)], **h16)
+    cols = randn(r, (1, 8, 12), np.float16)
+    case("col2im_f16", [("x", cols)],
+         "output y = col2im(x, image_shape=[4, 5], block_shape=[2, 2])",
+         [as_dt(col2im_ref(cols, [4, 5], [2, 2]), np.float16)], **h16)
     x = randn(r, (1, 4, 6), np.float64)  # 2x3 positions of 2x2 blocks
     case("col2im_f64", [("x", x)],
          "output y = col2im(x, image_shape=[3, 4], block_shape=[2, 2])",
