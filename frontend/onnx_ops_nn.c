@@ -1058,6 +1058,7 @@ static int convert_affine_grid(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
       return kl_onnx_fail(c, "size[%d] = %lld is not a length", 2 + i, (long long)size[2 + i]);
     pts *= size[2 + i];
   }
+  if (pts > KL_MAX_NUMEL / (k + 1)) return kl_onnx_fail(c, "the grid would be too large");
   double *base = malloc(sizeof *base * (size_t)(pts * (k + 1)));
   if (!base) return kl_onnx_fail(c, "out of memory");
   for (int64_t p = 0; p < pts; p++) {
