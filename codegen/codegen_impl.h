@@ -57,6 +57,13 @@ const char *kl_cg_scratch(kl_cg_emitter *e, size_t bytes, char *buf, size_t len)
 /* DRAM traffic of the current node beyond reading its inputs and writing
  * its outputs once (an im2col matrix written and read back). */
 void kl_cg_count_dram(kl_cg_emitter *e, size_t bytes);
+/* Run-time index errors (templates_nn.c): a kernel raises a 4-byte scratch
+ * flag with atomicMax(flag, 0xFFFFFFFF - item) for a bad item; run()
+ * zeroes it before the launch (reset) and, after it, fails with
+ * "<op> (node '<name>'): <what> is out of range [0, c) (item i)" (check). */
+void kl_cg_flag_reset(kl_cg_emitter *e, const char *flag);
+void kl_cg_flag_check(kl_cg_emitter *e, const kl_node *n, const char *flag, const char *what,
+                      int64_t c);
 /* Launch kernel `k` over `threads` threads (grid-stride kernels: blocks of
  * 256, at most 4096 blocks) with the given pointer expressions as its
  * arguments, in order. */

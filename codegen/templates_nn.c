@@ -1,8 +1,8 @@
 /* templates_nn.c - kernel templates for the nn ops (see codegen_impl.h for
  * the template interface): layer_norm, rms_norm, batch_norm, conv2d (im2col
  * + runtime GEMM, or straight to GEMM for 1x1), max/avg pools,
- * global_avg_pool, cross_entropy, nll_loss, conv_transpose2d, resize and
- * det.  Each kernel mirrors the interpreter's code in ir/ (ops_nn.c,
+ * global_avg_pool, cross_entropy, nll_loss, conv_transpose2d, resize,
+ * col2im and det.  Each kernel mirrors the interpreter's code in ir/ (ops_nn.c,
  * ops_contract.c, ops_sample.c, ops_math.c): same index math, same
  * order of operations where it decides NaN and rounding, sums in double. */
 #include <math.h>
@@ -378,8 +378,7 @@ static int emit_pool(kl_cg_emitter *e, const kl_node *n) {
   ints_or(n, "strides", 2, -1, dstride);
   for (int a = 0; a < 2; a++) wn.stride[a] = dstride[a] < 0 ? wn.k[a] : dstride[a];
   ints_or(n, "pads", 4, 0, wn.pad);
-  if (is_max) ints_or(n, "dilations", 2, 1, wn.dil);
-  else wn.dil[0] = wn.dil[1] = 1;
+  ints_or(n, "dilations", 2, 1, wn.dil);
   bool include_pad = !is_max && kl_attr_int(n, "count_include_pad", 0) != 0;
   int64_t h = x->shape.dims[2], wi = x->shape.dims[3], oh = y->shape.dims[2], ow = y->shape.dims[3];
   int64_t total = kl_shape_numel(&y->shape);
@@ -414,12 +413,11 @@ static int emit_pool(kl_cg_emitter *e, const kl_node *n) {
   else fprintf(f, "        acc += v;\n%s", include_pad ? "" : "        count++;\n");
   fprintf(f, "      }\n    }\n");
   if (!is_max && include_pad) {
-    /* positions inside the padded input, not beyond it */
-    fprintf(f, "    const int64_t ny = (y0 + %lldLL < %lldLL ? y0 + %lldLL : %lldLL) - y0;\n"
-               "    const int64_t nx = (x0 + %lldLL < %lldLL ? x0 + %lldLL : %lldLL) - x0;\n"
-               "    const int64_t count = ny * nx;\n",
-            (ll)wn.k[0], (ll)(h + wn.pad[2]), (ll)wn.k[0], (ll)(h + wn.pad[2]), (ll)wn.k[1],
-            (ll)(wi + wn.pad[3]), (ll)wn.k[1], (ll)(wi + wn.pad[3]));
+    /* taps inside the padded input, not beyond it (y0, x0 lie before its end) */
+    fprintf(f, "    const int64_t ny = (%lldLL - y0 + %lldLL) / %lldLL, nx = (%lldLL - x0 + %lldLL) / %lldLL;\n"
+               "    const int64_t count = (ny < %lldLL ? ny : %lldLL) * (nx < %lldLL ? nx : %lldLL);\n",
+            (ll)(h + wn.pad[2]), (ll)(wn.dil[0] - 1), (ll)wn.dil[0], (ll)(wi + wn.pad[3]),
+            (ll)(wn.dil[1] - 1), (ll)wn.dil[1], (ll)wn.k[0], (ll)wn.k[0], (ll)wn.k[1], (ll)wn.k[1]);
   }
   fprintf(f, "    ");
   st(f, y->dtype, "out[i]", is_max ? "acc" : "acc / (double)count");
@@ -505,6 +503,13 @@ static void flag_check(kl_cg_emitter *e, const kl_node *n, const char *flag, con
              "        if (k + 1 < errlen) err[k++] = ')';\n"
              "        err[k] = 0;\n"
              "      }\n      return -1;\n    }\n  }\n");
+}
+
+void kl_cg_flag_reset(kl_cg_emitter *e, const char *flag) { flag_reset(e, flag); }
+
+void kl_cg_flag_check(kl_cg_emitter *e, const kl_node *n, const char *flag, const char *what,
+                      int64_t c) {
+  flag_check(e, n, flag, what, c);
 }
 
 /* ---- cross_entropy, nll_loss ---------------------------------------------- */
@@ -795,6 +800,63 @@ static int emit_tconv(kl_cg_emitter *e, const kl_node *n) {
   return 0;
 }
 
+/* ---- col2im -------------------------------------------------------------------- */
+static bool handles_col2im(const kl_node *n) {
+  kl_col2im_geom g;
+  return n->op == KL_OP_COL2IM && kl_dtype_is_float(n->outputs[0]->dtype) &&
+         !kl_col2im_geometry(n, &g);
+}
+
+/* One thread per image element (plane, p..), gathering what the
+ * interpreter scatters: block element b lands on p when
+ * p = q * stride - pad + b * dil for a block position q; the blocks are
+ * visited in the interpreter's order, so each sum has its order. */
+static int emit_col2im(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *y = n->outputs[0];
+  kl_col2im_geom g;
+  kl_col2im_geometry(n, &g);
+  int s = g.s;
+  int64_t k = 1, l = x->shape.dims[2], img = 1, total = kl_shape_numel(&y->shape);
+  for (int i = 0; i < s; i++) k *= g.block[i], img *= g.image[i];
+  host_comment(e, n);
+  if (total == 0) return 0;
+  char name[32], b1[128];
+  int kn = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  karg a[2] = {in_arg(x, "x"), out_arg(y->dtype, "out")};
+  kbegin(f, n, name, "", a, 2);
+  loop(f, total);
+  fprintf(f, "    const int64_t pl = i / %lldLL;\n    int64_t r = i %% %lldLL;\n", (ll)img, (ll)img);
+  for (int d = s - 1; d >= 0; d--)
+    fprintf(f, "    const int64_t p%d = r %% %lldLL;\n    r /= %lldLL;\n", d, (ll)g.image[d],
+            (ll)g.image[d]);
+  fprintf(f, "    double acc = 0;\n"
+             "    for (int64_t b = 0; b < %lldLL; b++) {\n"
+             "      int64_t rb = b, q = 0;\n", (ll)k);
+  /* t%d: the padded position of block element b's row on axis d, a
+   * multiple of the stride below nblk strides when it comes from a block */
+  for (int d = s - 1; d >= 0; d--)
+    fprintf(f, "      const int64_t t%d = p%d + %lldLL - (rb %% %lldLL) * %lldLL;\n"
+               "      rb /= %lldLL;\n"
+               "      if (t%d < 0 || t%d %% %lldLL != 0 || t%d / %lldLL >= %lldLL) continue;\n",
+            d, d, (ll)g.pad[d], (ll)g.block[d], (ll)g.dil[d], (ll)g.block[d], d, d,
+            (ll)g.stride[d], d, (ll)g.stride[d], (ll)g.nblk[d]);
+  int64_t qs = 1;
+  for (int d = s - 1; d >= 0; d--) {
+    fprintf(f, "      q += t%d / %lldLL * %lldLL;\n", d, (ll)g.stride[d], (ll)qs);
+    qs *= g.nblk[d];
+  }
+  fprintf(f, "      (void)rb;\n");
+  char at[96];
+  snprintf(at, sizeof at, "x[(pl * %lldLL + b) * %lldLL + q]", (ll)k, (ll)l);
+  fprintf(f, "      acc += %s;\n    }\n    (void)r;\n    ", ld(b1, sizeof b1, x->dtype, "double", at));
+  st(f, y->dtype, "out[i]", "acc");
+  fprintf(f, "  }\n");
+  kend(f, name, a, 2);
+  kl_cg_launch_node(e, kn, total, n);
+  return 0;
+}
+
 /* ---- resize ------------------------------------------------------------------ */
 /* The interpreter's tap computation (ir/ops_sample.c) runs here, at compile
  * time: shapes are static, so every axis's taps (input index, weight) are
@@ -806,8 +868,11 @@ static bool handles_resize(const kl_node *n) {
   if (n->op != KL_OP_RESIZE || n->inputs[0]->dtype == KL_BOOL || n->inputs[0]->shape.rank < 1 ||
       kl_resize_tap_at(n, 0, 0, &tp))
     return false;
-  int64_t total = 0;
-  for (int d = 0; d < n->outputs[0]->shape.rank; d++) total += 4 * n->outputs[0]->shape.dims[d];
+  int64_t total = 0; /* every output index of an axis has as many taps */
+  for (int d = 0; d < n->outputs[0]->shape.rank; d++) {
+    if (kl_resize_tap_at(n, d, 0, &tp)) return false;
+    total += (tp.ntap > 4 ? tp.ntap : 4) * n->outputs[0]->shape.dims[d];
+  }
   return total <= RESIZE_MAX_TABLE;
 }
 
@@ -969,6 +1034,7 @@ const kl_cg_template kl_cg_templates_nn[] = {
     {handles_nll, emit_nll, scratch_nll},
     {handles_tconv, emit_tconv, NULL},
     {handles_resize, emit_resize, NULL},
+    {handles_col2im, emit_col2im, NULL},
     {handles_det, emit_det, scratch_det},
     {NULL, NULL, NULL},
 };

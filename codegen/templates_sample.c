@@ -1,6 +1,7 @@
 /* templates_sample.c - kernel templates for sampling at coordinates read at
  * run time (see codegen_impl.h for the template interface): grid_sample,
- * linear, nearest and cubic, over any number of spatial axes.
+ * linear, nearest and cubic, over any number of spatial axes; roi_align;
+ * deform_conv2d (a convolution whose taps are bilinear samples).
  *
  * The kernel mirrors kl_eval_GRID_SAMPLE (ir/ops_sample.c) step by step,
  * in double as the interpreter: the same coordinate formulas, the same
@@ -173,7 +174,238 @@ static int emit_grid_sample(kl_cg_emitter *e, const kl_node *n) {
   return 0;
 }
 
+/* ---- roi_align ------------------------------------------------------------ */
+
+static bool handles_roi_align(const kl_node *n) {
+  static const char *const modes[] = {"avg", "max"};
+  static const char *const coords[] = {"half_pixel", "output_half_pixel"};
+  return n->op == KL_OP_ROI_ALIGN && kl_dtype_is_float(n->inputs[0]->dtype) &&
+         pick(kl_attr_string(n, "mode", "avg"), modes, 2) >= 0 &&
+         pick(kl_attr_string(n, "coordinate_transformation_mode", "half_pixel"), coords, 2) >= 0;
+}
+
+/* `name`_bin (roi_bin in ir/ops_sample.c): one bin of the plane xp, the
+ * same samples, terms and order, in double. */
+static void write_roi_bin(FILE *f, const char *name, const kl_node *n, bool is_max) {
+  const kl_value *x = n->inputs[0];
+  int64_t h = x->shape.dims[2], w = x->shape.dims[3];
+  char b1[128];
+  fprintf(f, "__device__ double %s_at(const %s *xp, int64_t i) {\n  return %s;\n}\n", name,
+          kl_cg_storage(x->dtype), kl_cg_load(b1, sizeof b1, x->dtype, "double", "xp[i]"));
+  fprintf(f, "__device__ double %s_bin(const %s *xp, double y0, double x0, double bh, double bw,\n"
+             "                       int64_t gh, int64_t gw) {\n"
+             "  const int64_t h = %lldLL, w = %lldLL;\n"
+             "  double acc = 0;\n%s"
+             "  for (int64_t iy = 0; iy < gh; iy++) {\n"
+             "    const double yy = y0 + ((double)iy + 0.5) * bh / (double)gh;\n"
+             "    for (int64_t ix = 0; ix < gw; ix++) {\n"
+             "      const double xx = x0 + ((double)ix + 0.5) * bw / (double)gw;\n"
+             "      double t0 = 0, t1 = 0, t2 = 0, t3 = 0;\n"
+             "      if (!(yy < -1 || yy > (double)h || xx < -1 || xx > (double)w)) {\n"
+             "        double y = yy > 0 ? yy : 0, x = xx > 0 ? xx : 0;\n"
+             "        int64_t ylo = (int64_t)y, xlo = (int64_t)x, yhi, xhi;\n"
+             "        if (ylo >= h - 1) {\n          yhi = ylo = h - 1;\n          y = (double)ylo;\n"
+             "        } else {\n          yhi = ylo + 1;\n        }\n"
+             "        if (xlo >= w - 1) {\n          xhi = xlo = w - 1;\n          x = (double)xlo;\n"
+             "        } else {\n          xhi = xlo + 1;\n        }\n"
+             "        const double ly = y - (double)ylo, lx = x - (double)xlo, hy = 1 - ly, hx = 1 - lx;\n"
+             "        t0 = hy * hx * %s_at(xp, ylo * w + xlo);\n"
+             "        t1 = hy * lx * %s_at(xp, ylo * w + xhi);\n"
+             "        t2 = ly * hx * %s_at(xp, yhi * w + xlo);\n"
+             "        t3 = ly * lx * %s_at(xp, yhi * w + xhi);\n"
+             "      }\n", name, kl_cg_storage(x->dtype), (ll)h, (ll)w,
+          is_max ? "  bool first = true;\n" : "", name, name, name, name);
+  if (is_max)
+    fprintf(f, "      const double m = fmax(fmax(t0, t1), fmax(t2, t3));\n"
+               "      acc = first ? m : fmax(acc, m);\n      first = false;\n"
+               "    }\n  }\n  return acc;\n}\n");
+  else
+    fprintf(f, "      acc += t0 + t1 + t2 + t3;\n"
+               "    }\n  }\n"
+               "  const int64_t count = gh * gw;\n"
+               "  return acc / (double)(count > 1 ? count : 1);\n}\n");
+}
+
+/* The flag of a batch index out of range. */
+static int scratch_roi_align(const kl_node *n, size_t *bytes) {
+  if (kl_shape_numel(&n->outputs[0]->shape) == 0) return 0;
+  bytes[0] = 4;
+  return 1;
+}
+
+/* One thread per output element (r, c, ph, pw): the region's geometry
+ * (as kl_eval_ROI_ALIGN), then its bin.  A batch index out of range
+ * gives NaN and raises the flag: run() then fails as the interpreter. */
+static int emit_roi_align(kl_cg_emitter *e, const kl_node *n) {
+  kl_cg_comment(e, n);
+  const kl_value *x = n->inputs[0], *r = n->inputs[1], *bi = n->inputs[2], *y = n->outputs[0];
+  int64_t total = kl_shape_numel(&y->shape);
+  if (total == 0) return 0;
+  bool is_max = !strcmp(kl_attr_string(n, "mode", "avg"), "max");
+  bool half = !strcmp(kl_attr_string(n, "coordinate_transformation_mode", "half_pixel"),
+                      "half_pixel");
+  int64_t oh = y->shape.dims[2], ow = y->shape.dims[3], ch = x->shape.dims[1];
+  int64_t ratio = kl_attr_int(n, "sampling_ratio", 0), plane = x->shape.dims[2] * x->shape.dims[3];
+  double scale = kl_attr_float(n, "spatial_scale", 1.0);
+  char name[32], b1[128], b2[128], at[64];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  write_roi_bin(f, name, n, is_max);
+  /* samples per bin on an axis (roi_grid) */
+  fprintf(f, "__device__ int64_t %s_grid(double bin) {\n", name);
+  if (ratio > 0) fprintf(f, "  (void)bin;\n  return %lldLL;\n}\n", (ll)ratio);
+  else fprintf(f, "  const double g = ceil(bin);\n"
+                  "  return g > 0 ? (g < 1e9 ? (int64_t)g : 1000000000LL) : 0;\n}\n");
+  fprintf(f, "/* roi_align mode %s, %s, x %s */\n", is_max ? "max" : "avg",
+          half ? "half_pixel" : "output_half_pixel", kl_dtype_name(x->dtype));
+  fprintf(f, "KL_KERNEL void %s(const %s *__restrict__ x, const %s *__restrict__ rois, "
+             "const %s *__restrict__ bi, %s *__restrict__ out, unsigned *__restrict__ bad) {\n", name,
+          kl_cg_storage(x->dtype), kl_cg_storage(r->dtype), kl_cg_storage(bi->dtype),
+          kl_cg_storage(y->dtype));
+  fprintf(f, "  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < %lldLL;\n"
+             "       i += (int64_t)blockDim.x * gridDim.x) {\n", (ll)total);
+  fprintf(f, "    const int64_t pw = i %% %lldLL, ph = (i / %lldLL) %% %lldLL;\n"
+             "    const int64_t c = (i / %lldLL) %% %lldLL, r = i / %lldLL;\n",
+          (ll)ow, (ll)ow, (ll)oh, (ll)(oh * ow), (ll)ch, (ll)(oh * ow * ch));
+  fprintf(f, "    const double bd = %s;\n", kl_cg_load(b1, sizeof b1, bi->dtype, "double", "bi[r]"));
+  fprintf(f, "    double v = KL_NAN;\n"
+             "    if (!(bd >= 0 && bd < %lldLL)) atomicMax(bad, 0xFFFFFFFFu - (unsigned)r);\n"
+             "    else {\n", (ll)x->shape.dims[0]);
+  fprintf(f, "      double rp[4];\n      for (int j = 0; j < 4; j++) rp[j] = %s;\n",
+          kl_cg_load(b2, sizeof b2, r->dtype, "double", "rois[r * 4 + j]"));
+  fprintf(f, "      const double scale = %.17g, off = %s;\n"
+             "      const double x0 = rp[0] * scale - off, y0 = rp[1] * scale - off;\n"
+             "      double rw = rp[2] * scale - off - x0, rh = rp[3] * scale - off - y0;\n",
+          scale, half ? "0.5" : "0.0");
+  if (!half) fprintf(f, "      rw = rw > 1 ? rw : 1;\n      rh = rh > 1 ? rh : 1;\n");
+  fprintf(f, "      const double bh = rh / %lld.0, bw = rw / %lld.0;\n"
+             "      const %s *const xp = x + ((int64_t)bd * %lldLL + c) * %lldLL;\n"
+             "      v = %s_bin(xp, y0 + (double)ph * bh, x0 + (double)pw * bw, bh, bw, "
+             "%s_grid(bh), %s_grid(bw));\n    }\n    ",
+          (ll)oh, (ll)ow, kl_cg_storage(x->dtype), (ll)ch, (ll)plane, name, name, name);
+  snprintf(at, sizeof at, "out[i]");
+  kl_cg_store(f, y->dtype, at, "v");
+  fprintf(f, "  }\n}\nKL_EMU_ENTRY(%s, KL_ARG(const %s *, 0), KL_ARG(const %s *, 1), "
+             "KL_ARG(const %s *, 2), KL_ARG(%s *, 3), KL_ARG(unsigned *, 4));\n\n", name,
+          kl_cg_storage(x->dtype), kl_cg_storage(r->dtype), kl_cg_storage(bi->dtype),
+          kl_cg_storage(y->dtype));
+  char flag[160], px[160], pr[160], pb[160], py[160];
+  kl_cg_scratch(e, 4, flag, sizeof flag);
+  const char *args[5] = {kl_cg_ptr(e, x, px, sizeof px), kl_cg_ptr(e, r, pr, sizeof pr),
+                         kl_cg_ptr(e, bi, pb, sizeof pb), kl_cg_ptr(e, y, py, sizeof py), flag};
+  kl_cg_flag_reset(e, flag);
+  kl_cg_launch(e, k, total, args, 5);
+  kl_cg_flag_check(e, n, flag, "a batch index of roi", x->shape.dims[0]);
+  return 0;
+}
+
+/* ---- deform_conv2d -------------------------------------------------------- */
+
+static bool handles_deform_conv(const kl_node *n) {
+  return n->op == KL_OP_DEFORM_CONV2D && kl_dtype_is_float(n->outputs[0]->dtype);
+}
+
+static void attr_ints_or(const kl_node *n, const char *attr, int len, int64_t dflt, int64_t *out) {
+  const int64_t *v;
+  int got = kl_attr_ints(n, attr, &v);
+  for (int i = 0; i < len; i++) out[i] = got == len ? v[i] : dflt;
+}
+
+/* One thread per output element (b, oc, oy, ox), as kl_eval_DEFORM_CONV2D:
+ * for each input channel of the group and each tap, the moved point's
+ * bilinear value (zero outside; `name`_at), times the mask and the weight,
+ * summed in double in the interpreter's order. */
+static int emit_deform_conv(kl_cg_emitter *e, const kl_node *n) {
+  kl_cg_comment(e, n);
+  const kl_value *x = n->inputs[0], *w = n->inputs[1], *off = n->inputs[2], *y = n->outputs[0];
+  const kl_value *bias = n->ninputs > 3 ? n->inputs[3] : NULL;
+  const kl_value *mask = n->ninputs > 4 ? n->inputs[4] : NULL;
+  int64_t total = kl_shape_numel(&y->shape);
+  if (total == 0) return 0;
+  int64_t stride[2], pad[4], dil[2];
+  attr_ints_or(n, "strides", 2, 1, stride);
+  attr_ints_or(n, "pads", 4, 0, pad);
+  attr_ints_or(n, "dilations", 2, 1, dil);
+  int64_t groups = kl_attr_int(n, "groups", 1), ogroups = kl_attr_int(n, "offset_groups", 1);
+  const int64_t *xd = x->shape.dims;
+  int64_t c = xd[1], h = xd[2], wi = xd[3], m = w->shape.dims[0], kh = w->shape.dims[2],
+          kw = w->shape.dims[3], oh = y->shape.dims[2], ow = y->shape.dims[3];
+  int64_t cpg = c / groups, mpg = m / groups, cpo = c / ogroups, taps = kh * kw, plane = oh * ow;
+  char name[32], b1[128], b2[128], b3[128], px[64];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  snprintf(px, sizeof px, "p[yy * %lldLL + xx]", (ll)wi);
+  /* bilinear_zero of ir/ops_contract.c over one plane */
+  fprintf(f, "__device__ double %s_at(const %s *p, double y, double x) {\n"
+             "  if (y != y || x != x) return KL_NAN;\n"
+             "  y = fmax(fmin(y, 1e9), -1e9);\n  x = fmax(fmin(x, 1e9), -1e9);\n"
+             "  const double fy = floor(y), fx = floor(x), ly = y - fy, lx = x - fx;\n"
+             "  const int64_t y0 = (int64_t)fy, x0 = (int64_t)fx;\n"
+             "  const double wy[2] = {1 - ly, ly}, wx[2] = {1 - lx, lx};\n"
+             "  double acc = 0;\n"
+             "  for (int i = 0; i < 2; i++)\n"
+             "    for (int j = 0; j < 2; j++) {\n"
+             "      const int64_t yy = y0 + i, xx = x0 + j;\n"
+             "      if (yy >= 0 && yy < %lldLL && xx >= 0 && xx < %lldLL && wy[i] * wx[j] != 0)\n"
+             "        acc += wy[i] * wx[j] * %s;\n"
+             "    }\n  return acc;\n}\n",
+          name, kl_cg_storage(x->dtype), (ll)h, (ll)wi,
+          kl_cg_load(b1, sizeof b1, x->dtype, "double", px));
+  fprintf(f, "/* deform_conv2d, x %s */\n", kl_dtype_name(x->dtype));
+  fprintf(f, "KL_KERNEL void %s(const %s *__restrict__ x, const %s *__restrict__ w, "
+             "const %s *__restrict__ off, ", name, kl_cg_storage(x->dtype),
+          kl_cg_storage(w->dtype), kl_cg_storage(off->dtype));
+  if (bias) fprintf(f, "const %s *__restrict__ bias, ", kl_cg_storage(bias->dtype));
+  if (mask) fprintf(f, "const %s *__restrict__ mask, ", kl_cg_storage(mask->dtype));
+  fprintf(f, "%s *__restrict__ out) {\n", kl_cg_storage(y->dtype));
+  fprintf(f, "  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < %lldLL;\n"
+             "       i += (int64_t)blockDim.x * gridDim.x) {\n", (ll)total);
+  fprintf(f, "    const int64_t at = i %% %lldLL, ox = at %% %lldLL, oy = at / %lldLL;\n"
+             "    const int64_t oc = (i / %lldLL) %% %lldLL, b = i / %lldLL;\n",
+          (ll)plane, (ll)ow, (ll)ow, (ll)plane, (ll)m, (ll)(plane * m));
+  if (bias)
+    fprintf(f, "    double acc = %s;\n", kl_cg_load(b1, sizeof b1, bias->dtype, "double", "bias[oc]"));
+  else
+    fprintf(f, "    double acc = 0;\n");
+  fprintf(f, "    for (int64_t icl = 0; icl < %lldLL; icl++) {\n"
+             "      const int64_t ic = oc / %lldLL * %lldLL + icl, og = ic / %lldLL;\n"
+             "      const %s *const xp = x + (b * %lldLL + ic) * %lldLL;\n"
+             "      for (int64_t t = 0; t < %lldLL; t++) {\n"
+             "        const int64_t ky = t / %lldLL, kx = t %% %lldLL;\n"
+             "        const int64_t ob = ((b * %lldLL + og) * %lldLL + t) * %lldLL + at;\n",
+          (ll)cpg, (ll)mpg, (ll)cpg, (ll)cpo, kl_cg_storage(x->dtype), (ll)c, (ll)(h * wi),
+          (ll)taps, (ll)kw, (ll)kw, (ll)ogroups, (ll)taps, (ll)(2 * plane));
+  fprintf(f, "        const double yy = (double)(oy * %lldLL - %lldLL + ky * %lldLL) + %s;\n",
+          (ll)stride[0], (ll)pad[0], (ll)dil[0],
+          kl_cg_load(b1, sizeof b1, off->dtype, "double", "off[ob]"));
+  char at[96];
+  snprintf(at, sizeof at, "off[ob + %lldLL]", (ll)plane);
+  fprintf(f, "        const double xx = (double)(ox * %lldLL - %lldLL + kx * %lldLL) + %s;\n",
+          (ll)stride[1], (ll)pad[1], (ll)dil[1], kl_cg_load(b2, sizeof b2, off->dtype, "double", at));
+  fprintf(f, "        double v = %s_at(xp, yy, xx);\n", name);
+  if (mask) {
+    snprintf(at, sizeof at, "mask[((b * %lldLL + og) * %lldLL + t) * %lldLL + at]", (ll)ogroups,
+             (ll)taps, (ll)plane);
+    fprintf(f, "        v *= %s;\n", kl_cg_load(b3, sizeof b3, mask->dtype, "double", at));
+  }
+  snprintf(at, sizeof at, "w[(oc * %lldLL + icl) * %lldLL + t]", (ll)cpg, (ll)taps);
+  fprintf(f, "        acc += %s * v;\n      }\n    }\n    ",
+          kl_cg_load(b1, sizeof b1, w->dtype, "double", at));
+  kl_cg_store(f, y->dtype, "out[i]", "acc");
+  fprintf(f, "  }\n}\nKL_EMU_ENTRY(%s, KL_ARG(const %s *, 0), KL_ARG(const %s *, 1), "
+             "KL_ARG(const %s *, 2)", name, kl_cg_storage(x->dtype), kl_cg_storage(w->dtype),
+          kl_cg_storage(off->dtype));
+  int na = 3;
+  if (bias) fprintf(f, ", KL_ARG(const %s *, %d)", kl_cg_storage(bias->dtype), na++);
+  if (mask) fprintf(f, ", KL_ARG(const %s *, %d)", kl_cg_storage(mask->dtype), na++);
+  fprintf(f, ", KL_ARG(%s *, %d));\n\n", kl_cg_storage(y->dtype), na);
+  kl_cg_launch_node(e, k, total, n);
+  return 0;
+}
+
 const kl_cg_template kl_cg_templates_sample[] = {
     {handles_grid_sample, emit_grid_sample, NULL},
+    {handles_roi_align, emit_roi_align, scratch_roi_align},
+    {handles_deform_conv, emit_deform_conv, NULL},
     {NULL, NULL, NULL},
 };

@@ -404,6 +404,39 @@ static int convert_conv_transpose(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* DeformConv (2-D): kernel_shape must agree with w; a mask without a
+ * bias gets a zero bias (the IR's inputs are positional). */
+static int convert_deform_conv(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *in[5] = {need_input(c, n, 0), need_input(c, n, 1), need_input(c, n, 2),
+                     kl_onnx_input(c, n, 3), kl_onnx_input(c, n, 4)};
+  if (!in[0] || !in[1] || !in[2]) return -1;
+  kl_value *x = in[0], *wt = in[1];
+  if (x->shape.rank != 4 || wt->shape.rank != 4)
+    return kl_onnx_unsupported(c, "only 2-D DeformConv (x [N, C, H, W]) is supported");
+  const int64_t *ks;
+  int nk = kl_onnx_attr_ints(n, "kernel_shape", &ks);
+  if (nk >= 0 && (nk != 2 || ks[0] != wt->shape.dims[2] || ks[1] != wt->shape.dims[3]))
+    return kl_onnx_fail(c, "kernel_shape does not match the weight");
+  int nin = in[4] ? 5 : in[3] ? 4 : 3;
+  if (in[4] && !in[3]) {
+    kl_shape bs = {1, {wt->shape.dims[0]}};
+    double zero = 0;
+    in[3] = kl_onnx_constant(c, x->dtype, &bs, &zero, 1);
+  }
+  kl_attr a[5];
+  int na = 0;
+  static const char *const names[3] = {"strides", "pads", "dilations"};
+  for (int i = 0; i < 3; i++) {
+    const int64_t *v;
+    int k = kl_onnx_attr_ints(n, names[i], &v);
+    if (k >= 0) a[na++] = kl_ais(names[i], v, k);
+  }
+  a[na++] = kl_ai("groups", kl_onnx_attr_int(n, "group", 1));
+  a[na++] = kl_ai("offset_groups", kl_onnx_attr_int(n, "offset_group", 1));
+  kl_value *y = kl_onnx_emit(c, KL_OP_DEFORM_CONV2D, in, nin, a, na);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
 /* ---- pools ----------------------------------------------------------- */
 
 static kl_value *pool2d(kl_onnx_ctx *c, kl_value *x, bool is_max, const window *w, int a0,
@@ -411,10 +444,10 @@ static kl_value *pool2d(kl_onnx_ctx *c, kl_value *x, bool is_max, const window *
   if (!x) return NULL;
   int64_t k[2], st[2], dil[2], pads[4];
   window_2d(w, a0, a1, k, st, dil, pads);
-  kl_attr a[5] = {kl_ais("kernel", k, 2), kl_ais("strides", st, 2), kl_ais("pads", pads, 4),
-                  kl_ai("ceil_mode", ceil_mode),
-                  is_max ? kl_ais("dilations", dil, 2) : kl_ai("count_include_pad", include_pad)};
-  return unary(c, is_max ? KL_OP_MAX_POOL2D : KL_OP_AVG_POOL2D, x, a, 5);
+  kl_attr a[6] = {kl_ais("kernel", k, 2), kl_ais("strides", st, 2), kl_ais("pads", pads, 4),
+                  kl_ai("ceil_mode", ceil_mode), kl_ais("dilations", dil, 2),
+                  kl_ai("count_include_pad", include_pad)};
+  return unary(c, is_max ? KL_OP_MAX_POOL2D : KL_OP_AVG_POOL2D, x, a, is_max ? 5 : 6);
 }
 
 /* Both pools are separable (a max, or a mean over a box that is a
@@ -462,9 +495,6 @@ static int convert_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     area *= w.k[i] = ks[i];
   }
   if (read_window(c, n, x, true, &w)) return -1;
-  if (!is_max)
-    for (int i = 0; i < w.nsp; i++)
-      if (w.dil[i] != 1) return kl_onnx_unsupported(c, "%s with dilations is not supported", n->op_type);
   bool ceil_mode = kl_onnx_attr_int(n, "ceil_mode", 0) != 0;
   bool cip = kl_onnx_attr_int(n, "count_include_pad", 0) != 0;
   kl_value *y;
@@ -481,6 +511,32 @@ static int convert_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   } else {
     y = pool_nd(c, x, is_max, &w, ceil_mode, cip);
   }
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
+/* Col2Im: image_shape and block_shape are constant inputs. */
+static int convert_col2im(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *iv = need_input(c, n, 1), *bv = need_input(c, n, 2);
+  if (!x || !iv || !bv) return -1;
+  int64_t img[KL_MAX_RANK], blk[KL_MAX_RANK];
+  int s = kl_onnx_const_ints(c, iv, "image_shape", img, KL_MAX_RANK - 2);
+  if (s < 0) return -1;
+  int sb = kl_onnx_const_ints(c, bv, "block_shape", blk, KL_MAX_RANK - 2);
+  if (sb < 0) return -1;
+  if (s < 1 || sb != s)
+    return kl_onnx_fail(c, "image_shape and block_shape must have one entry per spatial axis, "
+                        "got %d and %d", s, sb);
+  kl_attr a[5];
+  int na = 0;
+  a[na++] = kl_ais("image_shape", img, s);
+  a[na++] = kl_ais("block_shape", blk, s);
+  static const char *const names[3] = {"strides", "pads", "dilations"};
+  for (int i = 0; i < 3; i++) {
+    const int64_t *v;
+    int k = kl_onnx_attr_ints(n, names[i], &v);
+    if (k >= 0) a[na++] = kl_ais(names[i], v, k);
+  }
+  kl_value *y = unary(c, KL_OP_COL2IM, x, a, na);
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
@@ -788,9 +844,13 @@ static int convert_depth_space(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     y = reshape(c, transpose(c, reshape(c, x, crd ? crd6 : dcr, 6), crd ? pcrd : pdcr), out, 4);
   } else {
     if (h % b || w % b) return kl_onnx_fail(c, "H and W must be multiples of blocksize");
+    /* mode (opset 25): DCR puts the block offsets before the channel, CRD after */
+    const char *mode = kl_onnx_attr_string(c, n, "mode", "DCR");
+    bool crd = !strcmp(mode, "CRD");
+    if (!crd && strcmp(mode, "DCR")) return kl_onnx_fail(c, "mode must be DCR or CRD");
     int64_t six[6] = {nb, ch, h / b, b, w / b, b}, out[4] = {nb, ch * b * b, h / b, w / b};
-    static const int64_t perm[6] = {0, 3, 5, 1, 2, 4};
-    y = reshape(c, transpose(c, reshape(c, x, six, 6), perm), out, 4);
+    static const int64_t pdcr[6] = {0, 3, 5, 1, 2, 4}, pcrd[6] = {0, 1, 3, 5, 2, 4};
+    y = reshape(c, transpose(c, reshape(c, x, six, 6), crd ? pcrd : pdcr), out, 4);
   }
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
@@ -808,8 +868,76 @@ static int const_floats(kl_onnx_ctx *c, kl_value *v, const char *what, double *o
   return (int)t->numel;
 }
 
+/* Resize-18's axes: the scales, sizes and roi given for `axes` only,
+ * spread over every axis (the others keep scale 1, their size and the
+ * whole roi).  n* are the counts read; each becomes per-axis. */
+static int resize_spread_axes(kl_onnx_ctx *c, const Onnx__NodeProto *n, const kl_value *x,
+                              double *scales,
+                              int *nscales, int64_t *sizes, int *nsizes, double *roi,
+                              int *nroi, int64_t *axes, int *naxes) {
+  const int64_t *ax;
+  int k = kl_onnx_attr_ints(n, "axes", &ax), r = x->shape.rank;
+  *naxes = r;
+  for (int d = 0; d < r; d++) axes[d] = d;
+  if (k < 0) return 0;
+  if (k < 1 || k > r) return kl_onnx_fail(c, "axes has %d entries for rank %d", k, r);
+  bool seen[KL_MAX_RANK] = {false};
+  for (int i = 0; i < k; i++) {
+    int64_t a = ax[i] < 0 ? ax[i] + r : ax[i];
+    if (a < 0 || a >= r || seen[a])
+      return kl_onnx_fail(c, "axes[%d] = %lld is out of range or repeated", i, (long long)ax[i]);
+    seen[a] = true;
+    axes[i] = a;
+  }
+  if ((*nscales && *nscales != k) || (*nsizes && *nsizes != k) || (*nroi && *nroi != 2 * k))
+    return kl_onnx_fail(c, "scales, sizes and roi must have one entry (roi: two) per axis in "
+                        "axes (%d)", k);
+  double sc[KL_MAX_RANK], ro[2 * KL_MAX_RANK];
+  int64_t sz[KL_MAX_RANK];
+  for (int d = 0; d < r; d++) sc[d] = 1.0, sz[d] = x->shape.dims[d], ro[d] = 0.0, ro[r + d] = 1.0;
+  for (int i = 0; i < k; i++) {
+    if (*nscales) sc[axes[i]] = scales[i];
+    if (*nsizes) sz[axes[i]] = sizes[i];
+    if (*nroi) ro[axes[i]] = roi[i], ro[r + axes[i]] = roi[k + i];
+  }
+  memcpy(scales, sc, sizeof sc);
+  memcpy(roi, ro, sizeof ro);
+  memcpy(sizes, sz, sizeof sz);
+  *naxes = k;
+  if (*nscales) *nscales = r;
+  if (*nroi) *nroi = 2 * r;
+  if (*nsizes) *nsizes = r;
+  return 0;
+}
+
+/* keep_aspect_ratio_policy "not_larger" / "not_smaller": one scale for
+ * the resized axes, the least / greatest of sizes / in, and sizes
+ * round(scale * in) (halves up). */
+static int resize_keep_aspect(kl_onnx_ctx *c, const char *policy, const kl_value *x,
+                              const int64_t *axes, int naxes, int64_t *sizes, double *scales) {
+  bool larger = !strcmp(policy, "not_smaller");
+  if (!larger && strcmp(policy, "not_larger"))
+    return kl_onnx_fail(c, "keep_aspect_ratio_policy must be \"stretch\", \"not_larger\" or "
+                        "\"not_smaller\", not \"%s\"", policy);
+  double scale = 0;
+  for (int i = 0; i < naxes; i++) {
+    double s = (double)sizes[axes[i]] / (double)x->shape.dims[axes[i]];
+    if (i == 0 || (larger ? s > scale : s < scale)) scale = s;
+  }
+  for (int d = 0; d < x->shape.rank; d++) scales[d] = 1.0;
+  for (int i = 0; i < naxes; i++) {
+    double len = floor(scale * (double)x->shape.dims[axes[i]] + 0.5);
+    if (!(len >= 1 && len <= (double)KL_MAX_NUMEL))
+      return kl_onnx_fail(c, "axis %lld would resize to %g elements", (long long)axes[i], len);
+    sizes[axes[i]] = (int64_t)len;
+    scales[axes[i]] = scale;
+  }
+  return 0;
+}
+
 /* Scales give floor(in * scale) outputs (the crop's share of it for
- * tf_crop_and_resize); sizes give the scales out / in. */
+ * tf_crop_and_resize); sizes give the scales out / in, unless a
+ * keep_aspect_ratio_policy fixes one scale for them all. */
 static int convert_resize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   bool upsample = !strcmp(n->op_type, "Upsample");
   kl_value *x = need_input(c, n, 0);
@@ -818,8 +946,10 @@ static int convert_resize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   double scales[KL_MAX_RANK], roi[2 * KL_MAX_RANK];
   int64_t sizes[KL_MAX_RANK];
   int nscales = 0, nsizes = 0, nroi = 0;
+  bool sized_scales = false; /* scales to pass beside sizes */
   const char *mode = kl_onnx_attr_string(c, n, "mode", "nearest");
   const char *coord = "asymmetric", *nearest = "floor";
+  bool antialias = false;
   if (upsample && c->opset < 9) {
     const Onnx__AttributeProto *a = kl_onnx_attr(n, "scales");
     if (!a) return kl_onnx_fail(c, "attribute scales is required");
@@ -831,17 +961,23 @@ static int convert_resize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   } else {
     coord = kl_onnx_attr_string(c, n, "coordinate_transformation_mode", "half_pixel");
     nearest = kl_onnx_attr_string(c, n, "nearest_mode", "round_prefer_floor");
-    if (kl_onnx_attr_int(n, "antialias", 0)) return kl_onnx_unsupported(c, "antialias is not supported");
-    if (kl_onnx_attr(n, "axes")) return kl_onnx_unsupported(c, "the axes attribute is not supported");
-    const char *policy = kl_onnx_attr_string(c, n, "keep_aspect_ratio_policy", "stretch");
-    if (strcmp(policy, "stretch"))
-      return kl_onnx_unsupported(c, "keep_aspect_ratio_policy \"%s\" is not supported", policy);
+    antialias = kl_onnx_attr_int(n, "antialias", 0) != 0;
     if (!strcmp(coord, "tf_crop_and_resize") &&
         (nroi = const_floats(c, kl_onnx_input(c, n, 1), "roi", roi, 2 * KL_MAX_RANK)) < 0)
       return -1;
     nscales = const_floats(c, kl_onnx_input(c, n, 2), "scales", scales, KL_MAX_RANK);
     kl_value *sz = kl_onnx_input(c, n, 3);
     if (sz && (nsizes = kl_onnx_const_ints(c, sz, "sizes", sizes, KL_MAX_RANK)) < 0) return -1;
+    if (nscales < 0) return -1;
+    int64_t axes[KL_MAX_RANK];
+    int naxes;
+    if (resize_spread_axes(c, n, x, scales, &nscales, sizes, &nsizes, roi, &nroi, axes, &naxes))
+      return -1;
+    const char *policy = kl_onnx_attr_string(c, n, "keep_aspect_ratio_policy", "stretch");
+    if (nsizes == r && strcmp(policy, "stretch")) {
+      if (resize_keep_aspect(c, policy, x, axes, naxes, sizes, scales)) return -1;
+      sized_scales = true;
+    }
   }
   if (nscales < 0) return -1;
   if (!strcmp(mode, "bilinear")) mode = "linear"; /* Upsample-7's name */
@@ -860,10 +996,10 @@ static int convert_resize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
         return kl_onnx_fail(c, "axis %d would resize to %g elements", d, (double)len);
       sizes[d] = (int64_t)len;
     }
-  kl_attr a[10];
+  kl_attr a[11];
   int na = 0;
   a[na++] = kl_ais("sizes", sizes, r);
-  if (!nsizes)
+  if (!nsizes || sized_scales)
     a[na++] = (kl_attr){.name = "scales", .kind = KL_ATTR_FLOATS, .floats = scales, .n = r};
   if (nroi) a[na++] = (kl_attr){.name = "roi", .kind = KL_ATTR_FLOATS, .floats = roi, .n = 2 * r};
   a[na++] = kl_as("mode", mode);
@@ -872,8 +1008,80 @@ static int convert_resize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   a[na++] = kl_af("cubic_coeff_a", kl_onnx_attr_float(n, "cubic_coeff_a", -0.75));
   a[na++] = kl_ai("exclude_outside", kl_onnx_attr_int(n, "exclude_outside", 0));
   a[na++] = kl_af("extrapolation_value", kl_onnx_attr_float(n, "extrapolation_value", 0.0));
+  if (antialias) a[na++] = kl_ai("antialias", 1);
   kl_value *y = unary(c, KL_OP_RESIZE, x, a, na);
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
+/* ---- RoiAlign -------------------------------------------------------- */
+
+/* RoiAlign-10 shifts nothing (output_half_pixel); 16 adds the mode,
+ * half_pixel by default. */
+static int convert_roi_align(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *in[3] = {need_input(c, n, 0), need_input(c, n, 1), need_input(c, n, 2)};
+  if (!in[0] || !in[1] || !in[2]) return -1;
+  const char *coord = c->opset < 16 ? "output_half_pixel"
+                                    : kl_onnx_attr_string(c, n, "coordinate_transformation_mode",
+                                                          "half_pixel");
+  kl_attr a[6] = {kl_as("mode", kl_onnx_attr_string(c, n, "mode", "avg")),
+                  kl_ai("output_height", kl_onnx_attr_int(n, "output_height", 1)),
+                  kl_ai("output_width", kl_onnx_attr_int(n, "output_width", 1)),
+                  kl_ai("sampling_ratio", kl_onnx_attr_int(n, "sampling_ratio", 0)),
+                  kl_af("spatial_scale", kl_onnx_attr_float(n, "spatial_scale", 1.0)),
+                  kl_as("coordinate_transformation_mode", coord)};
+  kl_value *y = kl_onnx_emit(c, KL_OP_ROI_ALIGN, in, 3, a, 6);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
+/* ---- AffineGrid ------------------------------------------------------ */
+
+/* grid[n, p, :] = theta[n] @ [x, y, (z,) 1] for every point p of the
+ * spatial size (x along the last axis): the homogeneous coordinates are a
+ * constant [P, k + 1], and the whole grid one batched matmul with theta
+ * transposed. */
+static int convert_affine_grid(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *theta = need_input(c, n, 0), *sv = need_input(c, n, 1);
+  if (!theta || !sv) return -1;
+  int64_t size[5];
+  int ns = kl_onnx_const_ints(c, sv, "size", size, 5);
+  if (ns < 0) return -1;
+  int k = ns - 2;
+  if (k != 2 && k != 3) return kl_onnx_fail(c, "size must be [N, C, H, W] or [N, C, D, H, W]");
+  if (!kl_dtype_is_float(theta->dtype) || theta->shape.rank != 3 ||
+      theta->shape.dims[0] != size[0] || theta->shape.dims[1] != k ||
+      theta->shape.dims[2] != k + 1)
+    return kl_onnx_fail(c, "theta must be float [%lld, %d, %d]", (long long)size[0], k, k + 1);
+  bool ac = kl_onnx_attr_int(n, "align_corners", 0) != 0;
+  int64_t pts = 1;
+  for (int i = 0; i < k; i++) {
+    if (size[2 + i] < 1 || size[2 + i] > KL_MAX_NUMEL / pts)
+      return kl_onnx_fail(c, "size[%d] = %lld is not a length", 2 + i, (long long)size[2 + i]);
+    pts *= size[2 + i];
+  }
+  if (pts > KL_MAX_NUMEL / (k + 1)) return kl_onnx_fail(c, "the grid would be too large");
+  double *base = malloc(sizeof *base * (size_t)(pts * (k + 1)));
+  if (!base) return kl_onnx_fail(c, "out of memory");
+  for (int64_t p = 0; p < pts; p++) {
+    int64_t rest = p;
+    for (int i = k - 1; i >= 0; i--) { /* column k-1-i holds axis i */
+      int64_t len = size[2 + i], at = rest % len;
+      rest /= len;
+      double v = ac ? (len > 1 ? -1 + 2.0 * (double)at / (double)(len - 1) : -1.0)
+                    : (2.0 * (double)at + 1) / (double)len - 1;
+      base[p * (k + 1) + (k - 1 - i)] = v;
+    }
+    base[p * (k + 1) + k] = 1;
+  }
+  kl_shape bs = {2, {pts, k + 1}};
+  kl_value *b = kl_onnx_constant(c, theta->dtype, &bs, base, (int)(pts * (k + 1)));
+  free(base);
+  static const int64_t perm[3] = {0, 2, 1};
+  kl_value *g = binary(c, KL_OP_MATMUL, b, transpose(c, theta, perm));
+  int64_t out[5] = {size[0]};
+  for (int i = 0; i < k; i++) out[1 + i] = size[2 + i];
+  out[k + 1] = k;
+  g = reshape(c, g, out, k + 2);
+  return g ? kl_onnx_bind(c, n, 0, g) : -1;
 }
 
 /* ---- Einsum ---------------------------------------------------------- */
@@ -1118,6 +1326,8 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"GlobalAveragePool", 1, convert_global_pool},
     {"GlobalMaxPool", 1, convert_global_pool},
     {"LpPool", 1, convert_pool},
+    {"Col2Im", 18, convert_col2im},
+    {"DeformConv", 19, convert_deform_conv},
     {"GlobalLpPool", 1, convert_global_pool},
     {"BatchNormalization", 1, convert_batch_norm},
     {"InstanceNormalization", 1, convert_instance_norm},
@@ -1133,6 +1343,8 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"DepthToSpace", 1, convert_depth_space},
     {"SpaceToDepth", 1, convert_depth_space},
     {"Resize", 10, convert_resize},
+    {"AffineGrid", 20, convert_affine_grid},
+    {"RoiAlign", 10, convert_roi_align},
     {"Upsample", 7, convert_resize},
     {"Einsum", 12, convert_einsum},
     {NULL, 0, NULL},

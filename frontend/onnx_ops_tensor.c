@@ -502,6 +502,41 @@ static int convert_pad(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return bind0(c, n, emit1(c, KL_OP_PAD, x, a, 3));
 }
 
+/* CenterCropPad: each named axis (default all) cropped or zero-padded to
+ * shape[i] about its centre (the odd element goes to the end); one pad
+ * node, whose negative pads crop. */
+static int convert_center_crop_pad(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *sv = need_input(c, n, 1);
+  if (!x || !sv) return -1;
+  int r = x->shape.rank, na = r, ns;
+  int64_t shape[KL_MAX_RANK], axes[KL_MAX_RANK], pads[2 * KL_MAX_RANK] = {0};
+  if ((ns = const_ints(c, sv, "the shape", shape, KL_MAX_RANK)) < 0) return -1;
+  const int64_t *ax;
+  int k = kl_onnx_attr_ints(n, "axes", &ax);
+  if (k > KL_MAX_RANK) return kl_onnx_fail(c, "axes has %d entries for rank %d", k, r);
+  if (k >= 0) na = k;
+  bool seen[KL_MAX_RANK] = {false};
+  for (int i = 0; i < na; i++) {
+    int a = i;
+    if (k >= 0 && onnx_axis(c, ax[i], r, false, &a)) return -1;
+    if (seen[a]) return kl_onnx_fail(c, "axis %d is named twice", a);
+    seen[a] = true;
+    axes[i] = a;
+  }
+  if (ns != na) return kl_onnx_fail(c, "shape has %d entries for %d axes", ns, na);
+  for (int i = 0; i < na; i++) {
+    int64_t a = axes[i], dim = x->shape.dims[a], want = shape[i];
+    if (want < 0 || want > KL_MAX_NUMEL)
+      return kl_onnx_fail(c, "shape[%d] = %lld is not a length", i, (long long)want);
+    int64_t grow = want - dim; /* < 0: crop */
+    int64_t half = (grow < 0 ? -grow : grow) / 2;
+    pads[a] = grow < 0 ? -half : half;
+    pads[r + a] = grow - pads[a];
+  }
+  kl_attr a[3] = {kl_ais("pads", pads, 2 * r), kl_as("mode", "constant"), kl_af("value", 0.0)};
+  return bind0(c, n, emit1(c, KL_OP_PAD, x, a, 3));
+}
+
 static int convert_trilu(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   int64_t k = 0;
   if (kl_onnx_input(c, n, 1) && const_int(c, kl_onnx_input(c, n, 1), "k", &k)) return -1;
@@ -866,6 +901,7 @@ const kl_onnx_op kl_onnx_ops_tensor[] = {
     {"Expand", 8, convert_expand},
     {"Tile", 6, convert_tile},
     {"Pad", 1, convert_pad},
+    {"CenterCropPad", 18, convert_center_crop_pad},
     {"Trilu", 14, convert_trilu},
     {"Gather", 1, convert_indexing},
     {"GatherElements", 11, convert_indexing},

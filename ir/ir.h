@@ -358,12 +358,24 @@ bool kl_print_inlines(const kl_value *v);
  * along axis d, as the interpreter computes them, so that compiled kernels
  * use the very same coordinates; ntap 0 means outside (tf_crop_and_resize
  * extrapolates).  -1 when the node's attributes are invalid. */
+enum { KL_RESIZE_MAX_TAPS = 64 }; /* antialias widens the filter up to this */
 typedef struct {
-  int64_t idx[4];
-  double w[4];
+  int64_t idx[KL_RESIZE_MAX_TAPS];
+  double w[KL_RESIZE_MAX_TAPS];
   int ntap;
 } kl_resize_taps;
 int kl_resize_tap_at(const kl_node *n, int d, int64_t o, kl_resize_taps *out);
+
+/* The geometry of a col2im node over its s spatial axes: image and block
+ * lengths, strides, pads [begins.., ends..], dilations, and the number of
+ * block positions per axis (nblk; their product is x's last dim).  -1 when
+ * the node's attributes are invalid. */
+typedef struct {
+  int s;
+  int64_t image[KL_MAX_RANK], block[KL_MAX_RANK], stride[KL_MAX_RANK];
+  int64_t pad[2 * KL_MAX_RANK], dil[KL_MAX_RANK], nblk[KL_MAX_RANK];
+} kl_col2im_geom;
+int kl_col2im_geometry(const kl_node *n, kl_col2im_geom *g);
 
 /* ---- reference interpreter ------------------------------------------ */
 kl_tensor *kl_tensor_new(kl_dtype t, const kl_shape *s);

@@ -1,6 +1,6 @@
 /* ops_contract.c - shape inference and reference evaluation of the
- * contraction rows (matmul, gemm, conv2d, conv_transpose2d) and the 2-D
- * pools. */
+ * contraction rows (matmul, gemm, conv2d, conv_transpose2d, deform_conv2d),
+ * the 2-D pools and col2im. */
 #include <math.h>
 #include <string.h>
 
@@ -501,6 +501,116 @@ int kl_eval_CONV_TRANSPOSE2D(const kl_node *n, kl_tensor **in, kl_tensor **out,
   return 0;
 }
 
+/* ---- deform_conv2d --------------------------------------------------- */
+
+typedef struct {
+  window w;
+  int64_t groups, ogroups;
+} deform_cfg;
+
+static int deform_setup(const kl_node *n, kl_error *err, deform_cfg *d) {
+  const kl_value *x = n->inputs[0], *wt = n->inputs[1], *off = n->inputs[2];
+  const kl_value *b = n->ninputs > 3 ? n->inputs[3] : NULL;
+  const kl_value *mask = n->ninputs > 4 ? n->inputs[4] : NULL;
+  char sx[300], sw[300];
+  int64_t c = x->shape.dims[1], m = wt->shape.dims[0];
+  d->groups = kl_attr_int(n, "groups", 1);
+  d->ogroups = kl_attr_int(n, "offset_groups", 1);
+  if (d->groups < 1 || d->ogroups < 1 || c % d->groups || c % d->ogroups ||
+      c / d->groups != wt->shape.dims[1] || m % d->groups)
+    return KL_NODE_FAIL(n, err, "groups %lld and offset_groups %lld must divide the input "
+                        "channels of x %s, and w %s must be [M (a multiple of groups), C / "
+                        "groups, kH, kW]", (long long)d->groups, (long long)d->ogroups,
+                        kl_value_str(x, sx, sizeof sx), kl_value_str(wt, sw, sizeof sw));
+  if (b && (b->shape.rank != 1 || b->shape.dims[0] != m))
+    return KL_NODE_FAIL(n, err, "bias must have shape [%lld], got %s", (long long)m,
+                        kl_value_str(b, sx, sizeof sx));
+  for (int a = 0; a < 2; a++) {
+    d->w.k[a] = wt->shape.dims[2 + a];
+    if (d->w.k[a] < 1 || d->w.k[a] > KL_MAX_NUMEL)
+      return KL_NODE_FAIL(n, err, "kernel dims of w %s must be >= 1",
+                          kl_value_str(wt, sw, sizeof sw));
+    d->w.stride[a] = 1;
+  }
+  if (window_setup(n, err, x, true, false, &d->w)) return -1;
+  int64_t taps = d->w.k[0] * d->w.k[1];
+  const kl_value *want[2] = {off, mask};
+  for (int i = 0; i < 2; i++) {
+    const kl_value *v = want[i];
+    if (!v) continue;
+    int64_t ch = (i == 0 ? 2 : 1) * d->ogroups * taps;
+    if (v->shape.rank != 4 || v->shape.dims[0] != x->shape.dims[0] || v->shape.dims[1] != ch ||
+        v->shape.dims[2] != d->w.out[0] || v->shape.dims[3] != d->w.out[1])
+      return KL_NODE_FAIL(n, err, "%s must be [%lld, %lld, %lld, %lld], got %s",
+                          i == 0 ? "offset" : "mask", (long long)x->shape.dims[0], (long long)ch,
+                          (long long)d->w.out[0], (long long)d->w.out[1],
+                          kl_value_str(v, sx, sizeof sx));
+  }
+  return 0;
+}
+
+int kl_infer_DEFORM_CONV2D(kl_node *n, kl_error *err) {
+  deform_cfg d;
+  if (check_operands(n, err, false) || check_rank(n, err, 0, 4, "x") ||
+      check_rank(n, err, 1, 4, "w") || deform_setup(n, err, &d))
+    return -1;
+  const kl_shape *x = &n->inputs[0]->shape;
+  kl_shape out = {4, {x->dims[0], n->inputs[1]->shape.dims[0], d.w.out[0], d.w.out[1]}};
+  return kl_set_checked_output(n, err, 0, n->inputs[0]->dtype, &out);
+}
+
+/* x [h, w] at (y, x), bilinear over the four pixels around it, those
+ * outside counting as 0; NaN for a NaN coordinate. */
+static double bilinear_zero(const double *p, int64_t h, int64_t w, double y, double x) {
+  if (isnan(y) || isnan(x)) return NAN;
+  y = fmax(fmin(y, 1e9), -1e9), x = fmax(fmin(x, 1e9), -1e9);
+  double fy = floor(y), fx = floor(x), ly = y - fy, lx = x - fx;
+  int64_t y0 = (int64_t)fy, x0 = (int64_t)fx;
+  double acc = 0, wy[2] = {1 - ly, ly}, wx[2] = {1 - lx, lx};
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++) {
+      int64_t yy = y0 + i, xx = x0 + j;
+      if (yy >= 0 && yy < h && xx >= 0 && xx < w && wy[i] * wx[j] != 0)
+        acc += wy[i] * wx[j] * p[yy * w + xx];
+    }
+  return acc;
+}
+
+int kl_eval_DEFORM_CONV2D(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  deform_cfg d;
+  if (deform_setup(n, err, &d)) return -1;
+  const window *w = &d.w;
+  const int64_t *xd = in[0]->shape.dims;
+  int64_t nb = xd[0], c = xd[1], h = xd[2], wi = xd[3], m = in[1]->shape.dims[0];
+  int64_t cpg = c / d.groups, mpg = m / d.groups, cpo = c / d.ogroups;
+  int64_t taps = w->k[0] * w->k[1], plane = w->out[0] * w->out[1];
+  const double *x = in[0]->data, *wt = in[1]->data, *off = in[2]->data;
+  const double *bias = n->ninputs > 3 ? in[3]->data : NULL;
+  const double *mask = n->ninputs > 4 ? in[4]->data : NULL;
+  double *o = out[0]->data;
+  for (int64_t b = 0; b < nb; b++)
+    for (int64_t oc = 0; oc < m; oc++)
+      for (int64_t oy = 0; oy < w->out[0]; oy++)
+        for (int64_t ox = 0; ox < w->out[1]; ox++) {
+          double acc = bias ? bias[oc] : 0.0;
+          for (int64_t icl = 0; icl < cpg; icl++) {
+            int64_t ic = oc / mpg * cpg + icl, og = ic / cpo;
+            const double *xp = x + (b * c + ic) * h * wi;
+            for (int64_t t = 0; t < taps; t++) {
+              int64_t ky = t / w->k[1], kx = t % w->k[1], at = oy * w->out[1] + ox;
+              const double *op = off + ((b * d.ogroups + og) * taps + t) * 2 * plane;
+              double y = (double)(oy * w->stride[0] - w->pad[0] + ky * w->dil[0]) + op[at];
+              double xx = (double)(ox * w->stride[1] - w->pad[1] + kx * w->dil[1]) + op[plane + at];
+              double v = bilinear_zero(xp, h, wi, y, xx);
+              if (mask) v *= mask[((b * d.ogroups + og) * taps + t) * plane + at];
+              acc += wt[(oc * cpg + icl) * taps + t] * v;
+            }
+          }
+          *o++ = acc;
+        }
+  return 0;
+}
+
 /* ---- pools ----------------------------------------------------------- */
 
 typedef struct {
@@ -522,7 +632,7 @@ static int pool_setup(const kl_node *n, kl_error *err, bool is_max,
                         kl_value_str(x, sx, sizeof sx));
   p->w.stride[0] = p->w.k[0];
   p->w.stride[1] = p->w.k[1];
-  if (window_setup(n, err, x, is_max, p->ceil_mode, &p->w)) return -1;
+  if (window_setup(n, err, x, true, p->ceil_mode, &p->w)) return -1;
   /* As ONNX Runtime: a pad as wide as the kernel would make windows that
    * see only padding. */
   for (int i = 0; i < 4; i++)
@@ -541,6 +651,12 @@ static int pool_infer(kl_node *n, kl_error *err, bool is_max) {
   const kl_shape *x = &n->inputs[0]->shape;
   kl_shape out = {4, {x->dims[0], x->dims[1], p.w.out[0], p.w.out[1]}};
   return kl_set_checked_output(n, err, 0, n->inputs[0]->dtype, &out);
+}
+
+/* How many of the taps start, start + d, .. (k of them) lie before end. */
+static int64_t taps_before(int64_t start, int64_t k, int64_t d, int64_t end) {
+  int64_t n = start < end ? (end - start + d - 1) / d : 0;
+  return n < k ? n : k;
 }
 
 /* Max of an empty window (possible only with dilation) is -inf. */
@@ -573,15 +689,10 @@ static int pool_eval(const kl_node *n, kl_tensor **in, kl_tensor **out,
           }
         }
         if (!is_max) {
-          if (p.include_pad) {
-            /* Positions inside the padded input, not beyond it (ceil
-             * mode's overhang is never counted). */
-            int64_t ny = (y0 + w->k[0] < h + w->pad[2] ? y0 + w->k[0]
-                                                       : h + w->pad[2]) - y0;
-            int64_t nx = (x0 + w->k[1] < wi + w->pad[3] ? x0 + w->k[1]
-                                                        : wi + w->pad[3]) - x0;
-            count = ny * nx;
-          }
+          if (p.include_pad) /* taps inside the padded input, not beyond
+                                 it (ceil mode's overhang never counts) */
+            count = taps_before(y0, w->k[0], w->dil[0], h + w->pad[2]) *
+                    taps_before(x0, w->k[1], w->dil[1], wi + w->pad[3]);
           acc /= (double)count;
         }
         *o++ = acc;
@@ -636,5 +747,101 @@ int kl_eval_GLOBAL_AVG_POOL(const kl_node *n, kl_tensor **in,
     for (int64_t i = 0; i < size; i++) acc += in[0]->data[p * size + i];
     out[0]->data[p] = acc / (double)size;
   }
+  return 0;
+}
+
+/* ---- col2im ---------------------------------------------------------- */
+
+/* An ints attribute of s entries, each >= lo; `dflt` for every entry when
+ * absent (dflt < 0: required). */
+static int axis_ints(const kl_node *n, kl_error *err, const char *name, int s, int64_t lo,
+                     int64_t dflt, int64_t *out) {
+  const int64_t *v;
+  int got = kl_attr_ints(n, name, &v);
+  if (got < 0 && dflt >= 0) {
+    for (int i = 0; i < s; i++) out[i] = dflt;
+    return 0;
+  }
+  if (got != s) return KL_NODE_FAIL(n, err, "%s must have %d entries, got %d", name, s, got);
+  for (int i = 0; i < s; i++) {
+    if (v[i] < lo || v[i] > KL_MAX_NUMEL)
+      return KL_NODE_FAIL(n, err, "%s[%d] = %lld is out of range [%lld, %lld]", name, i,
+                          (long long)v[i], (long long)lo, (long long)KL_MAX_NUMEL);
+    out[i] = v[i];
+  }
+  return 0;
+}
+
+static int col2im_setup(const kl_node *n, kl_error *err, kl_col2im_geom *g) {
+  const int64_t *img;
+  int s = kl_attr_ints(n, "image_shape", &img);
+  if (s < 1 || s > KL_MAX_RANK - 2)
+    return KL_NODE_FAIL(n, err, "image_shape must have 1 to %d entries", KL_MAX_RANK - 2);
+  g->s = s;
+  if (axis_ints(n, err, "image_shape", s, 1, -1, g->image) ||
+      axis_ints(n, err, "block_shape", s, 1, -1, g->block) ||
+      axis_ints(n, err, "strides", s, 1, 1, g->stride) ||
+      axis_ints(n, err, "pads", 2 * s, 0, 0, g->pad) ||
+      axis_ints(n, err, "dilations", s, 1, 1, g->dil))
+    return -1;
+  for (int i = 0; i < s; i++) {
+    int64_t span = g->image[i] + g->pad[i] + g->pad[s + i], ext = g->dil[i] * (g->block[i] - 1) + 1;
+    if (span < ext)
+      return KL_NODE_FAIL(n, err, "block %lld (dilation %lld) does not fit image axis %d of "
+                          "%lld padded to %lld", (long long)g->block[i], (long long)g->dil[i], i,
+                          (long long)g->image[i], (long long)span);
+    g->nblk[i] = (span - ext) / g->stride[i] + 1;
+  }
+  return 0;
+}
+
+int kl_col2im_geometry(const kl_node *n, kl_col2im_geom *g) {
+  if (n->op != KL_OP_COL2IM) return -1;
+  return col2im_setup(n, NULL, g);
+}
+
+int kl_infer_COL2IM(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0];
+  char sx[300];
+  kl_col2im_geom g;
+  if (check_operands(n, err, false) || check_rank(n, err, 0, 3, "x") || col2im_setup(n, err, &g))
+    return -1;
+  int64_t k = 1, l = 1;
+  for (int i = 0; i < g.s; i++) k *= g.block[i], l *= g.nblk[i];
+  if (x->shape.dims[1] % k || x->shape.dims[2] != l)
+    return KL_NODE_FAIL(n, err, "x %s must be [N, C * %lld (the block size), %lld (the block "
+                        "positions)]", kl_value_str(x, sx, sizeof sx), (long long)k, (long long)l);
+  kl_shape out = {2 + g.s, {x->shape.dims[0], x->shape.dims[1] / k}};
+  for (int i = 0; i < g.s; i++) out.dims[2 + i] = g.image[i];
+  return kl_set_checked_output(n, err, 0, x->dtype, &out);
+}
+
+/* Scatters each block element to its image position, blocks in order;
+ * positions in the padding are dropped. */
+int kl_eval_COL2IM(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  kl_col2im_geom g;
+  if (col2im_setup(n, err, &g)) return -1;
+  const kl_tensor *x = in[0];
+  kl_tensor *y = out[0];
+  int s = g.s;
+  int64_t k = 1, l = x->shape.dims[2], img = 1;
+  for (int i = 0; i < s; i++) k *= g.block[i], img *= g.image[i];
+  int64_t planes = x->shape.dims[0] * y->shape.dims[1];
+  memset(y->data, 0, sizeof(double) * (size_t)y->numel);
+  for (int64_t pl = 0; pl < planes; pl++)
+    for (int64_t b = 0; b < k; b++)
+      for (int64_t q = 0; q < l; q++) {
+        int64_t rb = b, rq = q, at = 0, stride = 1;
+        bool inside = true;
+        for (int i = s - 1; i >= 0; i--) {
+          int64_t bi = rb % g.block[i], qi = rq % g.nblk[i];
+          rb /= g.block[i], rq /= g.nblk[i];
+          int64_t p = qi * g.stride[i] - g.pad[i] + bi * g.dil[i];
+          inside &= p >= 0 && p < g.image[i];
+          at += p * stride;
+          stride *= g.image[i];
+        }
+        if (inside) y->data[pl * img + at] += x->data[(pl * k + b) * l + q];
+      }
   return 0;
 }

@@ -1,5 +1,6 @@
 /* ops_sample.c - shape inference and evaluation of the sampling rows of
- * ops.def: resize and grid_sample, interpolation at computed coordinates. */
+ * ops.def: resize, roi_align and grid_sample, interpolation at computed
+ * coordinates. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,10 +58,20 @@ static const char *const nearest_modes[] = {
 typedef struct {
   int mode, coord, nearest;
   double a, extrapolation;
-  bool exclude_outside;
+  bool exclude_outside, antialias;
   int64_t sizes[KL_MAX_RANK];
   double scales[KL_MAX_RANK], roi[2 * KL_MAX_RANK];
 } resize_cfg;
+
+/* With antialias, the first tap's offset from the left neighbour: the
+ * filter (support 1 linear, 2 cubic) stretched by 1 / scale when
+ * downscaling, as the ONNX reference.  The taps run to 1 - start. */
+static int64_t antialias_start(const resize_cfg *r, int d) {
+  double s = r->scales[d] < 1 ? r->scales[d] : 1.0;
+  double support = r->mode == R_CUBIC ? 2.0 : 1.0;
+  double start = floor(-support / s) + 1;
+  return start < -1e6 ? -1000000 : (int64_t)start;
+}
 
 static int resize_setup(const kl_node *n, kl_error *err, resize_cfg *r) {
   const kl_value *x = n->inputs[0];
@@ -71,8 +82,10 @@ static int resize_setup(const kl_node *n, kl_error *err, resize_cfg *r) {
            coord_modes, &r->coord) ||
       pick(n, err, "nearest_mode", "round_prefer_floor", nearest_modes,
            &r->nearest) ||
-      kl_attr_flag(n, err, "exclude_outside", 0, &r->exclude_outside))
+      kl_attr_flag(n, err, "exclude_outside", 0, &r->exclude_outside) ||
+      kl_attr_flag(n, err, "antialias", 0, &r->antialias))
     return -1;
+  if (r->mode == R_NEAREST) r->antialias = false; /* a filter of linear and cubic only */
   r->a = kl_attr_float(n, "cubic_coeff_a", -0.75);
   r->extrapolation = kl_attr_float(n, "extrapolation_value", 0.0);
   const int64_t *sizes;
@@ -92,10 +105,14 @@ static int resize_setup(const kl_node *n, kl_error *err, resize_cfg *r) {
   if (floats_attr(n, err, "scales", rank, r->scales) < 0 ||
       floats_attr(n, err, "roi", 2 * rank, r->roi) < 0)
     return -1;
-  for (int d = 0; d < rank; d++)
+  for (int d = 0; d < rank; d++) {
     if (!(r->scales[d] > 0) || !isfinite(r->scales[d]))
       return KL_NODE_FAIL(n, err, "scales[%d] = %g must be positive", d,
                           r->scales[d]);
+    if (r->antialias && antialias_start(r, d) < 1 - KL_RESIZE_MAX_TAPS / 2)
+      return KL_NODE_FAIL(n, err, "antialias at scales[%d] = %g needs more than "
+                          "%d taps", d, r->scales[d], KL_RESIZE_MAX_TAPS);
+  }
   return 0;
 }
 
@@ -112,13 +129,9 @@ int kl_infer_RESIZE(kl_node *n, kl_error *err) {
   return kl_set_checked_output(n, err, 0, x->dtype, &out);
 }
 
-/* Up to four taps (input index, weight) for one output index on one axis;
+/* The taps (input index, weight) for one output index on one axis;
  * ntap 0 means "outside the crop: use the extrapolation value". */
-typedef struct {
-  int64_t idx[4];
-  double w[4];
-  int ntap;
-} taps;
+typedef kl_resize_taps taps;
 
 /* The input coordinate of output index o on an axis (ONNX's formulas,
  * with the fractional output width scale * in); *outside for
@@ -149,6 +162,29 @@ static double source_coord(const resize_cfg *r, int d, int rank, int64_t o,
   }
 }
 
+/* Keys' cubic kernel at distance x. */
+static double cubic_kernel(double x, double a) {
+  x = fabs(x);
+  if (x <= 1) return ((a + 2) * x - (a + 3)) * x * x + 1;
+  if (x < 2) return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;
+  return 0;
+}
+
+/* Antialias weights of the taps base + start .. base + 1 - start: the
+ * filter at (i - t) * scale (scale at most 1), normalised to sum 1. */
+static int antialias_coeffs(const resize_cfg *r, int d, double t, double *c) {
+  double s = r->scales[d] < 1 ? r->scales[d] : 1.0, sum = 0;
+  int64_t start = antialias_start(r, d);
+  int nt = (int)(2 - 2 * start);
+  for (int k = 0; k < nt; k++) {
+    double x = ((double)(start + k) - t) * s;
+    c[k] = r->mode == R_CUBIC ? cubic_kernel(x, r->a) : fmax(0.0, 1 - fabs(x));
+    sum += c[k];
+  }
+  for (int k = 0; k < nt; k++) c[k] /= sum;
+  return nt;
+}
+
 static void cubic_coeffs(double t, double a, double *c) {
   double u = 1 - t;
   c[0] = ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a;
@@ -177,8 +213,11 @@ static void make_taps(const resize_cfg *r, int d, int rank, int64_t o,
     t = 1;
   }
   int64_t first;
-  double c[4];
-  if (r->mode == R_NEAREST) {
+  double c[KL_RESIZE_MAX_TAPS];
+  if (r->antialias) {
+    tp->ntap = antialias_coeffs(r, d, t, c);
+    first = base + antialias_start(r, d);
+  } else if (r->mode == R_NEAREST) {
     bool right = true;
     if (t < 1) {
       switch (r->nearest) {
@@ -217,12 +256,14 @@ int kl_resize_tap_at(const kl_node *n, int d, int64_t o, kl_resize_taps *out) {
   resize_cfg r;
   const kl_value *x = n->inputs[0];
   if (n->op != KL_OP_RESIZE || d < 0 || d >= x->shape.rank || resize_setup(n, NULL, &r)) return -1;
-  taps tp;
-  make_taps(&r, d, x->shape.rank, o, x->shape.dims[d], &tp);
-  memcpy(out->idx, tp.idx, sizeof tp.idx);
-  memcpy(out->w, tp.w, sizeof tp.w);
-  out->ntap = tp.ntap;
+  make_taps(&r, d, x->shape.rank, o, x->shape.dims[d], out);
   return 0;
+}
+
+/* The most taps make_taps gives on axis d. */
+static int max_taps(const resize_cfg *r, int d) {
+  if (r->antialias) return (int)(2 - 2 * antialias_start(r, d));
+  return r->mode == R_NEAREST ? 1 : r->mode == R_LINEAR ? 2 : 4;
 }
 
 int kl_eval_RESIZE(const kl_node *n, kl_tensor **in, kl_tensor **out,
@@ -233,26 +274,37 @@ int kl_eval_RESIZE(const kl_node *n, kl_tensor **in, kl_tensor **out,
   kl_tensor *y = out[0];
   int rank = x->shape.rank;
   if (y->numel == 0) return 0;
-  /* Per axis, the taps of each output index. */
-  taps *tab[KL_MAX_RANK];
+  /* Per axis, the taps of each output index o: ntap[o] of them at
+   * idx/w[o * nt[d] ..] (a wide antialias filter would not fit in a
+   * kl_resize_taps per index). */
+  int nt[KL_MAX_RANK];
   int64_t total = 0;
-  for (int d = 0; d < rank; d++) total += r.sizes[d];
-  taps *all = malloc(sizeof *all * (size_t)(total > 0 ? total : 1));
-  if (!all) return KL_NODE_FAIL(n, err, "out of memory");
-  for (int d = 0, at = 0; d < rank; at += (int)r.sizes[d], d++) {
-    tab[d] = all + at;
-    for (int64_t o = 0; o < r.sizes[d]; o++)
-      make_taps(&r, d, rank, o, x->shape.dims[d], &tab[d][o]);
+  for (int d = 0; d < rank; d++) nt[d] = max_taps(&r, d), total += r.sizes[d] * nt[d];
+  int64_t *idx_all = malloc(sizeof *idx_all * (size_t)total);
+  double *w_all = malloc(sizeof *w_all * (size_t)total);
+  int *ntap_all = malloc(sizeof *ntap_all * (size_t)total);
+  if (!idx_all || !w_all || !ntap_all) {
+    free(idx_all), free(w_all), free(ntap_all);
+    return KL_NODE_FAIL(n, err, "out of memory");
+  }
+  int64_t *tidx[KL_MAX_RANK];
+  double *tw[KL_MAX_RANK];
+  int *tn[KL_MAX_RANK];
+  taps tp;
+  for (int d = 0, at = 0; d < rank; at += (int)(r.sizes[d] * nt[d]), d++) {
+    tidx[d] = idx_all + at, tw[d] = w_all + at, tn[d] = ntap_all + at;
+    for (int64_t o = 0; o < r.sizes[d]; o++) {
+      make_taps(&r, d, rank, o, x->shape.dims[d], &tp);
+      tn[d][o] = tp.ntap;
+      memcpy(tidx[d] + o * nt[d], tp.idx, sizeof *tp.idx * (size_t)tp.ntap);
+      memcpy(tw[d] + o * nt[d], tp.w, sizeof *tp.w * (size_t)tp.ntap);
+    }
   }
   int64_t xs[KL_MAX_RANK], idx[KL_MAX_RANK] = {0}, i = 0;
   kl_shape_strides(&x->shape, xs);
   do {
-    const taps *t[KL_MAX_RANK];
     bool extrapolate = false;
-    for (int d = 0; d < rank; d++) {
-      t[d] = &tab[d][idx[d]];
-      extrapolate |= t[d]->ntap == 0;
-    }
+    for (int d = 0; d < rank; d++) extrapolate |= tn[d][idx[d]] == 0;
     double acc = 0;
     if (extrapolate) {
       acc = r.extrapolation;
@@ -263,18 +315,149 @@ int kl_eval_RESIZE(const kl_node *n, kl_tensor **in, kl_tensor **out,
         double w = 1;
         int64_t off = 0;
         for (int d = 0; d < rank; d++) {
-          w *= t[d]->w[k[d]];
-          off += t[d]->idx[k[d]] * xs[d];
+          int64_t at = idx[d] * nt[d] + k[d];
+          w *= tw[d][at];
+          off += tidx[d][at] * xs[d];
         }
         if (w != 0) acc += w * x->data[off];
         int d = rank - 1;
-        while (d >= 0 && ++k[d] == t[d]->ntap) k[d--] = 0;
+        while (d >= 0 && ++k[d] == tn[d][idx[d]]) k[d--] = 0;
         if (d < 0) break;
       }
     }
     y->data[i++] = acc;
   } while (kl_index_next(&y->shape, idx));
-  free(all);
+  free(idx_all), free(w_all), free(ntap_all);
+  return 0;
+}
+
+/* ---- roi_align ------------------------------------------------------- */
+
+typedef struct {
+  bool max, half_pixel;
+  int64_t oh, ow, ratio;
+  double scale;
+} roi_cfg;
+
+static int roi_setup(const kl_node *n, kl_error *err, roi_cfg *c) {
+  static const char *const modes[] = {"avg", "max", NULL};
+  static const char *const coords[] = {"half_pixel", "output_half_pixel", NULL};
+  int mode, coord;
+  if (pick(n, err, "mode", "avg", modes, &mode) ||
+      pick(n, err, "coordinate_transformation_mode", "half_pixel", coords, &coord))
+    return -1;
+  c->max = mode == 1;
+  c->half_pixel = coord == 0;
+  c->oh = kl_attr_int(n, "output_height", 1);
+  c->ow = kl_attr_int(n, "output_width", 1);
+  c->ratio = kl_attr_int(n, "sampling_ratio", 0);
+  c->scale = kl_attr_float(n, "spatial_scale", 1.0);
+  if (c->oh < 1 || c->ow < 1 || c->oh > KL_MAX_NUMEL || c->ow > KL_MAX_NUMEL)
+    return KL_NODE_FAIL(n, err, "output_height and output_width must be >= 1, got %lld and %lld",
+                        (long long)c->oh, (long long)c->ow);
+  if (c->ratio < 0 || c->ratio > 65536)
+    return KL_NODE_FAIL(n, err, "sampling_ratio must be in [0, 65536], got %lld",
+                        (long long)c->ratio);
+  if (!isfinite(c->scale)) return KL_NODE_FAIL(n, err, "spatial_scale must be finite");
+  return 0;
+}
+
+int kl_infer_ROI_ALIGN(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0], *r = n->inputs[1], *b = n->inputs[2];
+  char sx[300], sr[300], sb[300];
+  roi_cfg c;
+  if (roi_setup(n, err, &c) || kl_need_float(n, err, x)) return -1;
+  if (x->shape.rank != 4 || r->shape.rank != 2 || r->shape.dims[1] != 4 || r->dtype != x->dtype ||
+      b->shape.rank != 1 || b->shape.dims[0] != r->shape.dims[0] ||
+      (b->dtype != KL_I32 && b->dtype != KL_I64))
+    return KL_NODE_FAIL(n, err, "needs x [N, C, H, W], rois [R, 4] of x's dtype and "
+                        "batch_indices [R] (i32 or i64), got %s, %s and %s",
+                        kl_value_str(x, sx, sizeof sx), kl_value_str(r, sr, sizeof sr),
+                        kl_value_str(b, sb, sizeof sb));
+  kl_shape out = {4, {r->shape.dims[0], x->shape.dims[1], c.oh, c.ow}};
+  return kl_set_checked_output(n, err, 0, x->dtype, &out);
+}
+
+/* Samples per bin along an axis: sampling_ratio, else ceil(bin size)
+ * (0 for an empty or NaN region). */
+static int64_t roi_grid(int64_t ratio, double bin) {
+  if (ratio > 0) return ratio;
+  double g = ceil(bin);
+  return g > 0 ? (g < 1e9 ? (int64_t)g : 1000000000) : 0;
+}
+
+/* One bin of one channel plane xp [h, w], as the ONNX reference: samples
+ * at the centres of a grid over the bin, each a bilinear interpolation
+ * (points beyond a pixel outside the plane count as 0, points in the
+ * last half pixel read the edge); their mean, or the greatest of the
+ * four weighted terms of every sample. */
+static double roi_bin(const roi_cfg *c, const double *xp, int64_t h, int64_t w, double y0,
+                      double x0, double bh, double bw, int64_t gh, int64_t gw) {
+  double acc = 0;
+  bool first = true;
+  for (int64_t iy = 0; iy < gh; iy++) {
+    double yy = y0 + ((double)iy + 0.5) * bh / (double)gh;
+    for (int64_t ix = 0; ix < gw; ix++) {
+      double xx = x0 + ((double)ix + 0.5) * bw / (double)gw;
+      double t[4] = {0, 0, 0, 0};
+      if (!(yy < -1 || yy > (double)h || xx < -1 || xx > (double)w)) {
+        double y = yy > 0 ? yy : 0, x = xx > 0 ? xx : 0;
+        int64_t ylo = (int64_t)y, xlo = (int64_t)x, yhi, xhi;
+        if (ylo >= h - 1) yhi = ylo = h - 1, y = (double)ylo;
+        else yhi = ylo + 1;
+        if (xlo >= w - 1) xhi = xlo = w - 1, x = (double)xlo;
+        else xhi = xlo + 1;
+        double ly = y - (double)ylo, lx = x - (double)xlo, hy = 1 - ly, hx = 1 - lx;
+        t[0] = hy * hx * xp[ylo * w + xlo];
+        t[1] = hy * lx * xp[ylo * w + xhi];
+        t[2] = ly * hx * xp[yhi * w + xlo];
+        t[3] = ly * lx * xp[yhi * w + xhi];
+      }
+      if (!c->max) {
+        acc += t[0] + t[1] + t[2] + t[3];
+        continue;
+      }
+      double m = fmax(fmax(t[0], t[1]), fmax(t[2], t[3]));
+      acc = first ? m : fmax(acc, m);
+      first = false;
+    }
+  }
+  if (c->max) return acc;
+  int64_t count = gh * gw;
+  return acc / (double)(count > 1 ? count : 1);
+}
+
+int kl_eval_ROI_ALIGN(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  roi_cfg c;
+  if (roi_setup(n, err, &c)) return -1;
+  const kl_tensor *x = in[0], *rois = in[1], *bi = in[2];
+  int64_t nb = x->shape.dims[0], ch = x->shape.dims[1], h = x->shape.dims[2],
+          w = x->shape.dims[3], nr = rois->shape.dims[0];
+  double off = c.half_pixel ? 0.5 : 0.0;
+  double *y = out[0]->data;
+  for (int64_t r = 0; r < nr; r++) {
+    double bd = bi->data[r];
+    if (!(bd >= 0 && bd < (double)nb))
+      return KL_NODE_FAIL(n, err, "batch_indices[%lld] = %g is out of range [0, %lld)",
+                          (long long)r, bd, (long long)nb);
+    int64_t b = (int64_t)bd;
+    const double *rp = rois->data + r * 4;
+    double x0 = rp[0] * c.scale - off, y0 = rp[1] * c.scale - off;
+    double rw = rp[2] * c.scale - off - x0, rh = rp[3] * c.scale - off - y0;
+    if (!c.half_pixel) { /* malformed regions become 1x1 */
+      rw = rw > 1 ? rw : 1;
+      rh = rh > 1 ? rh : 1;
+    }
+    double bh = rh / (double)c.oh, bw = rw / (double)c.ow;
+    int64_t gh = roi_grid(c.ratio, bh), gw = roi_grid(c.ratio, bw);
+    for (int64_t cc = 0; cc < ch; cc++) {
+      const double *xp = x->data + (b * ch + cc) * h * w;
+      for (int64_t ph = 0; ph < c.oh; ph++)
+        for (int64_t pw = 0; pw < c.ow; pw++)
+          *y++ = roi_bin(&c, xp, h, w, y0 + (double)ph * bh, x0 + (double)pw * bw, bh, bw, gh,
+                         gw);
+    }
+  }
   return 0;
 }
 

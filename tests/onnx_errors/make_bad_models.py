@@ -150,4 +150,45 @@ external("external_absolute_path", "/etc/passwd", 0, 16, "absolute path")
 external("external_past_end", "weights.bin", 8, 16, "past its end")
 external("external_missing_file", "nope.bin", 0, 16, "cannot open external data")
 external("external_good", "weights.bin", 0, 16, "")  # must load and run
+
+
+# spatial ops: attributes and constant inputs that do not fit the input
+I64 = TensorProto.INT64
+
+
+def ints(name, vals):
+    return numpy_helper.from_array(np.array(vals, np.int64), name)
+
+
+def one_node(op, ins, attrs, x_shape, inits, opset, y_shape=None):
+    node = helper.make_node(op, ["x"] + ins, ["y"], name="n_" + op.lower(), **attrs)
+    return model([node], [vi("x", x_shape)], [vi("y", y_shape or x_shape)], inits, opset=opset)
+
+
+write("resize_axes_out_of_range", "axes[1] = 4 is out of range",
+      m=one_node("Resize", ["", "", "sizes"], {"axes": [2, 4]}, [1, 1, 4, 4],
+                 [ints("sizes", [2, 2])], 18))
+write("resize_axes_sizes_count", "one entry (roi: two) per axis in axes",
+      m=one_node("Resize", ["", "", "sizes"], {"axes": [2, 3]}, [1, 1, 4, 4],
+                 [ints("sizes", [1, 1, 2, 2])], 18))
+write("resize_bad_aspect_policy", "keep_aspect_ratio_policy must be",
+      m=one_node("Resize", ["", "", "sizes"], {"keep_aspect_ratio_policy": "fit"},
+                 [1, 1, 4, 4], [ints("sizes", [1, 1, 2, 2])], 18))
+write("center_crop_pad_shape_count", "shape has 3 entries for 2 axes",
+      m=one_node("CenterCropPad", ["s"], {"axes": [0, 1]}, [4, 4, 3],
+                 [ints("s", [2, 2, 2])], 18))
+write("col2im_shape_counts", "one entry per spatial axis",
+      m=one_node("Col2Im", ["img", "blk"], {}, [1, 4, 9],
+                 [ints("img", [4, 4]), ints("blk", [2])], 18))
+write("affine_grid_bad_theta", "theta must be float [1, 2, 3]",
+      m=one_node("AffineGrid", ["size"], {}, [1, 3, 3],
+                 [ints("size", [1, 1, 4, 4])], 20))
+write("deform_conv_3d", "only 2-D DeformConv",
+      m=model([helper.make_node("DeformConv", ["x", "w", "o"], ["y"], name="dc")],
+              [vi("x", [1, 1, 3, 3, 3]), vi("w", [1, 1, 1, 1, 1]), vi("o", [1, 3, 3, 3, 3])],
+              [vi("y", [1, 1, 3, 3, 3])], opset=19))
+write("roi_align_bad_mode", "mode must be one of",
+      m=model([helper.make_node("RoiAlign", ["x", "r", "b"], ["y"], name="ra", mode="median")],
+              [vi("x", [1, 1, 4, 4]), vi("r", [2, 4]), vi("b", [2], I64)],
+              [vi("y", [2, 1, 1, 1])], opset=16))
 print("wrote", len(os.listdir(out)), "models to", out)

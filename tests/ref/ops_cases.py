@@ -1028,11 +1028,22 @@ def gen_pool():
                                          "pads": (1, 1, 1, 1),
                                          "ceil_mode": 1}),
         ("rect", (1, 3, 5, 8), {"kernel": (1, 3), "strides": (1, 2)}),
+        ("dilation", (1, 2, 9, 8), {"kernel": (2, 3), "strides": (1, 2),
+                                    "dilations": (3, 2)}),
+        ("dilation_pad_excl", (2, 1, 7, 7), {"kernel": (3, 2),
+                                             "strides": (2, 1),
+                                             "pads": (2, 1, 1, 1),
+                                             "dilations": (2, 3)}),
+        ("dilation_pad_incl", (1, 2, 8, 7), {"kernel": (2, 3),
+                                             "strides": (2, 2),
+                                             "pads": (1, 1, 1, 2),
+                                             "dilations": (3, 2),
+                                             "count_include_pad": 1}),
     ]
     for n, xs, at in ap:
         x = randn(r, xs)
         args = "x"
-        for k in ["kernel", "strides", "pads"]:
+        for k in ["kernel", "strides", "pads", "dilations"]:
             if k in at:
                 args += ", %s=%s" % (k, klist(at[k]))
         for k in ["count_include_pad", "ceil_mode"]:
@@ -1987,6 +1998,16 @@ def resize_coord(mode, o, size_in, size_out, scale, roi0=0.0, roi1=1.0):
     return 0.5 * (roi0 + roi1) * (size_in - 1)
 
 
+def cubic_weight(d, a):
+    """Keys' cubic convolution kernel at distance d."""
+    d = abs(d)
+    if d <= 1:
+        return ((a + 2) * d - (a + 3)) * d * d + 1
+    if d < 2:
+        return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return 0.0
+
+
 def cubic_weights(t, a):
     """Keys' cubic convolution weights of the taps at distances 1+t, t,
     1-t, 2-t (ONNX's formulas)."""
@@ -2001,7 +2022,7 @@ def cubic_weights(t, a):
 
 
 def resize_matrix(n_in, n_out, scale, coord, mode, nearest_mode, a=-0.75,
-                  exclude_outside=0, roi0=0.0, roi1=1.0):
+                  exclude_outside=0, roi0=0.0, roi1=1.0, antialias=0):
     """[n_out, n_in] interpolation weights of one axis; a row of NaN marks
     a tf_crop_and_resize point outside the input."""
     m = np.zeros((n_out, n_in))
@@ -2012,7 +2033,21 @@ def resize_matrix(n_in, n_out, scale, coord, mode, nearest_mode, a=-0.75,
             continue
         fl = math.floor(x)
         t = x - fl
-        if mode == "nearest":
+        if antialias and mode != "nearest":
+            # the filter stretched by 1/scale when downscaling, normalised;
+            # taps counted from the left neighbour (t in (0, 1])
+            s = min(scale, 1.0)
+            if t == 0:
+                fl, t = fl - 1, 1.0
+            sup = 2.0 if mode == "cubic" else 1.0
+            start = math.floor(-sup / s) + 1
+            ks = range(start, 2 - start)
+            if mode == "cubic":
+                ws = [cubic_weight((k - t) * s, a) for k in ks]
+            else:
+                ws = [max(0.0, 1 - abs((k - t) * s)) for k in ks]
+            taps = [(fl + k, w / sum(ws)) for k, w in zip(ks, ws)]
+        elif mode == "nearest":
             if t == 0:
                 taps = [(fl, 1.0)]
             else:
@@ -2035,7 +2070,7 @@ def resize_matrix(n_in, n_out, scale, coord, mode, nearest_mode, a=-0.75,
 
 def resize_ref(x, sizes, scales=None, mode="nearest", coord="half_pixel",
                nearest_mode="round_prefer_floor", a=-0.75, exclude_outside=0,
-               roi=None, extrapolation=0.0):
+               roi=None, extrapolation=0.0, antialias=0):
     y = np.asarray(x, np.float64)
     rank = y.ndim
     outside = np.zeros(tuple(sizes), bool)
@@ -2043,7 +2078,7 @@ def resize_ref(x, sizes, scales=None, mode="nearest", coord="half_pixel",
         sc = scales[d] if scales is not None else sizes[d] / x.shape[d]
         r0, r1 = (roi[d], roi[rank + d]) if roi is not None else (0.0, 1.0)
         m = resize_matrix(x.shape[d], sizes[d], sc, coord, mode,
-                          nearest_mode, a, exclude_outside, r0, r1)
+                          nearest_mode, a, exclude_outside, r0, r1, antialias)
         bad = np.isnan(m[:, 0])
         sh = [1] * rank
         sh[d] = sizes[d]
@@ -2217,6 +2252,15 @@ def gen_ext_nn():
          ", coordinate_transformation_mode=tf_crop_and_resize",
          dict(coord="tf_crop_and_resize")),
         ("identity", x4, (1, 2, 3, 4), ", mode=cubic", dict(mode="cubic")),
+        ("linear_antialias_down", randn(r, (9, 13)), (4, 5),
+         ", mode=linear, antialias=1", dict(mode="linear", antialias=1)),
+        ("cubic_antialias_down_up", randn(r, (11, 4)), (3, 7),
+         ", mode=cubic, antialias=1", dict(mode="cubic", antialias=1)),
+        ("cubic_antialias_exclude_scales", randn(r, (2, 12)), (2, 5),
+         ", mode=cubic, antialias=1, exclude_outside=1, scales=[1.0, 0.45]",
+         dict(mode="cubic", antialias=1, exclude_outside=1,
+              scales=(1.0, 0.45))),
+        ("nearest_antialias_ignored", x2, (2, 3), ", antialias=1", {}),
     ]
     for name, x, sizes, src, kw in rs:
         name = "resize_" + name
@@ -2706,6 +2750,242 @@ def gen_ext_tensor():
 
 
 # --------------------------------------------------------------------------
+# col2im, deform_conv2d, roi_align
+
+def col2im_ref(x, image, block, strides=None, pads=None, dilations=None):
+    """Each column of x is one block position's block (im2col's layout,
+    positions row-major); the blocks are summed back into the image."""
+    x = np.asarray(x, np.float64)
+    s = len(image)
+    strides = strides or [1] * s
+    pads = pads or [0] * (2 * s)
+    dilations = dilations or [1] * s
+    n, ck, _ = x.shape
+    k = int(np.prod(block))
+    c = ck // k
+    nblk = [(image[i] + pads[i] + pads[s + i] - dilations[i] * (block[i] - 1)
+             - 1) // strides[i] + 1 for i in range(s)]
+    padded = np.zeros((n, c) + tuple(image[i] + pads[i] + pads[s + i]
+                                     for i in range(s)))
+    cols = x.reshape((n, c) + tuple(block) + tuple(nblk))
+    for b in np.ndindex(*block):
+        for q in np.ndindex(*nblk):
+            at = tuple(q[i] * strides[i] + b[i] * dilations[i]
+                       for i in range(s))
+            padded[(slice(None), slice(None)) + at] += \
+                cols[(slice(None), slice(None)) + b + q]
+    inner = tuple(slice(pads[i], pads[i] + image[i]) for i in range(s))
+    return padded[(slice(None), slice(None)) + inner]
+
+
+def bilinear_terms(plane, y, x):
+    """RoiAlign's bilinear sample of plane at (y, x): its four weighted
+    terms; a point more than a pixel outside is 0, the last half pixel
+    reads the edge."""
+    h, w = plane.shape
+    if y < -1 or y > h or x < -1 or x > w:
+        return [0.0] * 4
+    y, x = max(y, 0.0), max(x, 0.0)
+    y0, x0 = min(int(y), h - 1), min(int(x), w - 1)
+    y1, x1 = min(y0 + 1, h - 1), min(x0 + 1, w - 1)
+    ly = y - y0 if y0 < h - 1 else 0.0
+    lx = x - x0 if x0 < w - 1 else 0.0
+    return [(1 - ly) * (1 - lx) * plane[y0, x0], (1 - ly) * lx * plane[y0, x1],
+            ly * (1 - lx) * plane[y1, x0], ly * lx * plane[y1, x1]]
+
+
+def roi_align_ref(x, rois, bi, oh=1, ow=1, ratio=0, scale=1.0, mode="avg",
+                  half_pixel=True):
+    x = np.asarray(x, np.float64)
+    rois = np.asarray(rois, np.float64)
+    out = np.zeros((len(rois), x.shape[1], oh, ow))
+    off = 0.5 if half_pixel else 0.0
+    for r, (x1, y1, x2, y2) in enumerate(rois):
+        sx, sy = x1 * scale - off, y1 * scale - off
+        rw, rh = x2 * scale - off - sx, y2 * scale - off - sy
+        if not half_pixel:
+            rw, rh = max(rw, 1.0), max(rh, 1.0)
+        bh, bw = rh / oh, rw / ow
+        gh = ratio if ratio > 0 else max(int(math.ceil(bh)), 0)
+        gw = ratio if ratio > 0 else max(int(math.ceil(bw)), 0)
+        for c in range(x.shape[1]):
+            plane = x[int(bi[r]), c]
+            for i in range(oh):
+                for j in range(ow):
+                    vals = []
+                    for a in range(gh):
+                        for b in range(gw):
+                            vals.append(bilinear_terms(
+                                plane, sy + i * bh + (a + 0.5) * bh / gh,
+                                sx + j * bw + (b + 0.5) * bw / gw))
+                    if not vals:
+                        continue
+                    if mode == "avg":
+                        out[r, c, i, j] = sum(map(sum, vals)) / len(vals)
+                    else:
+                        out[r, c, i, j] = max(max(v) for v in vals)
+    return out
+
+
+def bilinear_zero_ref(plane, y, x):
+    """plane sampled at (y, x) by bilinear interpolation, pixels outside
+    reading 0."""
+    h, w = plane.shape
+    y0, x0 = math.floor(y), math.floor(x)
+    acc = 0.0
+    for yy, wy in ((y0, 1 - (y - y0)), (y0 + 1, y - y0)):
+        for xx, wx in ((x0, 1 - (x - x0)), (x0 + 1, x - x0)):
+            if 0 <= yy < h and 0 <= xx < w:
+                acc += wy * wx * plane[yy, xx]
+    return acc
+
+
+def deform_conv2d_ref(x, w, off, b=None, mask=None, strides=(1, 1),
+                      pads=(0, 0, 0, 0), dilations=(1, 1), groups=1,
+                      offset_groups=1):
+    x, w, off = (np.asarray(a, np.float64) for a in (x, w, off))
+    n, c, h, wi = x.shape
+    m, cpg, kh, kw = w.shape
+    oh, ow = off.shape[2:]
+    off = off.reshape(n, offset_groups, kh, kw, 2, oh, ow)
+    if mask is not None:
+        mask = np.asarray(mask, np.float64).reshape(n, offset_groups, kh, kw,
+                                                    oh, ow)
+    out = np.zeros((n, m, oh, ow))
+    for bb, oc, i, j in np.ndindex(n, m, oh, ow):
+        g = oc // (m // groups)
+        acc = 0.0 if b is None else float(b[oc])
+        for ic in range(g * cpg, (g + 1) * cpg):
+            og = ic // (c // offset_groups)
+            for ky, kx in np.ndindex(kh, kw):
+                y = i * strides[0] - pads[0] + ky * dilations[0] + \
+                    off[bb, og, ky, kx, 0, i, j]
+                xx = j * strides[1] - pads[1] + kx * dilations[1] + \
+                    off[bb, og, ky, kx, 1, i, j]
+                v = bilinear_zero_ref(x[bb, ic], y, xx)
+                if mask is not None:
+                    v *= mask[bb, og, ky, kx, i, j]
+                acc += w[oc, ic - g * cpg, ky, kx] * v
+        out[bb, oc, i, j] = acc
+    return out
+
+
+def gen_spatial():
+    r = rng_for("spatial")
+    cs = [
+        # name, N, C, image, block, attrs
+        ("2d", 2, 2, (4, 5), (2, 3), {}),
+        ("strided_padded", 1, 2, (5, 6), (2, 2),
+         {"strides": [2, 2], "pads": [1, 0, 1, 1]}),
+        ("dilated", 1, 1, (5, 4), (2, 2),
+         {"dilations": [2, 1], "pads": [0, 1, 0, 0]}),
+        ("1d", 2, 1, (6,), (3,), {}),
+        ("3d", 1, 2, (3, 3, 4), (2, 2, 2), {"strides": [1, 1, 2]}),
+    ]
+    for name, n, c, image, block, at in cs:
+        sp = len(image)
+        st = at.get("strides", [1] * sp)
+        pd = at.get("pads", [0] * (2 * sp))
+        dl = at.get("dilations", [1] * sp)
+        nblk = [(image[i] + pd[i] + pd[sp + i] - dl[i] * (block[i] - 1) - 1)
+                // st[i] + 1 for i in range(sp)]
+        x = randn(r, (n, c * int(np.prod(block)), int(np.prod(nblk))))
+        args = ", image_shape=%s, block_shape=%s" % (klist(image),
+                                                      klist(block))
+        for k in ["strides", "pads", "dilations"]:
+            if k in at:
+                args += ", %s=%s" % (k, klist(at[k]))
+        case("col2im_" + name, [("x", x)], "output y = col2im(x%s)" % args,
+             [f32(col2im_ref(x, list(image), list(block), **at))])
+    # roi_align: regions inside, across the edges and past them
+    x = randn(r, (2, 3, 6, 7))
+    rois = np.array([[0.5, 1.0, 4.2, 5.1], [-1.5, 2.2, 3.0, 3.1],
+                     [3.3, 0.0, 8.9, 7.5], [1.0, 1.0, 1.4, 1.2]], np.float32)
+    bi = np.array([1, 0, 1, 0], np.int64)
+    ra = [
+        ("avg_ratio2", dict(oh=3, ow=2, ratio=2), "output_height=3, "
+         "output_width=2, sampling_ratio=2"),
+        ("avg_adaptive_scaled", dict(oh=2, ow=2, scale=0.75),
+         "output_height=2, output_width=2, spatial_scale=0.75"),
+        ("output_half_pixel", dict(oh=2, ow=3, half_pixel=False),
+         "output_height=2, output_width=3, "
+         "coordinate_transformation_mode=output_half_pixel"),
+        ("max", dict(oh=2, ow=2, ratio=3, mode="max"),
+         "output_height=2, output_width=2, sampling_ratio=3, mode=max"),
+    ]
+    for name, kw, src in ra:
+        case("roi_align_" + name, [("x", x), ("rois", rois), ("bi", bi)],
+             "output y = roi_align(x, rois, bi, %s)" % src,
+             [f32(roi_align_ref(x, rois, bi, **kw))])
+    case("roi_align_i32_f64", [("x", x.astype(np.float64)),
+                               ("rois", rois.astype(np.float64)),
+                               ("bi", bi.astype(np.int32))],
+         "output y = roi_align(x, rois, bi, output_height=2)",
+         [roi_align_ref(x, rois, bi, oh=2)])
+    case("roi_align_bad_batch_index",
+         [("x", x), ("rois", rois), ("bi", np.array([0, 2, 1, 0], np.int64))],
+         "output y = roi_align(x, rois, bi)", [], error="out of range")
+    # deform_conv2d: offsets of a pixel or two, some taps leave x
+    dc = [
+        # name, x, w, out hw, attrs (.kl text), kwargs
+        ("basic", (1, 2, 5, 6), (3, 2, 2, 2), (4, 5), "", {}),
+        ("pads_strides_dil", (2, 2, 7, 6), (2, 2, 3, 2), (4, 3),
+         ", strides=[2, 2], pads=[1, 0, 1, 1], dilations=[1, 2]",
+         dict(strides=(2, 2), pads=(1, 0, 1, 1), dilations=(1, 2))),
+        ("groups", (1, 4, 5, 5), (4, 2, 2, 2), (4, 4),
+         ", groups=2, offset_groups=2", dict(groups=2, offset_groups=2)),
+    ]
+    for name, xs, ws, ohw, src, kw in dc:
+        x = randn(r, xs)
+        w = randn(r, ws)
+        og = kw.get("offset_groups", 1)
+        off = randn(r, (xs[0], 2 * og * ws[2] * ws[3]) + ohw, scale=1.5)
+        case("deform_conv2d_" + name, [("x", x), ("w", w), ("off", off)],
+             "output y = deform_conv2d(x, w, off%s)" % src,
+             [f32(deform_conv2d_ref(x, w, off, **kw))],
+             tol={"rtol": 1e-5, "atol": 1e-5})
+    x, w = randn(r, (1, 2, 4, 4), np.float64), randn(r, (2, 1, 2, 2), np.float64)
+    off = randn(r, (1, 16, 3, 3), np.float64)
+    b = randn(r, (2,), np.float64)
+    mask = unif(r, (1, 8, 3, 3), 0, 1, np.float64)
+    case("deform_conv2d_mask_bias_f64",
+         [("x", x), ("w", w), ("off", off), ("b", b), ("mask", mask)],
+         "output y = deform_conv2d(x, w, off, b, mask, groups=2, "
+         "offset_groups=2)",
+         [deform_conv2d_ref(x, w, off, b, mask, groups=2, offset_groups=2)])
+    case("deform_conv2d_bad_offset", [("x", x), ("w", w),
+                                      ("off", off[:, :8])],
+         "output y = deform_conv2d(x, w, off, groups=2, offset_groups=2)",
+         [], error="offset must be")
+    # f16 storage (computed in double, rounded once)
+    h16 = dict(tol={"rtol": 1e-3, "atol": 1e-3})
+    x = randn(r, (1, 2, 5, 6), np.float16)
+    rois = np.array([[0.5, 0.5, 4.0, 3.5], [1.0, 0.0, 5.5, 4.0]], np.float16)
+    case("roi_align_f16", [("x", x), ("rois", rois),
+                           ("bi", np.array([0, 0], np.int32))],
+         "output y = roi_align(x, rois, bi, output_height=2, "
+         "output_width=2, mode=max)",
+         [as_dt(roi_align_ref(x, rois, [0, 0], oh=2, ow=2, mode="max"),
+                np.float16)], **h16)
+    w = randn(r, (2, 1, 2, 2), np.float16)
+    off = randn(r, (1, 8, 4, 5), np.float16)
+    case("deform_conv2d_f16", [("x", x), ("w", w), ("off", off)],
+         "output y = deform_conv2d(x, w, off, groups=2)",
+         [as_dt(deform_conv2d_ref(x, w, off, groups=2), np.float16)], **h16)
+    cols = randn(r, (1, 8, 12), np.float16)
+    case("col2im_f16", [("x", cols)],
+         "output y = col2im(x, image_shape=[4, 5], block_shape=[2, 2])",
+         [as_dt(col2im_ref(cols, [4, 5], [2, 2]), np.float16)], **h16)
+    x = randn(r, (1, 4, 6), np.float64)  # 2x3 positions of 2x2 blocks
+    case("col2im_f64", [("x", x)],
+         "output y = col2im(x, image_shape=[3, 4], block_shape=[2, 2])",
+         [col2im_ref(x, [3, 4], [2, 2])])
+    case("col2im_bad_columns", [("x", randn(r, (1, 4, 5)))],
+         "output y = col2im(x, image_shape=[3, 4], block_shape=[2, 2])",
+         [], error="the block positions")
+
+
+# --------------------------------------------------------------------------
 
 def main():
     if len(sys.argv) != 2:
@@ -2715,7 +2995,8 @@ def main():
     out = sys.argv[1]
     for g in [gen_unary, gen_cast, gen_binary, gen_reduce, gen_norm,
               gen_contract, gen_pool, gen_movement, gen_sources, gen_loss,
-              gen_edge, gen_ext_math, gen_ext_nn, gen_ext_tensor]:
+              gen_edge, gen_ext_math, gen_ext_nn, gen_ext_tensor,
+              gen_spatial]:
         g()
     os.makedirs(out, exist_ok=True)
     for c in CASES:
