@@ -100,7 +100,12 @@ static const char *custom_expression(const kl_node *n, const char *ct, char *buf
   case KL_OP_BITSHIFT: {
     int bits = (int)kl_dtype_size(n->inputs[0]->dtype) * 8;
     bool left = !strcmp(kl_attr_string(n, "direction", "left"), "left");
-    return F("(b >= %d ? 0 : a %s b)", bits, left ? "<<" : ">>");
+    if (ct[0] == 'u') return F("(b >= %d ? 0 : a %s b)", bits, left ? "<<" : ">>");
+    /* signed (int64_t operands): a negative shift is out of range too;
+     * left shifts go through uint64_t (no overflow), right ones are
+     * arithmetic (NVRTC and the host compilers shift signed values so) */
+    if (left) return F("((uint64_t)b >= %d ? 0 : (int64_t)((uint64_t)a << b))", bits);
+    return F("((uint64_t)b >= %d ? (a < 0 ? -1 : 0) : a >> b)", bits);
   }
   default: return NULL;
   }

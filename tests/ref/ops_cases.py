@@ -1617,6 +1617,25 @@ def bitshift_ref(x, s, left, bits):
     return out
 
 
+def bitshift_signed_ref(x, s, left, bits):
+    """Python integers: << then wrap to the signed width, >> is arithmetic;
+    a shift outside [0, bits) gives 0, or -1 for a negative x shifted
+    right (NumPy's saturation)."""
+    x, s = np.broadcast_arrays(np.asarray(x), np.asarray(s))
+    out = np.empty(x.shape, object)
+    for i in np.ndindex(x.shape):
+        v, k = int(x[i]), int(s[i])
+        if k < 0 or k >= bits:
+            r = -1 if (not left and v < 0) else 0
+        elif left:
+            r = (v << k) & ((1 << bits) - 1)
+            r -= (1 << bits) if r >> (bits - 1) else 0
+        else:
+            r = v >> k
+        out[i] = r
+    return out
+
+
 def det_ref(x):
     """Determinant by Gaussian elimination with partial pivoting, in
     float64, of each matrix over the last two axes."""
@@ -1904,6 +1923,41 @@ def gen_ext_math():
     case("bitshift_u64_high", [("x", x64), ("s", s64)],
          "output y = bitshift(x, s, direction=left)",
          [bitshift_ref(x64, s64, True, 64).astype(np.uint64)])
+    # bitshift on the signed integers (BitShift-26): wrap, arithmetic
+    # right shifts, shifts below 0 and past the width
+    r = rng_for("bitshift_signed")
+    for dt, bits in [(np.int8, 8), (np.int16, 16), (np.int32, 32),
+                     (np.int64, 64)]:
+        tn = DT[np.dtype(dt)]
+        x = randint(r, (3, 5), -120, 120, dt)
+        s = randint(r, (5,), -3, bits + 3, dt)
+        s[0], s[1], s[2] = bits - 1, bits, -1
+        for d in ["left", "right"]:
+            case("bitshift_%s_%s" % (tn, d), [("x", x), ("s", s)],
+                 'output y = bitshift(x, s, direction="%s")' % d,
+                 [bitshift_signed_ref(x, s, d == "left", bits).astype(dt)])
+    # bitwise and, or, xor, not: NumPy's own, on signed and unsigned types
+    r = rng_for("bitwise")
+    for dt in [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+               np.uint32, np.uint64]:
+        tn = DT[np.dtype(dt)]
+        info = np.iinfo(dt)  # 64-bit: within 2^53 (the interpreter's)
+        lo, hi = max(info.min, -2 ** 53), min(info.max, 2 ** 53)
+        a = r.integers(lo, hi, (2, 3, 4), dtype=dt, endpoint=True)
+        b = r.integers(lo, hi, (3, 1), dtype=dt, endpoint=True)
+        # ~a of a u64 below 2^53 lies beyond it: no bitwise_not there
+        body = ("output y = bitwise_and(a, b)\noutput z = bitwise_or(a, b)\n"
+                "output w = bitwise_xor(a, b)")
+        exp = [np.bitwise_and(a, b), np.bitwise_or(a, b), np.bitwise_xor(a, b)]
+        if dt != np.uint64:
+            body += "\noutput v = bitwise_not(a)"
+            exp.append(np.invert(a))
+        case("bitwise_%s" % tn, [("a", a), ("b", b)], body, exp)
+    # fused: a shift and a mask in one elementwise group
+    xm = randint(r, (4, 8), -1000, 1000, np.int32)
+    case("bitwise_fused_i32", [("x", xm)],
+         'output y = bitwise_and(bitshift(x, 3, direction="right"), 255)',
+         [np.bitwise_and(np.right_shift(xm, 3), 255).astype(np.int32)])
     # det
     r = rng_for("det")
     for shp, dt in [((3, 3), np.float32), ((2, 4, 4), np.float32),
