@@ -575,9 +575,25 @@ typedef struct {
   const char *acc, *init, *update;
 } reduce_ops;
 
+/* The smallest and largest value of integer (or bool) dtype t, spelled
+ * out: NVRTC has no <stdint.h> macros. */
+static const char *int_limit(kl_dtype t, bool max) {
+  switch (t) {
+  case KL_BOOL: return max ? "1" : "0";
+  case KL_I8: return max ? "127" : "(-128)";
+  case KL_I16: return max ? "32767" : "(-32768)";
+  case KL_I32: return max ? "2147483647" : "(-2147483647 - 1)";
+  case KL_U8: return max ? "255" : "0";
+  case KL_U16: return max ? "65535" : "0";
+  case KL_U32: return max ? "4294967295U" : "0";
+  case KL_U64: return max ? "18446744073709551615ULL" : "0";
+  default: return max ? "9223372036854775807LL" : "(-9223372036854775807LL - 1)";
+  }
+}
+
 static reduce_ops reduce_ops_of(const kl_node *n) {
   kl_dtype t = n->inputs[0]->dtype;
-  bool is_f = kl_dtype_is_float(t), uns = kl_dtype_is_unsigned(t);
+  bool is_f = kl_dtype_is_float(t), uns = kl_dtype_is_unsigned(t) || t == KL_BOOL;
   reduce_ops r = {is_f ? "double" : uns ? "uint64_t" : "int64_t", "0", "acc += v;"};
   switch (n->op) {
   case KL_OP_REDUCE_PROD:
@@ -585,13 +601,13 @@ static reduce_ops reduce_ops_of(const kl_node *n) {
     r.update = "acc *= v;";
     if (!is_f) r.acc = "uint64_t";
     break;
-  /* limits spelled out: NVRTC has no <stdint.h> macros */
+  /* an empty max (min) is the dtype's lowest (highest) value, as ONNX */
   case KL_OP_REDUCE_MAX:
-    r.init = is_f ? "-KL_INF" : uns ? "0" : "(-9223372036854775807LL - 1)";
+    r.init = is_f ? "-KL_INF" : int_limit(t, false);
     r.update = is_f ? "acc = (v != v || v > acc) ? v : acc;" : "acc = v > acc ? v : acc;";
     break;
   case KL_OP_REDUCE_MIN:
-    r.init = is_f ? "KL_INF" : uns ? "18446744073709551615ULL" : "9223372036854775807LL";
+    r.init = is_f ? "KL_INF" : int_limit(t, true);
     r.update = is_f ? "acc = (v != v || v < acc) ? v : acc;" : "acc = v < acc ? v : acc;";
     break;
   default: break;
@@ -733,9 +749,13 @@ static const char *literal(kl_dtype t, double v, char *buf, size_t len) {
     else if (isinf(v)) snprintf(buf, len, v > 0 ? "KL_INF" : "-KL_INF");
     else snprintf(buf, len, "%.17g", v);
   } else if (kl_dtype_is_unsigned(t) || t == KL_BOOL) {
-    snprintf(buf, len, "%lluULL", (unsigned long long)v);
+    /* a double holds UINT64_MAX (INT64_MAX) as 2^64 (2^63): saturate */
+    if (v >= 0x1p64) snprintf(buf, len, "18446744073709551615ULL");
+    else snprintf(buf, len, "%lluULL", (unsigned long long)v);
   } else if (v <= -9223372036854775808.0) {
     snprintf(buf, len, "(-9223372036854775807LL - 1)");
+  } else if (v >= 9223372036854775807.0) {
+    snprintf(buf, len, "9223372036854775807LL");
   } else {
     snprintf(buf, len, "%lldLL", (long long)v);
   }

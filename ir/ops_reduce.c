@@ -45,7 +45,9 @@ static int reduce_mask(const kl_node *n, kl_error *err, int rank, bool *mask) {
 static int infer_reduce(kl_node *n, kl_error *err, reduce_kind kind) {
   const kl_value *x = n->inputs[0];
   bool mask[KL_MAX_RANK], keep = false;
-  if (kl_need_numeric(n, err, x) || reduce_mask(n, err, x->shape.rank, mask) ||
+  /* max and min of bools are any and all */
+  bool bool_ok = (kind == R_MAX || kind == R_MIN) && x->dtype == KL_BOOL;
+  if ((!bool_ok && kl_need_numeric(n, err, x)) || reduce_mask(n, err, x->shape.rank, mask) ||
       kl_attr_flag(n, err, "keepdims", 0, &keep))
     return -1;
   kl_shape s = {0};
@@ -66,16 +68,17 @@ static int infer_reduce(kl_node *n, kl_error *err, reduce_kind kind) {
   return 0;
 }
 
-/* The result of reducing nothing; integer max/min use the dtype's limits
- * since they have no infinities. */
+/* The result of reducing nothing; integer and bool max/min use the
+ * dtype's limits since they have no infinities. */
 static double identity(reduce_kind kind, kl_dtype t) {
-  double lo = t == KL_I8 ? -128.0 : t == KL_I32 ? -2147483648.0
-                                                : -9223372036854775808.0;
-  double hi = t == KL_I8 ? 127.0 : t == KL_I32 ? 2147483647.0
-                                               : 9223372036854775807.0;
+  int bits = t == KL_BOOL ? 1 : (int)kl_dtype_size(t) * 8;
+  bool uns = t == KL_BOOL || kl_dtype_is_unsigned(t);
+  double lo = uns ? 0 : -ldexp(1.0, bits - 1);
+  double hi = uns ? ldexp(1.0, bits) - 1 : ldexp(1.0, bits - 1) - 1;
+  bool limited = t == KL_BOOL || kl_dtype_is_int(t);
   switch (kind) {
-  case R_MAX: return kl_dtype_is_int(t) ? lo : -INFINITY;
-  case R_MIN: return kl_dtype_is_int(t) ? hi : INFINITY;
+  case R_MAX: return limited ? lo : -INFINITY;
+  case R_MIN: return limited ? hi : INFINITY;
   case R_PROD: return 1.0;
   default: return 0.0;
   }

@@ -693,6 +693,27 @@ def gen_reduce():
         x = randint(r, (2, 3), -4, 5, np.int64)
         case(name, [("x", x)], "output y = %s(x)" % op,
              [np.asarray(fns[op](x)).astype(np.int64)])
+    # max and min of bools (any, all), and of empty sets: the dtype's
+    # lowest (max) and highest (min) value
+    r = rng_for("reduce_bool")
+    xb = r.random((4, 3, 2)) < 0.5
+    xb[0] = True
+    xb[1] = False
+    case("reduce_max_min_bool", [("x", xb)],
+         "output y = reduce_max(x, axes=[1, 2])\n"
+         "output z = reduce_min(x, axes=[2], keepdims=1)",
+         [np.any(xb, axis=(1, 2)), np.all(xb, axis=2, keepdims=True)])
+    for dt in [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32,
+               np.uint32, np.int64]:
+        xe = np.zeros((2, 0, 3), dt)
+        if dt == np.bool_:
+            lo, hi = False, True
+        else:
+            lo, hi = np.iinfo(dt).min, np.iinfo(dt).max
+        case("reduce_max_min_empty_%s" % DT[np.dtype(dt)], [("x", xe)],
+             "output y = reduce_max(x, axes=[1])\n"
+             "output z = reduce_min(x, axes=[1], keepdims=1)",
+             [np.full((2, 3), lo, dt), np.full((2, 1, 3), hi, dt)])
     # argmax: default axis 0, keepdims 1; ties -> first index
     r = rng_for("argmax")
     x = np.round(randn(r, (4, 5)))
