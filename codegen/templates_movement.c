@@ -633,18 +633,24 @@ static int emit_scatter_nd(kl_cg_emitter *e, const kl_node *n) {
 
 /* ---- scans and selections along one axis: one thread per line --------- */
 
-static bool handles_cumsum(const kl_node *n) { return n->op == KL_OP_CUMSUM; }
+static bool handles_cumsum(const kl_node *n) {
+  return n->op == KL_OP_CUMSUM || n->op == KL_OP_CUMPROD;
+}
 
+/* cumsum and cumprod; a thread per line along the axis, neighbouring
+ * threads on neighbouring inner elements (coalesced). */
 static int emit_cumsum(kl_cg_emitter *e, const kl_node *n) {
   const kl_value *x = n->inputs[0], *out = n->outputs[0];
+  bool prod = n->op == KL_OP_CUMPROD;
   int axis = norm_axis(kl_attr_int(n, "axis", 0), x->shape.rank);
   bool excl = kl_attr_int(n, "exclusive", 0) != 0, rev = kl_attr_int(n, "reverse", 0) != 0;
   int64_t outer, len, inner;
   split_at(&x->shape, axis, &outer, &len, &inner);
   host_comment(e, n);
   if (kl_shape_numel(&x->shape) == 0) return 0;
-  /* floats accumulate in double, as the interpreter; integers in 64 bits */
-  const char *acc = kl_dtype_is_float(x->dtype) ? "double" : ctype(x->dtype);
+  /* floats accumulate in double, as the interpreter; integers in 64 bits,
+   * products unsigned (they wrap, no overflow) */
+  const char *acc = kl_dtype_is_float(x->dtype) ? "double" : prod ? "uint64_t" : ctype(x->dtype);
   char name[32], what[64], lv[96];
   int k = new_kernel(e, name);
   FILE *f = kl_cg_kernels(e);
@@ -655,15 +661,16 @@ static int emit_cumsum(kl_cg_emitter *e, const kl_node *n) {
   loop(f, outer * inner);
   fprintf(f, "    const int64_t base = i / %lldLL * %lldLL + i %% %lldLL;\n", (long long)inner,
           (long long)(len * inner), (long long)inner);
-  fprintf(f, "    %s acc = 0;\n", acc);
+  fprintf(f, "    %s acc = %s;\n", acc, prod ? "1" : "0");
   fprintf(f, "    for (int64_t s = 0; s < %lldLL; s++) {\n", (long long)len);
   if (rev) fprintf(f, "      const int64_t at = base + (%lldLL - s) * %lldLL;\n", (long long)(len - 1), (long long)inner);
   else fprintf(f, "      const int64_t at = base + s * %lldLL;\n", (long long)inner);
   fprintf(f, "      const %s v = (%s)%s;\n", acc, acc, ld(x->dtype, "in0[at]", lv, sizeof lv));
-  if (!excl) fprintf(f, "      acc += v;\n");
+  const char *update = prod ? "acc *= v;" : "acc += v;";
+  if (!excl) fprintf(f, "      %s\n", update);
   fprintf(f, "      ");
   st(f, out->dtype, "out0[at]", "acc");
-  if (excl) fprintf(f, "      acc += v;\n");
+  if (excl) fprintf(f, "      %s\n", update);
   fprintf(f, "    }\n");
   tail(f);
   entry(f, name, &x, 1, &out, 1);

@@ -806,12 +806,14 @@ static int convert_arg(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return bind0(c, n, y);
 }
 
+/* CumSum and CumProd: the axis is a constant input. */
 static int convert_cumsum(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   int64_t axis = 0;
   if (const_int(c, need_input(c, n, 1), "the axis", &axis)) return -1;
   kl_attr a[3] = {kl_ai("axis", axis), kl_ai("exclusive", kl_onnx_attr_int(n, "exclusive", 0)),
                   kl_ai("reverse", kl_onnx_attr_int(n, "reverse", 0))};
-  return bind0(c, n, emit1(c, KL_OP_CUMSUM, need_input(c, n, 0), a, 3));
+  kl_op op = !strcmp(n->op_type, "CumProd") ? KL_OP_CUMPROD : KL_OP_CUMSUM;
+  return bind0(c, n, emit1(c, op, need_input(c, n, 0), a, 3));
 }
 
 /* TopK: k is an attribute before opset 10, a constant input after. */
@@ -873,6 +875,7 @@ const kl_onnx_op kl_onnx_ops_tensor[] = {
     {"ArgMax", 1, convert_arg},
     {"ArgMin", 1, convert_arg},
     {"CumSum", 11, convert_cumsum},
+    {"CumProd", 26, convert_cumsum},
     {"TopK", 1, convert_topk},
     {NULL, 0, NULL},
 };

@@ -1,4 +1,4 @@
-/* ops_reduce.c - reductions, argmax, argmin, cumsum and topk: shape
+/* ops_reduce.c - reductions, argmax, argmin, cumsum, cumprod and topk: shape
  * inference and reference evaluation. */
 #include <math.h>
 #include <stdlib.h>
@@ -191,9 +191,9 @@ int kl_eval_ARGMAX(const kl_node *n, kl_tensor **in, kl_tensor **out,
   return 0;
 }
 
-/* ---- cumsum ---------------------------------------------------------- */
+/* ---- cumsum, cumprod ------------------------------------------------- */
 
-int kl_infer_CUMSUM(kl_node *n, kl_error *err) {
+static int infer_scan(kl_node *n, kl_error *err) {
   const kl_value *x = n->inputs[0];
   int axis;
   bool excl, rev;
@@ -205,9 +205,14 @@ int kl_infer_CUMSUM(kl_node *n, kl_error *err) {
   return kl_set_checked_output(n, err, 0, x->dtype, &x->shape);
 }
 
-int kl_eval_CUMSUM(const kl_node *n, kl_tensor **in, kl_tensor **out,
-                   kl_error *err) {
-  const kl_tensor *x = in[0];
+int kl_infer_CUMSUM(kl_node *n, kl_error *err) { return infer_scan(n, err); }
+int kl_infer_CUMPROD(kl_node *n, kl_error *err) { return infer_scan(n, err); }
+
+/* Running sums (prod: products) along the axis.  Integer products
+ * overflow a double's 53 bits long before they wrap, so they run as
+ * wrapping 64-bit integers, as reduce_prod's. */
+static int eval_scan(const kl_node *n, const kl_tensor *x, kl_tensor *y, bool prod,
+                     kl_error *err) {
   int axis;
   int64_t outer, k, inner;
   if (x->numel == 0) return 0;
@@ -215,19 +220,38 @@ int kl_eval_CUMSUM(const kl_node *n, kl_tensor **in, kl_tensor **out,
     return -1;
   bool excl = kl_attr_int(n, "exclusive", 0) != 0;
   bool rev = kl_attr_int(n, "reverse", 0) != 0;
+  bool iprod = prod && kl_dtype_is_int(x->dtype);
   split_at(&x->shape, axis, &outer, &k, &inner);
   for (int64_t o = 0; o < outer; o++)
     for (int64_t i = 0; i < inner; i++) {
       int64_t base = o * k * inner + i;
-      double acc = 0;
+      double acc = prod ? 1 : 0;
+      uint64_t iacc = 1;
       for (int64_t s = 0; s < k; s++) {
         int64_t at = base + (rev ? k - 1 - s : s) * inner;
-        if (!excl) acc += x->data[at];
-        out[0]->data[at] = acc;
-        if (excl) acc += x->data[at];
+        double v = x->data[at];
+        if (!excl) {
+          if (iprod) iacc *= (uint64_t)kl_to_i64(v);
+          else acc = prod ? acc * v : acc + v;
+        }
+        y->data[at] = iprod ? kl_wrap_to(y->dtype, iacc) : acc;
+        if (excl) {
+          if (iprod) iacc *= (uint64_t)kl_to_i64(v);
+          else acc = prod ? acc * v : acc + v;
+        }
       }
     }
   return 0;
+}
+
+int kl_eval_CUMSUM(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                   kl_error *err) {
+  return eval_scan(n, in[0], out[0], false, err);
+}
+
+int kl_eval_CUMPROD(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                    kl_error *err) {
+  return eval_scan(n, in[0], out[0], true, err);
 }
 
 /* ---- argmin ---------------------------------------------------------- */

@@ -2437,9 +2437,10 @@ def scatter_nd_ref(x, idx, upd, red="none"):
     return y
 
 
-def cumsum_ref(x, axis=0, exclusive=0, reverse=0):
-    """Sequential running sums along axis, in float64 for floats and exact
-    Python integers (wrapped to the dtype) for integers."""
+def cumsum_ref(x, axis=0, exclusive=0, reverse=0, prod=False):
+    """Sequential running sums (prod: products) along axis, in float64 for
+    floats and exact Python integers (wrapped to the dtype) for
+    integers."""
     axis %= x.ndim
     xs = np.moveaxis(x, axis, -1)
     out = np.empty(xs.shape, object)
@@ -2447,14 +2448,14 @@ def cumsum_ref(x, axis=0, exclusive=0, reverse=0):
     for i in np.ndindex(xs.shape[:-1]):
         n = xs.shape[-1]
         order = range(n - 1, -1, -1) if reverse else range(n)
-        acc = 0 if ints else 0.0
+        acc = (1 if prod else 0) if ints else (1.0 if prod else 0.0)
         for k in order:
             v = int(xs[i + (k,)]) if ints else float(xs[i + (k,)])
             if not exclusive:
-                acc += v
+                acc = acc * v if prod else acc + v
             out[i + (k,)] = acc
             if exclusive:
-                acc += v
+                acc = acc * v if prod else acc + v
     out = np.moveaxis(out, -1, axis)
     if ints:
         bits = x.dtype.itemsize * 8
@@ -2669,6 +2670,27 @@ def gen_ext_tensor():
     case("cumsum_f16", [("x", x16)], "output y = cumsum(x, axis=-1)",
          [as_dt(cumsum_ref(x16, -1), np.float16)],
          tol={"rtol": 1e-3, "atol": 1e-3})
+    # cumprod: as cumsum, products; integer products wrap
+    r = rng_for("cumprod")
+    xp = unif(r, (3, 4, 5), 0.5, 1.5)
+    for ax, ex, rv in [(0, 0, 0), (1, 1, 0), (-1, 0, 1), (2, 1, 1)]:
+        name = "cumprod_ax%s_ex%d_rev%d" % (str(ax).replace("-", "neg"), ex,
+                                            rv)
+        case(name, [("x", xp)],
+             "output y = cumprod(x, axis=%d, exclusive=%d, reverse=%d)"
+             % (ax, ex, rv), [f32(cumsum_ref(xp, ax, ex, rv, prod=True))])
+    for dt in [np.int8, np.int32, np.int64, np.uint8, np.uint32]:
+        lo = 0 if np.dtype(dt).kind == "u" else -9
+        # 30 factors wrap 8 and 32 bits; 12 stay below 2^53 in int64
+        xi = randint(r, (2, 12 if dt == np.int64 else 30), lo, 10, dt)
+        case("cumprod_" + DT[np.dtype(dt)], [("x", xi)],
+             "output y = cumprod(x, axis=1)\n"
+             "output z = cumprod(x, axis=1, exclusive=1, reverse=1)",
+             [cumsum_ref(xi, 1, 0, 0, prod=True),
+              cumsum_ref(xi, 1, 1, 1, prod=True)])
+    xpd = unif(r, (4, 3), 0.5, 2.0, np.float64)
+    case("cumprod_f64", [("x", xpd)], "output y = cumprod(x)",
+         [np.cumprod(xpd, axis=0)])
     xn = np.array([1.0, np.inf, 2.0, np.nan, 3.0], np.float32)
     case("cumsum_inf_nan", [("x", xn)],
          "output y = cumsum(x)\noutput z = cumsum(x, reverse=1, exclusive=1)",
