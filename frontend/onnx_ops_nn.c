@@ -661,6 +661,61 @@ static int convert_mvn(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* LpNormalization: x / ||x||_p along axis (p 1 or 2); a zero norm gives
+ * 0, as ONNX's reference. */
+static int convert_lp_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  if (!x) return -1;
+  int64_t p = kl_onnx_attr_int(n, "p", 2), axis = kl_onnx_attr_int(n, "axis", -1);
+  int r = x->shape.rank;
+  if (!kl_dtype_is_float(x->dtype))
+    return kl_onnx_fail(c, "needs a floating-point input, got %s", kl_dtype_name(x->dtype));
+  if (p != 1 && p != 2) return kl_onnx_fail(c, "p must be 1 or 2, got %lld", (long long)p);
+  if (axis < -r || axis >= r) return kl_onnx_fail(c, "axis %lld is out of range", (long long)axis);
+  if (axis < 0) axis += r;
+  kl_value *norm = p == 1 ? reduce(c, KL_OP_REDUCE_SUM, unary(c, KL_OP_ABS, x, NULL, 0), &axis, 1, true)
+                          : unary(c, KL_OP_SQRT,
+                                  reduce(c, KL_OP_REDUCE_SUM, binary(c, KL_OP_MUL, x, x), &axis, 1, true),
+                                  NULL, 0);
+  kl_value *ins[3] = {with_scalar(c, KL_OP_EQ, norm, 0), NULL, binary(c, KL_OP_DIV, x, norm)};
+  ins[1] = kl_onnx_scalar(c, x->dtype, 0);
+  if (!ins[0] || !ins[2]) return -1;
+  kl_value *y = kl_onnx_emit(c, KL_OP_WHERE, ins, 3, NULL, 0);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
+/* GroupNormalization: the channels in num_groups groups, each group of a
+ * sample normalised as one (layer_norm over [C/G, d...]), then a scale and
+ * a bias per group (opset 18) or per channel (21). */
+static int convert_group_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *scale = need_input(c, n, 1), *bias = need_input(c, n, 2);
+  if (!x || !scale || !bias) return -1;
+  int64_t g = kl_onnx_attr_int(n, "num_groups", 0);
+  int r = x->shape.rank;
+  if (r < 2) return kl_onnx_fail(c, "input must be [N, C, d...]");
+  int64_t ch = x->shape.dims[1], want = c->opset >= 21 ? ch : g;
+  if (g <= 0 || ch % g)
+    return kl_onnx_fail(c, "num_groups %lld does not divide the %lld channels", (long long)g,
+                        (long long)ch);
+  if (kl_shape_numel(&scale->shape) != want || kl_shape_numel(&bias->shape) != want)
+    return kl_onnx_fail(c, "scale and bias must have %lld elements (one per %s)", (long long)want,
+                        c->opset >= 21 ? "channel" : "group");
+  int64_t grouped[3] = {x->shape.dims[0], g, kl_shape_numel(&x->shape) / (x->shape.dims[0] * g)};
+  if (x->shape.dims[0] == 0 || grouped[2] == 0) grouped[2] = 0;
+  kl_attr a[2] = {kl_ai("axis", 2), kl_af("epsilon", kl_onnx_attr_float(n, "epsilon", 1e-5))};
+  kl_value *t = unary(c, KL_OP_LAYER_NORM, reshape(c, x, grouped, 3), a, 2);
+  if (c->opset < 21) { /* per group, on [N, G, rest] */
+    t = binary(c, KL_OP_ADD, binary(c, KL_OP_MUL, t, per_channel(c, scale, 3)),
+               per_channel(c, bias, 3));
+    t = reshape(c, t, x->shape.dims, r);
+  } else {
+    t = binary(c, KL_OP_ADD, binary(c, KL_OP_MUL, reshape(c, t, x->shape.dims, r),
+                                     per_channel(c, scale, r)),
+               per_channel(c, bias, r));
+  }
+  return t ? kl_onnx_bind(c, n, 0, t) : -1;
+}
+
 /* ---- Dropout --------------------------------------------------------- */
 
 /* Inference is the identity, with an all-true mask (bool from opset 10,
@@ -1124,6 +1179,8 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"LayerNormalization", 17, convert_layer_norm},
     {"LRN", 1, convert_lrn},
     {"MeanVarianceNormalization", 9, convert_mvn},
+    {"LpNormalization", 1, convert_lp_norm},
+    {"GroupNormalization", 18, convert_group_norm},
     {"Dropout", 1, convert_dropout},
     {"Softmax", 1, convert_softmax},
     {"LogSoftmax", 1, convert_softmax},

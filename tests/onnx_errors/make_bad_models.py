@@ -103,6 +103,22 @@ write("value_info_mismatch", "value 'h' has rank 2 or dims in value_info that di
       m=vi_model)
 
 
+# LpNormalization and GroupNormalization: bad attributes, and good ones
+lp = lambda p: model([helper.make_node("LpNormalization", ["x"], ["y"], name="lp", p=p)],
+                     [vi("x", [2, 3])], [vi("y", [2, 3])], opset=22)
+write("lp_norm_p3", "node 'lp' (LpNormalization): p must be 1 or 2, got 3", m=lp(3))
+write("lp_norm_good", "", m=lp(1))
+gn = lambda groups, c, opset: model(
+    [helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], name="gn",
+                      num_groups=groups)],
+    [vi("x", [1, 6, 2]), vi("s", [c]), vi("b", [c])], [vi("y", [1, 6, 2])], opset=opset)
+write("group_norm_groups", "node 'gn' (GroupNormalization): num_groups 4 does not divide the 6 channels",
+      m=gn(4, 6, 21))
+write("group_norm_scale", "scale and bias must have 6 elements (one per channel)", m=gn(3, 3, 21))
+write("group_norm_good_18", "", m=gn(3, 3, 18))
+write("group_norm_good_21", "", m=gn(3, 6, 21))
+
+
 def external(name, location, offset, length, expect, fbytes=b"\0" * 16):
     t = raw_tensor("w", [4], b"")
     t.ClearField("raw_data")
