@@ -843,9 +843,13 @@ static int convert_depth_space(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     y = reshape(c, transpose(c, reshape(c, x, crd ? crd6 : dcr, 6), crd ? pcrd : pdcr), out, 4);
   } else {
     if (h % b || w % b) return kl_onnx_fail(c, "H and W must be multiples of blocksize");
+    /* DCR: channel (bh * b + bw) * C + c; CRD: c * b * b + bh * b + bw */
+    const char *mode = kl_onnx_attr_string(c, n, "mode", "DCR");
+    bool crd = !strcmp(mode, "CRD");
+    if (!crd && strcmp(mode, "DCR")) return kl_onnx_fail(c, "mode must be DCR or CRD");
     int64_t six[6] = {nb, ch, h / b, b, w / b, b}, out[4] = {nb, ch * b * b, h / b, w / b};
-    static const int64_t perm[6] = {0, 3, 5, 1, 2, 4};
-    y = reshape(c, transpose(c, reshape(c, x, six, 6), perm), out, 4);
+    static const int64_t pdcr[6] = {0, 3, 5, 1, 2, 4}, pcrd[6] = {0, 1, 3, 5, 2, 4};
+    y = reshape(c, transpose(c, reshape(c, x, six, 6), crd ? pcrd : pdcr), out, 4);
   }
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
