@@ -284,8 +284,8 @@ static int emit_slice(kl_cg_emitter *e, const kl_node *n) {
 
 static bool handles_pad(const kl_node *n) { return n->op == KL_OP_PAD; }
 
-/* As pad_setup/kl_eval_PAD: negative pads crop first; reflect and edge
- * then work on the cropped extent. */
+/* As pad_setup/kl_eval_PAD: negative pads crop first; reflect, edge and
+ * wrap then work on the cropped extent. */
 static int emit_pad(kl_cg_emitter *e, const kl_node *n) {
   const kl_value *in = n->inputs[0], *out = n->outputs[0];
   int rank = in->shape.rank;
@@ -314,6 +314,9 @@ static int emit_pad(kl_cg_emitter *e, const kl_node *n) {
     if (!strcmp(mode, "edge"))
       fprintf(f, "      c = c < 0 ? 0 : c >= %lldLL ? %lldLL : c;\n", (long long)keep,
               (long long)(keep - 1));
+    else if (!strcmp(mode, "wrap"))
+      fprintf(f, "      c = (c %% %lldLL + %lldLL) %% %lldLL;\n", (long long)keep, (long long)keep,
+              (long long)keep);
     else if (!strcmp(mode, "reflect"))
       fprintf(f, "      c = c < 0 ? -c : c >= %lldLL ? %lldLL - c : c; /* one bounce */\n",
               (long long)keep, (long long)(2 * (keep - 1)));

@@ -454,8 +454,10 @@ static int convert_pad(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   int64_t pads[2 * KL_MAX_RANK], axes[KL_MAX_RANK], full[2 * KL_MAX_RANK] = {0};
   double value = 0;
   const char *mode = kl_onnx_attr_string(c, n, "mode", "constant");
-  if (strcmp(mode, "constant") && strcmp(mode, "reflect") && strcmp(mode, "edge"))
-    return kl_onnx_unsupported(c, "mode \"%s\" is not supported (constant, reflect, edge)", mode);
+  if (strcmp(mode, "constant") && strcmp(mode, "reflect") && strcmp(mode, "edge") &&
+      strcmp(mode, "wrap"))
+    return kl_onnx_unsupported(c, "mode \"%s\" is not supported (constant, reflect, edge, wrap)",
+                               mode);
   if (c->opset < 11) {
     np = ints_arg(c, n, c->opset < 2 ? "paddings" : "pads", 1, 11, pads, 2 * KL_MAX_RANK);
     value = kl_onnx_attr_float(n, "value", 0.0);

@@ -304,7 +304,8 @@ def pad_ref(x, pads, mode="constant", value=0.0):
     pw = [(max(b, 0), max(e, 0)) for b, e in zip(begin, end)]
     if mode == "constant":
         return np.pad(x, pw, mode="constant", constant_values=value)
-    return np.pad(x, pw, mode={"reflect": "reflect", "edge": "edge"}[mode])
+    return np.pad(x, pw, mode={"reflect": "reflect", "edge": "edge",
+                               "wrap": "wrap"}[mode])
 
 
 def klist(v):
@@ -1253,6 +1254,13 @@ def gen_movement():
     case("pad_edge_4d", [("x", x4)],
          "output y = pad(x, pads=[0, 0, 2, 0, 0, 0, 1, 4], mode=edge)",
          [pad_ref(x4, (0, 0, 2, 0, 0, 0, 1, 4), "edge")])
+    # wrap: pads longer than the axis go round more than once; crops first
+    case("pad_wrap_4d", [("x", x4)],
+         "output y = pad(x, pads=[0, 1, 9, 2, 0, 0, 3, 11], mode=wrap)",
+         [pad_ref(x4, (0, 1, 9, 2, 0, 0, 3, 11), "wrap")])
+    case("pad_wrap_crop", [("x", x)],
+         'output y = pad(x, pads=[-1, 3, 2, -2], mode="wrap")',
+         [pad_ref(x, (-1, 3, 2, -2), "wrap")])
     xi = randint(r, (2, 3), -9, 9, np.int32)
     case("pad_i32", [("x", xi)], "output y = pad(x, pads=[1, 1, 1, 1], "
          "value=7)", [np.pad(xi, 1, constant_values=7)])
