@@ -808,6 +808,47 @@ static int convert_arg(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return bind0(c, n, y);
 }
 
+/* TensorScatter (a KV cache update): update's rows along `axis` go to
+ * past_cache at write_indices[b] + i (mod the axis length when mode is
+ * circular), one start per batch entry b (axis 0): scatter_elements with
+ * those indices.  A linear write past the end is a run-time error. */
+static int convert_tensor_scatter(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *past = need_input(c, n, 0), *upd = need_input(c, n, 1), *wi = kl_onnx_input(c, n, 2);
+  if (!past || !upd) return -1;
+  int r = past->shape.rank, axis = 0;
+  const char *mode = kl_onnx_attr_string(c, n, "mode", "linear");
+  bool circular = !strcmp(mode, "circular");
+  if (!circular && strcmp(mode, "linear"))
+    return kl_onnx_fail(c, "mode must be linear or circular, got \"%s\"", mode);
+  if (onnx_axis(c, kl_onnx_attr_int(n, "axis", -2), r, false, &axis)) return -1;
+  if (r < 2 || axis == 0) return kl_onnx_fail(c, "axis must not be the batch axis 0");
+  if (upd->shape.rank != r) return kl_onnx_fail(c, "update must have past_cache's rank %d", r);
+  for (int d = 0; d < r; d++)
+    if (d != axis && upd->shape.dims[d] != past->shape.dims[d])
+      return kl_onnx_fail(c, "update's axis %d has %lld elements, past_cache's %lld", d,
+                          (long long)upd->shape.dims[d], (long long)past->shape.dims[d]);
+  int64_t len = past->shape.dims[axis], seq = upd->shape.dims[axis];
+  if (seq > len) return kl_onnx_fail(c, "update has %lld rows along axis %d, the cache %lld",
+                                     (long long)seq, axis, (long long)len);
+  kl_value *start = NULL;
+  if (wi) {
+    if (wi->dtype != KL_I64 || wi->shape.rank != 1 || wi->shape.dims[0] != past->shape.dims[0])
+      return kl_onnx_fail(c, "write_indices must be i64[%lld]", (long long)past->shape.dims[0]);
+    kl_shape bs = {.rank = r};
+    for (int d = 0; d < r; d++) bs.dims[d] = d ? 1 : wi->shape.dims[0];
+    start = reshape_to(c, wi, &bs);
+  }
+  kl_value *ix = iota_along(c, seq, axis, r);
+  if (start) ix = emit2(c, KL_OP_ADD, start, ix);
+  if (circular && ix) ix = emit2(c, KL_OP_MOD, ix, kl_onnx_scalar(c, KL_I64, (double)len));
+  kl_attr e = kl_ais("shape", upd->shape.dims, r);
+  ix = emit1(c, KL_OP_EXPAND, ix, &e, 1);
+  if (!ix) return -1;
+  kl_value *ins[3] = {past, ix, upd};
+  kl_attr a[2] = {kl_ai("axis", axis), kl_as("reduction", "none")};
+  return bind0(c, n, kl_onnx_emit(c, KL_OP_SCATTER_ELEMENTS, ins, 3, a, 2));
+}
+
 /* CumSum and CumProd: the axis is a constant input. */
 static int convert_cumsum(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   int64_t axis = 0;
@@ -878,6 +919,7 @@ const kl_onnx_op kl_onnx_ops_tensor[] = {
     {"ArgMin", 1, convert_arg},
     {"CumSum", 11, convert_cumsum},
     {"CumProd", 26, convert_cumsum},
+    {"TensorScatter", 24, convert_tensor_scatter},
     {"TopK", 1, convert_topk},
     {NULL, 0, NULL},
 };
