@@ -484,6 +484,59 @@ static int convert_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* MaxUnpool: zeros of the unpooled shape (each spatial axis (in - 1) *
+ * stride + kernel - pads) with x's values put at the flat indices I
+ * (MaxPool's second output) by a scatter_elements over the flattened
+ * output; a larger output_shape pads zeros at the end of each axis (as
+ * ONNX's reference).  An index out of range is a run-time error. */
+static int convert_max_unpool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *ix = need_input(c, n, 1), *os = kl_onnx_input(c, n, 2);
+  window w = {0};
+  if (!x || !ix || check_spatial(c, x, &w.nsp)) return -1;
+  char b[256], b2[256];
+  if (ix->dtype != KL_I64 || !kl_shape_equal(&ix->shape, &x->shape))
+    return kl_onnx_fail(c, "indices must be i64 of x's shape %s",
+                        kl_shape_str(&x->shape, b, sizeof b));
+  if (ints_attr(c, n, "kernel_shape", w.nsp, 1, 1, w.k) ||
+      ints_attr(c, n, "strides", w.nsp, 1, 1, w.stride) ||
+      ints_attr(c, n, "pads", 2 * w.nsp, 0, 0, w.pad))
+    return -1;
+  if (!kl_onnx_attr(n, "kernel_shape")) return kl_onnx_fail(c, "kernel_shape is required");
+  int r = x->shape.rank;
+  kl_shape out = x->shape, want;
+  int64_t total = 1, nx = kl_shape_numel(&x->shape), pads[2 * KL_MAX_RANK] = {0};
+  for (int i = 0; i < w.nsp; i++)
+    out.dims[2 + i] = (x->shape.dims[2 + i] - 1) * w.stride[i] + w.k[i] - w.pad[i] -
+                      w.pad[w.nsp + i];
+  for (int d = 0; d < r; d++) {
+    if (out.dims[d] < 0) return kl_onnx_fail(c, "the unpooled axis %d would be negative", d);
+    if (__builtin_mul_overflow(total, out.dims[d], &total) || total > KL_MAX_NUMEL)
+      return kl_onnx_fail(c, "the output is too large");
+  }
+  want = out;
+  if (os) {
+    if (kl_onnx_const_ints(c, os, "output_shape", want.dims, KL_MAX_RANK) != r)
+      return kl_onnx_fail(c, "output_shape must have %d entries", r);
+    for (int d = 0; d < r; d++) {
+      if (want.dims[d] < out.dims[d] || (d < 2 && want.dims[d] != out.dims[d]))
+        return kl_onnx_fail(c, "output_shape %s is smaller than the unpooled %s",
+                            kl_shape_str(&want, b, sizeof b), kl_shape_str(&out, b2, sizeof b2));
+      pads[r + d] = want.dims[d] - out.dims[d];
+    }
+  }
+  kl_attr flat = kl_ais("shape", &total, 1);
+  kl_value *ins[3] = {unary(c, KL_OP_EXPAND, kl_onnx_scalar(c, x->dtype, 0), &flat, 1),
+                      reshape(c, ix, &nx, 1), reshape(c, x, &nx, 1)};
+  if (!ins[0] || !ins[1] || !ins[2]) return -1;
+  kl_attr a[2] = {kl_ai("axis", 0), kl_as("reduction", "none")};
+  kl_value *y = reshape(c, kl_onnx_emit(c, KL_OP_SCATTER_ELEMENTS, ins, 3, a, 2), out.dims, r);
+  if (y && !kl_shape_equal(&want, &out)) {
+    kl_attr pa[3] = {kl_ais("pads", pads, 2 * r), kl_as("mode", "constant"), kl_af("value", 0)};
+    y = unary(c, KL_OP_PAD, y, pa, 3);
+  }
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
 /* GlobalMaxPool reduces with reduce_max; GlobalLpPool is the p-norm over
  * the spatial axes. */
 static int convert_global_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
@@ -1174,6 +1227,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"ConvTranspose", 1, convert_conv_transpose},
     {"MaxPool", 1, convert_pool},
     {"AveragePool", 1, convert_pool},
+    {"MaxUnpool", 9, convert_max_unpool},
     {"GlobalAveragePool", 1, convert_global_pool},
     {"GlobalMaxPool", 1, convert_global_pool},
     {"LpPool", 1, convert_pool},
