@@ -417,6 +417,20 @@ static kl_value *pool2d(kl_onnx_ctx *c, kl_value *x, bool is_max, const window *
   return unary(c, is_max ? KL_OP_MAX_POOL2D : KL_OP_AVG_POOL2D, x, a, 5);
 }
 
+/* MaxPool's indices (1-D and 2-D): a 1-D pool's lifted [N, C, 1, W]
+ * has the same flat indices in either storage order. */
+static kl_value *pool_index(kl_onnx_ctx *c, kl_value *x, const window *w, bool ceil_mode,
+                            int64_t storage_order) {
+  if (!x) return NULL;
+  int64_t k[2], st[2], dil[2], pads[4];
+  window_2d(w, w->nsp == 1 ? -1 : 0, w->nsp == 1 ? 0 : 1, k, st, dil, pads);
+  kl_attr a[6] = {kl_ais("kernel", k, 2), kl_ais("strides", st, 2), kl_ais("pads", pads, 4),
+                  kl_ai("ceil_mode", ceil_mode), kl_ais("dilations", dil, 2),
+                  kl_ai("storage_order", storage_order)};
+  if (w->nsp == 1) return drop_1d(c, unary(c, KL_OP_MAX_POOL2D_INDEX, lift_1d(c, x), a, 6));
+  return unary(c, KL_OP_MAX_POOL2D_INDEX, x, a, 6);
+}
+
 /* Both pools are separable (a max, or a mean over a box that is a
  * product of per-axis ranges), so 3-D pools run as a 2-D pool over (H, W)
  * and then one over D. */
@@ -481,7 +495,15 @@ static int convert_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   } else {
     y = pool_nd(c, x, is_max, &w, ceil_mode, cip);
   }
-  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+  if (!y || kl_onnx_bind(c, n, 0, y)) return -1;
+  if (!is_max || !wants_output(n, 1)) return 0;
+  if (w.nsp > 2) return kl_onnx_unsupported(c, "the indices of a %d-D MaxPool", w.nsp);
+  int64_t order = kl_onnx_attr_int(n, "storage_order", 0);
+  if (order != 0 && order != 1)
+    return kl_onnx_fail(c, "storage_order must be 0 or 1, got %lld", (long long)order);
+  kl_value *xi = kl_dtype_is_int(x->dtype) ? cast(c, x, KL_F64) : x;
+  kl_value *ix = pool_index(c, xi, &w, ceil_mode, order);
+  return ix ? kl_onnx_bind(c, n, 1, ix) : -1;
 }
 
 /* MaxUnpool: zeros of the unpooled shape (each spatial axis (in - 1) *

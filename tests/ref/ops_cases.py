@@ -249,6 +249,32 @@ def pool2d(x, kind, kernel, strides=None, pads=(0, 0, 0, 0),
     return out
 
 
+def pool2d_index(x, kernel, strides=None, pads=(0, 0, 0, 0),
+                 dilations=(1, 1), ceil_mode=0, storage_order=0):
+    """Flat index into x of each window's first maximum (the window read
+    row by row), row major or (storage_order 1) column major per plane."""
+    n, c, h, w = x.shape
+    kh, kw = kernel
+    sh, sw = strides if strides is not None else kernel
+    dh, dw = dilations
+    oh = pool_out_size(h, kh, sh, pads[0], pads[2], dh, ceil_mode, False)
+    ow = pool_out_size(w, kw, sw, pads[1], pads[3], dw, ceil_mode, False)
+    out = np.zeros((n, c, oh, ow), np.int64)
+    for b, ch, i, j in np.ndindex(out.shape):
+        best = None
+        for a in range(kh):
+            for q in range(kw):
+                r, col = i * sh - pads[0] + a * dh, j * sw - pads[1] + q * dw
+                if 0 <= r < h and 0 <= col < w and \
+                        (best is None or x[b, ch, r, col] > best[0]):
+                    best = (x[b, ch, r, col], r, col)
+        _, r, col = best
+        plane = (b * c + ch) * h * w
+        out[b, ch, i, j] = plane + (r + col * h if storage_order
+                                    else r * w + col)
+    return out
+
+
 def layer_norm(x, scale=None, bias=None, axis=-1, eps=1e-5):
     x = np.asarray(x, np.float64)
     axes = tuple(range(axis % x.ndim, x.ndim))
@@ -1033,6 +1059,15 @@ def gen_pool():
         case("max_pool2d_" + n, [("x", x)],
              "output y = max_pool2d(%s)" % args,
              [f32(pool2d(x, "max", **at))])
+        # where the maxima are; rounded inputs make ties (the first wins)
+        xr = np.round(x * 2).astype(np.float32)
+        so = len(n) % 2
+        case("max_pool2d_index_" + n, [("x", xr)],
+             "output y = max_pool2d(%s)\n"
+             "output i = max_pool2d_index(%s, storage_order=%d)"
+             % (args, args, so),
+             [f32(pool2d(xr, "max", **at)),
+              pool2d_index(xr, storage_order=so, **at)])
     ap = [
         ("k2", (2, 3, 6, 6), {"kernel": (2, 2)}),
         ("k3s2", (1, 2, 7, 7), {"kernel": (3, 3), "strides": (2, 2)}),
