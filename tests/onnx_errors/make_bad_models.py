@@ -118,6 +118,29 @@ write("group_norm_scale", "scale and bias must have 6 elements (one per channel)
 write("group_norm_good_18", "", m=gn(3, 3, 18))
 write("group_norm_good_21", "", m=gn(3, 6, 21))
 
+# TensorScatter, MaxUnpool, MaxPool's indices
+I64 = TensorProto.INT64
+ts = lambda mode, upd: model(
+    [helper.make_node("TensorScatter", ["p", "u", "w"], ["y"], name="ts", mode=mode)],
+    [vi("p", [2, 1, 4, 3]), vi("u", upd), vi("w", [2], I64)], [vi("y", [2, 1, 4, 3])], opset=24)
+write("tensor_scatter_mode", "node 'ts' (TensorScatter): mode must be linear or circular",
+      m=ts("ring", [2, 1, 2, 3]))
+write("tensor_scatter_long", "update has 5 rows along axis 2, the cache 4", m=ts("linear", [2, 1, 5, 3]))
+write("tensor_scatter_good", "", m=ts("circular", [2, 1, 2, 3]))
+mu = lambda ishape, tshape: model(
+    [helper.make_node("MaxUnpool", ["x", "i"], ["y"], name="mu", kernel_shape=[2, 2],
+                      strides=[2, 2])],
+    [vi("x", [1, 1, 2, 2]), vi("i", ishape, tshape)], [vi("y", [1, 1, 4, 4])], opset=22)
+write("max_unpool_indices", "node 'mu' (MaxUnpool): indices must be i64 of x's shape",
+      m=mu([1, 1, 2, 2], TensorProto.INT32))
+write("max_unpool_good", "", m=mu([1, 1, 2, 2], I64))
+mp = lambda order: model(
+    [helper.make_node("MaxPool", ["x"], ["y", "i"], name="mp", kernel_shape=[2, 2],
+                      storage_order=order)],
+    [vi("x", [1, 2, 4, 4])], [vi("y", [1, 2, 3, 3]), vi("i", [1, 2, 3, 3], I64)], opset=12)
+write("max_pool_storage_order", "node 'mp' (MaxPool): storage_order must be 0 or 1, got 2", m=mp(2))
+write("max_pool_indices_good", "", m=mp(1))
+
 
 def external(name, location, offset, length, expect, fbytes=b"\0" * 16):
     t = raw_tensor("w", [4], b"")
