@@ -849,6 +849,35 @@ static int convert_tensor_scatter(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return bind0(c, n, kl_onnx_emit(c, KL_OP_SCATTER_ELEMENTS, ins, 3, a, 2));
 }
 
+/* TfIdfVectorizer over integer tokens (pool_int64s); string pools are out
+ * of scope. */
+static int convert_tfidf(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  if (!x) return -1;
+  if (kl_onnx_attr(n, "pool_strings"))
+    return kl_onnx_unsupported(c, "string pools (pool_strings) are not supported");
+  const int64_t *pool = NULL, *counts = NULL, *cols = NULL;
+  int np = kl_onnx_attr_ints(n, "pool_int64s", &pool);
+  int nc = kl_onnx_attr_ints(n, "ngram_counts", &counts), ni = kl_onnx_attr_ints(n, "ngram_indexes", &cols);
+  if (np < 0 || nc < 0 || ni < 0)
+    return kl_onnx_fail(c, "pool_int64s, ngram_counts and ngram_indexes are required");
+  const Onnx__AttributeProto *wa = kl_onnx_attr(n, "weights");
+  size_t nw = wa ? wa->n_floats : 0;
+  double *w = malloc((nw + 1) * sizeof *w);
+  if (!w) return kl_onnx_fail(c, "out of memory");
+  for (size_t i = 0; i < nw; i++) w[i] = wa->floats[i];
+  kl_attr a[8] = {kl_ai("min_gram_length", kl_onnx_attr_int(n, "min_gram_length", 1)),
+                  kl_ai("max_gram_length", kl_onnx_attr_int(n, "max_gram_length", 1)),
+                  kl_ai("max_skip_count", kl_onnx_attr_int(n, "max_skip_count", 0)),
+                  kl_as("mode", kl_onnx_attr_string(c, n, "mode", "")),
+                  kl_ais("pool", pool, np), kl_ais("ngram_counts", counts, nc),
+                  kl_ais("ngram_indexes", cols, ni),
+                  {.name = "weights", .kind = KL_ATTR_FLOATS, .floats = w, .n = (int)nw}};
+  kl_value *y = emit1(c, KL_OP_TFIDF, x, a, 8);
+  free(w);
+  return bind0(c, n, y);
+}
+
 /* CumSum and CumProd: the axis is a constant input. */
 static int convert_cumsum(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   int64_t axis = 0;
@@ -920,6 +949,7 @@ const kl_onnx_op kl_onnx_ops_tensor[] = {
     {"CumSum", 11, convert_cumsum},
     {"CumProd", 26, convert_cumsum},
     {"TensorScatter", 24, convert_tensor_scatter},
+    {"TfIdfVectorizer", 9, convert_tfidf},
     {"TopK", 1, convert_topk},
     {NULL, 0, NULL},
 };

@@ -254,6 +254,118 @@ int kl_eval_CUMPROD(const kl_node *n, kl_tensor **in, kl_tensor **out,
   return eval_scan(n, in[0], out[0], true, err);
 }
 
+/* ---- tfidf ----------------------------------------------------------- */
+
+/* The pool's n-grams: checks the attributes (a message into why), and
+ * fills g (when not NULL) with those that count; *ncols gets the output
+ * width.  Returns the count, or -1. */
+static int64_t tfidf_layout(const kl_node *n, kl_tfidf_gram *g, int64_t cap, int64_t *ncols,
+                            char *why, size_t wlen) {
+  const int64_t *pool, *counts, *cols;
+  int64_t npool = kl_attr_ints(n, "pool", &pool), nc = kl_attr_ints(n, "ngram_counts", &counts);
+  int64_t ni = kl_attr_ints(n, "ngram_indexes", &cols);
+  int64_t lo = kl_attr_int(n, "min_gram_length", 1), hi = kl_attr_int(n, "max_gram_length", 1);
+  if (npool < 0) npool = 0;
+  if (nc < 1 || ni < 1)
+    return snprintf(why, wlen, "ngram_counts and ngram_indexes are required"), -1;
+  if (lo < 1 || hi < lo)
+    return snprintf(why, wlen, "min_gram_length %lld and max_gram_length %lld must satisfy "
+                    "1 <= min <= max", (long long)lo, (long long)hi), -1;
+  int64_t k = 0, used = 0;
+  *ncols = 0;
+  for (int64_t i = 0; i < nc; i++) {
+    int64_t start = counts[i], end = i + 1 < nc ? counts[i + 1] : npool, len = i + 1;
+    if (start < 0 || end < start || end > npool || (end - start) % len)
+      return snprintf(why, wlen, "ngram_counts[%lld] = %lld does not start a whole number of "
+                      "%lld-grams of the pool", (long long)i, (long long)start, (long long)len), -1;
+    for (int64_t off = start; off < end; off += len, k++) {
+      if (k >= ni)
+        return snprintf(why, wlen, "ngram_indexes has %lld entries for more n-grams",
+                        (long long)ni), -1;
+      if (cols[k] < 0 || cols[k] >= KL_MAX_NUMEL)
+        return snprintf(why, wlen, "ngram_indexes[%lld] = %lld is out of range", (long long)k,
+                        (long long)cols[k]), -1;
+      if (cols[k] + 1 > *ncols) *ncols = cols[k] + 1;
+      if (len < lo || len > hi) continue;
+      if (g && used < cap) g[used] = (kl_tfidf_gram){len, off, cols[k]};
+      used++;
+    }
+  }
+  if (k != ni)
+    return snprintf(why, wlen, "ngram_indexes has %lld entries for %lld n-grams", (long long)ni,
+                    (long long)k), -1;
+  return used;
+}
+
+int kl_tfidf_grams(const kl_node *n, kl_tfidf_gram *g, int64_t cap) {
+  char why[200];
+  int64_t ncols;
+  return tfidf_layout(n, g, cap, &ncols, why, sizeof why);
+}
+
+int kl_infer_TFIDF(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0];
+  char why[200], b[300];
+  int64_t ncols;
+  if ((x->dtype != KL_I32 && x->dtype != KL_I64) || x->shape.rank < 1 || x->shape.rank > 2)
+    return KL_NODE_FAIL(n, err, "needs i32 or i64 tokens [C] or [B, C], got %s",
+                        kl_value_str(x, b, sizeof b));
+  if (tfidf_layout(n, NULL, 0, &ncols, why, sizeof why) < 0) return KL_NODE_FAIL(n, err, "%s", why);
+  const char *mode = kl_attr_string(n, "mode", "");
+  if (strcmp(mode, "TF") && strcmp(mode, "IDF") && strcmp(mode, "TFIDF"))
+    return KL_NODE_FAIL(n, err, "mode must be \"TF\", \"IDF\" or \"TFIDF\", got \"%s\"", mode);
+  if (kl_attr_int(n, "max_skip_count", 0) < 0)
+    return KL_NODE_FAIL(n, err, "max_skip_count must be >= 0");
+  const kl_attr *w = kl_node_attr(n, "weights");
+  if (w && w->n > 0 && w->n < ncols)
+    return KL_NODE_FAIL(n, err, "weights has %d entries for %lld output columns", w->n,
+                        (long long)ncols);
+  kl_shape s = {x->shape.rank, {x->shape.dims[0], ncols}};
+  if (x->shape.rank == 1) s.dims[0] = ncols;
+  return kl_set_checked_output(n, err, 0, KL_F32, &s);
+}
+
+/* Occurrences of n-gram g in tokens x[0..len): at every start, for skips
+ * 0..max_skip (one skip for a unigram). */
+static int64_t tfidf_count(const double *x, int64_t len, const kl_tfidf_gram *g,
+                           const int64_t *pool, int64_t max_skip) {
+  int64_t cnt = 0;
+  for (int64_t d = 1; d <= (g->len == 1 ? 1 : max_skip + 1); d++)
+    for (int64_t i = 0; i + d * (g->len - 1) < len; i++) {
+      int64_t m = 0;
+      while (m < g->len && x[i + d * m] == (double)pool[g->off + m]) m++;
+      cnt += m == g->len;
+    }
+  return cnt;
+}
+
+int kl_eval_TFIDF(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  const kl_tensor *x = in[0];
+  int64_t rows = x->shape.rank == 2 ? x->shape.dims[0] : 1;
+  int64_t len = x->shape.dims[x->shape.rank - 1], ncols = out[0]->shape.dims[out[0]->shape.rank - 1];
+  int64_t ng = kl_tfidf_grams(n, NULL, 0);
+  kl_tfidf_gram *g = malloc((size_t)(ng + 1) * sizeof *g);
+  if (!g) return KL_NODE_FAIL(n, err, "out of memory");
+  kl_tfidf_grams(n, g, ng);
+  const int64_t *pool;
+  kl_attr_ints(n, "pool", &pool);
+  const kl_attr *w = kl_node_attr(n, "weights");
+  const char *mode = kl_attr_string(n, "mode", "TF");
+  int64_t skip = kl_attr_int(n, "max_skip_count", 0);
+  double *y = out[0]->data;
+  for (int64_t i = 0; i < out[0]->numel; i++) y[i] = 0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t k = 0; k < ng; k++)
+      y[r * ncols + g[k].col] += (double)tfidf_count(x->data + r * len, len, &g[k], pool, skip);
+  for (int64_t i = 0; i < out[0]->numel; i++) {
+    double wt = w && w->n > 0 ? w->floats[i % ncols] : 1.0;
+    if (!strcmp(mode, "IDF")) y[i] = y[i] > 0 ? wt : 0;
+    else if (!strcmp(mode, "TFIDF")) y[i] *= wt;
+  }
+  free(g);
+  return 0;
+}
+
 /* ---- argmin ---------------------------------------------------------- */
 
 int kl_infer_ARGMIN(kl_node *n, kl_error *err) {

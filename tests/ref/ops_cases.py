@@ -2510,6 +2510,35 @@ def cumsum_ref(x, axis=0, exclusive=0, reverse=0, prod=False):
     return out.astype(np.float64)
 
 
+def tfidf_ref(x, pool, counts, cols, lo, hi, skip, mode, weights=None):
+    """Counts of the pool's n-grams in each row of x, from the definition:
+    the n-grams of length n are pool[counts[n-1]:counts[n]] in groups of n;
+    one of length n >= 2 matches tokens x[i], x[i+d], ..., x[i+(n-1)d] for
+    d = 1..skip+1, a unigram each x[i] == it; only n in [lo, hi] count."""
+    rows = x.reshape(-1, x.shape[-1]).astype(np.int64)
+    grams = []
+    for n in range(1, len(counts) + 1):
+        end = counts[n] if n < len(counts) else len(pool)
+        grams += [tuple(pool[o:o + n]) for o in range(counts[n - 1], end, n)]
+    width = max(cols) + 1
+    out = np.zeros((rows.shape[0], width), np.float64)
+    for b, row in enumerate(rows):
+        for g, col in zip(grams, cols):
+            n = len(g)
+            if not lo <= n <= hi:
+                continue
+            for d in ([1] if n == 1 else range(1, skip + 2)):
+                for i in range(len(row) - d * (n - 1)):
+                    if tuple(row[i:i + d * (n - 1) + 1:d]) == g:
+                        out[b, col] += 1
+    w = np.ones(width) if weights is None else np.asarray(weights, np.float64)
+    if mode == "IDF":
+        out = np.where(out > 0, w, 0.0)
+    elif mode == "TFIDF":
+        out = out * w
+    return f32(out.reshape(x.shape[:-1] + (width,)))
+
+
 def topk_ref(x, k, axis=-1, largest=1):
     """Ranks each row with Python's sort: NaN first (largest) or last
     (smallest), ties by lower index."""
@@ -2713,6 +2742,34 @@ def gen_ext_tensor():
     case("cumsum_f16", [("x", x16)], "output y = cumsum(x, axis=-1)",
          [as_dt(cumsum_ref(x16, -1), np.float16)],
          tol={"rtol": 1e-3, "atol": 1e-3})
+    # tfidf: n-gram counts with skips, TF / IDF / TFIDF, weights
+    r = rng_for("tfidf")
+    pool = [2, 3, 5, 4, 5, 6, 7, 8, 6, 7, 2, 3, 4, 5, 6]
+    counts = [0, 4, 12]          # 4 unigrams, 4 bigrams, 1 trigram
+    cols = [0, 1, 2, 3, 4, 5, 6, 7, 8]
+    xt = randint(r, (3, 14), 2, 9, np.int32)
+    xt[0, :6] = [2, 3, 4, 5, 6, 7]
+    for lo, hi, skip, mode in [(1, 1, 0, "TF"), (2, 2, 0, "TF"),
+                               (1, 2, 3, "TF"), (1, 3, 2, "IDF"),
+                               (2, 3, 1, "TFIDF")]:
+        name = "tfidf_%d%d_skip%d_%s" % (lo, hi, skip, mode.lower())
+        case(name, [("x", xt)],
+             "output y = tfidf(x, min_gram_length=%d, max_gram_length=%d, "
+             "max_skip_count=%d, mode=\"%s\", pool=%s, ngram_counts=%s, "
+             "ngram_indexes=%s)" % (lo, hi, skip, mode, klist(pool),
+                                    klist(counts), klist(cols)),
+             [tfidf_ref(xt, pool, counts, cols, lo, hi, skip, mode)])
+    wts = [0.5, 1.5, 2.0, 0.25, 1.0, 3.0, 0.75, 2.5]
+    x1 = randint(r, (20,), 2, 9, np.int64)
+    cols2 = [7, 6, 5, 4, 3, 2, 1, 0, 3]   # reordered; two n-grams share 3
+    for mode in ["TFIDF", "IDF"]:
+        case("tfidf_1d_weights_" + mode.lower(), [("x", x1)],
+             "output y = tfidf(x, min_gram_length=1, max_gram_length=3, "
+             "max_skip_count=1, mode=\"%s\", pool=%s, ngram_counts=%s, "
+             "ngram_indexes=%s, weights=%s)" % (mode, klist(pool),
+                                                klist(counts), klist(cols2),
+                                                "[%s]" % ", ".join(map(str, wts))),
+             [tfidf_ref(x1, pool, counts, cols2, 1, 3, 1, mode, wts)])
     # cumprod: as cumsum, products; integer products wrap
     r = rng_for("cumprod")
     xp = unif(r, (3, 4, 5), 0.5, 1.5)
