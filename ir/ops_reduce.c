@@ -271,17 +271,21 @@ static int64_t tfidf_layout(const kl_node *n, kl_tfidf_gram *g, int64_t cap, int
   if (lo < 1 || hi < lo)
     return snprintf(why, wlen, "min_gram_length %lld and max_gram_length %lld must satisfy "
                     "1 <= min <= max", (long long)lo, (long long)hi), -1;
-  int64_t k = 0, used = 0;
+  int64_t k = 0, used = 0, total = 0;
   *ncols = 0;
   for (int64_t i = 0; i < nc; i++) {
     int64_t start = counts[i], end = i + 1 < nc ? counts[i + 1] : npool, len = i + 1;
     if (start < 0 || end < start || end > npool || (end - start) % len)
       return snprintf(why, wlen, "ngram_counts[%lld] = %lld does not start a whole number of "
                       "%lld-grams of the pool", (long long)i, (long long)start, (long long)len), -1;
+    total += (end - start) / len;
+  }
+  if (total != ni)
+    return snprintf(why, wlen, "ngram_indexes has %lld entries for %lld n-grams", (long long)ni,
+                    (long long)total), -1;
+  for (int64_t i = 0; i < nc; i++) {
+    int64_t start = counts[i], end = i + 1 < nc ? counts[i + 1] : npool, len = i + 1;
     for (int64_t off = start; off < end; off += len, k++) {
-      if (k >= ni)
-        return snprintf(why, wlen, "ngram_indexes has %lld entries for more n-grams",
-                        (long long)ni), -1;
       if (cols[k] < 0 || cols[k] >= KL_MAX_NUMEL)
         return snprintf(why, wlen, "ngram_indexes[%lld] = %lld is out of range", (long long)k,
                         (long long)cols[k]), -1;
@@ -291,9 +295,6 @@ static int64_t tfidf_layout(const kl_node *n, kl_tfidf_gram *g, int64_t cap, int
       used++;
     }
   }
-  if (k != ni)
-    return snprintf(why, wlen, "ngram_indexes has %lld entries for %lld n-grams", (long long)ni,
-                    (long long)k), -1;
   return used;
 }
 

@@ -87,7 +87,7 @@ write("no_opset", "imports no opset",
 write("unsupported_listed_at_once", "2 unsupported nodes",
       m=model([helper.make_node("StringNormalizer", ["x"], ["a"], name="first_bad"),
                 helper.make_node("Relu", ["a"], ["b"], name="fine"),
-                helper.make_node("TfIdfVectorizer", ["b"], ["y"], name="second_bad")],
+                helper.make_node("RegexFullMatch", ["b"], ["y"], name="second_bad")],
                [vi("x", [2])], [vi("y", [2])]))
 write("symbolic_dim_unbound", "--shape x=",
       m=model([relu("x", "y")], [vi("x", ["batch", 3])], [vi("y", ["batch", 3])]))
@@ -140,6 +140,14 @@ mp = lambda order: model(
     [vi("x", [1, 2, 4, 4])], [vi("y", [1, 2, 3, 3]), vi("i", [1, 2, 3, 3], I64)], opset=12)
 write("max_pool_storage_order", "node 'mp' (MaxPool): storage_order must be 0 or 1, got 2", m=mp(2))
 write("max_pool_indices_good", "", m=mp(1))
+tf = lambda idx: model(
+    [helper.make_node("TfIdfVectorizer", ["x"], ["y"], name="tf", mode="TF", min_gram_length=1,
+                      max_gram_length=2, max_skip_count=1, pool_int64s=[1, 2, 3, 1, 2],
+                      ngram_counts=[0, 3], ngram_indexes=idx)],
+    [vi("x", [2, 6], I64)], [vi("y", [2, 4])], opset=9)
+write("tfidf_indexes", "node 'tf' (TfIdfVectorizer): tfidf (node 'tf'): ngram_indexes has 3 entries for 4 n-grams",
+      m=tf([0, 1, 2]))
+write("tfidf_good", "", m=tf([0, 1, 2, 3]))
 
 
 def external(name, location, offset, length, expect, fbytes=b"\0" * 16):
