@@ -704,8 +704,9 @@ static int emit_tfidf(kl_cg_emitter *e, const kl_node *n) {
   FILE *f = kl_cg_kernels(e);
   /* CSR by column: first[c] .. first[c + 1] index glen/goff; every table
    * has at least one entry (C has no empty arrays) */
-  fprintf(f, "__device__ const int64_t %s_pool[%lld] = {", name, (long long)(npool > 0 ? npool : 1));
-  for (int64_t i = 0; i < (npool > 0 ? npool : 1); i++)
+  int64_t ptab = npool > 0 ? npool : 1;
+  fprintf(f, "__device__ const int64_t %s_pool[%lld] = {", name, (long long)ptab);
+  for (int64_t i = 0; i < ptab; i++)
     fprintf(f, "%s%lldLL", i ? ", " : "", (long long)(npool > 0 ? pool[i] : 0));
   fprintf(f, "};\n__device__ const int64_t %s_first[%lld] = {0", name, (long long)(ncols + 1));
   int64_t at = 0;
@@ -719,7 +720,8 @@ static int emit_tfidf(kl_cg_emitter *e, const kl_node *n) {
     int put = 0;
     for (int64_t c = 0; c < ncols; c++)
       for (int64_t j = 0; j < ng; j++)
-        if (g[j].col == c) fprintf(f, "%s%lld", put++ ? ", " : "", (long long)(t ? g[j].off : g[j].len));
+        if (g[j].col == c)
+          fprintf(f, "%s%lld", put++ ? ", " : "", (long long)(t ? g[j].off : g[j].len));
     if (!put) fprintf(f, "0");
   }
   fprintf(f, "};\n");

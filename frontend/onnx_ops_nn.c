@@ -527,9 +527,10 @@ static int convert_max_unpool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   int r = x->shape.rank;
   kl_shape out = x->shape, want;
   int64_t total = 1, nx = kl_shape_numel(&x->shape), pads[2 * KL_MAX_RANK] = {0};
-  for (int i = 0; i < w.nsp; i++)
-    out.dims[2 + i] = (x->shape.dims[2 + i] - 1) * w.stride[i] + w.k[i] - w.pad[i] -
-                      w.pad[w.nsp + i];
+  for (int i = 0; i < w.nsp; i++) /* every term is below KL_MAX_NUMEL: no overflow but * */
+    if (__builtin_mul_overflow(x->shape.dims[2 + i] - 1, w.stride[i], &out.dims[2 + i]) ||
+        (out.dims[2 + i] += w.k[i] - w.pad[i] - w.pad[w.nsp + i]) > KL_MAX_NUMEL)
+      return kl_onnx_fail(c, "the unpooled axis %d is too long", 2 + i);
   for (int d = 0; d < r; d++) {
     if (out.dims[d] < 0) return kl_onnx_fail(c, "the unpooled axis %d would be negative", d);
     if (__builtin_mul_overflow(total, out.dims[d], &total) || total > KL_MAX_NUMEL)
@@ -748,10 +749,13 @@ static int convert_lp_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   if (p != 1 && p != 2) return kl_onnx_fail(c, "p must be 1 or 2, got %lld", (long long)p);
   if (axis < -r || axis >= r) return kl_onnx_fail(c, "axis %lld is out of range", (long long)axis);
   if (axis < 0) axis += r;
-  kl_value *norm = p == 1 ? reduce(c, KL_OP_REDUCE_SUM, unary(c, KL_OP_ABS, x, NULL, 0), &axis, 1, true)
-                          : unary(c, KL_OP_SQRT,
-                                  reduce(c, KL_OP_REDUCE_SUM, binary(c, KL_OP_MUL, x, x), &axis, 1, true),
-                                  NULL, 0);
+  kl_value *norm;
+  if (p == 1) {
+    norm = reduce(c, KL_OP_REDUCE_SUM, unary(c, KL_OP_ABS, x, NULL, 0), &axis, 1, true);
+  } else {
+    norm = reduce(c, KL_OP_REDUCE_SUM, binary(c, KL_OP_MUL, x, x), &axis, 1, true);
+    norm = unary(c, KL_OP_SQRT, norm, NULL, 0);
+  }
   kl_value *ins[3] = {with_scalar(c, KL_OP_EQ, norm, 0), NULL, binary(c, KL_OP_DIV, x, norm)};
   ins[1] = kl_onnx_scalar(c, x->dtype, 0);
   if (!ins[0] || !ins[2]) return -1;
@@ -775,8 +779,8 @@ static int convert_group_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   if (kl_shape_numel(&scale->shape) != want || kl_shape_numel(&bias->shape) != want)
     return kl_onnx_fail(c, "scale and bias must have %lld elements (one per %s)", (long long)want,
                         c->opset >= 21 ? "channel" : "group");
-  int64_t grouped[3] = {x->shape.dims[0], g, kl_shape_numel(&x->shape) / (x->shape.dims[0] * g)};
-  if (x->shape.dims[0] == 0 || grouped[2] == 0) grouped[2] = 0;
+  int64_t grouped[3] = {x->shape.dims[0], g, ch / g}; /* [N, G, C/G * d...] */
+  for (int d = 2; d < r; d++) grouped[2] *= x->shape.dims[d];
   kl_attr a[2] = {kl_ai("axis", 2), kl_af("epsilon", kl_onnx_attr_float(n, "epsilon", 1e-5))};
   kl_value *t = unary(c, KL_OP_LAYER_NORM, reshape(c, x, grouped, 3), a, 2);
   if (c->opset < 21) { /* per group, on [N, G, rest] */

@@ -858,7 +858,8 @@ static int convert_tfidf(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     return kl_onnx_unsupported(c, "string pools (pool_strings) are not supported");
   const int64_t *pool = NULL, *counts = NULL, *cols = NULL;
   int np = kl_onnx_attr_ints(n, "pool_int64s", &pool);
-  int nc = kl_onnx_attr_ints(n, "ngram_counts", &counts), ni = kl_onnx_attr_ints(n, "ngram_indexes", &cols);
+  int nc = kl_onnx_attr_ints(n, "ngram_counts", &counts);
+  int ni = kl_onnx_attr_ints(n, "ngram_indexes", &cols);
   if (np < 0 || nc < 0 || ni < 0)
     return kl_onnx_fail(c, "pool_int64s, ngram_counts and ngram_indexes are required");
   const Onnx__AttributeProto *wa = kl_onnx_attr(n, "weights");

@@ -76,7 +76,11 @@ void kl_raw_set(kl_dtype t, void *raw, int64_t i, double v) {
   case KL_I16: { int16_t x = (int16_t)v; memcpy(p + 2 * i, &x, 2); break; }
   case KL_U16: { uint16_t x = (uint16_t)v; memcpy(p + 2 * i, &x, 2); break; }
   case KL_U32: { uint32_t x = (uint32_t)v; memcpy(p + 4 * i, &x, 4); break; }
-  case KL_U64: { uint64_t x = v >= 0x1p64 ? UINT64_MAX : (uint64_t)v; memcpy(p + 8 * i, &x, 8); break; }
+  case KL_U64: {
+    uint64_t x = v >= 0x1p64 ? UINT64_MAX : (uint64_t)v;
+    memcpy(p + 8 * i, &x, 8);
+    break;
+  }
   default: break;
   }
 }

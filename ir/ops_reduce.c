@@ -343,7 +343,8 @@ static int64_t tfidf_count(const double *x, int64_t len, const kl_tfidf_gram *g,
 int kl_eval_TFIDF(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
   const kl_tensor *x = in[0];
   int64_t rows = x->shape.rank == 2 ? x->shape.dims[0] : 1;
-  int64_t len = x->shape.dims[x->shape.rank - 1], ncols = out[0]->shape.dims[out[0]->shape.rank - 1];
+  int64_t len = x->shape.dims[x->shape.rank - 1];
+  int64_t ncols = out[0]->shape.dims[out[0]->shape.rank - 1];
   int64_t ng = kl_tfidf_grams(n, NULL, 0);
   kl_tfidf_gram *g = malloc((size_t)(ng + 1) * sizeof *g);
   if (!g) return KL_NODE_FAIL(n, err, "out of memory");
