@@ -1,6 +1,6 @@
 /* ops_math.c - shape inference and evaluation of the math rows of ops.def:
  * float functions, rounding, sign, NaN/Inf tests, logic on bool, mod, bit
- * shifts and determinants. */
+ * shifts, bitwise logic on integers and determinants. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
