@@ -100,7 +100,12 @@ static const char *custom_expression(const kl_node *n, const char *ct, char *buf
   case KL_OP_BITSHIFT: {
     int bits = (int)kl_dtype_size(n->inputs[0]->dtype) * 8;
     bool left = !strcmp(kl_attr_string(n, "direction", "left"), "left");
-    return F("(b >= %d ? 0 : a %s b)", bits, left ? "<<" : ">>");
+    if (ct[0] == 'u') return F("(b >= %d ? 0 : a %s b)", bits, left ? "<<" : ">>");
+    /* signed (int64_t operands): a negative shift is out of range too;
+     * left shifts go through uint64_t (no overflow), right ones are
+     * arithmetic (NVRTC and the host compilers shift signed values so) */
+    if (left) return F("((uint64_t)b >= %d ? 0 : (int64_t)((uint64_t)a << b))", bits);
+    return F("((uint64_t)b >= %d ? (a < 0 ? -1 : 0) : a >> b)", bits);
   }
   default: return NULL;
   }
@@ -583,9 +588,25 @@ typedef struct {
   const char *acc, *init, *update;
 } reduce_ops;
 
+/* The smallest and largest value of integer (or bool) dtype t, spelled
+ * out: NVRTC has no <stdint.h> macros. */
+static const char *int_limit(kl_dtype t, bool max) {
+  switch (t) {
+  case KL_BOOL: return max ? "1" : "0";
+  case KL_I8: return max ? "127" : "(-128)";
+  case KL_I16: return max ? "32767" : "(-32768)";
+  case KL_I32: return max ? "2147483647" : "(-2147483647 - 1)";
+  case KL_U8: return max ? "255" : "0";
+  case KL_U16: return max ? "65535" : "0";
+  case KL_U32: return max ? "4294967295U" : "0";
+  case KL_U64: return max ? "18446744073709551615ULL" : "0";
+  default: return max ? "9223372036854775807LL" : "(-9223372036854775807LL - 1)";
+  }
+}
+
 static reduce_ops reduce_ops_of(const kl_node *n) {
   kl_dtype t = n->inputs[0]->dtype;
-  bool is_f = kl_dtype_is_float(t), uns = kl_dtype_is_unsigned(t);
+  bool is_f = kl_dtype_is_float(t), uns = kl_dtype_is_unsigned(t) || t == KL_BOOL;
   reduce_ops r = {is_f ? "double" : uns ? "uint64_t" : "int64_t", "0", "acc += v;"};
   switch (n->op) {
   case KL_OP_REDUCE_PROD:
@@ -593,13 +614,13 @@ static reduce_ops reduce_ops_of(const kl_node *n) {
     r.update = "acc *= v;";
     if (!is_f) r.acc = "uint64_t";
     break;
-  /* limits spelled out: NVRTC has no <stdint.h> macros */
+  /* an empty max (min) is the dtype's lowest (highest) value, as ONNX */
   case KL_OP_REDUCE_MAX:
-    r.init = is_f ? "-KL_INF" : uns ? "0" : "(-9223372036854775807LL - 1)";
+    r.init = is_f ? "-KL_INF" : int_limit(t, false);
     r.update = is_f ? "acc = (v != v || v > acc) ? v : acc;" : "acc = v > acc ? v : acc;";
     break;
   case KL_OP_REDUCE_MIN:
-    r.init = is_f ? "KL_INF" : uns ? "18446744073709551615ULL" : "9223372036854775807LL";
+    r.init = is_f ? "KL_INF" : int_limit(t, true);
     r.update = is_f ? "acc = (v != v || v < acc) ? v : acc;" : "acc = v < acc ? v : acc;";
     break;
   default: break;
@@ -741,9 +762,13 @@ static const char *literal(kl_dtype t, double v, char *buf, size_t len) {
     else if (isinf(v)) snprintf(buf, len, v > 0 ? "KL_INF" : "-KL_INF");
     else snprintf(buf, len, "%.17g", v);
   } else if (kl_dtype_is_unsigned(t) || t == KL_BOOL) {
-    snprintf(buf, len, "%lluULL", (unsigned long long)v);
+    /* a double holds UINT64_MAX (INT64_MAX) as 2^64 (2^63): saturate */
+    if (v >= 0x1p64) snprintf(buf, len, "18446744073709551615ULL");
+    else snprintf(buf, len, "%lluULL", (unsigned long long)v);
   } else if (v <= -9223372036854775808.0) {
     snprintf(buf, len, "(-9223372036854775807LL - 1)");
+  } else if (v >= 9223372036854775807.0) {
+    snprintf(buf, len, "9223372036854775807LL");
   } else {
     snprintf(buf, len, "%lldLL", (long long)v);
   }

@@ -284,8 +284,8 @@ static int emit_slice(kl_cg_emitter *e, const kl_node *n) {
 
 static bool handles_pad(const kl_node *n) { return n->op == KL_OP_PAD; }
 
-/* As pad_setup/kl_eval_PAD: negative pads crop first; reflect and edge
- * then work on the cropped extent. */
+/* As pad_setup/kl_eval_PAD: negative pads crop first; reflect, edge and
+ * wrap then work on the cropped extent. */
 static int emit_pad(kl_cg_emitter *e, const kl_node *n) {
   const kl_value *in = n->inputs[0], *out = n->outputs[0];
   int rank = in->shape.rank;
@@ -314,6 +314,9 @@ static int emit_pad(kl_cg_emitter *e, const kl_node *n) {
     if (!strcmp(mode, "edge"))
       fprintf(f, "      c = c < 0 ? 0 : c >= %lldLL ? %lldLL : c;\n", (long long)keep,
               (long long)(keep - 1));
+    else if (!strcmp(mode, "wrap"))
+      fprintf(f, "      c = (c %% %lldLL + %lldLL) %% %lldLL;\n", (long long)keep, (long long)keep,
+              (long long)keep);
     else if (!strcmp(mode, "reflect"))
       fprintf(f, "      c = c < 0 ? -c : c >= %lldLL ? %lldLL - c : c; /* one bounce */\n",
               (long long)keep, (long long)(2 * (keep - 1)));
@@ -633,18 +636,24 @@ static int emit_scatter_nd(kl_cg_emitter *e, const kl_node *n) {
 
 /* ---- scans and selections along one axis: one thread per line --------- */
 
-static bool handles_cumsum(const kl_node *n) { return n->op == KL_OP_CUMSUM; }
+static bool handles_cumsum(const kl_node *n) {
+  return n->op == KL_OP_CUMSUM || n->op == KL_OP_CUMPROD;
+}
 
+/* cumsum and cumprod; a thread per line along the axis, neighbouring
+ * threads on neighbouring inner elements (coalesced). */
 static int emit_cumsum(kl_cg_emitter *e, const kl_node *n) {
   const kl_value *x = n->inputs[0], *out = n->outputs[0];
+  bool prod = n->op == KL_OP_CUMPROD;
   int axis = norm_axis(kl_attr_int(n, "axis", 0), x->shape.rank);
   bool excl = kl_attr_int(n, "exclusive", 0) != 0, rev = kl_attr_int(n, "reverse", 0) != 0;
   int64_t outer, len, inner;
   split_at(&x->shape, axis, &outer, &len, &inner);
   host_comment(e, n);
   if (kl_shape_numel(&x->shape) == 0) return 0;
-  /* floats accumulate in double, as the interpreter; integers in 64 bits */
-  const char *acc = kl_dtype_is_float(x->dtype) ? "double" : ctype(x->dtype);
+  /* floats accumulate in double, as the interpreter; integers in 64 bits,
+   * products unsigned (they wrap, no overflow) */
+  const char *acc = kl_dtype_is_float(x->dtype) ? "double" : prod ? "uint64_t" : ctype(x->dtype);
   char name[32], what[64], lv[96];
   int k = new_kernel(e, name);
   FILE *f = kl_cg_kernels(e);
@@ -655,19 +664,110 @@ static int emit_cumsum(kl_cg_emitter *e, const kl_node *n) {
   loop(f, outer * inner);
   fprintf(f, "    const int64_t base = i / %lldLL * %lldLL + i %% %lldLL;\n", (long long)inner,
           (long long)(len * inner), (long long)inner);
-  fprintf(f, "    %s acc = 0;\n", acc);
+  fprintf(f, "    %s acc = %s;\n", acc, prod ? "1" : "0");
   fprintf(f, "    for (int64_t s = 0; s < %lldLL; s++) {\n", (long long)len);
   if (rev) fprintf(f, "      const int64_t at = base + (%lldLL - s) * %lldLL;\n", (long long)(len - 1), (long long)inner);
   else fprintf(f, "      const int64_t at = base + s * %lldLL;\n", (long long)inner);
   fprintf(f, "      const %s v = (%s)%s;\n", acc, acc, ld(x->dtype, "in0[at]", lv, sizeof lv));
-  if (!excl) fprintf(f, "      acc += v;\n");
+  const char *update = prod ? "acc *= v;" : "acc += v;";
+  if (!excl) fprintf(f, "      %s\n", update);
   fprintf(f, "      ");
   st(f, out->dtype, "out0[at]", "acc");
-  if (excl) fprintf(f, "      acc += v;\n");
+  if (excl) fprintf(f, "      %s\n", update);
   fprintf(f, "    }\n");
   tail(f);
   entry(f, name, &x, 1, &out, 1);
   launch(e, k, outer * inner, &x, 1, &out, 1);
+  return 0;
+}
+
+static bool handles_tfidf(const kl_node *n) { return n->op == KL_OP_TFIDF; }
+
+/* One thread per (row, output column): it counts the n-grams of its
+ * column (tables of the column's n-grams: lengths and pool offsets, by
+ * column) along its row, at every skip, then weighs the count by mode. */
+static int emit_tfidf(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *out = n->outputs[0];
+  int64_t numel = kl_shape_numel(&out->shape), ncols = out->shape.dims[out->shape.rank - 1];
+  int64_t len = x->shape.dims[x->shape.rank - 1], ng = kl_tfidf_grams(n, NULL, 0);
+  host_comment(e, n);
+  if (numel == 0) return 0;
+  kl_tfidf_gram *g = malloc((size_t)(ng + 1) * sizeof *g);
+  if (!g) return -1;
+  kl_tfidf_grams(n, g, ng);
+  const int64_t *pool;
+  int64_t npool = kl_attr_ints(n, "pool", &pool);
+  const kl_attr *w = kl_node_attr(n, "weights");
+  const char *mode = kl_attr_string(n, "mode", "TF");
+  char name[32], what[64];
+  int k = new_kernel(e, name);
+  FILE *f = kl_cg_kernels(e);
+  /* CSR by column: first[c] .. first[c + 1] index glen/goff; every table
+   * has at least one entry (C has no empty arrays) */
+  int64_t ptab = npool > 0 ? npool : 1;
+  fprintf(f, "__device__ const int64_t %s_pool[%lld] = {", name, (long long)ptab);
+  for (int64_t i = 0; i < ptab; i++)
+    fprintf(f, "%s%lldLL", i ? ", " : "", (long long)(npool > 0 ? pool[i] : 0));
+  fprintf(f, "};\n__device__ const int64_t %s_first[%lld] = {0", name, (long long)(ncols + 1));
+  int64_t at = 0;
+  for (int64_t c = 0; c < ncols; c++) {
+    for (int64_t j = 0; j < ng; j++) at += g[j].col == c;
+    fprintf(f, ", %lld", (long long)at);
+  }
+  for (int t = 0; t < 2; t++) {
+    fprintf(f, "};\n__device__ const int64_t %s_%s[%lld] = {", name, t ? "goff" : "glen",
+            (long long)(ng > 0 ? ng : 1));
+    int put = 0;
+    for (int64_t c = 0; c < ncols; c++)
+      for (int64_t j = 0; j < ng; j++)
+        if (g[j].col == c)
+          fprintf(f, "%s%lld", put++ ? ", " : "", (long long)(t ? g[j].off : g[j].len));
+    if (!put) fprintf(f, "0");
+  }
+  fprintf(f, "};\n");
+  bool weighted = w && w->n > 0;
+  if (weighted) { /* weights by column (infer checked there are enough) */
+    fprintf(f, "__device__ const float %s_w[%lld] = {", name, (long long)ncols);
+    for (int64_t c = 0; c < ncols; c++) {
+      double v = (double)(float)w->floats[c];
+      if (isnan(v)) fprintf(f, "%sKL_NAN", c ? ", " : "");
+      else if (isinf(v)) fprintf(f, "%s%sKL_INF", c ? ", " : "", v < 0 ? "-" : "");
+      else fprintf(f, "%s(float)%.9g", c ? ", " : "", v);
+    }
+    fprintf(f, "};\n");
+  }
+  snprintf(what, sizeof what, "(%s, %lld n-grams)", mode, (long long)ng);
+  head(f, n, what);
+  sig(f, name, &x, 1, &out, 1);
+  loop(f, numel);
+  int64_t skip = kl_attr_int(n, "max_skip_count", 0);
+  fprintf(f, "    const int64_t col = i %% %lldLL, row = i / %lldLL;\n"
+             "    const %s *xr = in0 + row * %lldLL;\n"
+             "    int64_t cnt = 0;\n"
+             "    for (int64_t q = %s_first[col]; q < %s_first[col + 1]; q++) {\n"
+             "      const int64_t gl = %s_glen[q], go = %s_goff[q];\n"
+             "      const int64_t skips = gl == 1 ? 1 : %lldLL;\n"
+             "      for (int64_t d = 1; d <= skips; d++)\n"
+             "        for (int64_t s = 0; s + d * (gl - 1) < %lldLL; s++) {\n"
+             "          int64_t m = 0;\n"
+             "          while (m < gl && (int64_t)xr[s + d * m] == %s_pool[go + m]) m++;\n"
+             "          cnt += m == gl;\n"
+             "        }\n"
+             "    }\n",
+          (long long)ncols, (long long)ncols, kl_cg_storage(x->dtype), (long long)len, name, name,
+          name, name, (long long)(skip + 1), (long long)len, name);
+  if (weighted) fprintf(f, "    const float wt = %s_w[col];\n", name);
+  const char *wt = weighted ? "wt" : "1.0f";
+  char value[96];
+  if (!strcmp(mode, "IDF")) snprintf(value, sizeof value, "cnt > 0 ? %s : 0.0f", wt);
+  else if (!strcmp(mode, "TFIDF")) snprintf(value, sizeof value, "%s * (float)cnt", wt);
+  else snprintf(value, sizeof value, "(float)cnt");
+  fprintf(f, "    ");
+  st(f, out->dtype, "out0[i]", value);
+  tail(f);
+  entry(f, name, &x, 1, &out, 1);
+  launch(e, k, numel, &x, 1, &out, 1);
+  free(g);
   return 0;
 }
 
@@ -771,6 +871,7 @@ const kl_cg_template kl_cg_templates_movement[] = {
     {handles_scatter_nd, emit_scatter_nd, NULL},
     {handles_gather_nd, emit_gather_nd, NULL},
     {handles_cumsum, emit_cumsum, NULL},
+    {handles_tfidf, emit_tfidf, NULL},
     {handles_arg, emit_arg, NULL},
     {handles_topk, emit_topk, NULL},
     {NULL, NULL, NULL},

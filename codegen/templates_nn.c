@@ -427,6 +427,66 @@ static int emit_pool(kl_cg_emitter *e, const kl_node *n) {
   return 0;
 }
 
+static bool handles_pool_index(const kl_node *n) {
+  return n->op == KL_OP_MAX_POOL2D_INDEX && kl_dtype_is_float(n->inputs[0]->dtype);
+}
+
+/* One thread per output element, as kl_eval_MAX_POOL2D_INDEX: the flat
+ * index (row or column major) of the first maximum, or of the first NaN. */
+static int emit_pool_index(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *y = n->outputs[0];
+  win wn;
+  ints_or(n, "kernel", 2, 1, wn.k);
+  int64_t dstride[2];
+  ints_or(n, "strides", 2, -1, dstride);
+  for (int a = 0; a < 2; a++) wn.stride[a] = dstride[a] < 0 ? wn.k[a] : dstride[a];
+  ints_or(n, "pads", 4, 0, wn.pad);
+  ints_or(n, "dilations", 2, 1, wn.dil);
+  bool col = kl_attr_int(n, "storage_order", 0) != 0;
+  int64_t h = x->shape.dims[2], wi = x->shape.dims[3], oh = y->shape.dims[2], ow = y->shape.dims[3];
+  int64_t total = kl_shape_numel(&y->shape);
+  host_comment(e, n);
+  if (total == 0) return 0;
+  char name[32], b1[96], what[160];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  karg a[2] = {in_arg(x, "x"), out_arg(y->dtype, "out")};
+  snprintf(what, sizeof what, " %lldx%lld/%lldx%lld%s", (ll)wn.k[0], (ll)wn.k[1],
+           (ll)wn.stride[0], (ll)wn.stride[1], col ? ", column major" : "");
+  kbegin(f, n, name, what, a, 2);
+  const char *ct = ctype(x->dtype);
+  loop(f, total);
+  fprintf(f, "    const int64_t ox = i %% %lldLL, oy = (i / %lldLL) %% %lldLL, pl = i / %lldLL;\n",
+          (ll)ow, (ll)ow, (ll)oh, (ll)(oh * ow));
+  fprintf(f, "    const int64_t y0 = oy * %lldLL - %lldLL, x0 = ox * %lldLL - %lldLL;\n",
+          (ll)wn.stride[0], (ll)wn.pad[0], (ll)wn.stride[1], (ll)wn.pad[1]);
+  fprintf(f, "    %s acc = -KL_INF;\n    int64_t at = -1;\n", ct);
+  fprintf(f, "    for (int64_t ky = 0; ky < %lldLL; ky++) {\n"
+             "      const int64_t iy = y0 + ky * %lldLL;\n"
+             "      if (iy < 0 || iy >= %lldLL) continue;\n"
+             "      for (int64_t kx = 0; kx < %lldLL; kx++) {\n"
+             "        const int64_t ix = x0 + kx * %lldLL;\n"
+             "        if (ix < 0 || ix >= %lldLL || acc != acc) continue;\n",
+          (ll)wn.k[0], (ll)wn.dil[0], (ll)h, (ll)wn.k[1], (ll)wn.dil[1], (ll)wi);
+  char at[96];
+  snprintf(at, sizeof at, "x[(pl * %lldLL + iy) * %lldLL + ix]", (ll)h, (ll)wi);
+  fprintf(f, "        const %s v = %s;\n", ct, ld(b1, sizeof b1, x->dtype, ct, at));
+  char pos[64];
+  if (col) snprintf(pos, sizeof pos, "iy + ix * %lldLL", (ll)h);
+  else snprintf(pos, sizeof pos, "iy * %lldLL + ix", (ll)wi);
+  fprintf(f, "        if (at < 0 || v > acc || v != v) {\n"
+             "          acc = v;\n"
+             "          at = pl * %lldLL + %s;\n"
+             "        }\n      }\n    }\n",
+          (ll)(h * wi), pos);
+  fprintf(f, "    ");
+  st(f, y->dtype, "out[i]", "at");
+  fprintf(f, "  }\n");
+  kend(f, name, a, 2);
+  kl_cg_launch_node(e, k, total, n);
+  return 0;
+}
+
 /* ---- global_avg_pool -------------------------------------------------------- */
 static bool handles_gap(const kl_node *n) {
   return n->op == KL_OP_GLOBAL_AVG_POOL && kl_dtype_is_float(n->inputs[0]->dtype);
@@ -1029,6 +1089,7 @@ const kl_cg_template kl_cg_templates_nn[] = {
     {handles_batch_norm, emit_batch_norm, NULL},
     {handles_conv, emit_conv, scratch_conv},
     {handles_pool, emit_pool, NULL},
+    {handles_pool_index, emit_pool_index, NULL},
     {handles_gap, emit_gap, NULL},
     {handles_cross_entropy, emit_cross_entropy, scratch_cross_entropy},
     {handles_nll, emit_nll, scratch_nll},

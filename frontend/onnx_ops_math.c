@@ -423,6 +423,8 @@ const kl_onnx_op kl_onnx_ops_math[] = {
     {"Max", 1, convert_variadic},      {"Min", 1, convert_variadic},
     {"Sum", 1, convert_variadic},      {"Mean", 1, convert_variadic},
     {"BitShift", 11, convert_bit_shift},
+    {"BitwiseAnd", 18, convert_direct}, {"BitwiseOr", 18, convert_direct},
+    {"BitwiseXor", 18, convert_direct}, {"BitwiseNot", 18, convert_direct},
     {"Det", 11, convert_det},
     {"GridSample", 16, convert_grid_sample},
     {"HannWindow", 17, convert_window},

@@ -450,6 +450,20 @@ static kl_value *pool2d(kl_onnx_ctx *c, kl_value *x, bool is_max, const window *
   return unary(c, is_max ? KL_OP_MAX_POOL2D : KL_OP_AVG_POOL2D, x, a, is_max ? 5 : 6);
 }
 
+/* MaxPool's indices (1-D and 2-D): a 1-D pool's lifted [N, C, 1, W]
+ * has the same flat indices in either storage order. */
+static kl_value *pool_index(kl_onnx_ctx *c, kl_value *x, const window *w, bool ceil_mode,
+                            int64_t storage_order) {
+  if (!x) return NULL;
+  int64_t k[2], st[2], dil[2], pads[4];
+  window_2d(w, w->nsp == 1 ? -1 : 0, w->nsp == 1 ? 0 : 1, k, st, dil, pads);
+  kl_attr a[6] = {kl_ais("kernel", k, 2), kl_ais("strides", st, 2), kl_ais("pads", pads, 4),
+                  kl_ai("ceil_mode", ceil_mode), kl_ais("dilations", dil, 2),
+                  kl_ai("storage_order", storage_order)};
+  if (w->nsp == 1) return drop_1d(c, unary(c, KL_OP_MAX_POOL2D_INDEX, lift_1d(c, x), a, 6));
+  return unary(c, KL_OP_MAX_POOL2D_INDEX, x, a, 6);
+}
+
 /* Both pools are separable (a max, or a mean over a box that is a
  * product of per-axis ranges), so 3-D pools run as a 2-D pool over (H, W)
  * and then one over D. */
@@ -510,6 +524,68 @@ static int convert_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     y = xf ? cast(c, pool_nd(c, xf, true, &w, ceil_mode, cip), x->dtype) : NULL;
   } else {
     y = pool_nd(c, x, is_max, &w, ceil_mode, cip);
+  }
+  if (!y || kl_onnx_bind(c, n, 0, y)) return -1;
+  if (!is_max || !wants_output(n, 1)) return 0;
+  if (w.nsp > 2) return kl_onnx_unsupported(c, "the indices of a %d-D MaxPool", w.nsp);
+  int64_t order = kl_onnx_attr_int(n, "storage_order", 0);
+  if (order != 0 && order != 1)
+    return kl_onnx_fail(c, "storage_order must be 0 or 1, got %lld", (long long)order);
+  kl_value *xi = kl_dtype_is_int(x->dtype) ? cast(c, x, KL_F64) : x;
+  kl_value *ix = pool_index(c, xi, &w, ceil_mode, order);
+  return ix ? kl_onnx_bind(c, n, 1, ix) : -1;
+}
+
+/* MaxUnpool: zeros of the unpooled shape (each spatial axis (in - 1) *
+ * stride + kernel - pads) with x's values put at the flat indices I
+ * (MaxPool's second output) by a scatter_elements over the flattened
+ * output; a larger output_shape pads zeros at the end of each axis (as
+ * ONNX's reference).  An index out of range is a run-time error. */
+static int convert_max_unpool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *ix = need_input(c, n, 1), *os = kl_onnx_input(c, n, 2);
+  window w = {0};
+  if (!x || !ix || check_spatial(c, x, &w.nsp)) return -1;
+  char b[256], b2[256];
+  if (ix->dtype != KL_I64 || !kl_shape_equal(&ix->shape, &x->shape))
+    return kl_onnx_fail(c, "indices must be i64 of x's shape %s",
+                        kl_shape_str(&x->shape, b, sizeof b));
+  if (ints_attr(c, n, "kernel_shape", w.nsp, 1, 1, w.k) ||
+      ints_attr(c, n, "strides", w.nsp, 1, 1, w.stride) ||
+      ints_attr(c, n, "pads", 2 * w.nsp, 0, 0, w.pad))
+    return -1;
+  if (!kl_onnx_attr(n, "kernel_shape")) return kl_onnx_fail(c, "kernel_shape is required");
+  int r = x->shape.rank;
+  kl_shape out = x->shape, want;
+  int64_t total = 1, nx = kl_shape_numel(&x->shape), pads[2 * KL_MAX_RANK] = {0};
+  for (int i = 0; i < w.nsp; i++) /* every term is below KL_MAX_NUMEL: no overflow but * */
+    if (__builtin_mul_overflow(x->shape.dims[2 + i] - 1, w.stride[i], &out.dims[2 + i]) ||
+        (out.dims[2 + i] += w.k[i] - w.pad[i] - w.pad[w.nsp + i]) > KL_MAX_NUMEL)
+      return kl_onnx_fail(c, "the unpooled axis %d is too long", 2 + i);
+  for (int d = 0; d < r; d++) {
+    if (out.dims[d] < 0) return kl_onnx_fail(c, "the unpooled axis %d would be negative", d);
+    if (__builtin_mul_overflow(total, out.dims[d], &total) || total > KL_MAX_NUMEL)
+      return kl_onnx_fail(c, "the output is too large");
+  }
+  want = out;
+  if (os) {
+    if (kl_onnx_const_ints(c, os, "output_shape", want.dims, KL_MAX_RANK) != r)
+      return kl_onnx_fail(c, "output_shape must have %d entries", r);
+    for (int d = 0; d < r; d++) {
+      if (want.dims[d] < out.dims[d] || (d < 2 && want.dims[d] != out.dims[d]))
+        return kl_onnx_fail(c, "output_shape %s is smaller than the unpooled %s",
+                            kl_shape_str(&want, b, sizeof b), kl_shape_str(&out, b2, sizeof b2));
+      pads[r + d] = want.dims[d] - out.dims[d];
+    }
+  }
+  kl_attr flat = kl_ais("shape", &total, 1);
+  kl_value *ins[3] = {unary(c, KL_OP_EXPAND, kl_onnx_scalar(c, x->dtype, 0), &flat, 1),
+                      reshape(c, ix, &nx, 1), reshape(c, x, &nx, 1)};
+  if (!ins[0] || !ins[1] || !ins[2]) return -1;
+  kl_attr a[2] = {kl_ai("axis", 0), kl_as("reduction", "none")};
+  kl_value *y = reshape(c, kl_onnx_emit(c, KL_OP_SCATTER_ELEMENTS, ins, 3, a, 2), out.dims, r);
+  if (y && !kl_shape_equal(&want, &out)) {
+    kl_attr pa[3] = {kl_ais("pads", pads, 2 * r), kl_as("mode", "constant"), kl_af("value", 0)};
+    y = unary(c, KL_OP_PAD, y, pa, 3);
   }
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
@@ -717,6 +793,64 @@ static int convert_mvn(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* LpNormalization: x / ||x||_p along axis (p 1 or 2); a zero norm gives
+ * 0, as ONNX's reference. */
+static int convert_lp_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  if (!x) return -1;
+  int64_t p = kl_onnx_attr_int(n, "p", 2), axis = kl_onnx_attr_int(n, "axis", -1);
+  int r = x->shape.rank;
+  if (!kl_dtype_is_float(x->dtype))
+    return kl_onnx_fail(c, "needs a floating-point input, got %s", kl_dtype_name(x->dtype));
+  if (p != 1 && p != 2) return kl_onnx_fail(c, "p must be 1 or 2, got %lld", (long long)p);
+  if (axis < -r || axis >= r) return kl_onnx_fail(c, "axis %lld is out of range", (long long)axis);
+  if (axis < 0) axis += r;
+  kl_value *norm;
+  if (p == 1) {
+    norm = reduce(c, KL_OP_REDUCE_SUM, unary(c, KL_OP_ABS, x, NULL, 0), &axis, 1, true);
+  } else {
+    norm = reduce(c, KL_OP_REDUCE_SUM, binary(c, KL_OP_MUL, x, x), &axis, 1, true);
+    norm = unary(c, KL_OP_SQRT, norm, NULL, 0);
+  }
+  kl_value *ins[3] = {with_scalar(c, KL_OP_EQ, norm, 0), NULL, binary(c, KL_OP_DIV, x, norm)};
+  ins[1] = kl_onnx_scalar(c, x->dtype, 0);
+  if (!ins[0] || !ins[2]) return -1;
+  kl_value *y = kl_onnx_emit(c, KL_OP_WHERE, ins, 3, NULL, 0);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
+/* GroupNormalization: the channels in num_groups groups, each group of a
+ * sample normalised as one (layer_norm over [C/G, d...]), then a scale and
+ * a bias per group (opset 18) or per channel (21). */
+static int convert_group_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *scale = need_input(c, n, 1), *bias = need_input(c, n, 2);
+  if (!x || !scale || !bias) return -1;
+  int64_t g = kl_onnx_attr_int(n, "num_groups", 0);
+  int r = x->shape.rank;
+  if (r < 2) return kl_onnx_fail(c, "input must be [N, C, d...]");
+  int64_t ch = x->shape.dims[1], want = c->opset >= 21 ? ch : g;
+  if (g <= 0 || ch % g)
+    return kl_onnx_fail(c, "num_groups %lld does not divide the %lld channels", (long long)g,
+                        (long long)ch);
+  if (kl_shape_numel(&scale->shape) != want || kl_shape_numel(&bias->shape) != want)
+    return kl_onnx_fail(c, "scale and bias must have %lld elements (one per %s)", (long long)want,
+                        c->opset >= 21 ? "channel" : "group");
+  int64_t grouped[3] = {x->shape.dims[0], g, ch / g}; /* [N, G, C/G * d...] */
+  for (int d = 2; d < r; d++) grouped[2] *= x->shape.dims[d];
+  kl_attr a[2] = {kl_ai("axis", 2), kl_af("epsilon", kl_onnx_attr_float(n, "epsilon", 1e-5))};
+  kl_value *t = unary(c, KL_OP_LAYER_NORM, reshape(c, x, grouped, 3), a, 2);
+  if (c->opset < 21) { /* per group, on [N, G, rest] */
+    t = binary(c, KL_OP_ADD, binary(c, KL_OP_MUL, t, per_channel(c, scale, 3)),
+               per_channel(c, bias, 3));
+    t = reshape(c, t, x->shape.dims, r);
+  } else {
+    t = binary(c, KL_OP_ADD, binary(c, KL_OP_MUL, reshape(c, t, x->shape.dims, r),
+                                     per_channel(c, scale, r)),
+               per_channel(c, bias, r));
+  }
+  return t ? kl_onnx_bind(c, n, 0, t) : -1;
+}
+
 /* ---- Dropout --------------------------------------------------------- */
 
 /* Inference is the identity, with an all-true mask (bool from opset 10,
@@ -844,7 +978,7 @@ static int convert_depth_space(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
     y = reshape(c, transpose(c, reshape(c, x, crd ? crd6 : dcr, 6), crd ? pcrd : pdcr), out, 4);
   } else {
     if (h % b || w % b) return kl_onnx_fail(c, "H and W must be multiples of blocksize");
-    /* mode (opset 25): DCR puts the block offsets before the channel, CRD after */
+    /* DCR: channel (bh * b + bw) * C + c; CRD: c * b * b + bh * b + bw */
     const char *mode = kl_onnx_attr_string(c, n, "mode", "DCR");
     bool crd = !strcmp(mode, "CRD");
     if (!crd && strcmp(mode, "DCR")) return kl_onnx_fail(c, "mode must be DCR or CRD");
@@ -1323,6 +1457,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"ConvTranspose", 1, convert_conv_transpose},
     {"MaxPool", 1, convert_pool},
     {"AveragePool", 1, convert_pool},
+    {"MaxUnpool", 9, convert_max_unpool},
     {"GlobalAveragePool", 1, convert_global_pool},
     {"GlobalMaxPool", 1, convert_global_pool},
     {"LpPool", 1, convert_pool},
@@ -1334,6 +1469,8 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"LayerNormalization", 17, convert_layer_norm},
     {"LRN", 1, convert_lrn},
     {"MeanVarianceNormalization", 9, convert_mvn},
+    {"LpNormalization", 1, convert_lp_norm},
+    {"GroupNormalization", 18, convert_group_norm},
     {"Dropout", 1, convert_dropout},
     {"Softmax", 1, convert_softmax},
     {"LogSoftmax", 1, convert_softmax},

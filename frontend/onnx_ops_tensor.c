@@ -472,8 +472,10 @@ static int convert_pad(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   int64_t pads[2 * KL_MAX_RANK], axes[KL_MAX_RANK], full[2 * KL_MAX_RANK] = {0};
   double value = 0;
   const char *mode = kl_onnx_attr_string(c, n, "mode", "constant");
-  if (strcmp(mode, "constant") && strcmp(mode, "reflect") && strcmp(mode, "edge"))
-    return kl_onnx_unsupported(c, "mode \"%s\" is not supported (constant, reflect, edge)", mode);
+  if (strcmp(mode, "constant") && strcmp(mode, "reflect") && strcmp(mode, "edge") &&
+      strcmp(mode, "wrap"))
+    return kl_onnx_unsupported(c, "mode \"%s\" is not supported (constant, reflect, edge, wrap)",
+                               mode);
   if (c->opset < 11) {
     np = ints_arg(c, n, c->opset < 2 ? "paddings" : "pads", 1, 11, pads, 2 * KL_MAX_RANK);
     value = kl_onnx_attr_float(n, "value", 0.0);
@@ -859,12 +861,85 @@ static int convert_arg(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return bind0(c, n, y);
 }
 
+/* TensorScatter (a KV cache update): update's rows along `axis` go to
+ * past_cache at write_indices[b] + i (mod the axis length when mode is
+ * circular), one start per batch entry b (axis 0): scatter_elements with
+ * those indices.  A linear write past the end is a run-time error. */
+static int convert_tensor_scatter(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *past = need_input(c, n, 0), *upd = need_input(c, n, 1), *wi = kl_onnx_input(c, n, 2);
+  if (!past || !upd) return -1;
+  int r = past->shape.rank, axis = 0;
+  const char *mode = kl_onnx_attr_string(c, n, "mode", "linear");
+  bool circular = !strcmp(mode, "circular");
+  if (!circular && strcmp(mode, "linear"))
+    return kl_onnx_fail(c, "mode must be linear or circular, got \"%s\"", mode);
+  if (onnx_axis(c, kl_onnx_attr_int(n, "axis", -2), r, false, &axis)) return -1;
+  if (r < 2 || axis == 0) return kl_onnx_fail(c, "axis must not be the batch axis 0");
+  if (upd->shape.rank != r) return kl_onnx_fail(c, "update must have past_cache's rank %d", r);
+  for (int d = 0; d < r; d++)
+    if (d != axis && upd->shape.dims[d] != past->shape.dims[d])
+      return kl_onnx_fail(c, "update's axis %d has %lld elements, past_cache's %lld", d,
+                          (long long)upd->shape.dims[d], (long long)past->shape.dims[d]);
+  int64_t len = past->shape.dims[axis], seq = upd->shape.dims[axis];
+  if (seq > len) return kl_onnx_fail(c, "update has %lld rows along axis %d, the cache %lld",
+                                     (long long)seq, axis, (long long)len);
+  kl_value *start = NULL;
+  if (wi) {
+    if (wi->dtype != KL_I64 || wi->shape.rank != 1 || wi->shape.dims[0] != past->shape.dims[0])
+      return kl_onnx_fail(c, "write_indices must be i64[%lld]", (long long)past->shape.dims[0]);
+    kl_shape bs = {.rank = r};
+    for (int d = 0; d < r; d++) bs.dims[d] = d ? 1 : wi->shape.dims[0];
+    start = reshape_to(c, wi, &bs);
+  }
+  kl_value *ix = iota_along(c, seq, axis, r);
+  if (start) ix = emit2(c, KL_OP_ADD, start, ix);
+  if (circular && ix) ix = emit2(c, KL_OP_MOD, ix, kl_onnx_scalar(c, KL_I64, (double)len));
+  kl_attr e = kl_ais("shape", upd->shape.dims, r);
+  ix = emit1(c, KL_OP_EXPAND, ix, &e, 1);
+  if (!ix) return -1;
+  kl_value *ins[3] = {past, ix, upd};
+  kl_attr a[2] = {kl_ai("axis", axis), kl_as("reduction", "none")};
+  return bind0(c, n, kl_onnx_emit(c, KL_OP_SCATTER_ELEMENTS, ins, 3, a, 2));
+}
+
+/* TfIdfVectorizer over integer tokens (pool_int64s); string pools are out
+ * of scope. */
+static int convert_tfidf(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  if (!x) return -1;
+  if (kl_onnx_attr(n, "pool_strings"))
+    return kl_onnx_unsupported(c, "string pools (pool_strings) are not supported");
+  const int64_t *pool = NULL, *counts = NULL, *cols = NULL;
+  int np = kl_onnx_attr_ints(n, "pool_int64s", &pool);
+  int nc = kl_onnx_attr_ints(n, "ngram_counts", &counts);
+  int ni = kl_onnx_attr_ints(n, "ngram_indexes", &cols);
+  if (np < 0 || nc < 0 || ni < 0)
+    return kl_onnx_fail(c, "pool_int64s, ngram_counts and ngram_indexes are required");
+  const Onnx__AttributeProto *wa = kl_onnx_attr(n, "weights");
+  size_t nw = wa ? wa->n_floats : 0;
+  double *w = malloc((nw + 1) * sizeof *w);
+  if (!w) return kl_onnx_fail(c, "out of memory");
+  for (size_t i = 0; i < nw; i++) w[i] = wa->floats[i];
+  kl_attr a[8] = {kl_ai("min_gram_length", kl_onnx_attr_int(n, "min_gram_length", 1)),
+                  kl_ai("max_gram_length", kl_onnx_attr_int(n, "max_gram_length", 1)),
+                  kl_ai("max_skip_count", kl_onnx_attr_int(n, "max_skip_count", 0)),
+                  kl_as("mode", kl_onnx_attr_string(c, n, "mode", "")),
+                  kl_ais("pool", pool, np), kl_ais("ngram_counts", counts, nc),
+                  kl_ais("ngram_indexes", cols, ni),
+                  {.name = "weights", .kind = KL_ATTR_FLOATS, .floats = w, .n = (int)nw}};
+  kl_value *y = emit1(c, KL_OP_TFIDF, x, a, 8);
+  free(w);
+  return bind0(c, n, y);
+}
+
+/* CumSum and CumProd: the axis is a constant input. */
 static int convert_cumsum(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   int64_t axis = 0;
   if (const_int(c, need_input(c, n, 1), "the axis", &axis)) return -1;
   kl_attr a[3] = {kl_ai("axis", axis), kl_ai("exclusive", kl_onnx_attr_int(n, "exclusive", 0)),
                   kl_ai("reverse", kl_onnx_attr_int(n, "reverse", 0))};
-  return bind0(c, n, emit1(c, KL_OP_CUMSUM, need_input(c, n, 0), a, 3));
+  kl_op op = !strcmp(n->op_type, "CumProd") ? KL_OP_CUMPROD : KL_OP_CUMSUM;
+  return bind0(c, n, emit1(c, op, need_input(c, n, 0), a, 3));
 }
 
 /* TopK: k is an attribute before opset 10, a constant input after. */
@@ -927,6 +1002,9 @@ const kl_onnx_op kl_onnx_ops_tensor[] = {
     {"ArgMax", 1, convert_arg},
     {"ArgMin", 1, convert_arg},
     {"CumSum", 11, convert_cumsum},
+    {"CumProd", 26, convert_cumsum},
+    {"TensorScatter", 24, convert_tensor_scatter},
+    {"TfIdfVectorizer", 9, convert_tfidf},
     {"TopK", 1, convert_topk},
     {NULL, 0, NULL},
 };

@@ -69,13 +69,18 @@ void kl_raw_set(kl_dtype t, void *raw, int64_t i, double v) {
   case KL_F64: memcpy(p + 8 * i, &v, 8); break;
   case KL_I8: p[i] = (unsigned char)(int8_t)v; break;
   case KL_I32: { int32_t x = (int32_t)v; memcpy(p + 4 * i, &x, 4); break; }
-  case KL_I64: { int64_t x = (int64_t)v; memcpy(p + 8 * i, &x, 8); break; }
+  /* 2^63 (INT64_MAX rounded to a double) saturates, as in kl_to_i64 */
+  case KL_I64: { int64_t x = kl_to_i64(v); memcpy(p + 8 * i, &x, 8); break; }
   case KL_BOOL: p[i] = v != 0; break;
   case KL_U8: p[i] = (unsigned char)v; break;
   case KL_I16: { int16_t x = (int16_t)v; memcpy(p + 2 * i, &x, 2); break; }
   case KL_U16: { uint16_t x = (uint16_t)v; memcpy(p + 2 * i, &x, 2); break; }
   case KL_U32: { uint32_t x = (uint32_t)v; memcpy(p + 4 * i, &x, 4); break; }
-  case KL_U64: { uint64_t x = (uint64_t)v; memcpy(p + 8 * i, &x, 8); break; }
+  case KL_U64: {
+    uint64_t x = v >= 0x1p64 ? UINT64_MAX : (uint64_t)v;
+    memcpy(p + 8 * i, &x, 8);
+    break;
+  }
   default: break;
   }
 }

@@ -377,6 +377,15 @@ typedef struct {
 } kl_col2im_geom;
 int kl_col2im_geometry(const kl_node *n, kl_col2im_geom *g);
 
+/* The n-grams of a tfidf node that count (length within [min_gram_length,
+ * max_gram_length]), in pool order: length, offset in `pool`, output
+ * column.  Returns how many (at most cap), -1 when the attributes are
+ * malformed (kl_infer_TFIDF says how). */
+typedef struct {
+  int64_t len, off, col;
+} kl_tfidf_gram;
+int kl_tfidf_grams(const kl_node *n, kl_tfidf_gram *g, int64_t cap);
+
 /* ---- reference interpreter ------------------------------------------ */
 kl_tensor *kl_tensor_new(kl_dtype t, const kl_shape *s);
 void kl_tensor_free(kl_tensor *t);

@@ -643,14 +643,19 @@ static int pool_setup(const kl_node *n, kl_error *err, bool is_max,
   return 0;
 }
 
-static int pool_infer(kl_node *n, kl_error *err, bool is_max) {
+/* The pool's output, of dtype t. */
+static int pool_infer_as(kl_node *n, kl_error *err, bool is_max, kl_dtype t) {
   pool_cfg p;
   if (check_operands(n, err, false) || check_rank(n, err, 0, 4, "x") ||
       pool_setup(n, err, is_max, &p))
     return -1;
   const kl_shape *x = &n->inputs[0]->shape;
   kl_shape out = {4, {x->dims[0], x->dims[1], p.w.out[0], p.w.out[1]}};
-  return kl_set_checked_output(n, err, 0, n->inputs[0]->dtype, &out);
+  return kl_set_checked_output(n, err, 0, t, &out);
+}
+
+static int pool_infer(kl_node *n, kl_error *err, bool is_max) {
+  return pool_infer_as(n, err, is_max, n->inputs[0]->dtype);
 }
 
 /* How many of the taps start, start + d, .. (k of them) lie before end. */
@@ -714,6 +719,49 @@ int kl_infer_AVG_POOL2D(kl_node *n, kl_error *err) {
 int kl_eval_AVG_POOL2D(const kl_node *n, kl_tensor **in, kl_tensor **out,
                        kl_error *err) {
   return pool_eval(n, in, out, err, false);
+}
+
+int kl_infer_MAX_POOL2D_INDEX(kl_node *n, kl_error *err) {
+  bool col;
+  if (kl_attr_flag(n, err, "storage_order", 0, &col)) return -1;
+  return pool_infer_as(n, err, true, KL_I64);
+}
+
+/* As pool_eval's max, keeping where the maximum was. */
+int kl_eval_MAX_POOL2D_INDEX(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                             kl_error *err) {
+  pool_cfg p;
+  if (pool_setup(n, err, true, &p)) return -1;
+  const window *w = &p.w;
+  bool col = kl_attr_int(n, "storage_order", 0) != 0;
+  int64_t h = in[0]->shape.dims[2], wi = in[0]->shape.dims[3];
+  int64_t planes = in[0]->shape.dims[0] * in[0]->shape.dims[1];
+  double *o = out[0]->data;
+  for (int64_t pl = 0; pl < planes; pl++) {
+    const double *x = in[0]->data + pl * h * wi;
+    for (int64_t oy = 0; oy < w->out[0]; oy++)
+      for (int64_t ox = 0; ox < w->out[1]; ox++) {
+        int64_t y0 = oy * w->stride[0] - w->pad[0];
+        int64_t x0 = ox * w->stride[1] - w->pad[1];
+        double acc = -INFINITY;
+        int64_t at = -1;
+        for (int64_t ky = 0; ky < w->k[0]; ky++) {
+          int64_t iy = y0 + ky * w->dil[0];
+          if (iy < 0 || iy >= h) continue;
+          for (int64_t kx = 0; kx < w->k[1]; kx++) {
+            int64_t ix = x0 + kx * w->dil[1];
+            if (ix < 0 || ix >= wi || isnan(acc)) continue;
+            double v = x[iy * wi + ix];
+            if (at < 0 || v > acc || isnan(v)) {
+              acc = v;
+              at = pl * h * wi + (col ? iy + ix * h : iy * wi + ix);
+            }
+          }
+        }
+        *o++ = (double)at;
+      }
+  }
+  return 0;
 }
 
 /* ---- global_avg_pool ------------------------------------------------- */

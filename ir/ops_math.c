@@ -1,6 +1,6 @@
 /* ops_math.c - shape inference and evaluation of the math rows of ops.def:
  * float functions, rounding, sign, NaN/Inf tests, logic on bool, mod, bit
- * shifts and determinants. */
+ * shifts, bitwise logic on integers and determinants. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -251,8 +251,8 @@ int kl_infer_BITSHIFT(kl_node *n, kl_error *err) {
   if (shift_left(n) < 0)
     return KL_NODE_FAIL(n, err, "direction must be \"left\" or \"right\", got \"%s\"",
                         kl_attr_string(n, "direction", ""));
-  if (!kl_dtype_is_unsigned(n->inputs[0]->dtype))
-    return KL_NODE_FAIL(n, err, "needs unsigned integer inputs, got %s",
+  if (!kl_dtype_is_int(n->inputs[0]->dtype))
+    return KL_NODE_FAIL(n, err, "needs integer inputs, got %s",
                         kl_value_str(n->inputs[0], b, sizeof b));
   return infer_binary(n, err, T_NUMERIC);
 }
@@ -270,10 +270,79 @@ static const char *f_shift(double a, double b, double p, bool ints, double *r) {
   return NULL;
 }
 
+/* Signed operands (BitShift-26): a left shift drops the bits past the top
+ * (the interpreter's rounding wraps to the width), a right shift is
+ * arithmetic.  A shift below 0 or at least the width gives the full-width
+ * result: 0, or -1 for a negative x shifted right. */
+static const char *f_shift_signed(double a, double b, double p, bool ints, double *r) {
+  (void)ints;
+  int bits = (int)fabs(p);
+  int64_t x = kl_to_i64(a), s = kl_to_i64(b);
+  if (s < 0 || s >= bits) *r = p > 0 || x >= 0 ? 0 : -1;
+  else if (p > 0) *r = (double)(int64_t)((uint64_t)x << s);
+  else *r = (double)(x < 0 ? ~(~x >> s) : x >> s); /* no signed >> in C */
+  return NULL;
+}
+
 int kl_eval_BITSHIFT(const kl_node *n, kl_tensor **in, kl_tensor **out,
                      kl_error *err) {
   double bits = (double)kl_dtype_size(in[0]->dtype) * 8;
-  return eval_binary(n, in, out[0], f_shift, shift_left(n) ? bits : -bits, err);
+  binary_fn f = kl_dtype_is_unsigned(in[0]->dtype) ? f_shift : f_shift_signed;
+  return eval_binary(n, in, out[0], f, shift_left(n) ? bits : -bits, err);
+}
+
+/* ---- bitwise and, or, xor, not --------------------------------------- */
+/* The two's-complement bits of an integer element (signed or not). */
+static uint64_t bits_of(double v) {
+  return v >= 0x1p63 ? (uint64_t)v : (uint64_t)kl_to_i64(v);
+}
+
+/* p selects the operation: 0 and, 1 or, 2 xor.  The interpreter's rounding
+ * reads the 64-bit pattern back at the dtype's width and signedness. */
+static const char *f_bitwise(double a, double b, double p, bool ints, double *r) {
+  (void)ints;
+  uint64_t x = bits_of(a), y = bits_of(b);
+  uint64_t z = p == 0 ? x & y : p == 1 ? x | y : x ^ y;
+  *r = a < 0 || b < 0 ? (double)(int64_t)z : (double)z;
+  return NULL;
+}
+
+static int need_int(const kl_node *n, kl_error *err, const kl_value *v) {
+  char b[256];
+  if (!kl_dtype_is_int(v->dtype))
+    return KL_NODE_FAIL(n, err, "needs integer inputs, got %s", kl_value_str(v, b, sizeof b));
+  return 0;
+}
+
+#define BITWISE_ROW(ID, P)                                                     \
+  int kl_infer_##ID(kl_node *n, kl_error *err) {                               \
+    if (need_int(n, err, n->inputs[0])) return -1;                             \
+    return infer_binary(n, err, T_NUMERIC);                                    \
+  }                                                                            \
+  int kl_eval_##ID(const kl_node *n, kl_tensor **in, kl_tensor **out,          \
+                   kl_error *err) {                                            \
+    return eval_binary(n, in, out[0], f_bitwise, P, err);                      \
+  }
+
+BITWISE_ROW(BITWISE_AND, 0)
+BITWISE_ROW(BITWISE_OR, 1)
+BITWISE_ROW(BITWISE_XOR, 2)
+
+int kl_infer_BITWISE_NOT(kl_node *n, kl_error *err) {
+  if (need_int(n, err, n->inputs[0])) return -1;
+  return infer_unary(n, err, T_NUMERIC, false);
+}
+
+int kl_eval_BITWISE_NOT(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                        kl_error *err) {
+  (void)n, (void)err;
+  const kl_tensor *x = in[0];
+  bool uns = kl_dtype_is_unsigned(x->dtype);
+  for (int64_t i = 0; i < x->numel; i++) {
+    uint64_t z = ~bits_of(x->data[i]);
+    out[0]->data[i] = uns ? kl_wrap_to(x->dtype, z) : (double)(int64_t)z;
+  }
+  return 0;
 }
 
 /* ---- det ------------------------------------------------------------- */

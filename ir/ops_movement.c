@@ -511,7 +511,7 @@ int kl_eval_FLATTEN(const kl_node *n, kl_tensor **in, kl_tensor **out,
 
 /* ---- pad ------------------------------------------------------------- */
 
-enum { PAD_CONSTANT, PAD_REFLECT, PAD_EDGE };
+enum { PAD_CONSTANT, PAD_REFLECT, PAD_EDGE, PAD_WRAP };
 
 /* Negative pads crop first; reflect and edge then work on the cropped
  * extent (as ONNX Runtime).  Per axis: crop[a] elements dropped at the
@@ -530,9 +530,10 @@ static int pad_setup(const kl_node *n, kl_error *err, const kl_value *x,
   if (strcmp(mode, "constant") == 0) p->mode = PAD_CONSTANT;
   else if (strcmp(mode, "reflect") == 0) p->mode = PAD_REFLECT;
   else if (strcmp(mode, "edge") == 0) p->mode = PAD_EDGE;
+  else if (strcmp(mode, "wrap") == 0) p->mode = PAD_WRAP;
   else
-    return KL_NODE_FAIL(n, err, "mode must be constant, reflect or edge, "
-                        "got \"%s\"", mode);
+    return KL_NODE_FAIL(n, err, "mode must be constant, reflect, edge or "
+                        "wrap, got \"%s\"", mode);
   int len = req_ints(n, err, "pads", &pads);
   if (len < 0) return -1;
   if (len != 2 * rank)
@@ -559,9 +560,10 @@ static int pad_setup(const kl_node *n, kl_error *err, const kl_value *x,
                           "in %s", (long long)b, (long long)e, a,
                           (long long)p->keep[a],
                           kl_value_str(x, sx, sizeof sx));
-    if (p->mode == PAD_EDGE && p->keep[a] == 0 &&
+    if ((p->mode == PAD_EDGE || p->mode == PAD_WRAP) && p->keep[a] == 0 &&
         (p->before[a] > 0 || after > 0))
-      return KL_NODE_FAIL(n, err, "edge padding of empty axis %d of %s", a,
+      return KL_NODE_FAIL(n, err, "%s padding of empty axis %d of %s",
+                          p->mode == PAD_EDGE ? "edge" : "wrap", a,
                           kl_value_str(x, sx, sizeof sx));
     if (__builtin_add_overflow(p->keep[a], p->before[a], &out->dims[a]) ||
         __builtin_add_overflow(out->dims[a], after, &out->dims[a]))
@@ -595,6 +597,7 @@ int kl_eval_PAD(const kl_node *n, kl_tensor **in, kl_tensor **out,
       if (c < 0 || c >= d) {
         if (p.mode == PAD_CONSTANT) fill = true;
         else if (p.mode == PAD_EDGE) c = c < 0 ? 0 : d - 1;
+        else if (p.mode == PAD_WRAP) c = (c % d + d) % d; /* any number of turns */
         else c = c < 0 ? -c : 2 * (d - 1) - c; /* one bounce: pad < d */
       }
       off += (p.crop[a] + c) * st[a];

@@ -1,4 +1,4 @@
-/* ops_reduce.c - reductions, argmax, argmin, cumsum and topk: shape
+/* ops_reduce.c - reductions, argmax, argmin, cumsum, cumprod and topk: shape
  * inference and reference evaluation. */
 #include <math.h>
 #include <stdlib.h>
@@ -45,7 +45,9 @@ static int reduce_mask(const kl_node *n, kl_error *err, int rank, bool *mask) {
 static int infer_reduce(kl_node *n, kl_error *err, reduce_kind kind) {
   const kl_value *x = n->inputs[0];
   bool mask[KL_MAX_RANK], keep = false;
-  if (kl_need_numeric(n, err, x) || reduce_mask(n, err, x->shape.rank, mask) ||
+  /* max and min of bools are any and all */
+  bool bool_ok = (kind == R_MAX || kind == R_MIN) && x->dtype == KL_BOOL;
+  if ((!bool_ok && kl_need_numeric(n, err, x)) || reduce_mask(n, err, x->shape.rank, mask) ||
       kl_attr_flag(n, err, "keepdims", 0, &keep))
     return -1;
   kl_shape s = {0};
@@ -66,16 +68,17 @@ static int infer_reduce(kl_node *n, kl_error *err, reduce_kind kind) {
   return 0;
 }
 
-/* The result of reducing nothing; integer max/min use the dtype's limits
- * since they have no infinities. */
+/* The result of reducing nothing; integer and bool max/min use the
+ * dtype's limits since they have no infinities. */
 static double identity(reduce_kind kind, kl_dtype t) {
-  double lo = t == KL_I8 ? -128.0 : t == KL_I32 ? -2147483648.0
-                                                : -9223372036854775808.0;
-  double hi = t == KL_I8 ? 127.0 : t == KL_I32 ? 2147483647.0
-                                               : 9223372036854775807.0;
+  int bits = t == KL_BOOL ? 1 : (int)kl_dtype_size(t) * 8;
+  bool uns = t == KL_BOOL || kl_dtype_is_unsigned(t);
+  double lo = uns ? 0 : -ldexp(1.0, bits - 1);
+  double hi = uns ? ldexp(1.0, bits) - 1 : ldexp(1.0, bits - 1) - 1;
+  bool limited = t == KL_BOOL || kl_dtype_is_int(t);
   switch (kind) {
-  case R_MAX: return kl_dtype_is_int(t) ? lo : -INFINITY;
-  case R_MIN: return kl_dtype_is_int(t) ? hi : INFINITY;
+  case R_MAX: return limited ? lo : -INFINITY;
+  case R_MIN: return limited ? hi : INFINITY;
   case R_PROD: return 1.0;
   default: return 0.0;
   }
@@ -188,9 +191,9 @@ int kl_eval_ARGMAX(const kl_node *n, kl_tensor **in, kl_tensor **out,
   return 0;
 }
 
-/* ---- cumsum ---------------------------------------------------------- */
+/* ---- cumsum, cumprod ------------------------------------------------- */
 
-int kl_infer_CUMSUM(kl_node *n, kl_error *err) {
+static int infer_scan(kl_node *n, kl_error *err) {
   const kl_value *x = n->inputs[0];
   int axis;
   bool excl, rev;
@@ -202,9 +205,14 @@ int kl_infer_CUMSUM(kl_node *n, kl_error *err) {
   return kl_set_checked_output(n, err, 0, x->dtype, &x->shape);
 }
 
-int kl_eval_CUMSUM(const kl_node *n, kl_tensor **in, kl_tensor **out,
-                   kl_error *err) {
-  const kl_tensor *x = in[0];
+int kl_infer_CUMSUM(kl_node *n, kl_error *err) { return infer_scan(n, err); }
+int kl_infer_CUMPROD(kl_node *n, kl_error *err) { return infer_scan(n, err); }
+
+/* Running sums (prod: products) along the axis.  Integer products
+ * overflow a double's 53 bits long before they wrap, so they run as
+ * wrapping 64-bit integers, as reduce_prod's. */
+static int eval_scan(const kl_node *n, const kl_tensor *x, kl_tensor *y, bool prod,
+                     kl_error *err) {
   int axis;
   int64_t outer, k, inner;
   if (x->numel == 0) return 0;
@@ -212,18 +220,151 @@ int kl_eval_CUMSUM(const kl_node *n, kl_tensor **in, kl_tensor **out,
     return -1;
   bool excl = kl_attr_int(n, "exclusive", 0) != 0;
   bool rev = kl_attr_int(n, "reverse", 0) != 0;
+  bool iprod = prod && kl_dtype_is_int(x->dtype);
   split_at(&x->shape, axis, &outer, &k, &inner);
   for (int64_t o = 0; o < outer; o++)
     for (int64_t i = 0; i < inner; i++) {
       int64_t base = o * k * inner + i;
-      double acc = 0;
+      double acc = prod ? 1 : 0;
+      uint64_t iacc = 1;
       for (int64_t s = 0; s < k; s++) {
         int64_t at = base + (rev ? k - 1 - s : s) * inner;
-        if (!excl) acc += x->data[at];
-        out[0]->data[at] = acc;
-        if (excl) acc += x->data[at];
+        double v = x->data[at];
+        if (!excl) {
+          if (iprod) iacc *= (uint64_t)kl_to_i64(v);
+          else acc = prod ? acc * v : acc + v;
+        }
+        y->data[at] = iprod ? kl_wrap_to(y->dtype, iacc) : acc;
+        if (excl) {
+          if (iprod) iacc *= (uint64_t)kl_to_i64(v);
+          else acc = prod ? acc * v : acc + v;
+        }
       }
     }
+  return 0;
+}
+
+int kl_eval_CUMSUM(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                   kl_error *err) {
+  return eval_scan(n, in[0], out[0], false, err);
+}
+
+int kl_eval_CUMPROD(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                    kl_error *err) {
+  return eval_scan(n, in[0], out[0], true, err);
+}
+
+/* ---- tfidf ----------------------------------------------------------- */
+
+/* The pool's n-grams: checks the attributes (a message into why), and
+ * fills g (when not NULL) with those that count; *ncols gets the output
+ * width.  Returns the count, or -1. */
+static int64_t tfidf_layout(const kl_node *n, kl_tfidf_gram *g, int64_t cap, int64_t *ncols,
+                            char *why, size_t wlen) {
+  const int64_t *pool, *counts, *cols;
+  int64_t npool = kl_attr_ints(n, "pool", &pool), nc = kl_attr_ints(n, "ngram_counts", &counts);
+  int64_t ni = kl_attr_ints(n, "ngram_indexes", &cols);
+  int64_t lo = kl_attr_int(n, "min_gram_length", 1), hi = kl_attr_int(n, "max_gram_length", 1);
+  if (npool < 0) npool = 0;
+  if (nc < 1 || ni < 1)
+    return snprintf(why, wlen, "ngram_counts and ngram_indexes are required"), -1;
+  if (lo < 1 || hi < lo)
+    return snprintf(why, wlen, "min_gram_length %lld and max_gram_length %lld must satisfy "
+                    "1 <= min <= max", (long long)lo, (long long)hi), -1;
+  int64_t k = 0, used = 0, total = 0;
+  *ncols = 0;
+  for (int64_t i = 0; i < nc; i++) {
+    int64_t start = counts[i], end = i + 1 < nc ? counts[i + 1] : npool, len = i + 1;
+    if (start < 0 || end < start || end > npool || (end - start) % len)
+      return snprintf(why, wlen, "ngram_counts[%lld] = %lld does not start a whole number of "
+                      "%lld-grams of the pool", (long long)i, (long long)start, (long long)len), -1;
+    total += (end - start) / len;
+  }
+  if (total != ni)
+    return snprintf(why, wlen, "ngram_indexes has %lld entries for %lld n-grams", (long long)ni,
+                    (long long)total), -1;
+  for (int64_t i = 0; i < nc; i++) {
+    int64_t start = counts[i], end = i + 1 < nc ? counts[i + 1] : npool, len = i + 1;
+    for (int64_t off = start; off < end; off += len, k++) {
+      if (cols[k] < 0 || cols[k] >= KL_MAX_NUMEL)
+        return snprintf(why, wlen, "ngram_indexes[%lld] = %lld is out of range", (long long)k,
+                        (long long)cols[k]), -1;
+      if (cols[k] + 1 > *ncols) *ncols = cols[k] + 1;
+      if (len < lo || len > hi) continue;
+      if (g && used < cap) g[used] = (kl_tfidf_gram){len, off, cols[k]};
+      used++;
+    }
+  }
+  return used;
+}
+
+int kl_tfidf_grams(const kl_node *n, kl_tfidf_gram *g, int64_t cap) {
+  char why[200];
+  int64_t ncols;
+  return tfidf_layout(n, g, cap, &ncols, why, sizeof why);
+}
+
+int kl_infer_TFIDF(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0];
+  char why[200], b[300];
+  int64_t ncols;
+  if ((x->dtype != KL_I32 && x->dtype != KL_I64) || x->shape.rank < 1 || x->shape.rank > 2)
+    return KL_NODE_FAIL(n, err, "needs i32 or i64 tokens [C] or [B, C], got %s",
+                        kl_value_str(x, b, sizeof b));
+  if (tfidf_layout(n, NULL, 0, &ncols, why, sizeof why) < 0) return KL_NODE_FAIL(n, err, "%s", why);
+  const char *mode = kl_attr_string(n, "mode", "");
+  if (strcmp(mode, "TF") && strcmp(mode, "IDF") && strcmp(mode, "TFIDF"))
+    return KL_NODE_FAIL(n, err, "mode must be \"TF\", \"IDF\" or \"TFIDF\", got \"%s\"", mode);
+  if (kl_attr_int(n, "max_skip_count", 0) < 0)
+    return KL_NODE_FAIL(n, err, "max_skip_count must be >= 0");
+  const kl_attr *w = kl_node_attr(n, "weights");
+  if (w && w->n > 0 && w->n < ncols)
+    return KL_NODE_FAIL(n, err, "weights has %d entries for %lld output columns", w->n,
+                        (long long)ncols);
+  kl_shape s = {x->shape.rank, {x->shape.dims[0], ncols}};
+  if (x->shape.rank == 1) s.dims[0] = ncols;
+  return kl_set_checked_output(n, err, 0, KL_F32, &s);
+}
+
+/* Occurrences of n-gram g in tokens x[0..len): at every start, for skips
+ * 0..max_skip (one skip for a unigram). */
+static int64_t tfidf_count(const double *x, int64_t len, const kl_tfidf_gram *g,
+                           const int64_t *pool, int64_t max_skip) {
+  int64_t cnt = 0;
+  for (int64_t d = 1; d <= (g->len == 1 ? 1 : max_skip + 1); d++)
+    for (int64_t i = 0; i + d * (g->len - 1) < len; i++) {
+      int64_t m = 0;
+      while (m < g->len && x[i + d * m] == (double)pool[g->off + m]) m++;
+      cnt += m == g->len;
+    }
+  return cnt;
+}
+
+int kl_eval_TFIDF(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  const kl_tensor *x = in[0];
+  int64_t rows = x->shape.rank == 2 ? x->shape.dims[0] : 1;
+  int64_t len = x->shape.dims[x->shape.rank - 1];
+  int64_t ncols = out[0]->shape.dims[out[0]->shape.rank - 1];
+  int64_t ng = kl_tfidf_grams(n, NULL, 0);
+  kl_tfidf_gram *g = malloc((size_t)(ng + 1) * sizeof *g);
+  if (!g) return KL_NODE_FAIL(n, err, "out of memory");
+  kl_tfidf_grams(n, g, ng);
+  const int64_t *pool;
+  kl_attr_ints(n, "pool", &pool);
+  const kl_attr *w = kl_node_attr(n, "weights");
+  const char *mode = kl_attr_string(n, "mode", "TF");
+  int64_t skip = kl_attr_int(n, "max_skip_count", 0);
+  double *y = out[0]->data;
+  for (int64_t i = 0; i < out[0]->numel; i++) y[i] = 0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t k = 0; k < ng; k++)
+      y[r * ncols + g[k].col] += (double)tfidf_count(x->data + r * len, len, &g[k], pool, skip);
+  for (int64_t i = 0; i < out[0]->numel; i++) {
+    double wt = w && w->n > 0 ? w->floats[i % ncols] : 1.0;
+    if (!strcmp(mode, "IDF")) y[i] = y[i] > 0 ? wt : 0;
+    else if (!strcmp(mode, "TFIDF")) y[i] *= wt;
+  }
+  free(g);
   return 0;
 }
 

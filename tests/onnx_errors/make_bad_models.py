@@ -118,7 +118,7 @@ write("clip_int64_max_bound", "",
 write("unsupported_listed_at_once", "2 unsupported nodes",
       m=model([helper.make_node("StringNormalizer", ["x"], ["a"], name="first_bad"),
                 helper.make_node("Relu", ["a"], ["b"], name="fine"),
-                helper.make_node("TfIdfVectorizer", ["b"], ["y"], name="second_bad")],
+                helper.make_node("RegexFullMatch", ["b"], ["y"], name="second_bad")],
                [vi("x", [2])], [vi("y", [2])]))
 write("symbolic_dim_unbound", "--shape x=",
       m=model([relu("x", "y")], [vi("x", ["batch", 3])], [vi("y", ["batch", 3])]))
@@ -132,6 +132,53 @@ vi_model = model([relu("x", "h"), relu("h", "y")], [vi("x", [2, 3])], [vi("y", [
 vi_model.graph.value_info.append(vi("h", [2, 4]))
 write("value_info_mismatch", "value 'h' has rank 2 or dims in value_info that differ",
       m=vi_model)
+
+
+# LpNormalization and GroupNormalization: bad attributes, and good ones
+lp = lambda p: model([helper.make_node("LpNormalization", ["x"], ["y"], name="lp", p=p)],
+                     [vi("x", [2, 3])], [vi("y", [2, 3])], opset=22)
+write("lp_norm_p3", "node 'lp' (LpNormalization): p must be 1 or 2, got 3", m=lp(3))
+write("lp_norm_good", "", m=lp(1))
+gn = lambda groups, c, opset: model(
+    [helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], name="gn",
+                      num_groups=groups)],
+    [vi("x", [1, 6, 2]), vi("s", [c]), vi("b", [c])], [vi("y", [1, 6, 2])], opset=opset)
+write("group_norm_groups", "node 'gn' (GroupNormalization): num_groups 4 does not divide the 6 channels",
+      m=gn(4, 6, 21))
+write("group_norm_scale", "scale and bias must have 6 elements (one per channel)", m=gn(3, 3, 21))
+write("group_norm_good_18", "", m=gn(3, 3, 18))
+write("group_norm_good_21", "", m=gn(3, 6, 21))
+
+# TensorScatter, MaxUnpool, MaxPool's indices
+I64 = TensorProto.INT64
+ts = lambda mode, upd: model(
+    [helper.make_node("TensorScatter", ["p", "u", "w"], ["y"], name="ts", mode=mode)],
+    [vi("p", [2, 1, 4, 3]), vi("u", upd), vi("w", [2], I64)], [vi("y", [2, 1, 4, 3])], opset=24)
+write("tensor_scatter_mode", "node 'ts' (TensorScatter): mode must be linear or circular",
+      m=ts("ring", [2, 1, 2, 3]))
+write("tensor_scatter_long", "update has 5 rows along axis 2, the cache 4", m=ts("linear", [2, 1, 5, 3]))
+write("tensor_scatter_good", "", m=ts("circular", [2, 1, 2, 3]))
+mu = lambda ishape, tshape: model(
+    [helper.make_node("MaxUnpool", ["x", "i"], ["y"], name="mu", kernel_shape=[2, 2],
+                      strides=[2, 2])],
+    [vi("x", [1, 1, 2, 2]), vi("i", ishape, tshape)], [vi("y", [1, 1, 4, 4])], opset=22)
+write("max_unpool_indices", "node 'mu' (MaxUnpool): indices must be i64 of x's shape",
+      m=mu([1, 1, 2, 2], TensorProto.INT32))
+write("max_unpool_good", "", m=mu([1, 1, 2, 2], I64))
+mp = lambda order: model(
+    [helper.make_node("MaxPool", ["x"], ["y", "i"], name="mp", kernel_shape=[2, 2],
+                      storage_order=order)],
+    [vi("x", [1, 2, 4, 4])], [vi("y", [1, 2, 3, 3]), vi("i", [1, 2, 3, 3], I64)], opset=12)
+write("max_pool_storage_order", "node 'mp' (MaxPool): storage_order must be 0 or 1, got 2", m=mp(2))
+write("max_pool_indices_good", "", m=mp(1))
+tf = lambda idx: model(
+    [helper.make_node("TfIdfVectorizer", ["x"], ["y"], name="tf", mode="TF", min_gram_length=1,
+                      max_gram_length=2, max_skip_count=1, pool_int64s=[1, 2, 3, 1, 2],
+                      ngram_counts=[0, 3], ngram_indexes=idx)],
+    [vi("x", [2, 6], I64)], [vi("y", [2, 4])], opset=9)
+write("tfidf_indexes", "node 'tf' (TfIdfVectorizer): tfidf (node 'tf'): ngram_indexes has 3 entries for 4 n-grams",
+      m=tf([0, 1, 2]))
+write("tfidf_good", "", m=tf([0, 1, 2, 3]))
 
 
 def external(name, location, offset, length, expect, fbytes=b"\0" * 16):

@@ -249,6 +249,32 @@ def pool2d(x, kind, kernel, strides=None, pads=(0, 0, 0, 0),
     return out
 
 
+def pool2d_index(x, kernel, strides=None, pads=(0, 0, 0, 0),
+                 dilations=(1, 1), ceil_mode=0, storage_order=0):
+    """Flat index into x of each window's first maximum (the window read
+    row by row), row major or (storage_order 1) column major per plane."""
+    n, c, h, w = x.shape
+    kh, kw = kernel
+    sh, sw = strides if strides is not None else kernel
+    dh, dw = dilations
+    oh = pool_out_size(h, kh, sh, pads[0], pads[2], dh, ceil_mode, False)
+    ow = pool_out_size(w, kw, sw, pads[1], pads[3], dw, ceil_mode, False)
+    out = np.zeros((n, c, oh, ow), np.int64)
+    for b, ch, i, j in np.ndindex(out.shape):
+        best = None
+        for a in range(kh):
+            for q in range(kw):
+                r, col = i * sh - pads[0] + a * dh, j * sw - pads[1] + q * dw
+                if 0 <= r < h and 0 <= col < w and \
+                        (best is None or x[b, ch, r, col] > best[0]):
+                    best = (x[b, ch, r, col], r, col)
+        _, r, col = best
+        plane = (b * c + ch) * h * w
+        out[b, ch, i, j] = plane + (r + col * h if storage_order
+                                    else r * w + col)
+    return out
+
+
 def layer_norm(x, scale=None, bias=None, axis=-1, eps=1e-5):
     x = np.asarray(x, np.float64)
     axes = tuple(range(axis % x.ndim, x.ndim))
@@ -304,7 +330,8 @@ def pad_ref(x, pads, mode="constant", value=0.0):
     pw = [(max(b, 0), max(e, 0)) for b, e in zip(begin, end)]
     if mode == "constant":
         return np.pad(x, pw, mode="constant", constant_values=value)
-    return np.pad(x, pw, mode={"reflect": "reflect", "edge": "edge"}[mode])
+    return np.pad(x, pw, mode={"reflect": "reflect", "edge": "edge",
+                               "wrap": "wrap"}[mode])
 
 
 def klist(v):
@@ -693,6 +720,27 @@ def gen_reduce():
         x = randint(r, (2, 3), -4, 5, np.int64)
         case(name, [("x", x)], "output y = %s(x)" % op,
              [np.asarray(fns[op](x)).astype(np.int64)])
+    # max and min of bools (any, all), and of empty sets: the dtype's
+    # lowest (max) and highest (min) value
+    r = rng_for("reduce_bool")
+    xb = r.random((4, 3, 2)) < 0.5
+    xb[0] = True
+    xb[1] = False
+    case("reduce_max_min_bool", [("x", xb)],
+         "output y = reduce_max(x, axes=[1, 2])\n"
+         "output z = reduce_min(x, axes=[2], keepdims=1)",
+         [np.any(xb, axis=(1, 2)), np.all(xb, axis=2, keepdims=True)])
+    for dt in [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32,
+               np.uint32, np.int64]:
+        xe = np.zeros((2, 0, 3), dt)
+        if dt == np.bool_:
+            lo, hi = False, True
+        else:
+            lo, hi = np.iinfo(dt).min, np.iinfo(dt).max
+        case("reduce_max_min_empty_%s" % DT[np.dtype(dt)], [("x", xe)],
+             "output y = reduce_max(x, axes=[1])\n"
+             "output z = reduce_min(x, axes=[1], keepdims=1)",
+             [np.full((2, 3), lo, dt), np.full((2, 1, 3), hi, dt)])
     # argmax: default axis 0, keepdims 1; ties -> first index
     r = rng_for("argmax")
     x = np.round(randn(r, (4, 5)))
@@ -1011,6 +1059,15 @@ def gen_pool():
         case("max_pool2d_" + n, [("x", x)],
              "output y = max_pool2d(%s)" % args,
              [f32(pool2d(x, "max", **at))])
+        # where the maxima are; rounded inputs make ties (the first wins)
+        xr = np.round(x * 2).astype(np.float32)
+        so = len(n) % 2
+        case("max_pool2d_index_" + n, [("x", xr)],
+             "output y = max_pool2d(%s)\n"
+             "output i = max_pool2d_index(%s, storage_order=%d)"
+             % (args, args, so),
+             [f32(pool2d(xr, "max", **at)),
+              pool2d_index(xr, storage_order=so, **at)])
     ap = [
         ("k2", (2, 3, 6, 6), {"kernel": (2, 2)}),
         ("k3s2", (1, 2, 7, 7), {"kernel": (3, 3), "strides": (2, 2)}),
@@ -1243,6 +1300,13 @@ def gen_movement():
     case("pad_edge_4d", [("x", x4)],
          "output y = pad(x, pads=[0, 0, 2, 0, 0, 0, 1, 4], mode=edge)",
          [pad_ref(x4, (0, 0, 2, 0, 0, 0, 1, 4), "edge")])
+    # wrap: pads longer than the axis go round more than once; crops first
+    case("pad_wrap_4d", [("x", x4)],
+         "output y = pad(x, pads=[0, 1, 9, 2, 0, 0, 3, 11], mode=wrap)",
+         [pad_ref(x4, (0, 1, 9, 2, 0, 0, 3, 11), "wrap")])
+    case("pad_wrap_crop", [("x", x)],
+         'output y = pad(x, pads=[-1, 3, 2, -2], mode="wrap")',
+         [pad_ref(x, (-1, 3, 2, -2), "wrap")])
     xi = randint(r, (2, 3), -9, 9, np.int32)
     case("pad_i32", [("x", xi)], "output y = pad(x, pads=[1, 1, 1, 1], "
          "value=7)", [np.pad(xi, 1, constant_values=7)])
@@ -1628,6 +1692,25 @@ def bitshift_ref(x, s, left, bits):
     return out
 
 
+def bitshift_signed_ref(x, s, left, bits):
+    """Python integers: << then wrap to the signed width, >> is arithmetic;
+    a shift outside [0, bits) gives 0, or -1 for a negative x shifted
+    right (NumPy's saturation)."""
+    x, s = np.broadcast_arrays(np.asarray(x), np.asarray(s))
+    out = np.empty(x.shape, object)
+    for i in np.ndindex(x.shape):
+        v, k = int(x[i]), int(s[i])
+        if k < 0 or k >= bits:
+            r = -1 if (not left and v < 0) else 0
+        elif left:
+            r = (v << k) & ((1 << bits) - 1)
+            r -= (1 << bits) if r >> (bits - 1) else 0
+        else:
+            r = v >> k
+        out[i] = r
+    return out
+
+
 def det_ref(x):
     """Determinant by Gaussian elimination with partial pivoting, in
     float64, of each matrix over the last two axes."""
@@ -1915,6 +1998,41 @@ def gen_ext_math():
     case("bitshift_u64_high", [("x", x64), ("s", s64)],
          "output y = bitshift(x, s, direction=left)",
          [bitshift_ref(x64, s64, True, 64).astype(np.uint64)])
+    # bitshift on the signed integers (BitShift-26): wrap, arithmetic
+    # right shifts, shifts below 0 and past the width
+    r = rng_for("bitshift_signed")
+    for dt, bits in [(np.int8, 8), (np.int16, 16), (np.int32, 32),
+                     (np.int64, 64)]:
+        tn = DT[np.dtype(dt)]
+        x = randint(r, (3, 5), -120, 120, dt)
+        s = randint(r, (5,), -3, bits + 3, dt)
+        s[0], s[1], s[2] = bits - 1, bits, -1
+        for d in ["left", "right"]:
+            case("bitshift_%s_%s" % (tn, d), [("x", x), ("s", s)],
+                 'output y = bitshift(x, s, direction="%s")' % d,
+                 [bitshift_signed_ref(x, s, d == "left", bits).astype(dt)])
+    # bitwise and, or, xor, not: NumPy's own, on signed and unsigned types
+    r = rng_for("bitwise")
+    for dt in [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+               np.uint32, np.uint64]:
+        tn = DT[np.dtype(dt)]
+        info = np.iinfo(dt)  # 64-bit: within 2^53 (the interpreter's)
+        lo, hi = max(info.min, -2 ** 53), min(info.max, 2 ** 53)
+        a = r.integers(lo, hi, (2, 3, 4), dtype=dt, endpoint=True)
+        b = r.integers(lo, hi, (3, 1), dtype=dt, endpoint=True)
+        # ~a of a u64 below 2^53 lies beyond it: no bitwise_not there
+        body = ("output y = bitwise_and(a, b)\noutput z = bitwise_or(a, b)\n"
+                "output w = bitwise_xor(a, b)")
+        exp = [np.bitwise_and(a, b), np.bitwise_or(a, b), np.bitwise_xor(a, b)]
+        if dt != np.uint64:
+            body += "\noutput v = bitwise_not(a)"
+            exp.append(np.invert(a))
+        case("bitwise_%s" % tn, [("a", a), ("b", b)], body, exp)
+    # fused: a shift and a mask in one elementwise group
+    xm = randint(r, (4, 8), -1000, 1000, np.int32)
+    case("bitwise_fused_i32", [("x", xm)],
+         'output y = bitwise_and(bitshift(x, 3, direction="right"), 255)',
+         [np.bitwise_and(np.right_shift(xm, 3), 255).astype(np.int32)])
     # det
     r = rng_for("det")
     for shp, dt in [((3, 3), np.float32), ((2, 4, 4), np.float32),
@@ -2406,9 +2524,10 @@ def scatter_nd_ref(x, idx, upd, red="none"):
     return y
 
 
-def cumsum_ref(x, axis=0, exclusive=0, reverse=0):
-    """Sequential running sums along axis, in float64 for floats and exact
-    Python integers (wrapped to the dtype) for integers."""
+def cumsum_ref(x, axis=0, exclusive=0, reverse=0, prod=False):
+    """Sequential running sums (prod: products) along axis, in float64 for
+    floats and exact Python integers (wrapped to the dtype) for
+    integers."""
     axis %= x.ndim
     xs = np.moveaxis(x, axis, -1)
     out = np.empty(xs.shape, object)
@@ -2416,14 +2535,14 @@ def cumsum_ref(x, axis=0, exclusive=0, reverse=0):
     for i in np.ndindex(xs.shape[:-1]):
         n = xs.shape[-1]
         order = range(n - 1, -1, -1) if reverse else range(n)
-        acc = 0 if ints else 0.0
+        acc = (1 if prod else 0) if ints else (1.0 if prod else 0.0)
         for k in order:
             v = int(xs[i + (k,)]) if ints else float(xs[i + (k,)])
             if not exclusive:
-                acc += v
+                acc = acc * v if prod else acc + v
             out[i + (k,)] = acc
             if exclusive:
-                acc += v
+                acc = acc * v if prod else acc + v
     out = np.moveaxis(out, -1, axis)
     if ints:
         bits = x.dtype.itemsize * 8
@@ -2433,6 +2552,35 @@ def cumsum_ref(x, axis=0, exclusive=0, reverse=0):
         return np.array([wrap(v) for v in out.ravel()],
                         x.dtype).reshape(out.shape)
     return out.astype(np.float64)
+
+
+def tfidf_ref(x, pool, counts, cols, lo, hi, skip, mode, weights=None):
+    """Counts of the pool's n-grams in each row of x, from the definition:
+    the n-grams of length n are pool[counts[n-1]:counts[n]] in groups of n;
+    one of length n >= 2 matches tokens x[i], x[i+d], ..., x[i+(n-1)d] for
+    d = 1..skip+1, a unigram each x[i] == it; only n in [lo, hi] count."""
+    rows = x.reshape(-1, x.shape[-1]).astype(np.int64)
+    grams = []
+    for n in range(1, len(counts) + 1):
+        end = counts[n] if n < len(counts) else len(pool)
+        grams += [tuple(pool[o:o + n]) for o in range(counts[n - 1], end, n)]
+    width = max(cols) + 1
+    out = np.zeros((rows.shape[0], width), np.float64)
+    for b, row in enumerate(rows):
+        for g, col in zip(grams, cols):
+            n = len(g)
+            if not lo <= n <= hi:
+                continue
+            for d in ([1] if n == 1 else range(1, skip + 2)):
+                for i in range(len(row) - d * (n - 1)):
+                    if tuple(row[i:i + d * (n - 1) + 1:d]) == g:
+                        out[b, col] += 1
+    w = np.ones(width) if weights is None else np.asarray(weights, np.float64)
+    if mode == "IDF":
+        out = np.where(out > 0, w, 0.0)
+    elif mode == "TFIDF":
+        out = out * w
+    return f32(out.reshape(x.shape[:-1] + (width,)))
 
 
 def topk_ref(x, k, axis=-1, largest=1):
@@ -2638,6 +2786,55 @@ def gen_ext_tensor():
     case("cumsum_f16", [("x", x16)], "output y = cumsum(x, axis=-1)",
          [as_dt(cumsum_ref(x16, -1), np.float16)],
          tol={"rtol": 1e-3, "atol": 1e-3})
+    # tfidf: n-gram counts with skips, TF / IDF / TFIDF, weights
+    r = rng_for("tfidf")
+    pool = [2, 3, 5, 4, 5, 6, 7, 8, 6, 7, 2, 3, 4, 5, 6]
+    counts = [0, 4, 12]          # 4 unigrams, 4 bigrams, 1 trigram
+    cols = [0, 1, 2, 3, 4, 5, 6, 7, 8]
+    xt = randint(r, (3, 14), 2, 9, np.int32)
+    xt[0, :6] = [2, 3, 4, 5, 6, 7]
+    for lo, hi, skip, mode in [(1, 1, 0, "TF"), (2, 2, 0, "TF"),
+                               (1, 2, 3, "TF"), (1, 3, 2, "IDF"),
+                               (2, 3, 1, "TFIDF")]:
+        name = "tfidf_%d%d_skip%d_%s" % (lo, hi, skip, mode.lower())
+        case(name, [("x", xt)],
+             "output y = tfidf(x, min_gram_length=%d, max_gram_length=%d, "
+             "max_skip_count=%d, mode=\"%s\", pool=%s, ngram_counts=%s, "
+             "ngram_indexes=%s)" % (lo, hi, skip, mode, klist(pool),
+                                    klist(counts), klist(cols)),
+             [tfidf_ref(xt, pool, counts, cols, lo, hi, skip, mode)])
+    wts = [0.5, 1.5, 2.0, 0.25, 1.0, 3.0, 0.75, 2.5]
+    x1 = randint(r, (20,), 2, 9, np.int64)
+    cols2 = [7, 6, 5, 4, 3, 2, 1, 0, 3]   # reordered; two n-grams share 3
+    for mode in ["TFIDF", "IDF"]:
+        case("tfidf_1d_weights_" + mode.lower(), [("x", x1)],
+             "output y = tfidf(x, min_gram_length=1, max_gram_length=3, "
+             "max_skip_count=1, mode=\"%s\", pool=%s, ngram_counts=%s, "
+             "ngram_indexes=%s, weights=%s)" % (mode, klist(pool),
+                                                klist(counts), klist(cols2),
+                                                "[%s]" % ", ".join(map(str, wts))),
+             [tfidf_ref(x1, pool, counts, cols2, 1, 3, 1, mode, wts)])
+    # cumprod: as cumsum, products; integer products wrap
+    r = rng_for("cumprod")
+    xp = unif(r, (3, 4, 5), 0.5, 1.5)
+    for ax, ex, rv in [(0, 0, 0), (1, 1, 0), (-1, 0, 1), (2, 1, 1)]:
+        name = "cumprod_ax%s_ex%d_rev%d" % (str(ax).replace("-", "neg"), ex,
+                                            rv)
+        case(name, [("x", xp)],
+             "output y = cumprod(x, axis=%d, exclusive=%d, reverse=%d)"
+             % (ax, ex, rv), [f32(cumsum_ref(xp, ax, ex, rv, prod=True))])
+    for dt in [np.int8, np.int32, np.int64, np.uint8, np.uint32]:
+        lo = 0 if np.dtype(dt).kind == "u" else -9
+        # 30 factors wrap 8 and 32 bits; 12 stay below 2^53 in int64
+        xi = randint(r, (2, 12 if dt == np.int64 else 30), lo, 10, dt)
+        case("cumprod_" + DT[np.dtype(dt)], [("x", xi)],
+             "output y = cumprod(x, axis=1)\n"
+             "output z = cumprod(x, axis=1, exclusive=1, reverse=1)",
+             [cumsum_ref(xi, 1, 0, 0, prod=True),
+              cumsum_ref(xi, 1, 1, 1, prod=True)])
+    xpd = unif(r, (4, 3), 0.5, 2.0, np.float64)
+    case("cumprod_f64", [("x", xpd)], "output y = cumprod(x)",
+         [np.cumprod(xpd, axis=0)])
     xn = np.array([1.0, np.inf, 2.0, np.nan, 3.0], np.float32)
     case("cumsum_inf_nan", [("x", xn)],
          "output y = cumsum(x)\noutput z = cumsum(x, reverse=1, exclusive=1)",
