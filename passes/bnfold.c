@@ -1,0 +1,347 @@
+/* bnfold.c - inference batch norms folded into the convolution or GEMM that
+ * feeds them.  Per output channel c, with s[c] = scale[c] / sqrt(var[c] + eps):
+ *
+ *   batch_norm(conv(x, w) + b)[c] = conv(x, w * s)[c] + (b[c] - mean[c]) * s[c] + bias[c]
+ *
+ * The new weights are computed in float64 and rounded once to their type,
+ * before the precision pass: the graph loses a node and a rounding per
+ * convolution, and the statistics (a running variance of 1e7 that no fp16
+ * holds) never reach a low-precision kernel.
+ *
+ * A batch norm is folded only when nothing else can tell: its input is the
+ * only use of a conv2d, conv_transpose2d, gemm or 2-D matmul output (not a
+ * graph output), and its scale, bias, mean and var are weights, as are the
+ * contraction's weight and bias.  Training-mode batch norms read computed
+ * batch statistics, and graphs with a train block update their params, so
+ * neither is folded.  Folded nodes, the contraction's old output and the
+ * weights nobody reads any more leave the graph. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+typedef struct {
+  kl_graph *g;
+  kl_error *err;
+  int *nreads;        /* value id -> times read by a node */
+  bool *dead_node;    /* node id -> */
+  bool *dead_value;   /* value id -> removed, or a candidate (params) */
+  FILE *dump;
+} fold_ctx;
+
+static bool is_weight(const kl_value *v) {
+  return v->kind == KL_VAL_PARAM || v->kind == KL_VAL_CONST ||
+         (v->kind == KL_VAL_NODE && v->producer->op == KL_OP_CONSTANT);
+}
+
+/* A weight's contents as a tensor (float64); NULL with err set when it has
+ * none (weights that were never loaded). */
+static kl_tensor *weight_tensor(const kl_value *v, kl_error *err) {
+  kl_tensor *t = NULL;
+  if (v->kind != KL_VAL_NODE) return kl_value_materialize(v, &t, err) ? NULL : t;
+  return kl_fold_eval(v->producer, NULL, &t, err) ? NULL : t;
+}
+
+/* The output channels of contraction p and how its weight's elements map
+ * to them. */
+typedef struct {
+  int64_t channels;
+  int64_t outer, inner; /* element e of the weight: channel (e / inner) % channels,
+                           after `outer` groups */
+  int64_t per_group;    /* conv_transpose2d: channels of one group; 0 else */
+  int64_t in_per_group; /* conv_transpose2d: input channels of one group */
+} channel_map;
+
+static int64_t channel_of(const channel_map *m, const kl_value *w, int64_t e) {
+  if (m->per_group) { /* w[Cin, M/groups, kH, kW]: group of the input channel */
+    int64_t plane = w->shape.dims[2] * w->shape.dims[3];
+    int64_t j = (e / plane) % w->shape.dims[1], ci = e / (plane * w->shape.dims[1]);
+    return (ci / m->in_per_group) * m->per_group + j;
+  }
+  return (e / m->inner) % m->channels;
+}
+
+/* NULL when contraction p's output channels can be scaled through its
+ * weight (filling *m), else why not. */
+static const char *channels_of(const kl_node *p, int64_t channels, channel_map *m) {
+  const kl_value *w = p->inputs[1], *y = p->outputs[0];
+  *m = (channel_map){.channels = channels, .outer = 1, .inner = 1};
+  switch (p->op) {
+  case KL_OP_CONV2D: /* w[M, C/groups, kH, kW] */
+    if (w->shape.rank != 4 || w->shape.dims[0] != channels) return "an unexpected weight shape";
+    m->inner = w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3];
+    return NULL;
+  case KL_OP_CONV_TRANSPOSE2D: { /* w[Cin, M/groups, kH, kW] */
+    int64_t groups = kl_attr_int(p, "groups", 1);
+    if (w->shape.rank != 4 || groups < 1 || w->shape.dims[1] * groups != channels ||
+        w->shape.dims[0] % groups)
+      return "an unexpected weight shape";
+    m->per_group = w->shape.dims[1];
+    m->in_per_group = w->shape.dims[0] / groups;
+    return NULL;
+  }
+  case KL_OP_GEMM: /* y[M, N] = A' B', B'[K, N] is B or B^T */
+    if (w->shape.rank != 2) return "an unexpected weight shape";
+    if (kl_attr_int(p, "trans_b", 0)) m->inner = w->shape.dims[1]; /* B[N, K]: rows */
+    if (p->ninputs > 2 && kl_shape_numel(&p->inputs[2]->shape) != channels)
+      return "its C is not one row of N";
+    return NULL;
+  case KL_OP_MATMUL: /* y[M, N] = x @ w[K, N]: columns */
+    if (w->shape.rank != 2 || y->shape.rank != 2) return "it is not a 2-D matmul";
+    return NULL;
+  default: return "its input is not made by a conv2d, conv_transpose2d, gemm or matmul";
+  }
+}
+
+/* NULL when batch norm n folds into the node making its input, else why
+ * not (for --dump-after). */
+static const char *why_not(const fold_ctx *c, const kl_node *n, channel_map *m) {
+  if (!kl_is_channel_affine(n)) return "its statistics are not one per channel";
+  for (int k = 1; k < 5; k++)
+    if (!is_weight(n->inputs[k]))
+      return "its statistics or affine are computed (training mode), not weights";
+  const kl_value *x = n->inputs[0];
+  const kl_node *p = x->kind == KL_VAL_NODE ? x->producer : NULL;
+  if (!p || x->producer_output != 0)
+    return "its input is not made by a conv2d, conv_transpose2d, gemm or matmul";
+  if (x->is_output) return "its input is also a graph output";
+  if (c->nreads[x->id] != 1) return "its input has another reader";
+  const char *why = channels_of(p, x->shape.dims[1], m);
+  if (why) return why;
+  if (!is_weight(p->inputs[1]) || !kl_dtype_is_float(p->inputs[1]->dtype))
+    return "the contraction's weight is not a float weight";
+  if (p->ninputs > 2 && !is_weight(p->inputs[2])) return "the contraction's bias is computed";
+  if (p->op == KL_OP_MATMUL && is_weight(p->inputs[0])) return "both matmul operands are weights";
+  return NULL;
+}
+
+/* A new const of v's type and shape holding t's values, named after v. */
+static kl_value *new_const(fold_ctx *c, const kl_value *like, kl_dtype dtype, const kl_shape *s,
+                           const char *name, const kl_tensor *t) {
+  kl_value *v = kl_graph_add_param(c->g, kl_graph_fresh_value_name(c->g, name), dtype, s,
+                                   KL_VAL_CONST, (kl_init){.kind = KL_INIT_DATA}, like->loc);
+  size_t bytes = (size_t)t->numel * kl_dtype_size(dtype);
+  v->data = kl_arena_alloc(&c->g->arena, bytes ? bytes : 1);
+  kl_tensor_to_raw(t, v->data);
+  return v;
+}
+
+static bool all_finite(const kl_tensor *t) {
+  for (int64_t i = 0; i < t->numel; i++)
+    if (!isfinite(t->data[i])) return false;
+  return true;
+}
+
+/* The folded weight, bias and, for gemm, attributes; the caller installs
+ * them.  1 when the numbers do not allow it (a non-finite scale or a
+ * weight that overflows), -1 on an error. */
+typedef struct {
+  kl_tensor *w, *b;
+} folded;
+
+static int compute(fold_ctx *c, const kl_node *n, const kl_node *p, const channel_map *m,
+                   folded *out) {
+  kl_tensor *t[4] = {0}, *w = NULL, *b = NULL;
+  int rc = -1;
+  for (int k = 0; k < 4; k++)
+    if (!(t[k] = weight_tensor(n->inputs[k + 1], c->err))) goto done;
+  if (!(w = weight_tensor(p->inputs[1], c->err))) goto done;
+  const kl_value *pb = p->ninputs > 2 ? p->inputs[2] : NULL;
+  if (pb && !(b = weight_tensor(pb, c->err))) goto done;
+  double eps = kl_attr_float(n, "epsilon", 1e-5);
+  double beta = p->op == KL_OP_GEMM ? kl_attr_float(p, "beta", 1.0) : 1.0;
+  int64_t ch = m->channels;
+  double *s = malloc((size_t)ch * sizeof *s);
+  if (!s) abort();
+  kl_shape bs = {.rank = 1, .dims = {ch}};
+  out->b = kl_tensor_new(pb ? pb->dtype : p->outputs[0]->dtype, &bs);
+  rc = 0;
+  for (int64_t i = 0; i < ch; i++) {
+    double scale = t[0]->data[i], bias = t[1]->data[i], mean = t[2]->data[i], var = t[3]->data[i];
+    s[i] = scale / sqrt(var + eps);
+    double before = b ? beta * b->data[i] : 0.0;
+    out->b->data[i] = (before - mean) * s[i] + bias;
+    if (!isfinite(s[i])) rc = 1;
+  }
+  for (int64_t e = 0; e < w->numel && !rc; e++) w->data[e] *= s[channel_of(m, p->inputs[1], e)];
+  if (!rc) {
+    for (int64_t e = 0; e < w->numel; e++) w->data[e] = kl_dtype_round(w->dtype, w->data[e]);
+    for (int64_t i = 0; i < ch; i++)
+      out->b->data[i] = kl_dtype_round(out->b->dtype, out->b->data[i]);
+    if (!all_finite(w) || !all_finite(out->b)) rc = 1; /* beyond the weight's type */
+  }
+  free(s);
+  if (!rc) out->w = w, w = NULL;
+  else kl_tensor_free(out->b), out->b = NULL;
+done:
+  for (int k = 0; k < 4; k++) kl_tensor_free(t[k]);
+  kl_tensor_free(w);
+  kl_tensor_free(b);
+  return rc;
+}
+
+/* Node q now produces value y, the batch norm's output (its readers and
+ * name stay); q's own output leaves the graph. */
+static void take_output(fold_ctx *c, kl_node *q, kl_value *y) {
+  c->dead_value[q->outputs[0]->id] = true;
+  q->outputs[0] = y;
+  y->producer = q;
+  y->producer_output = 0;
+}
+
+static void read_less(fold_ctx *c, kl_value *v) {
+  c->nreads[v->id]--;
+  if (v->kind != KL_VAL_NODE) c->dead_value[v->id] = true; /* a candidate */
+}
+
+/* The attributes of p with beta = 1 (gemm: beta is now in the bias). */
+static kl_attr *beta_one(fold_ctx *c, const kl_node *p, int *nattrs) {
+  kl_attr *a = kl_arena_alloc(&c->g->arena, (size_t)(p->nattrs + 1) * sizeof *a);
+  int na = 0;
+  for (int i = 0; i < p->nattrs; i++)
+    if (strcmp(p->attrs[i].name, "beta")) a[na++] = p->attrs[i];
+  a[na++] = (kl_attr){.name = "beta", .kind = KL_ATTR_FLOAT, .f = 1.0};
+  *nattrs = na;
+  return a;
+}
+
+/* 1 when folded, 0 when the numbers forbid it, -1 on an error. */
+static int fold(fold_ctx *c, kl_node *n, const channel_map *m) {
+  kl_node *p = n->inputs[0]->producer;
+  folded f = {0};
+  int rc = compute(c, n, p, m, &f);
+  if (rc < 0) return -1;
+  if (rc > 0) {
+    if (c->dump)
+      fprintf(c->dump, "  %s = batch_norm: not folded: its folded weights would not be finite\n",
+              n->outputs[0]->name);
+    return 0;
+  }
+  char name[300];
+  kl_value *w = p->inputs[1];
+  snprintf(name, sizeof name, "%.200s_bn", w->name);
+  kl_value *nw = new_const(c, w, w->dtype, &w->shape, name, f.w);
+  snprintf(name, sizeof name, "%.200s_bias", n->outputs[0]->name);
+  kl_value *nb = new_const(c, n->inputs[2], f.b->dtype, &f.b->shape, name, f.b);
+  kl_tensor_free(f.w);
+  kl_tensor_free(f.b);
+  for (int k = 1; k < 5; k++) read_less(c, n->inputs[k]);
+  c->nreads[n->inputs[0]->id]--;
+  read_less(c, w);
+  kl_value *y = n->outputs[0];
+  kl_node *last = p;
+  if (p->op == KL_OP_MATMUL) { /* no bias operand: an add after it */
+    kl_value *ins[2] = {p->outputs[0], nb};
+    p->inputs[1] = nw;
+    snprintf(name, sizeof name, "%.200s_bias", n->name);
+    last = kl_graph_add_node(c->g, KL_OP_ADD, kl_graph_fresh_name(c->g, name), ins, 2, NULL, 0,
+                             NULL, 0, n->loc, c->err);
+    if (!last) return -1;
+    c->nreads[p->outputs[0]->id]++;
+  } else {
+    kl_value **in = kl_arena_alloc(&c->g->arena, 3 * sizeof *in);
+    in[0] = p->inputs[0];
+    in[1] = nw;
+    in[2] = nb;
+    if (p->ninputs > 2) read_less(c, p->inputs[2]);
+    p->inputs = in;
+    p->ninputs = 3;
+    if (p->op == KL_OP_GEMM) p->attrs = beta_one(c, p, &p->nattrs);
+  }
+  c->nreads[nw->id]++;
+  c->nreads[nb->id]++;
+  take_output(c, last, y);
+  c->dead_node[n->id] = true;
+  if (c->dump)
+    fprintf(c->dump, "  %s = batch_norm: folded into %s (%s): weight %s, bias %s\n", y->name,
+            p->name, kl_ops[p->op].name, nw->name, nb->name);
+  return 1;
+}
+
+/* Removed values and nodes keep no name a lookup could find. */
+static void unname_value(fold_ctx *c, kl_value *v) {
+  char buf[300];
+  snprintf(buf, sizeof buf, "%.200s~bnfold", v->name);
+  kl_graph_rename_value(c->g, v, kl_graph_fresh_name(c->g, buf));
+}
+
+/* Drop the dead nodes and values from the graph's lists and number the
+ * rest again. */
+static void compact(fold_ctx *c) {
+  kl_graph *g = c->g;
+  int nn = 0, nv = 0, np = 0;
+  for (int i = 0; i < g->nodes.len; i++) {
+    kl_node *n = g->nodes.items[i];
+    if (c->dead_node[i]) {
+      char buf[300];
+      snprintf(buf, sizeof buf, "%.200s~bnfold", n->name);
+      kl_graph_rename_node(g, n, kl_graph_fresh_name(g, buf));
+      continue;
+    }
+    n->id = nn;
+    g->nodes.items[nn++] = n;
+  }
+  g->nodes.len = nn;
+  for (int i = 0; i < g->params.len; i++)
+    if (!c->dead_value[g->params.items[i]->id]) g->params.items[np++] = g->params.items[i];
+  g->params.len = np;
+  for (int i = 0; i < g->values.len; i++) {
+    kl_value *v = g->values.items[i];
+    if (c->dead_value[i]) {
+      unname_value(c, v);
+      continue;
+    }
+    v->id = nv;
+    g->values.items[nv++] = v;
+  }
+  g->values.len = nv;
+}
+
+int kl_fold_batch_norms(kl_graph *g, FILE *dump, kl_error *err) {
+  if (g->train) {
+    if (dump) fprintf(dump, "  (nothing folded: the graph trains its params)\n");
+    return 0;
+  }
+  int nvalues = g->values.len, nnodes = g->nodes.len;
+  /* values and nodes added below get ids past these; room for them */
+  size_t vcap = (size_t)nvalues * 2 + (size_t)nnodes * 4 + 8;
+  fold_ctx c = {.g = g, .err = err, .dump = dump};
+  c.nreads = calloc(vcap, sizeof *c.nreads);
+  c.dead_value = calloc(vcap, sizeof *c.dead_value);
+  c.dead_node = calloc((size_t)nnodes * 2 + 8, sizeof *c.dead_node);
+  kl_node **order = calloc((size_t)nnodes + 1, sizeof *order);
+  if (!c.nreads || !c.dead_value || !c.dead_node || !order) abort();
+  int rc = kl_topo_order(g, order, err), nfolded = 0, nbn = 0;
+  for (int i = 0; i < nnodes && !rc; i++)
+    for (int k = 0; k < g->nodes.items[i]->ninputs; k++) c.nreads[g->nodes.items[i]->inputs[k]->id]++;
+  for (int i = 0; i < nnodes && !rc; i++) {
+    kl_node *n = order[i];
+    if (n->op != KL_OP_BATCH_NORM) continue;
+    nbn++;
+    channel_map m;
+    const char *why = why_not(&c, n, &m);
+    if (why) {
+      if (dump) fprintf(dump, "  %s = batch_norm: not folded: %s\n", n->outputs[0]->name, why);
+      continue;
+    }
+    int r = fold(&c, n, &m);
+    if (r < 0) rc = -1;
+    else nfolded += r;
+  }
+  if (!rc) {
+    /* the weights the folded nodes read, unless something still does */
+    for (int i = 0; i < g->values.len; i++) {
+      const kl_value *v = g->values.items[i];
+      if (c.dead_value[i] && v->kind != KL_VAL_NODE && (c.nreads[i] > 0 || v->is_output))
+        c.dead_value[i] = false;
+    }
+    if (nfolded) compact(&c);
+    if (dump && !nbn) fprintf(dump, "  (no batch_norm)\n");
+  }
+  free(c.nreads);
+  free(c.dead_value);
+  free(c.dead_node);
+  free(order);
+  return rc ? rc : kl_verify(g, err);
+}
