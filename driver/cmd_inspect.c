@@ -9,7 +9,9 @@ static const char inspect_help[] =
     "usage: kiln inspect MODEL [options]\n"
     "Print inputs, outputs, parameters (count and bytes) and op counts; with\n"
     "--precision (or --io-precision, --fp32-ops, --fp32-nodes) also the type and\n"
-    "class (allow, deny, follow, keep) chosen for each node.\n"
+    "class (allow, deny, follow, keep) chosen for each node, and for each node\n"
+    "left in fp32 why: its op, the lists, a weight or attribute the low type\n"
+    "cannot hold, or an fp32 input it follows.\n"
     "  --memplan FILE.svg    compile the model and draw its memory plan (buffers\n"
     "                        over schedule steps); print the planned arena, the\n"
     "                        lower bound and the naive sum\n"
@@ -46,20 +48,30 @@ static void print_value(const kl_value *v) {
 }
 
 /* After the precision pass: each node, in run order, with the type it
- * computes in and its class. */
+ * computes in, its class, and for a float node left in fp32 why: its op's
+ * class, the user's lists, a number the low type cannot hold, or its
+ * inputs. */
 static void print_precision(const kl_graph *g, const kiln_model_opts *mo) {
   kl_node **order = calloc((size_t)g->nodes.len + 1, sizeof *order);
   if (!order) abort();
   kl_error err;
   if (kl_topo_order(g, order, &err)) /* cyclic: creation order */
     memcpy(order, g->nodes.items, (size_t)g->nodes.len * sizeof *order);
-  printf("precision %s, inputs and outputs %s (node, op, type, class):\n",
+  printf("precision %s, inputs and outputs %s (node, op, type, class, why fp32):\n",
          kl_dtype_name(mo->prec.low), mo->prec.io_set ? kl_dtype_name(mo->prec.io) : "as declared");
   for (int i = 0; i < g->nodes.len; i++) {
     const kl_node *n = order[i];
-    printf("  %-32s %-18s %-5s %s\n", n->name, kl_ops[n->op].name,
-           kl_dtype_name(kl_precision_node_dtype(n)),
-           kl_precision_class_name(kl_precision_node_class(n, &mo->prec)));
+    kl_dtype t = kl_precision_node_dtype(n);
+    kl_precision_class c = kl_precision_node_class(n, &mo->prec);
+    char buf[512];
+    const char *why = NULL;
+    if (t == KL_F32 && mo->prec.low != KL_F32 && c != KL_PREC_KEEP) {
+      why = kl_precision_fp32_reason(g, n, &mo->prec, buf, sizeof buf);
+      if (why) c = KL_PREC_DENY; /* as the pass took it */
+      else why = "follows an fp32 input";
+    }
+    printf("  %-32s %-18s %-5s %-6s%s%s\n", n->name, kl_ops[n->op].name, kl_dtype_name(t),
+           kl_precision_class_name(c), why ? " " : "", why ? why : "");
   }
   free(order);
 }
