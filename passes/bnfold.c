@@ -3,6 +3,11 @@
  *
  *   batch_norm(conv(x, w) + b)[c] = conv(x, w * s)[c] + (b[c] - mean[c]) * s[c] + bias[c]
  *
+ * The shift (the last two terms) is gemm's C, or an add after the
+ * convolution or matmul: the elementwise kernel after it takes the add as
+ * it took the batch norm, where a convolution's own bias would cost a
+ * kernel of its own (codegen writes it before the GEMM).
+ *
  * The new weights are computed in float64 and rounded once to their type,
  * before the precision pass: the graph loses a node and a rounding per
  * convolution, and the statistics (a running variance of 1e7 that no fp16
@@ -219,43 +224,48 @@ static int fold(fold_ctx *c, kl_node *n, const channel_map *m) {
     return 0;
   }
   char name[300];
-  kl_value *w = p->inputs[1];
+  kl_value *w = p->inputs[1], *y = n->outputs[0];
   snprintf(name, sizeof name, "%.200s_bn", w->name);
   kl_value *nw = new_const(c, w, w->dtype, &w->shape, name, f.w);
-  snprintf(name, sizeof name, "%.200s_bias", n->outputs[0]->name);
-  kl_value *nb = new_const(c, n->inputs[2], f.b->dtype, &f.b->shape, name, f.b);
+  /* gemm adds the shift as its C; the others as an add after them, one
+   * per channel ([C, 1, 1] after a convolution), which the kernel after
+   * them takes as the batch norm's was: a convolution's own bias is a
+   * kernel of its own */
+  kl_shape shift = f.b->shape;
+  for (int d = 2; p->op != KL_OP_GEMM && d < y->shape.rank; d++) shift.dims[shift.rank++] = 1;
+  snprintf(name, sizeof name, "%.200s_shift", y->name);
+  kl_value *nb = new_const(c, n->inputs[2], f.b->dtype, &shift, name, f.b);
   kl_tensor_free(f.w);
   kl_tensor_free(f.b);
   for (int k = 1; k < 5; k++) read_less(c, n->inputs[k]);
   c->nreads[n->inputs[0]->id]--;
   read_less(c, w);
-  kl_value *y = n->outputs[0];
+  if (p->ninputs > 2) read_less(c, p->inputs[2]);
+  kl_value **in = kl_arena_alloc(&c->g->arena, 3 * sizeof *in);
+  in[0] = p->inputs[0];
+  in[1] = nw;
+  in[2] = nb;
+  p->inputs = in;
+  p->ninputs = p->op == KL_OP_GEMM ? 3 : 2;
   kl_node *last = p;
-  if (p->op == KL_OP_MATMUL) { /* no bias operand: an add after it */
+  if (p->op == KL_OP_GEMM) {
+    p->attrs = beta_one(c, p, &p->nattrs);
+  } else {
     kl_value *ins[2] = {p->outputs[0], nb};
-    p->inputs[1] = nw;
-    snprintf(name, sizeof name, "%.200s_bias", n->name);
+    snprintf(name, sizeof name, "%.200s_shift", n->name);
     last = kl_graph_add_node(c->g, KL_OP_ADD, kl_graph_fresh_name(c->g, name), ins, 2, NULL, 0,
                              NULL, 0, n->loc, c->err);
     if (!last) return -1;
     c->nreads[p->outputs[0]->id]++;
-  } else {
-    kl_value **in = kl_arena_alloc(&c->g->arena, 3 * sizeof *in);
-    in[0] = p->inputs[0];
-    in[1] = nw;
-    in[2] = nb;
-    if (p->ninputs > 2) read_less(c, p->inputs[2]);
-    p->inputs = in;
-    p->ninputs = 3;
-    if (p->op == KL_OP_GEMM) p->attrs = beta_one(c, p, &p->nattrs);
   }
   c->nreads[nw->id]++;
   c->nreads[nb->id]++;
   take_output(c, last, y);
   c->dead_node[n->id] = true;
   if (c->dump)
-    fprintf(c->dump, "  %s = batch_norm: folded into %s (%s): weight %s, bias %s\n", y->name,
-            p->name, kl_ops[p->op].name, nw->name, nb->name);
+    fprintf(c->dump, "  %s = batch_norm: folded into %s (%s): weight %s, %s %s\n", y->name,
+            p->name, kl_ops[p->op].name, nw->name, last == p ? "bias" : "shift added after it",
+            nb->name);
   return 1;
 }
 

@@ -183,7 +183,9 @@ def training_bn():
 
 def epsilon_mul():
     """A batch norm on the input itself (nothing to fold into) with epsilon
-    1e-12, then a Mul by the constant 1e5: both stay in fp32 under fp16."""
+    1e-12, then a Mul by the constant 1e5; and conv -> relu -> Mul by 1e5,
+    where the Mul would otherwise follow the fp16 relu and saturate 1e5 to
+    65504.  Both batch norm and Muls stay in fp32 under fp16."""
     m = Model(19)
     x = m.rng.standard_normal((2, 3, 4, 4)).astype(np.float32)
     m.node("BatchNormalization", ["x", m.init("bn_scale", [1.0, 0.5, 2.0]),
@@ -191,7 +193,11 @@ def epsilon_mul():
                                   m.init("bn_mean", [0.0, 0.1, -0.1]),
                                   m.init("bn_var", [1.0, 0.8, 1.2])], ["n"], epsilon=1e-12)
     m.node("Mul", ["n", m.init("k", 1e5)], ["y"])
-    return m.build([vi("x", [2, 3, 4, 4])], [vi("y", None)]), {"x": x}
+    m.node("Conv", ["x", m.init("w", m.rng.standard_normal((4, 3, 1, 1)))], ["c"],
+           kernel_shape=[1, 1])
+    m.node("Relu", ["c"], ["r"])
+    m.node("Mul", ["r", "k"], ["z"])
+    return m.build([vi("x", [2, 3, 4, 4])], [vi("y", None), vi("z", None)]), {"x": x}
 
 
 # name: (builder, lines --dump-after=bnfold must print, lines kiln inspect
@@ -214,7 +220,9 @@ CASES = {
     "training_bn": (training_bn, [r"not folded: its statistics or affine are computed"], []),
     "epsilon_mul": (epsilon_mul, [r"not folded: its input is not made by a conv2d"],
                     [r"batch_norm +f32 +deny +epsilon 1e-12 flushes to 0 in fp16",
-                     r"y_node +mul +f32 +deny +weight 'k' holds 100000, beyond fp16's 65504"]),
+                     r"y_node +mul +f32 +deny +weight 'k' holds 100000, beyond fp16's 65504",
+                     r"z_node +mul +f32 +deny +weight 'k' holds 100000, beyond fp16's 65504",
+                     r"r_node +relu +f16 +follow"]),
 }
 
 
