@@ -89,8 +89,12 @@ static const char *channels_of(const kl_node *p, int64_t channels, channel_map *
   case KL_OP_GEMM: /* y[M, N] = A' B', B'[K, N] is B or B^T */
     if (w->shape.rank != 2) return "an unexpected weight shape";
     if (kl_attr_int(p, "trans_b", 0)) m->inner = w->shape.dims[1]; /* B[N, K]: rows */
-    if (p->ninputs > 2 && kl_shape_numel(&p->inputs[2]->shape) != channels)
-      return "its C is not one row of N";
+    if (p->ninputs > 2) { /* C: a scalar or one row of N, [N] or [1, N] */
+      const kl_shape *cs = &p->inputs[2]->shape;
+      int64_t n = kl_shape_numel(cs);
+      if (n != 1 && (n != channels || cs->dims[cs->rank - 1] != channels))
+        return "its C is not a scalar or one row of N";
+    }
     return NULL;
   case KL_OP_MATMUL: /* y[M, N] = x @ w[K, N]: columns */
     if (w->shape.rank != 2 || y->shape.rank != 2) return "it is not a 2-D matmul";
@@ -165,7 +169,7 @@ static int compute(fold_ctx *c, const kl_node *n, const kl_node *p, const channe
   for (int64_t i = 0; i < ch; i++) {
     double scale = t[0]->data[i], bias = t[1]->data[i], mean = t[2]->data[i], var = t[3]->data[i];
     s[i] = scale / sqrt(var + eps);
-    double before = b ? beta * b->data[i] : 0.0;
+    double before = b ? beta * b->data[b->numel == 1 ? 0 : i] : 0.0;
     out->b->data[i] = (before - mean) * s[i] + bias;
     if (!isfinite(s[i])) rc = 1;
   }

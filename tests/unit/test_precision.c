@@ -358,6 +358,24 @@ static void test_bn_fold(void **s) {
   kl_graph_free(g);
   kl_graph_free(ref);
 
+  /* gemm's C: a scalar folds; a column [M, 1] (one value per row, not
+   * per channel) does not */
+  const char *gemm_c =
+      "input x: f32[4, 6]\n"
+      "param wt: f32[4, 6] = randn(1, seed=6)\n"
+      "param s: f32[1] = full(0.75)\nparam col: f32[4, 1] = uniform(-1, 1, seed=7)\n"
+      "param g: f32[4] = uniform(0.5, 1.5, seed=2)\nparam b: f32[4] = uniform(-1, 1, seed=3)\n"
+      "const m: f32[4] = uniform(-1, 1, seed=4)\nconst v: f32[4] = uniform(0.5, 2, seed=5)\n"
+      "output y = batch_norm(gemm(x, wt, s, trans_b=1, beta=3), g, b, m, v)\n"
+      "output z = batch_norm(gemm(x, wt, col, trans_b=1), g, b, m, v)\n";
+  ref = parse(gemm_c), g = parse(gemm_c);
+  fold_bn(g);
+  assert_int_equal(count_op(g, KL_OP_BATCH_NORM), 1);
+  assert_int_equal(computing(g, "z")->op, KL_OP_BATCH_NORM);
+  check_outputs_close(ref, g, 1e-5);
+  kl_graph_free(g);
+  kl_graph_free(ref);
+
   /* the convolution's output has another reader: nothing changes */
   const char *shared =
       "input x: f32[1, 3, 4, 4]\n"
