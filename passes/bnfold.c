@@ -125,11 +125,13 @@ static const char *why_not(const fold_ctx *c, const kl_node *n, channel_map *m) 
   return NULL;
 }
 
-/* A new const of v's type and shape holding t's values, named after v. */
+/* A new weight holding t's values: a param when `like` (the weight it
+ * replaces) is one, as ONNX initializers are, else a const. */
 static kl_value *new_const(fold_ctx *c, const kl_value *like, kl_dtype dtype, const kl_shape *s,
                            const char *name, const kl_tensor *t) {
-  kl_value *v = kl_graph_add_param(c->g, kl_graph_fresh_value_name(c->g, name), dtype, s,
-                                   KL_VAL_CONST, (kl_init){.kind = KL_INIT_DATA}, like->loc);
+  kl_value_kind kind = like->kind == KL_VAL_PARAM ? KL_VAL_PARAM : KL_VAL_CONST;
+  kl_value *v = kl_graph_add_param(c->g, kl_graph_fresh_value_name(c->g, name), dtype, s, kind,
+                                   (kl_init){.kind = KL_INIT_DATA}, like->loc);
   size_t bytes = (size_t)t->numel * kl_dtype_size(dtype);
   v->data = kl_arena_alloc(&c->g->arena, bytes ? bytes : 1);
   kl_tensor_to_raw(t, v->data);

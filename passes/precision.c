@@ -93,8 +93,9 @@ static double digits_floor(kl_dtype t) {
   return t == KL_F16 ? ldexp(1, -16) : t == KL_BF16 ? ldexp(1, -125) : ldexp(1, -141);
 }
 
-/* The largest magnitude among a weight's values, signed, memoised per
- * value id when `peaks` is given. */
+/* For each weight, its peak: the value of largest finite magnitude, with
+ * its sign, and the weight it comes from; memoised per value id when
+ * `state` is given (the pass), computed afresh when not (inspect). */
 typedef struct {
   const kl_graph *g;
   kl_dtype low;
@@ -241,7 +242,9 @@ static const char *numbers_misfit(range_ctx *r, const kl_node *n, char *buf, siz
   for (int k = 0; k < n->ninputs; k++) {
     double x;
     const kl_value *s;
-    if (!kl_dtype_is_float(n->inputs[k]->dtype) || !peak_of(r, n->inputs[k], 0, &x, &s)) continue;
+    kl_dtype t = n->inputs[k]->dtype; /* f64 is never lowered */
+    if ((t != KL_F32 && t != KL_F16 && t != KL_BF16) || !peak_of(r, n->inputs[k], 0, &x, &s))
+      continue;
     const char *what = s->kind == KL_VAL_PARAM ? "weight" : "constant";
     if (fabs(x) > big) {
       snprintf(buf, len, "%s '%s' holds %g, beyond %s's %g", what, s->name, x, low_name(low), big);
