@@ -11,7 +11,7 @@ static const char inspect_help[] =
     "--precision (or --io-precision, --fp32-ops, --fp32-nodes) also the type and\n"
     "class (allow, deny, follow, keep) chosen for each node, and for each node\n"
     "left in fp32 why: its op, the lists, a weight or attribute the low type\n"
-    "cannot hold, or an fp32 input it follows.\n"
+    "cannot hold, or the fp32 inputs it follows.\n"
     "  --memplan FILE.svg    compile the model and draw its memory plan (buffers\n"
     "                        over schedule steps); print the planned arena, the\n"
     "                        lower bound and the naive sum\n"
@@ -50,7 +50,7 @@ static void print_value(const kl_value *v) {
 /* After the precision pass: each node, in run order, with the type it
  * computes in, its class, and for a float node left in fp32 why: its op's
  * class, the user's lists, a number the low type cannot hold, or its
- * inputs. */
+ * inputs (a follow node over weights alone: its readers). */
 static void print_precision(const kl_graph *g, const kiln_model_opts *mo) {
   kl_node **order = calloc((size_t)g->nodes.len + 1, sizeof *order);
   if (!order) abort();
@@ -68,10 +68,11 @@ static void print_precision(const kl_graph *g, const kiln_model_opts *mo) {
     if (t == KL_F32 && mo->prec.low != KL_F32 && c != KL_PREC_KEEP) {
       why = kl_precision_fp32_reason(g, n, &mo->prec, buf, sizeof buf);
       if (why) c = KL_PREC_DENY; /* as the pass took it */
-      else why = "follows an fp32 input";
+      else why = "follows its fp32 inputs (or readers, over weights alone)";
     }
-    printf("  %-32s %-18s %-5s %-6s%s%s\n", n->name, kl_ops[n->op].name, kl_dtype_name(t),
-           kl_precision_class_name(c), why ? " " : "", why ? why : "");
+    printf("  %-32s %-18s %-5s ", n->name, kl_ops[n->op].name, kl_dtype_name(t));
+    if (why) printf("%-6s %s\n", kl_precision_class_name(c), why);
+    else printf("%s\n", kl_precision_class_name(c));
   }
   free(order);
 }

@@ -181,6 +181,11 @@ expect dump_after_memory 0 "merged: no kernel, its input transpose_4.s buffer" -
   "$kiln" compile "$root/examples/transformer.kl" --emit=cu -o dump_out2 --no-nvrtc --dump-after=memory
 expect dump_after_one 0 "^# ---- after fold$" -- \
   "$kiln" compile "$root/examples/transformer.kl" --emit=cu -o dump_out3 --no-nvrtc --dump-after=fold
+# bnfold: the cnn example's batch norms fold into their convolutions
+expect dump_after_bnfold 0 "batch_norm_1 = batch_norm: folded into s0 \(conv2d\): weight stem_w_bn" -- \
+  "$kiln" compile "$root/examples/cnn.kl" --emit=cu -o dump_out4 --no-nvrtc --dump-after=bnfold
+expect dump_after_bnfold_none 0 "\(no batch_norm\)" -- \
+  "$kiln" compile "$root/examples/transformer.kl" --emit=ir --dump-after=bnfold
 expect dump_after_bad 2 "--dump-after=fusion: choose bnfold, precision" -- \
   "$kiln" compile "$root/examples/transformer.kl" --emit=ir --dump-after=fusion
 
