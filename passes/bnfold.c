@@ -52,8 +52,7 @@ static kl_tensor *weight_tensor(const kl_value *v, kl_error *err) {
  * to them. */
 typedef struct {
   int64_t channels;
-  int64_t outer, inner; /* element e of the weight: channel (e / inner) % channels,
-                           after `outer` groups */
+  int64_t inner;        /* element e of the weight: channel (e / inner) % channels */
   int64_t per_group;    /* conv_transpose2d: channels of one group; 0 else */
   int64_t in_per_group; /* conv_transpose2d: input channels of one group */
 } channel_map;
@@ -71,7 +70,7 @@ static int64_t channel_of(const channel_map *m, const kl_value *w, int64_t e) {
  * weight (filling *m), else why not. */
 static const char *channels_of(const kl_node *p, int64_t channels, channel_map *m) {
   const kl_value *w = p->inputs[1], *y = p->outputs[0];
-  *m = (channel_map){.channels = channels, .outer = 1, .inner = 1};
+  *m = (channel_map){.channels = channels, .inner = 1};
   switch (p->op) {
   case KL_OP_CONV2D: /* w[M, C/groups, kH, kW] */
     if (w->shape.rank != 4 || w->shape.dims[0] != channels) return "an unexpected weight shape";
@@ -103,6 +102,13 @@ static const char *channels_of(const kl_node *p, int64_t channels, channel_map *
   }
 }
 
+/* Weights whose bytes were never given (a load the driver did not
+ * resolve) are left for the pass that needs them to report. */
+static bool has_contents(const kl_value *v) {
+  bool stored = v->init.kind == KL_INIT_DATA || v->init.kind == KL_INIT_LOAD;
+  return v->kind == KL_VAL_NODE || !stored || v->data;
+}
+
 /* NULL when batch norm n folds into the node making its input, else why
  * not (for --dump-after). */
 static const char *why_not(const fold_ctx *c, const kl_node *n, channel_map *m) {
@@ -122,6 +128,10 @@ static const char *why_not(const fold_ctx *c, const kl_node *n, channel_map *m) 
     return "the contraction's weight is not a float weight";
   if (p->ninputs > 2 && !is_weight(p->inputs[2])) return "the contraction's bias is computed";
   if (p->op == KL_OP_MATMUL && is_weight(p->inputs[0])) return "both matmul operands are weights";
+  for (int k = 1; k < 5; k++)
+    if (!has_contents(n->inputs[k])) return "its weights were not loaded";
+  for (int k = 1; k < p->ninputs; k++)
+    if (!has_contents(p->inputs[k])) return "the contraction's weights were not loaded";
   return NULL;
 }
 
@@ -144,13 +154,13 @@ static bool all_finite(const kl_tensor *t) {
   return true;
 }
 
-/* The folded weight, bias and, for gemm, attributes; the caller installs
- * them.  1 when the numbers do not allow it (a non-finite scale or a
- * weight that overflows), -1 on an error. */
+/* The folded weight and shift, for the caller to install. */
 typedef struct {
   kl_tensor *w, *b;
 } folded;
 
+/* 0 with *out filled; 1 when the numbers do not allow it (a non-finite
+ * scale, or a weight beyond its type once scaled); -1 on an error. */
 static int compute(fold_ctx *c, const kl_node *n, const kl_node *p, const channel_map *m,
                    folded *out) {
   kl_tensor *t[4] = {0}, *w = NULL, *b = NULL;
