@@ -135,45 +135,82 @@ static const char *why_not(const fold_ctx *c, const kl_node *n, channel_map *m) 
   return NULL;
 }
 
-/* A new weight holding t's values: a param when `like` (the weight it
- * replaces) is one, as ONNX initializers are, else a const. */
-static kl_value *new_const(fold_ctx *c, const kl_value *like, kl_dtype dtype, const kl_shape *s,
-                           const char *name, const kl_tensor *t) {
+/* A new weight of `like`'s kind (a param when it is one, as ONNX
+ * initializers are, else a const), holding `raw` (in the graph's arena). */
+static kl_value *new_weight(fold_ctx *c, const kl_value *like, kl_dtype dtype, const kl_shape *s,
+                            const char *name, void *raw) {
   kl_value_kind kind = like->kind == KL_VAL_PARAM ? KL_VAL_PARAM : KL_VAL_CONST;
   kl_value *v = kl_graph_add_param(c->g, kl_graph_fresh_value_name(c->g, name), dtype, s, kind,
                                    (kl_init){.kind = KL_INIT_DATA}, like->loc);
-  size_t bytes = (size_t)t->numel * kl_dtype_size(dtype);
-  v->data = kl_arena_alloc(&c->g->arena, bytes ? bytes : 1);
-  kl_tensor_to_raw(t, v->data);
+  v->data = raw;
   return v;
 }
 
-static bool all_finite(const kl_tensor *t) {
-  for (int64_t i = 0; i < t->numel; i++)
-    if (!isfinite(t->data[i])) return false;
-  return true;
-}
-
-/* The folded weight and shift, for the caller to install. */
+/* The folded weight (raw, in the graph's arena) and shift (a tensor). */
 typedef struct {
-  kl_tensor *w, *b;
+  void *w;
+  kl_tensor *b;
 } folded;
+
+/* Weight w scaled per output channel by s, into the arena, rounded once to
+ * w's type: read where its bytes lie (a mapped file's pages dropped once
+ * passed; f32, the common case, directly), or from its materialized
+ * contents.  1 when a scaled value is not finite in w's type. */
+static int scale_weight(fold_ctx *c, const kl_value *w, const channel_map *m, const double *s,
+                        void **out) {
+  int64_t n = kl_shape_numel(&w->shape);
+  size_t size = kl_dtype_size(w->dtype);
+  *out = kl_arena_alloc(&c->g->arena, n ? (size_t)n * size : 1);
+  const unsigned char *raw = w->kind == KL_VAL_NODE ? NULL : w->data;
+  unsigned char *drawn = NULL;
+  if (!raw) { /* seeded, or a constant node: its values as bytes */
+    kl_tensor *t = weight_tensor(w, c->err);
+    if (!t) return -1;
+    drawn = malloc((size_t)n * size + 1);
+    if (!drawn) abort();
+    kl_tensor_to_raw(t, drawn);
+    kl_tensor_free(t);
+    raw = drawn;
+  }
+  bool mapped = !drawn && kl_graph_is_mapped(c->g, raw, (size_t)n * size), finite = true;
+  enum { SLICE = 1 << 20 };
+  for (int64_t lo = 0; lo < n; lo += SLICE) {
+    int64_t hi = n - lo < SLICE ? n : lo + SLICE;
+    for (int64_t e = lo; e < hi; e++) {
+      double f = s[channel_of(m, w, e)];
+      if (w->dtype == KL_F32) {
+        float x;
+        memcpy(&x, raw + 4 * e, 4);
+        x = (float)(x * f);
+        finite &= isfinite(x) != 0;
+        memcpy((char *)*out + 4 * e, &x, 4);
+      } else {
+        double x = kl_dtype_round(w->dtype, kl_raw_get(w->dtype, raw, e, NULL) * f);
+        finite &= isfinite(x) != 0;
+        kl_raw_set(w->dtype, *out, e, x);
+      }
+    }
+    if (mapped) kl_pages_release(raw + lo * (int64_t)size, (size_t)(hi - lo) * size);
+  }
+  free(drawn);
+  return finite ? 0 : 1;
+}
 
 /* 0 with *out filled; 1 when the numbers do not allow it (a non-finite
  * scale, or a weight beyond its type once scaled); -1 on an error. */
 static int compute(fold_ctx *c, const kl_node *n, const kl_node *p, const channel_map *m,
                    folded *out) {
-  kl_tensor *t[4] = {0}, *w = NULL, *b = NULL;
+  kl_tensor *t[4] = {0}, *b = NULL;
+  double *s = NULL;
   int rc = -1;
   for (int k = 0; k < 4; k++)
     if (!(t[k] = weight_tensor(n->inputs[k + 1], c->err))) goto done;
-  if (!(w = weight_tensor(p->inputs[1], c->err))) goto done;
   const kl_value *pb = p->ninputs > 2 ? p->inputs[2] : NULL;
   if (pb && !(b = weight_tensor(pb, c->err))) goto done;
   double eps = kl_attr_float(n, "epsilon", 1e-5);
   double beta = p->op == KL_OP_GEMM ? kl_attr_float(p, "beta", 1.0) : 1.0;
   int64_t ch = m->channels;
-  double *s = malloc((size_t)ch * sizeof *s);
+  s = malloc((size_t)ch * sizeof *s + 1);
   if (!s) abort();
   kl_shape bs = {.rank = 1, .dims = {ch}};
   out->b = kl_tensor_new(pb ? pb->dtype : p->outputs[0]->dtype, &bs);
@@ -182,23 +219,15 @@ static int compute(fold_ctx *c, const kl_node *n, const kl_node *p, const channe
     double scale = t[0]->data[i], bias = t[1]->data[i], mean = t[2]->data[i], var = t[3]->data[i];
     s[i] = scale / sqrt(var + eps);
     double before = b ? beta * b->data[b->numel == 1 ? 0 : i] : 0.0;
-    out->b->data[i] = (before - mean) * s[i] + bias;
-    if (!isfinite(s[i])) rc = 1;
+    out->b->data[i] = kl_dtype_round(out->b->dtype, (before - mean) * s[i] + bias);
+    if (!isfinite(s[i]) || !isfinite(out->b->data[i])) rc = 1;
   }
-  for (int64_t e = 0; e < w->numel && !rc; e++) w->data[e] *= s[channel_of(m, p->inputs[1], e)];
-  if (!rc) {
-    for (int64_t e = 0; e < w->numel; e++) w->data[e] = kl_dtype_round(w->dtype, w->data[e]);
-    for (int64_t i = 0; i < ch; i++)
-      out->b->data[i] = kl_dtype_round(out->b->dtype, out->b->data[i]);
-    if (!all_finite(w) || !all_finite(out->b)) rc = 1; /* beyond the weight's type */
-  }
-  free(s);
-  if (!rc) out->w = w, w = NULL;
-  else kl_tensor_free(out->b), out->b = NULL;
+  if (!rc) rc = scale_weight(c, p->inputs[1], m, s, &out->w);
+  if (rc) kl_tensor_free(out->b), out->b = NULL;
 done:
   for (int k = 0; k < 4; k++) kl_tensor_free(t[k]);
-  kl_tensor_free(w);
   kl_tensor_free(b);
+  free(s);
   return rc;
 }
 
@@ -242,7 +271,7 @@ static int fold(fold_ctx *c, kl_node *n, const channel_map *m) {
   char name[300];
   kl_value *w = p->inputs[1], *y = n->outputs[0];
   snprintf(name, sizeof name, "%.200s_bn", w->name);
-  kl_value *nw = new_const(c, w, w->dtype, &w->shape, name, f.w);
+  kl_value *nw = new_weight(c, w, w->dtype, &w->shape, name, f.w);
   /* gemm adds the shift as its C; the others as an add after them, one
    * per channel ([C, 1, 1] after a convolution), which the kernel after
    * them takes as the batch norm's was: a convolution's own bias is a
@@ -250,8 +279,9 @@ static int fold(fold_ctx *c, kl_node *n, const channel_map *m) {
   kl_shape shift = f.b->shape;
   for (int d = 2; p->op != KL_OP_GEMM && d < y->shape.rank; d++) shift.dims[shift.rank++] = 1;
   snprintf(name, sizeof name, "%.200s_shift", y->name);
-  kl_value *nb = new_const(c, n->inputs[2], f.b->dtype, &shift, name, f.b);
-  kl_tensor_free(f.w);
+  void *shift_raw = kl_arena_alloc(&c->g->arena, (size_t)f.b->numel * kl_dtype_size(f.b->dtype) + 1);
+  kl_tensor_to_raw(f.b, shift_raw);
+  kl_value *nb = new_weight(c, n->inputs[2], f.b->dtype, &shift, name, shift_raw);
   kl_tensor_free(f.b);
   for (int k = 1; k < 5; k++) read_less(c, n->inputs[k]);
   c->nreads[n->inputs[0]->id]--;
