@@ -161,8 +161,8 @@ int kiln_cmd_compile(int argc, char **argv) {
     case OPT_NO_FUSE: no_fuse = true; break;
     case OPT_DUMP_AFTER:
       if (!kl_pipeline_has_pass(optarg)) {
-        fprintf(stderr, "kiln compile: --dump-after=%s: choose bnfold, precision, schedule, fold, fuse, "
-                        "memory or all\n", optarg);
+        fprintf(stderr, "kiln compile: --dump-after=%s: choose bnfold, precision, schedule, "
+                        "fold, fuse, memory or all\n", optarg);
         return KILN_EXIT_USAGE;
       }
       dump_after = mo.dump_after = optarg;

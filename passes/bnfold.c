@@ -279,7 +279,8 @@ static int fold(fold_ctx *c, kl_node *n, const channel_map *m) {
   kl_shape shift = f.b->shape;
   for (int d = 2; p->op != KL_OP_GEMM && d < y->shape.rank; d++) shift.dims[shift.rank++] = 1;
   snprintf(name, sizeof name, "%.200s_shift", y->name);
-  void *shift_raw = kl_arena_alloc(&c->g->arena, (size_t)f.b->numel * kl_dtype_size(f.b->dtype) + 1);
+  size_t shift_bytes = (size_t)f.b->numel * kl_dtype_size(f.b->dtype);
+  void *shift_raw = kl_arena_alloc(&c->g->arena, shift_bytes + 1);
   kl_tensor_to_raw(f.b, shift_raw);
   kl_value *nb = new_weight(c, n->inputs[2], f.b->dtype, &shift, name, shift_raw);
   kl_tensor_free(f.b);
@@ -359,7 +360,12 @@ int kl_fold_batch_norms(kl_graph *g, FILE *dump, kl_error *err) {
     if (dump) fprintf(dump, "  (nothing folded: the graph trains its params)\n");
     return 0;
   }
-  int nvalues = g->values.len, nnodes = g->nodes.len;
+  int nvalues = g->values.len, nnodes = g->nodes.len, nbn = 0;
+  for (int i = 0; i < nnodes; i++) nbn += g->nodes.items[i]->op == KL_OP_BATCH_NORM;
+  if (!nbn) { /* most graphs: nothing to order, count or verify */
+    if (dump) fprintf(dump, "  (no batch_norm)\n");
+    return 0;
+  }
   /* values and nodes added below get ids past these; room for them */
   size_t vcap = (size_t)nvalues * 2 + (size_t)nnodes * 4 + 8;
   fold_ctx c = {.g = g, .err = err, .dump = dump};
@@ -368,13 +374,14 @@ int kl_fold_batch_norms(kl_graph *g, FILE *dump, kl_error *err) {
   c.dead_node = calloc((size_t)nnodes * 2 + 8, sizeof *c.dead_node);
   kl_node **order = calloc((size_t)nnodes + 1, sizeof *order);
   if (!c.nreads || !c.dead_value || !c.dead_node || !order) abort();
-  int rc = kl_topo_order(g, order, err), nfolded = 0, nbn = 0;
-  for (int i = 0; i < nnodes && !rc; i++)
-    for (int k = 0; k < g->nodes.items[i]->ninputs; k++) c.nreads[g->nodes.items[i]->inputs[k]->id]++;
+  int rc = kl_topo_order(g, order, err), nfolded = 0;
+  for (int i = 0; i < nnodes && !rc; i++) {
+    const kl_node *n = g->nodes.items[i];
+    for (int k = 0; k < n->ninputs; k++) c.nreads[n->inputs[k]->id]++;
+  }
   for (int i = 0; i < nnodes && !rc; i++) {
     kl_node *n = order[i];
     if (n->op != KL_OP_BATCH_NORM) continue;
-    nbn++;
     channel_map m;
     const char *why = why_not(&c, n, &m);
     if (why) {
@@ -393,11 +400,10 @@ int kl_fold_batch_norms(kl_graph *g, FILE *dump, kl_error *err) {
         c.dead_value[i] = false;
     }
     if (nfolded) compact(&c);
-    if (dump && !nbn) fprintf(dump, "  (no batch_norm)\n");
   }
   free(c.nreads);
   free(c.dead_value);
   free(c.dead_node);
   free(order);
-  return rc ? rc : kl_verify(g, err);
+  return rc || !nfolded ? rc : kl_verify(g, err);
 }

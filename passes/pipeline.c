@@ -25,7 +25,8 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-const char *const kl_pipeline_passes[] = {"bnfold", "precision", "schedule", "fold", "fuse", "memory", NULL};
+const char *const kl_pipeline_passes[] = {"bnfold", "precision", "schedule", "fold",
+                                          "fuse",   "memory",    NULL};
 
 bool kl_pipeline_has_pass(const char *name) {
   if (!strcmp(name, "all")) return true;
