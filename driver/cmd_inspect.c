@@ -9,9 +9,7 @@ static const char inspect_help[] =
     "usage: kiln inspect MODEL [options]\n"
     "Print inputs, outputs, parameters (count and bytes) and op counts; with\n"
     "--precision (or --io-precision, --fp32-ops, --fp32-nodes) also the type and\n"
-    "class (allow, deny, follow, keep) chosen for each node, and for each node\n"
-    "left in fp32 why: its op, the lists, a weight or attribute the low type\n"
-    "cannot hold, or the fp32 inputs it follows.\n"
+    "class (allow, deny, follow, keep) chosen for each node.\n"
     "  --memplan FILE.svg    compile the model and draw its memory plan (buffers\n"
     "                        over schedule steps); print the planned arena, the\n"
     "                        lower bound and the naive sum\n"
@@ -19,7 +17,10 @@ static const char inspect_help[] =
     "                        kernel) a cluster; dashed: no kernel (folded, views)\n"
     "  --no-fuse             with --memplan or --dot: one kernel per node\n"
     KILN_MODEL_HELP
-    "  -h, --help            show this help\n";
+    "  -h, --help            show this help\n"
+    "With --precision, each node left in fp32 says why: its op's class, the\n"
+    "lists, a weight or attribute the low type cannot hold, or the fp32 inputs\n"
+    "it follows.\n";
 
 enum { OPT_MEMPLAN = 2200, OPT_DOT, OPT_NO_FUSE };
 
