@@ -33,8 +33,9 @@ static const char compile_help[] =
     "  --mem-limit=SIZE      fail when the planned arena of intermediates exceeds SIZE\n"
     "                        bytes (K, M, G: KiB, MiB, GiB)\n"
     "  --no-fuse             one kernel per node (the same pipeline, singleton groups)\n"
-    "  --dump-after=PASS     print what a pass did, on standard output: precision,\n"
-    "                        schedule, fold, fuse, memory, or all (in that order)\n"
+    "  --dump-after=PASS     print what a pass did, on standard output: bnfold,\n"
+    "                        precision, schedule, fold, fuse, memory, or all (in\n"
+    "                        that order)\n"
     "  -o, --output OUT      the file (ir; default: standard output) or folder (cu)\n"
     KILN_MODEL_HELP
     "  -h, --help            show this help\n";
@@ -230,8 +231,8 @@ int kiln_cmd_compile(int argc, char **argv) {
     case OPT_NO_FUSE: no_fuse = true; break;
     case OPT_DUMP_AFTER:
       if (!kl_pipeline_has_pass(optarg)) {
-        fprintf(stderr, "kiln compile: --dump-after=%s: choose precision, schedule, fold, fuse, "
-                        "memory or all\n", optarg);
+        fprintf(stderr, "kiln compile: --dump-after=%s: choose bnfold, precision, schedule, "
+                        "fold, fuse, memory or all\n", optarg);
         return KILN_EXIT_USAGE;
       }
       dump_after = mo.dump_after = optarg;

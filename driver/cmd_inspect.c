@@ -19,7 +19,10 @@ static const char inspect_help[] =
     "                        kernel) a cluster; dashed: no kernel (folded, views)\n"
     "  --no-fuse             with --memplan or --dot: one kernel per node\n"
     KILN_MODEL_HELP
-    "  -h, --help            show this help\n";
+    "  -h, --help            show this help\n"
+    "With --precision, each node left in fp32 says why: its op's class, the\n"
+    "lists, a weight or attribute the low type cannot hold, or the fp32 inputs\n"
+    "it follows.\n";
 
 enum { OPT_MEMPLAN = 2200, OPT_DOT, OPT_NO_FUSE };
 
@@ -51,20 +54,31 @@ static void print_value(const kl_value *v) {
 }
 
 /* After the precision pass: each node, in run order, with the type it
- * computes in and its class. */
+ * computes in, its class, and for a float node left in fp32 why: its op's
+ * class, the user's lists, a number the low type cannot hold, or its
+ * inputs (a follow node over weights alone: its readers). */
 static void print_precision(const kl_graph *g, const kiln_model_opts *mo) {
   kl_node **order = calloc((size_t)g->nodes.len + 1, sizeof *order);
   if (!order) abort();
   kl_error err;
   if (kl_topo_order(g, order, &err)) /* cyclic: creation order */
     memcpy(order, g->nodes.items, (size_t)g->nodes.len * sizeof *order);
-  printf("precision %s, inputs and outputs %s (node, op, type, class):\n",
+  printf("precision %s, inputs and outputs %s (node, op, type, class, why fp32):\n",
          kl_dtype_name(mo->prec.low), mo->prec.io_set ? kl_dtype_name(mo->prec.io) : "as declared");
   for (int i = 0; i < g->nodes.len; i++) {
     const kl_node *n = order[i];
-    printf("  %-32s %-18s %-5s %s\n", n->name, kl_ops[n->op].name,
-           kl_dtype_name(kl_precision_node_dtype(n)),
-           kl_precision_class_name(kl_precision_node_class(n, &mo->prec)));
+    kl_dtype t = kl_precision_node_dtype(n);
+    kl_precision_class c = kl_precision_node_class(n, &mo->prec);
+    char buf[512];
+    const char *why = NULL;
+    if (t == KL_F32 && mo->prec.low != KL_F32 && c != KL_PREC_KEEP) {
+      why = kl_precision_fp32_reason(g, n, &mo->prec, buf, sizeof buf);
+      if (why) c = KL_PREC_DENY; /* as the pass took it */
+      else why = "follows its fp32 inputs (or readers, over weights alone)";
+    }
+    printf("  %-32s %-18s %-5s ", n->name, kl_ops[n->op].name, kl_dtype_name(t));
+    if (why) printf("%-6s %s\n", kl_precision_class_name(c), why);
+    else printf("%s\n", kl_precision_class_name(c));
   }
   free(order);
 }

@@ -47,9 +47,20 @@ enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE, OPT_PRECISION, OPT_IO_PRECISION, 
   "  --weights FILE        replace params/consts with the tensors of a "       \
   ".safetensors file\n"                                                       \
   "  --shape NAME=D0,D1,.. bind the shape of an ONNX input with symbolic dims\n" \
-  "  --precision=P         fp32 (default), fp16 or bf16: matmul, gemm and conv\n" \
-  "                        (and the elementwise ops between them) in P, softmax,\n" \
-  "                        norms, reductions, exp/log and losses in fp32\n"    \
+  "  --precision=P         fp32 (default), fp16 or bf16.  In P: matmul, gemm,\n" \
+  "                        conv2d, conv_transpose2d and the elementwise and\n" \
+  "                        data movement ops around them (batch_norm, relu,\n" \
+  "                        add, reshape...).  In fp32: softmax, log_softmax,\n" \
+  "                        layer_norm, rms_norm, the reductions (reduce_*,\n"  \
+  "                        argmax/argmin, cumsum, topk), avg and global pools,\n" \
+  "                        exp, log, pow, reciprocal, rsqrt, softplus, tan,\n" \
+  "                        asin, acos, sinh, cosh, asinh, acosh, atanh, det,\n" \
+  "                        grid_sample, the losses, --fp32-ops, --fp32-nodes,\n" \
+  "                        and any node with a weight or float attribute P\n"  \
+  "                        cannot hold (beyond its range; a scale or epsilon\n" \
+  "                        flushing to 0).  kiln inspect --precision=P says\n" \
+  "                        which and why.  Inference batch norms after a conv\n" \
+  "                        or GEMM are folded into its weights first, in fp32\n" \
   "  --io-precision=P      inputs and outputs in P (default: as declared)\n"   \
   "  --fp32-ops OP,...     keep these ops in fp32 too (repeatable)\n"          \
   "  --fp32-nodes NAME,... keep these nodes in fp32 (repeatable)\n"
@@ -70,8 +81,8 @@ void kiln_print_onnx_error(const char *path, const kl_error *err);
 /* Read a model (.kl or .onnx), apply --weights and the precision options;
  * NULL after printing the error. */
 kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o);
-/* The passes that rewrite the graph (passes/pipeline.c: precision, when
- * the options ask for it); kiln_load_model calls them.  -1 after printing
+/* The passes that rewrite the graph (passes/pipeline.c: bnfold, and
+ * precision when the options ask for it); kiln_load_model calls them.  -1 after printing
  * the error. */
 int kiln_apply_precision(kl_graph *g, const kiln_model_opts *o);
 

@@ -126,13 +126,32 @@ typedef struct {
 int kl_assign_precision(kl_graph *g, const kl_precision_options *opt, kl_error *err);
 /* kl_ops[op].precision (KL_PREC_UNLISTED for an op id out of range). */
 kl_precision_class kl_precision_op_class(kl_op op);
-/* The class the pass uses for node n: the table, the user's lists, and
- * deny for unlisted ops. */
+/* The class the table and the user's lists give node n (deny for unlisted
+ * ops); the pass also denies nodes whose numbers do not fit the low type
+ * (kl_precision_fp32_reason). */
 kl_precision_class kl_precision_node_class(const kl_node *n, const kl_precision_options *opt);
 const char *kl_precision_class_name(kl_precision_class c);
+/* Why node n computes in fp32 rather than opt->low, as a sentence in buf:
+ * its op's class (deny), --fp32-ops or --fp32-nodes, or a number it works
+ * with that the low type cannot hold ("weight 'var' holds 1.05e+07, beyond
+ * fp16's 65504", "epsilon 1e-12 flushes to 0 in fp16"; precision.c says
+ * which numbers matter).  NULL when nothing keeps it in fp32 (it may
+ * still follow an fp32 input). */
+const char *kl_precision_fp32_reason(const kl_graph *g, const kl_node *n,
+                                     const kl_precision_options *opt, char *buf, size_t len);
 /* The type node n computes in: its first float input's (a cast's or a
  * constant's: its output's). */
 kl_dtype kl_precision_node_dtype(const kl_node *n);
+
+/* ---- batch norm folding (bnfold.c) -------------------------------------
+ * Inference batch norms whose input is the only use of a conv2d,
+ * conv_transpose2d, gemm or 2-D matmul output, with weights for scale,
+ * bias, mean and var, are folded into that node's weight and bias
+ * (computed in float64, rounded once); the batch norm and the weights no
+ * one reads any more leave g.  Nothing is folded in a graph with a train
+ * block.  With `dump`, one line per batch norm: folded into what, or why
+ * not.  0, or -1 with err set. */
+int kl_fold_batch_norms(kl_graph *g, FILE *dump, kl_error *err);
 
 /* ---- views (views.c) -----------------------------------------------------
  * A value read in place: element (i0, .., ir-1) of it is element
@@ -327,8 +346,8 @@ void kl_plan_free(kl_plan *p);
 
 /* ---- the pipeline (pipeline.c) -------------------------------------------
  * The one ordered list of what the compiler does to a graph:
- *   [autodiff] -> precision -> schedule -> fold -> fuse -> memory
- * The first rewrite the graph, once per model (kl_pipeline_rewrite); the
+ *   [autodiff] -> bnfold -> precision -> schedule -> fold -> fuse -> memory
+ * bnfold and precision rewrite the graph, once per model (kl_pipeline_rewrite); the
  * rest decide a plan and leave the graph as it is, once per compile (a
  * benchmark plans one graph fused and unfused).  fuse is attention,
  * direct GEMMs and epilogues, then the groups, then the views.  Each pass

@@ -2,7 +2,10 @@
  * what the compiler does to a graph between the front end and the code
  * generator:
  *
- *   precision  f32 values take f16/bf16 where their ops allow (precision.c)
+ *   bnfold     inference batch norms folded into the conv or GEMM before
+ *              them (bnfold.c)
+ *   precision  f32 values take f16/bf16 where their ops and their numbers
+ *              allow (precision.c)
  *   schedule   the order nodes run in, keeping few bytes alive (schedule.c)
  *   fold       nodes of weights alone computed now (fold.c)
  *   fuse       attention, direct GEMMs and GEMM epilogues (plan_gemm.c),
@@ -22,7 +25,8 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-const char *const kl_pipeline_passes[] = {"precision", "schedule", "fold", "fuse", "memory", NULL};
+const char *const kl_pipeline_passes[] = {"bnfold", "precision", "schedule", "fold",
+                                          "fuse",   "memory",    NULL};
 
 bool kl_pipeline_has_pass(const char *name) {
   if (!strcmp(name, "all")) return true;
@@ -60,6 +64,11 @@ static void dump_fold(FILE *f, const kl_plan *p) {
 static void header(FILE *f, const char *pass) { fprintf(f, "# ---- after %s\n", pass); }
 
 int kl_pipeline_rewrite(kl_graph *g, const kl_pipeline_options *o, kl_error *err) {
+  /* before precision: the folded weights are rounded once, from float64,
+   * and no batch norm statistics reach a low type */
+  bool dump_bn = dumps(o, "bnfold");
+  if (dump_bn) header(o->dump, "bnfold");
+  if (kl_fold_batch_norms(g, dump_bn ? o->dump : NULL, err)) return -1;
   if (o->precision && kl_assign_precision(g, o->precision, err)) return -1;
   if (dumps(o, "precision")) header(o->dump, "precision"), kl_print_graph(o->dump, g);
   return 0;

@@ -13,7 +13,11 @@
  *           that is not a weight already is, so they never add a cast of
  *           their own;
  *   keep    casts and constants, whose types are spelled out.
- * --fp32-ops and --fp32-nodes move ops and single nodes to deny.
+ * --fp32-ops and --fp32-nodes move ops and single nodes to deny, and so do
+ * the numbers a node works with when the low type cannot hold them (below,
+ * "numbers the low type cannot hold"): an allow or follow node reading a
+ * running variance of 1.05e7 stays in fp32 instead of saturating it to
+ * fp16's 65504.
  *
  * Weights (params, consts, constant nodes) and the follow nodes computed
  * from weights alone take the type their readers want, converted at compile
@@ -25,6 +29,7 @@
  * weight-only nodes become), rewrite (forward: convert weights, insert casts,
  * re-infer each node), then verifies the graph. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,24 +56,274 @@ static bool in_list(const char *name, const char *const *list, int n) {
   return false;
 }
 
-kl_precision_class kl_precision_node_class(const kl_node *n, const kl_precision_options *opt) {
-  kl_precision_class c = kl_precision_op_class(n->op);
-  if (c == KL_PREC_KEEP) return c;
-  if (opt && (in_list(kl_ops[n->op].name, opt->fp32_ops, opt->nfp32_ops) ||
-              in_list(n->name, opt->fp32_nodes, opt->nfp32_nodes)))
-    return KL_PREC_DENY;
-  /* a node is also known by the values it gives (`let h = ...` in .kl) */
-  for (int k = 0; opt && k < n->noutputs; k++)
-    if (in_list(n->outputs[k]->name, opt->fp32_nodes, opt->nfp32_nodes)) return KL_PREC_DENY;
-  /* an op nobody has classified yet stays in fp32 */
-  return c == KL_PREC_UNLISTED ? KL_PREC_DENY : c;
-}
-
 kl_dtype kl_precision_node_dtype(const kl_node *n) {
   if (n->op != KL_OP_CAST)
     for (int k = 0; k < n->ninputs; k++)
       if (kl_dtype_is_float(n->inputs[k]->dtype)) return n->inputs[k]->dtype;
   return n->noutputs ? n->outputs[0]->dtype : KL_F32;
+}
+
+/* ---- numbers the low type cannot hold ----------------------------------
+ * A node runs in the low type only if the numbers it works with fit it.
+ * Which numbers matter, and when:
+ *  - every float weight it reads (a param, a const, a constant node, also
+ *    through reshapes, slices, concats and other data movement): a finite
+ *    value beyond the low type's largest would be saturated (1.05e7 becomes
+ *    65504), so any such value keeps the node in fp32;
+ *  - the weights it scales by (the operands of matmul, gemm and the
+ *    convolutions but not their bias, both factors of mul, the divisor of
+ *    div, batch_norm's scale and var): judged by their largest magnitude.
+ *    When even that flushes to 0, or keeps fewer than 8 significant bits
+ *    in the low type's subnormals (below 2^-16 in fp16), the whole product
+ *    loses its digits.  A tensor's tiny elements beside normal ones do not
+ *    matter: in a sum of products they are below the rounding of the
+ *    larger terms.  Additive weights (a bias, the constant of an add, a pad)
+ *    are never judged by their small values, for the same reason;
+ *  - float attributes: beyond the range as weights are; and an epsilon
+ *    (which guards a division: flushed, it brings back the inf it is there
+ *    to prevent) or gemm's alpha and beta (which scale the whole result)
+ *    when they flush to 0.
+ * Values computed from weights by arithmetic are not evaluated here (fold
+ * computes them later); NaN and infinities convert exactly. */
+static double finite_max(kl_dtype t) {
+  return t == KL_F16 ? 65504.0 : t == KL_BF16 ? 3.3895313892515355e38 : 3.4028234663852886e38;
+}
+
+/* 2^-16 in fp16, 2^-125 in bf16: eight bits above the smallest subnormal. */
+static double digits_floor(kl_dtype t) {
+  return t == KL_F16 ? ldexp(1, -16) : t == KL_BF16 ? ldexp(1, -125) : ldexp(1, -141);
+}
+
+/* For each weight, its peak: the value of largest finite magnitude, with
+ * its sign, and the weight it comes from; memoised per value id when
+ * `state` is given (the pass), computed afresh when not (inspect). */
+typedef struct {
+  const kl_graph *g;
+  kl_dtype low;
+  int nvalues;       /* ids below it are memoised */
+  signed char *state; /* value id -> 0 not yet, 1 known, -1 unknown */
+  double *peak;
+  const kl_value **source;
+} range_ctx;
+
+static void note_peak(double x, double *peak) {
+  if (isfinite(x) && fabs(x) > fabs(*peak)) *peak = x;
+}
+
+/* The peak of n raw elements of dtype t.  f32, the weights of a large
+ * model, is read as bits: the largest finite magnitude of each sign is
+ * the largest of its bits (a loop the compiler can vectorise). */
+static void raw_peak(kl_dtype t, const void *raw, int64_t n, double *peak) {
+  if (t == KL_F32) {
+    uint32_t top[2] = {0, 0}; /* positive, negative */
+    for (int64_t i = 0; i < n; i++) {
+      uint32_t u;
+      memcpy(&u, (const char *)raw + 4 * i, 4);
+      uint32_t a = u & 0x7fffffffu, finite = a < 0x7f800000u, neg = u >> 31;
+      uint32_t p = finite && !neg ? a : 0, m = finite && neg ? a : 0;
+      top[0] = p > top[0] ? p : top[0];
+      top[1] = m > top[1] ? m : top[1];
+    }
+    for (int s = 0; s < 2; s++) {
+      float x;
+      memcpy(&x, &top[s], 4);
+      note_peak(s ? -x : x, peak);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) note_peak(kl_raw_get(t, raw, i, NULL), peak);
+}
+
+/* A param's or const's peak: from its bytes, a slice at a time (a mapped
+ * file's pages dropped once passed), or from its seeded init. */
+static bool param_peak(const kl_graph *g, const kl_value *v, double *peak) {
+  int64_t n = kl_shape_numel(&v->shape);
+  *peak = 0;
+  switch (v->init.kind) {
+  case KL_INIT_ZEROS: return true;
+  case KL_INIT_ONES: *peak = n ? 1 : 0; return true;
+  case KL_INIT_FULL: if (n) note_peak(v->init.a, peak); return true;
+  case KL_INIT_UNIFORM:
+    if (n) note_peak(v->init.a, peak), note_peak(v->init.b, peak);
+    return true;
+  case KL_INIT_DATA: case KL_INIT_LOAD: {
+    if (!v->data) return false;
+    size_t size = kl_dtype_size(v->dtype);
+    bool mapped = kl_graph_is_mapped(g, v->data, (size_t)n * size);
+    enum { SLICE = 1 << 20 };
+    for (int64_t lo = 0; lo < n; lo += SLICE) {
+      int64_t k = n - lo < SLICE ? n - lo : SLICE;
+      const char *in = (const char *)v->data + lo * (int64_t)size;
+      raw_peak(v->dtype, in, k, peak);
+      if (mapped) kl_pages_release(in, (size_t)k * size);
+    }
+    return true;
+  }
+  case KL_INIT_RANDN: {
+    enum { SLICE = 1 << 16 };
+    unsigned char *drawn = malloc(SLICE * kl_dtype_size(v->dtype));
+    if (!drawn) abort();
+    kl_rng rng;
+    kl_rng_seed(&rng, v->init.seed);
+    for (int64_t lo = 0; lo < n; lo += SLICE) {
+      int64_t k = n - lo < SLICE ? n - lo : SLICE;
+      kl_init_fill_raw(v, &rng, k, drawn);
+      raw_peak(v->dtype, drawn, k, peak);
+    }
+    free(drawn);
+    return true;
+  }
+  default: return false;
+  }
+}
+
+static bool peak_of(range_ctx *r, const kl_value *v, int depth, double *peak,
+                    const kl_value **source);
+
+/* Data movement (and casts between float types) keeps the values it
+ * moves: its output's peak is at most its inputs'. */
+static bool moved_peak(range_ctx *r, const kl_node *p, int depth, double *peak,
+                       const kl_value **source) {
+  bool moves = kl_ops[p->op].kind == KL_KIND_DATA_MOVEMENT || p->op == KL_OP_CAST;
+  if (!moves || p->op == KL_OP_CONSTANT || depth > 32) return false;
+  *peak = 0;
+  bool any = false;
+  for (int k = 0; k < p->ninputs; k++) {
+    double x;
+    const kl_value *s;
+    if (!kl_dtype_is_float(p->inputs[k]->dtype)) continue;
+    if (!peak_of(r, p->inputs[k], depth + 1, &x, &s)) return false;
+    if (!any || fabs(x) > fabs(*peak)) *peak = x, *source = s;
+    any = true;
+  }
+  if (p->op == KL_OP_PAD) note_peak(kl_attr_float(p, "value", 0.0), peak);
+  return any;
+}
+
+/* The peak of a weight, or of data movement over weights; false when v
+ * is computed otherwise (or its contents are unknown). */
+static bool peak_of(range_ctx *r, const kl_value *v, int depth, double *peak,
+                    const kl_value **source) {
+  bool memo = r->state && v->id < r->nvalues;
+  if (memo && r->state[v->id]) {
+    *peak = r->peak[v->id], *source = r->source[v->id];
+    return r->state[v->id] > 0;
+  }
+  bool known;
+  *source = v;
+  *peak = 0;
+  if (v->kind == KL_VAL_PARAM || v->kind == KL_VAL_CONST) {
+    known = param_peak(r->g, v, peak);
+  } else if (v->kind == KL_VAL_NODE && v->producer->op == KL_OP_CONSTANT) {
+    const kl_attr *a = kl_node_attr(v->producer, "value");
+    known = a && a->kind == KL_ATTR_FLOATS;
+    for (int i = 0; known && i < a->n; i++) note_peak(a->floats[i], peak);
+  } else {
+    known = v->kind == KL_VAL_NODE && moved_peak(r, v->producer, depth, peak, source);
+  }
+  if (memo) {
+    r->state[v->id] = known ? 1 : -1;
+    r->peak[v->id] = *peak, r->source[v->id] = *source;
+  }
+  return known;
+}
+
+/* Input k of n is a factor of its result (see the comment above). */
+static bool scales_by(const kl_node *n, int k) {
+  switch (n->op) {
+  case KL_OP_MATMUL: case KL_OP_MUL: return true;
+  case KL_OP_GEMM: case KL_OP_CONV2D: case KL_OP_CONV_TRANSPOSE2D: return k < 2;
+  case KL_OP_DIV: return k == 1;
+  case KL_OP_BATCH_NORM: return k == 1 || k == 4;
+  default: return false;
+  }
+}
+
+/* An attribute whose loss to 0 changes the result. */
+static bool attr_must_not_flush(const kl_node *n, const char *name) {
+  return !strcmp(name, "epsilon") ||
+         (n->op == KL_OP_GEMM && (!strcmp(name, "alpha") || !strcmp(name, "beta")));
+}
+
+static const char *low_name(kl_dtype t) { return t == KL_F16 ? "fp16" : "bf16"; }
+
+/* NULL when the numbers node n works with fit r->low, else why not. */
+static const char *numbers_misfit(range_ctx *r, const kl_node *n, char *buf, size_t len) {
+  kl_dtype low = r->low;
+  double big = finite_max(low);
+  for (int k = 0; k < n->ninputs; k++) {
+    double x;
+    const kl_value *s;
+    kl_dtype t = n->inputs[k]->dtype; /* f64 is never lowered */
+    if ((t != KL_F32 && t != KL_F16 && t != KL_BF16) || !peak_of(r, n->inputs[k], 0, &x, &s))
+      continue;
+    const char *what = s->kind == KL_VAL_PARAM ? "weight" : "constant";
+    if (fabs(x) > big) {
+      snprintf(buf, len, "%s '%s' holds %g, beyond %s's %g", what, s->name, x, low_name(low), big);
+      return buf;
+    }
+    if (x == 0 || !scales_by(n, k) || fabs(x) >= digits_floor(low)) continue;
+    if (kl_dtype_round(low, x) == 0)
+      snprintf(buf, len, "%s '%s' holds at most %g in magnitude, which flushes to 0 in %s", what,
+               s->name, fabs(x), low_name(low));
+    else
+      snprintf(buf, len, "%s '%s' holds at most %g in magnitude, which keeps under 8 significant "
+               "bits in %s's subnormals", what, s->name, fabs(x), low_name(low));
+    return buf;
+  }
+  for (int i = 0; i < n->nattrs; i++) {
+    const kl_attr *a = &n->attrs[i];
+    if (a->kind != KL_ATTR_FLOAT || !isfinite(a->f)) continue;
+    if (fabs(a->f) > big) {
+      snprintf(buf, len, "%s %g is beyond %s's %g", a->name, a->f, low_name(low), big);
+      return buf;
+    }
+    if (a->f != 0 && kl_dtype_round(low, a->f) == 0 && attr_must_not_flush(n, a->name)) {
+      snprintf(buf, len, "%s %g flushes to 0 in %s", a->name, a->f, low_name(low));
+      return buf;
+    }
+  }
+  return NULL;
+}
+
+/* The class the op table and the user's lists give n, and why that is
+ * deny (NULL: it is not). */
+static kl_precision_class listed_class(const kl_node *n, const kl_precision_options *opt,
+                                       const char **why) {
+  kl_precision_class c = kl_precision_op_class(n->op);
+  *why = NULL;
+  if (c == KL_PREC_KEEP) return c;
+  if (opt && in_list(kl_ops[n->op].name, opt->fp32_ops, opt->nfp32_ops)) {
+    *why = "--fp32-ops names its op";
+    return KL_PREC_DENY;
+  }
+  bool named = opt && in_list(n->name, opt->fp32_nodes, opt->nfp32_nodes);
+  /* a node is also known by the values it gives (`let h = ...` in .kl) */
+  for (int k = 0; opt && k < n->noutputs && !named; k++)
+    named = in_list(n->outputs[k]->name, opt->fp32_nodes, opt->nfp32_nodes);
+  if (named) {
+    *why = "--fp32-nodes names it";
+    return KL_PREC_DENY;
+  }
+  if (c == KL_PREC_DENY) *why = "its op is in the deny class (fp32)";
+  /* an op nobody has classified yet stays in fp32 */
+  if (c == KL_PREC_UNLISTED) *why = "its op has no precision class", c = KL_PREC_DENY;
+  return c;
+}
+
+const char *kl_precision_fp32_reason(const kl_graph *g, const kl_node *n,
+                                     const kl_precision_options *opt, char *buf, size_t len) {
+  const char *why;
+  kl_precision_class c = listed_class(n, opt, &why);
+  if (why) return snprintf(buf, len, "%s", why), buf;
+  if (c == KL_PREC_KEEP || !opt || (opt->low != KL_F16 && opt->low != KL_BF16)) return NULL;
+  range_ctx r = {.g = g, .low = opt->low};
+  return numbers_misfit(&r, n, buf, len);
+}
+
+kl_precision_class kl_precision_node_class(const kl_node *n, const kl_precision_options *opt) {
+  const char *why;
+  return listed_class(n, opt, &why);
 }
 
 /* ---- pass state ------------------------------------------------------ */
@@ -103,6 +358,7 @@ typedef struct {
   int *rstart;           /* value id -> first reader in readers[] */
   reader *readers;
   kl_value **cast_memo;  /* value id * 3 + slot -> the cast or converted copy */
+  range_ctx range;       /* the weights' peaks, memoised */
 } prec_ctx;
 
 static bool is_fp(kl_dtype t) { return t == KL_F32 || t == KL_F16 || t == KL_BF16; }
@@ -134,6 +390,10 @@ static kl_dtype wanted(const prec_ctx *c, const kl_node *n, int k) {
 /* ---- step 1: decide, forward ---------------------------------------- */
 static void decide_node(prec_ctx *c, kl_node *n) {
   kl_precision_class cls = kl_precision_node_class(n, c->opt);
+  char why[512];
+  if ((cls == KL_PREC_ALLOW || cls == KL_PREC_FOLLOW) && c->low != KL_F32 &&
+      numbers_misfit(&c->range, n, why, sizeof why))
+    cls = KL_PREC_DENY;
   int nfloat = 0, nflex = 0, nlow = 0;
   bool eligible = true;
   for (int k = 0; k < n->ninputs; k++) {
@@ -196,9 +456,6 @@ static void resolve_flex_node(prec_ctx *c, kl_node *n) {
 }
 
 /* ---- step 3: rewrite ------------------------------------------------- */
-static double finite_max(kl_dtype t) {
-  return t == KL_F16 ? 65504.0 : t == KL_BF16 ? 3.3895313892515355e38 : 3.4028234663852886e38;
-}
 
 /* A finite weight stays finite in the low type: -1e9 as a mask value
  * becomes -65504, not -inf (which would turn 0 * mask into NaN). */
@@ -397,6 +654,10 @@ int kl_assign_precision(kl_graph *g, const kl_precision_options *opt, kl_error *
   c.node_type = calloc(nn, sizeof *c.node_type);
   c.rstart = calloc(nv + 1, sizeof *c.rstart);
   c.cast_memo = calloc(nv * 3, sizeof *c.cast_memo);
+  c.range = (range_ctx){.g = g, .low = opt->low, .nvalues = c.nvalues,
+                        .state = calloc(nv, 1), .peak = calloc(nv, sizeof(double)),
+                        .source = calloc(nv, sizeof(kl_value *))};
+  if (!c.range.state || !c.range.peak || !c.range.source) abort();
   if (!c.order || !c.orig || !c.vtype || !c.mode || !c.node_type || !c.rstart || !c.cast_memo)
     abort();
   int rc = kl_topo_order(g, c.order, err);
@@ -453,5 +714,6 @@ int kl_assign_precision(kl_graph *g, const kl_precision_options *opt, kl_error *
 done:
   free(c.order); free(c.orig); free(c.vtype); free(c.mode); free(c.node_type);
   free(c.rstart); free(c.readers); free(c.cast_memo);
+  free(c.range.state); free(c.range.peak); free(c.range.source);
   return rc;
 }

@@ -173,7 +173,7 @@ expect runtime_dir_missing_lib 1 "building the library failed; the compiler said
 "$kiln" compile "$root/examples/transformer.kl" --emit=cu -o dump_out --no-nvrtc --dump-after=all \
   >dump_all.txt 2>dump_all.err
 order=$(grep -oP '^# ---- after \K\w+' dump_all.txt | tr '\n' ' ')
-expect dump_after_all_order 0 "^precision schedule fold fuse memory $" -- echo "$order"
+expect dump_after_all_order 0 "^bnfold precision schedule fold fuse memory $" -- echo "$order"
 expect dump_after_fold 0 "causal = gt -> bool\[16, 16\]: folded into the weights" -- cat dump_all.txt
 expect dump_after_fuse_attention 0 "attention: heads <- matmul_2" -- cat dump_all.txt
 expect dump_after_fuse_epilogue 0 "gemm: h <- matmul_4, bias b_o, residual x" -- cat dump_all.txt
@@ -181,7 +181,12 @@ expect dump_after_memory 0 "merged: no kernel, its input transpose_4.s buffer" -
   "$kiln" compile "$root/examples/transformer.kl" --emit=cu -o dump_out2 --no-nvrtc --dump-after=memory
 expect dump_after_one 0 "^# ---- after fold$" -- \
   "$kiln" compile "$root/examples/transformer.kl" --emit=cu -o dump_out3 --no-nvrtc --dump-after=fold
-expect dump_after_bad 2 "--dump-after=fusion: choose precision" -- \
+# bnfold: the cnn example's batch norms fold into their convolutions
+expect dump_after_bnfold 0 "batch_norm_1 = batch_norm: folded into s0 \(conv2d\): weight stem_w_bn" -- \
+  "$kiln" compile "$root/examples/cnn.kl" --emit=cu -o dump_out4 --no-nvrtc --dump-after=bnfold
+expect dump_after_bnfold_none 0 "\(no batch_norm\)" -- \
+  "$kiln" compile "$root/examples/transformer.kl" --emit=ir --dump-after=bnfold
+expect dump_after_bad 2 "--dump-after=fusion: choose bnfold, precision" -- \
   "$kiln" compile "$root/examples/transformer.kl" --emit=ir --dump-after=fusion
 
 # ONNX models as exporters write them: a -1 input dim, Slice ends of

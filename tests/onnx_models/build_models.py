@@ -9,6 +9,9 @@ them (Shape -> Gather -> Unsqueeze -> Concat -> Reshape head splits,
 decomposed LayerNorm and Gelu, Clip with min/max inputs, ...):
 
     resnet18      ResNet-18 at 1x3x64x64 (opset 17)
+    detector      Conv+BatchNorm+Relu blocks on raw 0..255 pixels, running
+                  variances up to 1e7 (beyond fp16), a sigmoid score head
+                  (opset 15)
     mobilenetv2   MobileNetV2, fewer blocks, 1x3x64x64 (opset 13)
     bert_block    BERT embeddings + 2 encoder layers + pooler (opset 17)
     bert_dynamic  the same with symbolic batch/sequence dims, as exported
@@ -213,6 +216,46 @@ def resnet18():
                 [helper.make_tensor_value_info("logits", F32, [1, 1000])], 17)
     feeds = {x: np.random.default_rng(1).standard_normal((1, 3, 64, 64))
              .astype(np.float32)}
+    return m, feeds
+
+
+def detector():
+    """A detector backbone trained on raw 0..255 pixels: its batch norms'
+    running variances reach 1e7, which no fp16 holds (the issue's model).
+    Each block's statistics are those of its convolution's real output on
+    the input (ONNX Runtime runs the graph so far), so the reference is
+    well scaled; one channel has a tiny scale and one a huge one."""
+    g = Graph(23)
+    x = "image"
+    # whole pixel values, as images have: exact in fp16 and bf16
+    feeds = {x: np.random.default_rng(9).integers(0, 256, (1, 3, 32, 32)).astype(np.float32)}
+    y, size = x, 32
+    # (cin, cout, kernel, stride, group, gain): the gains make the variances
+    for cin, cout, k, stride, group, gain in [(3, 16, 3, 1, 1, 24.0), (16, 32, 3, 2, 1, 30.0),
+                                              (32, 32, 3, 1, 4, 1.0), (32, 32, 1, 1, 1, 20.0)]:
+        w = g.weight("conv_w", (cout, cin // group, k, k), cin // group * k * k, gain)
+        p = k // 2
+        conv = g.op("Conv", [y, w], kernel_shape=[k, k], strides=[stride, stride],
+                    pads=[p, p, p, p], group=group)
+        size //= stride
+        partial = g.model("partial", [helper.make_tensor_value_info(x, F32, [1, 3, 32, 32])],
+                          [helper.make_tensor_value_info(conv, F32, [1, cout, size, size])], 15)
+        act = reference(partial, feeds)[1][0].astype(np.float64)
+        scale = g.rng.uniform(0.5, 1.5, cout)
+        scale[1], scale[2] = 1e-6, 30.0
+        bn = g.op("BatchNormalization", [
+            conv, g.init("bn_scale", scale.astype(np.float32)),
+            g.uniform("bn_bias", (cout,), -0.2, 0.2),
+            g.init("bn_mean", act.mean(axis=(0, 2, 3)).astype(np.float32)),
+            g.init("bn_var", act.var(axis=(0, 2, 3)).astype(np.float32))], epsilon=1e-5)
+        y = g.op("Relu", [bn])
+    b = g.uniform("head_b", (6,), -0.5, 0.5)
+    score = g.op("Conv", [y, g.weight("head_w", (6, 32, 1, 1), 32, 0.1), b],
+                 kernel_shape=[1, 1])
+    g.op("Sigmoid", [score])
+    g.output("scores")
+    m = g.model("detector", [helper.make_tensor_value_info(x, F32, [1, 3, 32, 32])],
+                [helper.make_tensor_value_info("scores", F32, [1, 6, 16, 16])], 15)
     return m, feeds
 
 
@@ -425,6 +468,9 @@ def reference(model, feeds):
                                 providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return names, sess.run(names, feeds)
+
+
+MODELS["detector"] = detector
 
 
 def write(outdir, name, model, feeds, args=None):

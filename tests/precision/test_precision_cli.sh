@@ -27,6 +27,16 @@ expect inspect_weights_halved 0 "params: 6 tensors, 235146 elements, 470292 byte
   "$kiln" inspect "$mlp" --precision=fp16
 expect inspect_io 0 "x +f16\[32, 784\]" -- "$kiln" inspect "$mlp" --precision=fp16 --io-precision=fp16
 expect inspect_plain 0 "nodes: 10" -- "$kiln" inspect "$mlp"
+# why a node stays in fp32: its op's class, the lists, its numbers, its input
+expect inspect_why_class 0 "probs +softmax +f32 +deny +its op is in the deny class \(fp32\)" -- \
+  "$kiln" inspect "$mlp" --precision=fp16
+expect inspect_why_nodes 0 "h1 +relu +f32 +deny +--fp32-nodes names it" -- \
+  "$kiln" inspect "$mlp" --precision=fp16 --fp32-nodes=h1
+expect inspect_why_follows 0 "pooled +flatten +f32 +follow +follows its fp32 inputs" -- \
+  "$kiln" inspect "$root/examples/cnn.kl" --precision=fp16
+expect inspect_why_number 0 "where_1 +where +f32 +deny +constant 'constant_3' holds -1e\+09, beyond fp16's 65504" -- \
+  "$kiln" inspect "$tf" --precision=fp16
+expect inspect_why_bf16 0 "where_1 +where +bf16 +follow$" -- "$kiln" inspect "$tf" --precision=bf16
 # the lists
 expect fp32_nodes 0 "h1 +relu +f32 +deny" -- "$kiln" inspect "$mlp" --precision=fp16 --fp32-nodes=h1
 expect fp32_nodes_list 0 "gelu_1 +gelu +f32 +deny" -- \

@@ -190,7 +190,8 @@ static void test_user_lists(void **s) {
 }
 
 /* A weight read in both types keeps its f32 self and gains an f16 twin made
- * at compile time; a mask constant saturates instead of becoming -inf. */
+ * at compile time; a mask constant beyond fp16 keeps its where in fp32
+ * rather than being saturated. */
 static void test_weights_and_constants(void **s) {
   (void)s;
   const char *src =
@@ -211,11 +212,202 @@ static void test_weights_and_constants(void **s) {
   assert_non_null(twin);
   assert_int_equal(twin->dtype, KL_F16);
   const kl_node *where = node_of(g, "s");
-  assert_int_equal(kl_precision_node_dtype(where), KL_F16);
+  assert_int_equal(kl_precision_node_dtype(where), KL_F32);
   const kl_node *mask = where->inputs[2]->producer;
   assert_int_equal(mask->op, KL_OP_CONSTANT);
-  assert_int_equal(mask->outputs[0]->dtype, KL_F16);
-  assert_true(kl_node_attr(mask, "value")->floats[0] == -65504.0);
+  assert_int_equal(mask->outputs[0]->dtype, KL_F32);
+  assert_true(kl_node_attr(mask, "value")->floats[0] == -1e9);
+  char why[256];
+  assert_non_null(kl_precision_fp32_reason(g, where, &opt, why, sizeof why));
+  assert_non_null(strstr(why, "holds -1e+09, beyond fp16's 65504"));
+  kl_graph_free(g);
+}
+
+/* The node computing a graph output (not the cast to its declared type). */
+static const kl_node *computing(const kl_graph *g, const char *value) {
+  const kl_node *n = node_of(g, value);
+  return n->op == KL_OP_CAST ? n->inputs[0]->producer : n;
+}
+
+/* The numbers a node works with keep it in fp32 when the low type cannot
+ * hold them: beyond its range, a factor that flushes, an epsilon that
+ * flushes; small additive values and bf16's wide range do not. */
+static void test_numbers_keep_fp32(void **s) {
+  (void)s;
+  const char *src =
+      "input x: f32[2, 4, 3, 3]\n"
+      "param w: f32[4, 4, 1, 1] = randn(0.5, seed=1)\n"
+      "const big: f32[4, 1, 1] = full(100000)\n"
+      "const tiny: f32[4, 1, 1] = full(1e-9)\n"
+      "const few: f32[4, 1, 1] = full(3e-7)\n"
+      "const fine: f32[4, 1, 1] = uniform(0.5, 2, seed=2)\n"
+      "param g: f32[4] = ones\nparam b: f32[4] = zeros\nconst m: f32[4] = zeros\n"
+      "const v: f32[4] = ones\n"
+      "let h = conv2d(x, w)\n"
+      "output a = h * big\n"
+      "output c = h * tiny\n"
+      "output d = h * few\n"
+      "output e = h + tiny\n"
+      "output f = h * fine\n"
+      "output k = h * reshape(big, shape=[1, 4, 1, 1])\n"
+      "output n = batch_norm(h, g, b, m, v, epsilon=1e-12)\n";
+  static const struct { const char *value, *f16_why; bool bf16_low; } want[] = {
+      {"a", "constant 'big' holds 100000, beyond fp16's 65504", true},
+      {"c", "constant 'tiny' holds at most 1e-09 in magnitude, which flushes to 0 in fp16", true},
+      {"d", "constant 'few' holds at most 3e-07 in magnitude, which keeps under 8 significant "
+            "bits in fp16's subnormals", true},
+      {"e", NULL, true},
+      {"f", NULL, true},
+      {"k", "constant 'big' holds 100000, beyond fp16's 65504", true},
+      {"n", "epsilon 1e-12 flushes to 0 in fp16", true},
+  };
+  for (int low16 = 0; low16 < 2; low16++) {
+    kl_precision_options opt = low(low16 ? KL_F16 : KL_BF16);
+    check_close(src, &opt, 2e-2);
+    kl_graph *g = parse(src);
+    run_pass(g, &opt);
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+      const kl_node *n = computing(g, want[i].value);
+      char buf[256];
+      const char *why = kl_precision_fp32_reason(g, n, &opt, buf, sizeof buf);
+      const char *expect = low16 ? want[i].f16_why : NULL;
+      if (!expect != !why || (why && strcmp(why, expect)))
+        fail_msg("%s (%s): '%s', want '%s'", want[i].value, low16 ? "fp16" : "bf16",
+                 why ? why : "(low)", expect ? expect : "(low)");
+      assert_int_equal(kl_precision_node_dtype(n), expect ? KL_F32 : opt.low);
+    }
+    kl_graph_free(g);
+  }
+}
+
+/* kl_fold_batch_norms: the batch norm leaves the graph, which computes
+ * what it did; not when the convolution has another reader, nor in a
+ * graph that trains.  A variance of 1.05e7 then runs in fp16. */
+static int count_op(const kl_graph *g, kl_op op) {
+  int k = 0;
+  for (int i = 0; i < g->nodes.len; i++) k += g->nodes.items[i]->op == op;
+  return k;
+}
+
+static void fold_bn(kl_graph *g) {
+  kl_error err;
+  if (kl_fold_batch_norms(g, NULL, &err)) fail_msg("bnfold: %s", err.msg);
+}
+
+static void check_outputs_close(kl_graph *ref, kl_graph *g, double rtol) {
+  kl_tensor *in[4], *want[4], *got[4];
+  kl_error err;
+  make_inputs(ref, in);
+  assert_int_equal(kl_interpret(ref, in, want, &err), 0);
+  if (kl_interpret(g, in, got, &err)) fail_msg("interpreting the folded graph: %s", err.msg);
+  for (int i = 0; i < ref->outputs.len; i++) {
+    assert_string_equal(g->outputs.items[i]->name, ref->outputs.items[i]->name);
+    double scale = 0;
+    for (int64_t k = 0; k < want[i]->numel; k++) scale = fmax(scale, fabs(want[i]->data[k]));
+    for (int64_t k = 0; k < want[i]->numel; k++)
+      if (!(fabs(got[i]->data[k] - want[i]->data[k]) <= rtol * (fabs(want[i]->data[k]) + scale)))
+        fail_msg("output %d element %lld: %g, want %g", i, (long long)k, got[i]->data[k],
+                 want[i]->data[k]);
+    kl_tensor_free(want[i]);
+    kl_tensor_free(got[i]);
+  }
+  for (int i = 0; i < ref->inputs.len; i++) kl_tensor_free(in[i]);
+}
+
+static void test_bn_fold(void **s) {
+  (void)s;
+  const char *src =
+      "input x: f32[2, 3, 6, 6]\n"
+      "param w: f32[4, 3, 3, 3] = randn(300, seed=1)\n"
+      "param cb: f32[4] = uniform(-50, 50, seed=5)\n"
+      "param g: f32[4] = uniform(0.5, 1.5, seed=2)\n"
+      "param b: f32[4] = uniform(-1, 1, seed=3)\n"
+      "const m: f32[4] = uniform(-100, 100, seed=4)\n"
+      "const v: f32[4] = full(1.05e7)\n"
+      "output y = relu(batch_norm(conv2d(x, w, cb, pads=[1, 1, 1, 1]), g, b, m, v))\n";
+  kl_graph *ref = parse(src), *g = parse(src);
+  fold_bn(g);
+  assert_int_equal(count_op(g, KL_OP_BATCH_NORM), 0);
+  /* the old weights are gone, the new ones replace them */
+  assert_null(kl_graph_find_value(g, "w"));
+  assert_null(kl_graph_find_value(g, "v"));
+  assert_non_null(kl_graph_find_value(g, "w_bn"));
+  assert_int_equal(g->params.len, 2);
+  check_outputs_close(ref, g, 1e-5);
+  /* then fp16 runs the whole graph, close to fp32 */
+  kl_precision_options opt = low(KL_F16);
+  run_pass(g, &opt);
+  assert_int_equal(kl_precision_node_dtype(computing(g, "y")), KL_F16);
+  check_outputs_close(ref, g, 1e-2);
+  kl_graph_free(g);
+  kl_graph_free(ref);
+
+  /* matmul with a 2-D weight, and gemm with trans_b */
+  const char *mm =
+      "input x: f32[5, 6]\n"
+      "param w: f32[6, 4] = randn(1, seed=1)\nparam wt: f32[4, 6] = randn(1, seed=6)\n"
+      "param c: f32[4] = uniform(-1, 1, seed=7)\n"
+      "param g: f32[4] = uniform(0.5, 1.5, seed=2)\nparam b: f32[4] = uniform(-1, 1, seed=3)\n"
+      "const m: f32[4] = uniform(-1, 1, seed=4)\nconst v: f32[4] = uniform(0.5, 2, seed=5)\n"
+      "output y = batch_norm(x @ w, g, b, m, v)\n"
+      "output z = batch_norm(gemm(x, wt, c, trans_b=1, alpha=0.5, beta=2), g, b, m, v)\n";
+  ref = parse(mm), g = parse(mm);
+  fold_bn(g);
+  assert_int_equal(count_op(g, KL_OP_BATCH_NORM), 0);
+  check_outputs_close(ref, g, 1e-5);
+  kl_graph_free(g);
+  kl_graph_free(ref);
+
+  /* gemm's C: a scalar folds; a column [M, 1] (one value per row, not
+   * per channel) does not */
+  const char *gemm_c =
+      "input x: f32[4, 6]\n"
+      "param wt: f32[4, 6] = randn(1, seed=6)\n"
+      "param s: f32[1] = full(0.75)\nparam col: f32[4, 1] = uniform(-1, 1, seed=7)\n"
+      "param g: f32[4] = uniform(0.5, 1.5, seed=2)\nparam b: f32[4] = uniform(-1, 1, seed=3)\n"
+      "const m: f32[4] = uniform(-1, 1, seed=4)\nconst v: f32[4] = uniform(0.5, 2, seed=5)\n"
+      "output y = batch_norm(gemm(x, wt, s, trans_b=1, beta=3), g, b, m, v)\n"
+      "output z = batch_norm(gemm(x, wt, col, trans_b=1), g, b, m, v)\n";
+  ref = parse(gemm_c), g = parse(gemm_c);
+  fold_bn(g);
+  assert_int_equal(count_op(g, KL_OP_BATCH_NORM), 1);
+  assert_int_equal(computing(g, "z")->op, KL_OP_BATCH_NORM);
+  check_outputs_close(ref, g, 1e-5);
+  kl_graph_free(g);
+  kl_graph_free(ref);
+
+  /* the convolution's output has another reader: nothing changes */
+  const char *shared =
+      "input x: f32[1, 3, 4, 4]\n"
+      "param w: f32[4, 3, 1, 1] = randn(1, seed=1)\n"
+      "param g: f32[4] = ones\nparam b: f32[4] = zeros\nconst m: f32[4] = zeros\n"
+      "const v: f32[4] = full(1.05e7)\n"
+      "let c = conv2d(x, w)\n"
+      "output y = batch_norm(c, g, b, m, v)\n"
+      "output r = relu(c)\n";
+  g = parse(shared);
+  int nodes = g->nodes.len;
+  fold_bn(g);
+  assert_int_equal(g->nodes.len, nodes);
+  assert_int_equal(count_op(g, KL_OP_BATCH_NORM), 1);
+  /* ... and precision keeps that batch norm in fp32 */
+  run_pass(g, &opt);
+  assert_int_equal(kl_precision_node_dtype(node_of(g, "y")), KL_F32);
+  assert_int_equal(kl_precision_node_dtype(node_of(g, "c")), KL_F16);
+  kl_graph_free(g);
+
+  /* a graph that trains keeps its batch norms */
+  const char *train =
+      "input x: f32[2, 3, 4, 4]\ninput t: i64[2]\n"
+      "param w: f32[4, 3, 1, 1] = randn(1, seed=1)\n"
+      "param g: f32[4] = ones\nparam b: f32[4] = zeros\nconst m: f32[4] = zeros\n"
+      "const v: f32[4] = ones\n"
+      "let y = batch_norm(conv2d(x, w), g, b, m, v)\n"
+      "output loss = cross_entropy(reduce_mean(y, axes=[2, 3]), t)\n"
+      "train {\n  loss = loss\n  optimizer = sgd(lr=0.1)\n}\n";
+  g = parse(train);
+  fold_bn(g);
+  assert_int_equal(count_op(g, KL_OP_BATCH_NORM), 1);
   kl_graph_free(g);
 }
 
@@ -272,6 +464,8 @@ int main(void) {
       cmocka_unit_test(test_io_precision),
       cmocka_unit_test(test_user_lists),
       cmocka_unit_test(test_weights_and_constants),
+      cmocka_unit_test(test_numbers_keep_fp32),
+      cmocka_unit_test(test_bn_fold),
       cmocka_unit_test(test_leaves_alone),
       cmocka_unit_test(test_prints_back),
   };
