@@ -109,6 +109,18 @@ static int convert_identity(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
 }
 
 /* ---- casts ----------------------------------------------------------- */
+/* A cast node with Cast-19's saturate and Cast-24's round_mode, when the
+ * ONNX node gives them (the IR's defaults are ONNX's). */
+static kl_value *cast_with_modes(kl_onnx_ctx *c, const Onnx__NodeProto *n, kl_value *x,
+                                 kl_dtype t) {
+  kl_attr a[3] = {kl_adt("to", t)};
+  int na = 1;
+  if (kl_onnx_attr(n, "saturate")) a[na++] = kl_ai("saturate", kl_onnx_attr_int(n, "saturate", 1));
+  if (kl_onnx_attr(n, "round_mode"))
+    a[na++] = kl_as("round_mode", kl_onnx_attr_string(c, n, "round_mode", "up"));
+  return kl_onnx_emit(c, KL_OP_CAST, &x, 1, a, na);
+}
+
 /* Cast-1 names the type as a string ("FLOAT"); Cast-6 on as an enum. */
 static int convert_cast(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_value *x = need_input(c, n, 0);
@@ -126,12 +138,12 @@ static int convert_cast(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_dtype to;
   if (kl_onnx_dtype((int)t, &to))
     return kl_onnx_unsupported(c, "cast to ONNX type %lld is not supported", (long long)t);
-  return bind(c, n, cast_node(c, x, to));
+  return bind(c, n, cast_with_modes(c, n, x, to));
 }
 
 static int convert_cast_like(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_value *x = need_input(c, n, 0), *like = need_input(c, n, 1);
-  return bind(c, n, x && like ? cast_node(c, x, like->dtype) : NULL);
+  return bind(c, n, x && like ? cast_with_modes(c, n, x, like->dtype) : NULL);
 }
 
 /* ---- variadic -------------------------------------------------------- */
