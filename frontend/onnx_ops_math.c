@@ -146,6 +146,24 @@ static int convert_cast_like(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return bind(c, n, x && like ? cast_with_modes(c, n, x, like->dtype) : NULL);
 }
 
+/* BitCast-26: the same bits as type `to`. */
+static int convert_bitcast(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  const Onnx__AttributeProto *a = kl_onnx_attr(n, "to");
+  if (!x) return -1;
+  if (!a) return kl_onnx_fail(c, "attribute 'to' is required");
+  kl_dtype to;
+  if (kl_onnx_dtype((int)a->i, &to))
+    return kl_onnx_unsupported(c, "bitcast to ONNX type %lld is not supported", (long long)a->i);
+  bool wide_from = x->dtype == KL_I64 || x->dtype == KL_U64, wide_to = to == KL_I64 || to == KL_U64;
+  if ((wide_from || wide_to) && x->dtype != to)
+    return kl_onnx_unsupported(c, "bitcast between %s and %s: the interpreter holds integers in "
+                               "float64, exact only below 2^53", kl_dtype_name(x->dtype),
+                               kl_dtype_name(to));
+  kl_attr at = kl_adt("to", to);
+  return bind(c, n, kl_onnx_emit(c, KL_OP_BITCAST, &x, 1, &at, 1));
+}
+
 /* ---- variadic -------------------------------------------------------- */
 /* Max, Min, Sum, Mean: folded pairwise left to right.  Before opset 8 the
  * inputs had to share a shape, which broadcasting accepts as well. */
@@ -418,6 +436,7 @@ const kl_onnx_op kl_onnx_ops_math[] = {
     {"Shrink", 9, convert_shrink},     {"PRelu", 1, convert_prelu},
     {"Clip", 1, convert_clip},         {"Cast", 1, convert_cast},
     {"CastLike", 15, convert_cast_like},
+    {"BitCast", 26, convert_bitcast},
     {"Identity", 1, convert_identity},
     {"Max", 1, convert_variadic},      {"Min", 1, convert_variadic},
     {"Sum", 1, convert_variadic},      {"Mean", 1, convert_variadic},
