@@ -111,9 +111,8 @@ void kl_cg_store(FILE *f, kl_dtype t, const char *dst, const char *value) {
 static const char *cast_expression(const kl_node *n, const char *ct, char *buf, size_t len) {
   kl_dtype from = n->inputs[0]->dtype, to = n->outputs[0]->dtype;
   int sat = kl_attr_int(n, "saturate", 1) != 0, bits = kl_dtype_bits(to);
-  if (mf_format(to) && sat) /* rounded saturating, then stored exactly */
-    snprintf(buf, len, "kl_mf_to_f32(kl_mf_from_f32((float)a, %s, 1), %s)", mf_format(to),
-             mf_format(to));
+  if (mf_format(to) && sat) /* clamped, then rounded by the store */
+    snprintf(buf, len, "kl_mf_saturate((float)a, %s)", mf_format(to));
   else if (to == KL_F8E8M0)
     snprintf(buf, len, "kl_e8m0_to_f32(kl_e8m0_from_f32((float)a, %d, %d))", sat,
              kl_cast_round_mode(n));

@@ -202,6 +202,13 @@ __device__ __forceinline__ float kl_mf_to_f32(unsigned c, int fmt) {
   return (c & sb) ? -v : v;
 }
 
+/* Cast's saturate as ONNX's reference does it: clamped to the largest
+ * finite value (Inf too, NaN kept), so that the store rounds in range. */
+__device__ __forceinline__ float kl_mf_saturate(float f, int fmt) {
+  float m = kl_mf_to_f32(kl_mf_max_code(fmt), fmt);
+  return f != f ? f : f > m ? m : f < -m ? -m : f;
+}
+
 /* E8M0: 2^(c - 127), 0xff NaN.  From float by the exponent alone (the sign
  * is ignored), as ONNX's reference: round_mode up (any fraction rounds up),
  * down, or nearest (its guard/round/sticky rule); saturate keeps the
