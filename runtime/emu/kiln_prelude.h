@@ -191,9 +191,9 @@ __device__ __forceinline__ unsigned kl_mf_from_f32(float f, int fmt, int saturat
 __device__ __forceinline__ float kl_mf_to_f32(unsigned c, int fmt) {
   unsigned sb = kl_mf_sign_bit(fmt), mag = c & (sb - 1u);
   int mbits = kl_mf_mbits(fmt), bias = kl_mf_bias(fmt);
-  if ((kl_mf_is_fnuz(fmt) && c == 0x80u) || (fmt == KL_MF_E4M3FN && mag == 0x7fu) ||
-      (fmt == KL_MF_E5M2 && mag > 0x7cu))
-    return __uint_as_float(0x7fc00000u);
+  if (kl_mf_is_fnuz(fmt) && c == 0x80u) return __uint_as_float(0x7fc00000u);
+  if ((fmt == KL_MF_E4M3FN && mag == 0x7fu) || (fmt == KL_MF_E5M2 && mag > 0x7cu))
+    return __uint_as_float(0x7fc00000u | (c & sb ? 0x80000000u : 0u)); /* keeps its sign */
   if (fmt == KL_MF_E5M2 && mag == 0x7cu) return __uint_as_float(0x7f800000u | (c & sb ? 0x80000000u : 0u));
   int e = (int)(mag >> mbits);
   unsigned m = mag & ((1u << mbits) - 1u);
