@@ -27,36 +27,105 @@ const char *kl_cg_storage(kl_dtype t) {
   case KL_U16: return "uint16_t";
   case KL_U32: return "uint32_t";
   case KL_U64: return "uint64_t";
+  /* one byte an element (ir.h): the floats' codes, the small integers'
+   * values */
+  case KL_I4: case KL_I2: return "int8_t";
+  case KL_F8E4M3FN: case KL_F8E4M3FNUZ: case KL_F8E5M2: case KL_F8E5M2FNUZ:
+  case KL_F4E2M1: case KL_F8E8M0: case KL_U4: case KL_U2: return "uint8_t";
   default: return "?";
   }
 }
 
-/* Arithmetic happens in float for the 16- and 32-bit floats, in double
- * for f64, and in 64-bit integers for the integer types. */
+/* Arithmetic happens in float for the 16- and 32-bit floats and the small
+ * floats (every fp8, fp4 and E8M0 value is a float), in double for f64,
+ * and in 64-bit integers for the integer types. */
 const char *kl_cg_compute_type(kl_dtype t) {
   if (t == KL_F64) return "double";
-  if (kl_dtype_is_float(t)) return "float";
+  if (kl_dtype_is_float(t) || kl_dtype_is_small_float(t)) return "float";
   return kl_dtype_is_unsigned(t) ? "uint64_t" : "int64_t";
 }
 
+/* kiln_prelude.h's KL_MF_* format name of an fp8 or fp4 dtype, else NULL. */
+static const char *mf_format(kl_dtype t) {
+  switch (t) {
+  case KL_F8E4M3FN: return "KL_MF_E4M3FN";
+  case KL_F8E4M3FNUZ: return "KL_MF_E4M3FNUZ";
+  case KL_F8E5M2: return "KL_MF_E5M2";
+  case KL_F8E5M2FNUZ: return "KL_MF_E5M2FNUZ";
+  case KL_F4E2M1: return "KL_MF_E2M1";
+  default: return NULL;
+  }
+}
+
+/* The float (or integer, for the rest) value of a stored element. */
+static const char *load_value(char *buf, size_t len, kl_dtype t, const char *expr) {
+  if (t == KL_F16) snprintf(buf, len, "__half2float(%s)", expr);
+  else if (t == KL_BF16) snprintf(buf, len, "__bfloat162float(%s)", expr);
+  else if (mf_format(t)) snprintf(buf, len, "kl_mf_to_f32(%s, %s)", expr, mf_format(t));
+  else if (t == KL_F8E8M0) snprintf(buf, len, "kl_e8m0_to_f32(%s)", expr);
+  else return NULL;
+  return buf;
+}
+
+/* Is t's stored element converted on load (not a C type's value)? */
+static bool converts(kl_dtype t) {
+  return t == KL_F16 || t == KL_BF16 || kl_dtype_is_small_float(t);
+}
+
 static void load(FILE *f, kl_dtype t, const char *expr) {
-  if (t == KL_F16) fprintf(f, "__half2float(%s)", expr);
-  else if (t == KL_BF16) fprintf(f, "__bfloat162float(%s)", expr);
+  char buf[512];
+  if (load_value(buf, sizeof buf, t, expr)) fputs(buf, f);
   else fprintf(f, "(%s)%s", kl_cg_compute_type(t), expr);
 }
 
 const char *kl_cg_load(char *buf, size_t len, kl_dtype t, const char *to, const char *expr) {
-  if (t == KL_F16) snprintf(buf, len, "(%s)__half2float(%s)", to, expr);
-  else if (t == KL_BF16) snprintf(buf, len, "(%s)__bfloat162float(%s)", to, expr);
+  char v[512];
+  if (load_value(v, sizeof v, t, expr)) snprintf(buf, len, "(%s)%s", to, v);
   else snprintf(buf, len, "(%s)%s", to, expr);
   return buf;
 }
 
+/* A small float is stored without saturation and E8M0 rounding down: both
+ * keep every value of the type (ir/util.c's kl_dtype_round); Cast's own
+ * modes are in its expression.  Small integers wrap to their width. */
 void kl_cg_store(FILE *f, kl_dtype t, const char *dst, const char *value) {
+  int bits = kl_dtype_bits(t);
   if (t == KL_F16) fprintf(f, "%s = __float2half((float)(%s));\n", dst, value);
   else if (t == KL_BF16) fprintf(f, "%s = __float2bfloat16((float)(%s));\n", dst, value);
   else if (t == KL_BOOL) fprintf(f, "%s = (uint8_t)((%s) != 0);\n", dst, value);
+  else if (mf_format(t))
+    fprintf(f, "%s = (uint8_t)kl_mf_from_f32((float)(%s), %s, 0);\n", dst, value, mf_format(t));
+  else if (t == KL_F8E8M0)
+    fprintf(f, "%s = (uint8_t)kl_e8m0_from_f32((float)(%s), 0, KL_E8M0_DOWN);\n", dst, value);
+  else if (bits < 8 && kl_dtype_is_unsigned(t))
+    fprintf(f, "%s = (uint8_t)kl_wrap_unsigned((uint64_t)(%s), %d);\n", dst, value, bits);
+  else if (bits < 8)
+    fprintf(f, "%s = (int8_t)kl_wrap_signed((int64_t)(%s), %d);\n", dst, value, bits);
   else fprintf(f, "%s = (%s)(%s);\n", dst, kl_cg_storage(t), value);
+}
+
+/* Cast's expression over operand a (in the input's compute type `ct`): the
+ * store to the output type does most casts; Cast's saturate and round_mode
+ * for small floats and the out-of-range rule of float to 4- and 2-bit
+ * integers (kl_dtype_cast in ir/util.c) are done here. */
+static const char *cast_expression(const kl_node *n, const char *ct, char *buf, size_t len) {
+  kl_dtype from = n->inputs[0]->dtype, to = n->outputs[0]->dtype;
+  int sat = kl_attr_int(n, "saturate", 1) != 0, bits = kl_dtype_bits(to);
+  if (mf_format(to) && sat) /* clamped, then rounded by the store */
+    snprintf(buf, len, "kl_mf_saturate((float)a, %s)", mf_format(to));
+  else if (to == KL_F8E8M0)
+    snprintf(buf, len, "kl_e8m0_to_f32(kl_e8m0_from_f32((float)a, %d, %d))", sat,
+             kl_cast_round_mode(n));
+  else if (bits < 8 && strcmp(ct, "float") == 0 && !kl_dtype_is_int(from) && from != KL_BOOL) {
+    double lo = kl_dtype_is_unsigned(to) ? 0 : -ldexp(1, bits - 1), span = ldexp(1, bits);
+    snprintf(buf, len, "(a > %.1ff && a < %.1ff ? a : 0.0f)", lo - 1, lo + span);
+  } else if (bits < 8 && strcmp(ct, "double") == 0) {
+    double lo = kl_dtype_is_unsigned(to) ? 0 : -ldexp(1, bits - 1), span = ldexp(1, bits);
+    snprintf(buf, len, "(a > %.1f && a < %.1f ? a : 0.0)", lo - 1, lo + span);
+  } else {
+    return "a";
+  }
+  return buf;
 }
 
 /* The scalar expression of an elementwise op over operands a, b, c in
@@ -68,6 +137,7 @@ static const char *custom_expression(const kl_node *n, const char *ct, char *buf
   const char *s = flt ? "f" : "";
 #define F(fmt, ...) (snprintf(buf, len, fmt, __VA_ARGS__), buf)
   switch (n->op) {
+  case KL_OP_CAST: return cast_expression(n, ct, buf, len);
   case KL_OP_ABS: return is_f ? F("fabs%s(a)", s) : "(a < 0 ? -a : a)";
   case KL_OP_LEAKY_RELU: return F("(a >= 0 ? a : a * %.17g)", kl_attr_float(n, "alpha", 0.01));
   case KL_OP_GELU:
@@ -241,7 +311,7 @@ void kl_cg_elementwise(FILE *f, const char *name, const kl_node *n) {
     snprintf(src, sizeof src, "in%d[o%d]", k, k);
     fprintf(f, "    const %s %c = ", t, 'a' + k);
     if (n->op == KL_OP_WHERE && k == 0) fprintf(f, "(int64_t)%s", src);
-    else if (in->dtype == KL_F16 || in->dtype == KL_BF16) load(f, in->dtype, src);
+    else if (converts(in->dtype)) load(f, in->dtype, src);
     else fprintf(f, "(%s)%s", t, src);
     fprintf(f, ";\n");
   }
@@ -632,7 +702,7 @@ static reduce_ops reduce_ops_of(const kl_node *n) {
 static void reduce_load(FILE *f, const char *indent, const kl_value *in, const reduce_ops *r,
                         const char *at) {
   fprintf(f, "%sconst %s v = (%s)", indent, r->acc, r->acc);
-  if (in->dtype == KL_F16 || in->dtype == KL_BF16) load(f, in->dtype, at);
+  if (converts(in->dtype)) load(f, in->dtype, at);
   else fprintf(f, "%s", at);
   fprintf(f, ";\n");
 }

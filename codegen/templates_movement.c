@@ -367,6 +367,41 @@ static int emit_trilu(kl_cg_emitter *e, const kl_node *n) {
   return 0;
 }
 
+/* ---- bitcast ---------------------------------------------------------- */
+
+static bool handles_bitcast(const kl_node *n) { return n->op == KL_OP_BITCAST; }
+
+/* Both buffers read as unsigned integers of the width (a byte for the
+ * narrow types): a copy, but for bool (0/1 from any byte) and the 4- and
+ * 2-bit types (their low bits, the signed ones sign-extended), as
+ * kl_eval_BITCAST does. */
+static int emit_bitcast(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *in = n->inputs[0], *out = n->outputs[0];
+  int64_t numel = kl_shape_numel(&out->shape);
+  static const char *const uint_of[9] = {[1] = "uint8_t", [2] = "uint16_t", [4] = "uint32_t",
+                                         [8] = "uint64_t"};
+  const char *u = uint_of[kl_dtype_size(out->dtype)];
+  int bits = kl_dtype_bits(out->dtype);
+  unsigned mask = bits < 8 ? (1u << bits) - 1 : 0xffu, sb = bits < 8 ? 1u << (bits - 1) : 0;
+  host_comment(e, n);
+  if (numel == 0) return 0;
+  char name[32];
+  int k = new_kernel(e, name);
+  FILE *f = kl_cg_kernels(e);
+  head(f, n, NULL);
+  fprintf(f, "KL_KERNEL void %s(const %s *__restrict__ in0, %s *__restrict__ out0) {\n", name, u, u);
+  loop(f, numel);
+  if (out->dtype == KL_BOOL) fprintf(f, "    out0[i] = (uint8_t)(in0[i] != 0);\n");
+  else if (bits < 8 && (out->dtype == KL_I4 || out->dtype == KL_I2))
+    fprintf(f, "    out0[i] = (uint8_t)(((int)(in0[i] & %uu) ^ %d) - %d);\n", mask, (int)sb, (int)sb);
+  else if (bits < 8) fprintf(f, "    out0[i] = (uint8_t)(in0[i] & %uu);\n", mask);
+  else fprintf(f, "    out0[i] = in0[i];\n");
+  tail(f);
+  fprintf(f, "KL_EMU_ENTRY(%s, KL_ARG(const %s *, 0), KL_ARG(%s *, 1));\n\n", name, u, u);
+  launch(e, k, numel, &in, 1, &out, 1);
+  return 0;
+}
+
 /* ---- gathers ----------------------------------------------------------- */
 
 static bool handles_gather(const kl_node *n) { return n->op == KL_OP_GATHER; }
@@ -866,6 +901,7 @@ const kl_cg_template kl_cg_templates_movement[] = {
     {handles_gather, emit_gather, NULL},
     {handles_pad, emit_pad, NULL},
     {handles_trilu, emit_trilu, NULL},
+    {handles_bitcast, emit_bitcast, NULL},
     {handles_gather_elements, emit_gather_elements, NULL},
     {handles_scatter_elements, emit_scatter_elements, NULL},
     {handles_scatter_nd, emit_scatter_nd, NULL},

@@ -77,6 +77,23 @@ static int check_value(const kl_value *decl, kl_tensor *t, const char *path) {
     t->dtype = decl->dtype;
     for (int64_t k = 0; k < t->numel; k++) t->data[k] = kl_dtype_round(t->dtype, t->data[k]);
   }
+  /* nor the one-byte types of ONNX: a u8 file holds a small float's codes,
+   * an i8 or u8 file a 4- or 2-bit integer's values (runtime/npy.c) */
+  if (kl_dtype_is_small_float(decl->dtype) && t->dtype == KL_U8) {
+    t->dtype = decl->dtype;
+    for (int64_t k = 0; k < t->numel; k++)
+      t->data[k] = krt_small_float_to_f32((krt_dtype)t->dtype, (uint8_t)t->data[k]);
+  }
+  if (kl_dtype_bits(decl->dtype) < 8 && kl_dtype_is_int(decl->dtype) &&
+      (t->dtype == KL_U8 || t->dtype == KL_I8)) {
+    for (int64_t k = 0; k < t->numel; k++)
+      if (kl_dtype_round(decl->dtype, t->data[k]) != t->data[k]) {
+        fprintf(stderr, "kiln: error: %s: input '%s' is %s, but the file holds %g, out of its "
+                "range\n", path, decl->name, kl_dtype_name(decl->dtype), t->data[k]);
+        return -1;
+      }
+    t->dtype = decl->dtype;
+  }
   if (t->dtype != decl->dtype || !kl_shape_equal(&t->shape, &decl->shape)) {
     char a[128], b[128];
     fprintf(stderr, "kiln: error: %s: input '%s' must be %s%s, the file holds %s%s\n", path,

@@ -48,15 +48,17 @@ int kiln_write_tensor(const char *path, const kl_tensor *t) {
   return rc;
 }
 
-/* Normal(0, 1) for floats, small non-negative integers (valid as indices
- * into most axes) for integer types, coin flips for bool. */
+/* Normal(0, 1) for floats (rounded to the small ones too), small
+ * non-negative integers (valid as indices into most axes) for integer
+ * types, coin flips for bool. */
 kl_tensor *kiln_random_tensor(const kl_value *decl, uint64_t seed) {
   kl_tensor *t = kl_tensor_new(decl->dtype, &decl->shape);
   kl_rng rng;
   kl_rng_seed(&rng, seed);
   for (int64_t i = 0; i < t->numel; i++) {
     double v;
-    if (kl_dtype_is_float(decl->dtype)) v = kl_rng_normal(&rng);
+    if (kl_dtype_is_float(decl->dtype) || kl_dtype_is_small_float(decl->dtype))
+      v = kl_rng_normal(&rng);
     else if (decl->dtype == KL_BOOL) v = kl_rng_next(&rng) & 1;
     else v = (double)(kl_rng_next(&rng) % 4);
     t->data[i] = kl_dtype_round(decl->dtype, v);

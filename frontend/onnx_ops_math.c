@@ -109,6 +109,18 @@ static int convert_identity(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
 }
 
 /* ---- casts ----------------------------------------------------------- */
+/* A cast node with Cast-19's saturate and Cast-24's round_mode, when the
+ * ONNX node gives them (the IR's defaults are ONNX's). */
+static kl_value *cast_with_modes(kl_onnx_ctx *c, const Onnx__NodeProto *n, kl_value *x,
+                                 kl_dtype t) {
+  kl_attr a[3] = {kl_adt("to", t)};
+  int na = 1;
+  if (kl_onnx_attr(n, "saturate")) a[na++] = kl_ai("saturate", kl_onnx_attr_int(n, "saturate", 1));
+  if (kl_onnx_attr(n, "round_mode"))
+    a[na++] = kl_as("round_mode", kl_onnx_attr_string(c, n, "round_mode", "up"));
+  return kl_onnx_emit(c, KL_OP_CAST, &x, 1, a, na);
+}
+
 /* Cast-1 names the type as a string ("FLOAT"); Cast-6 on as an enum. */
 static int convert_cast(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_value *x = need_input(c, n, 0);
@@ -126,12 +138,30 @@ static int convert_cast(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_dtype to;
   if (kl_onnx_dtype((int)t, &to))
     return kl_onnx_unsupported(c, "cast to ONNX type %lld is not supported", (long long)t);
-  return bind(c, n, cast_node(c, x, to));
+  return bind(c, n, cast_with_modes(c, n, x, to));
 }
 
 static int convert_cast_like(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_value *x = need_input(c, n, 0), *like = need_input(c, n, 1);
-  return bind(c, n, x && like ? cast_node(c, x, like->dtype) : NULL);
+  return bind(c, n, x && like ? cast_with_modes(c, n, x, like->dtype) : NULL);
+}
+
+/* BitCast-26: the same bits as type `to`. */
+static int convert_bitcast(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  const Onnx__AttributeProto *a = kl_onnx_attr(n, "to");
+  if (!x) return -1;
+  if (!a) return kl_onnx_fail(c, "attribute 'to' is required");
+  kl_dtype to;
+  if (kl_onnx_dtype((int)a->i, &to))
+    return kl_onnx_unsupported(c, "bitcast to ONNX type %lld is not supported", (long long)a->i);
+  bool wide_from = x->dtype == KL_I64 || x->dtype == KL_U64, wide_to = to == KL_I64 || to == KL_U64;
+  if ((wide_from || wide_to) && x->dtype != to)
+    return kl_onnx_unsupported(c, "bitcast between %s and %s: the interpreter holds integers in "
+                               "float64, exact only below 2^53", kl_dtype_name(x->dtype),
+                               kl_dtype_name(to));
+  kl_attr at = kl_adt("to", to);
+  return bind(c, n, kl_onnx_emit(c, KL_OP_BITCAST, &x, 1, &at, 1));
 }
 
 /* ---- variadic -------------------------------------------------------- */
@@ -419,6 +449,7 @@ const kl_onnx_op kl_onnx_ops_math[] = {
     {"Shrink", 9, convert_shrink},     {"PRelu", 1, convert_prelu},
     {"Clip", 1, convert_clip},         {"Cast", 1, convert_cast},
     {"CastLike", 15, convert_cast_like},
+    {"BitCast", 26, convert_bitcast},
     {"Identity", 1, convert_identity},
     {"Max", 1, convert_variadic},      {"Min", 1, convert_variadic},
     {"Sum", 1, convert_variadic},      {"Mean", 1, convert_variadic},

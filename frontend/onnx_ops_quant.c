@@ -46,21 +46,64 @@ static kl_value *along_axis(kl_onnx_ctx *c, kl_value *p, int axis, int rank, int
   return reshape(c, p, &s);
 }
 
-/* Scale and zero point of input x, per tensor or along `axis`. */
+/* A blocked parameter p (x's rank, dim `axis` ceil(x's / block)) with
+ * each element repeated `block` times along the axis, cut to x's length:
+ * p[.., nb, ..] -> [.., nb, 1, ..] -> expand [.., nb, block, ..] ->
+ * [.., nb * block, ..] -> slice to x.dims[axis]. */
+static kl_value *blocked(kl_onnx_ctx *c, kl_value *p, const kl_value *x, int axis, int64_t block,
+                         const char *what) {
+  char a[128], b[128];
+  int r = x->shape.rank;
+  int64_t len = x->shape.dims[axis], nb = (len + block - 1) / block;
+  bool ok = p->shape.rank == r && r < KL_MAX_RANK;
+  for (int i = 0; ok && i < r; i++) ok = p->shape.dims[i] == (i == axis ? nb : x->shape.dims[i]);
+  if (!ok) {
+    kl_onnx_fail(c, "%s of shape %s does not block x of shape %s by %lld along axis %d", what,
+                 kl_shape_str(&p->shape, a, sizeof a), kl_shape_str(&x->shape, b, sizeof b),
+                 (long long)block, axis);
+    return NULL;
+  }
+  kl_shape one = {.rank = r + 1}, wide, flat = x->shape;
+  for (int i = 0, j = 0; i < r; i++) {
+    one.dims[j++] = p->shape.dims[i];
+    if (i == axis) one.dims[j++] = 1;
+  }
+  wide = one;
+  wide.dims[axis + 1] = block;
+  flat.dims[axis] = nb * block;
+  kl_attr to = kl_ais("shape", wide.dims, wide.rank);
+  p = unary(c, KL_OP_EXPAND, reshape(c, p, &one), &to, 1);
+  p = reshape(c, p, &flat);
+  if (nb * block != len) {
+    int64_t st = 0, ax = axis;
+    kl_attr sl[3] = {kl_ais("starts", &st, 1), kl_ais("ends", &len, 1), kl_ais("axes", &ax, 1)};
+    p = unary(c, KL_OP_SLICE, p, sl, 3);
+  }
+  return p;
+}
+
+/* Scale and zero point of input x: per tensor, along `axis`, or blocked
+ * along it (block_size, opset 21). */
 static int read_params(kl_onnx_ctx *c, const Onnx__NodeProto *n, kl_value *x, int k_scale,
                        kl_value **scale, kl_value **zp) {
   /* axis matters only for per-axis parameters, which check it. */
   int r = x->shape.rank;
-  int64_t a = kl_onnx_attr_int(n, "axis", 1);
+  int64_t a = kl_onnx_attr_int(n, "axis", 1), block = kl_onnx_attr_int(n, "block_size", 0);
   int axis = a < -r || a >= r ? -1 : (int)(a < 0 ? a + r : a);
-  if (kl_onnx_attr_int(n, "block_size", 0) != 0)
-    return kl_onnx_unsupported(c, "blocked quantization (block_size) is not supported");
   *scale = need_input(c, n, k_scale);
   *zp = kl_onnx_input(c, n, k_scale + 1);
   if (!*scale) return -1;
   if (!kl_dtype_is_float((*scale)->dtype))
     return kl_onnx_fail(c, "the scale must be a float tensor, got %s",
                         kl_dtype_name((*scale)->dtype));
+  if (block < 0) return kl_onnx_fail(c, "block_size must not be negative, got %lld", (long long)block);
+  if (block > 0) {
+    if (axis < 0)
+      return kl_onnx_fail(c, "axis %lld is out of range for a rank-%d input", (long long)a, r);
+    *scale = blocked(c, *scale, x, axis, block, "the scale");
+    if (*zp) *zp = blocked(c, *zp, x, axis, block, "the zero point");
+    return *scale && (!*zp || (*zp)->dtype != KL_BOOL) ? 0 : -1;
+  }
   int64_t dim = axis >= 0 ? x->shape.dims[axis] : 1;
   *scale = along_axis(c, *scale, axis, r, dim, "the scale");
   if (*zp) *zp = along_axis(c, *zp, axis, r, dim, "the zero point");
@@ -74,9 +117,13 @@ static int quant_range(kl_onnx_ctx *c, kl_dtype t, double *lo, double *hi) {
   case KL_I8: *lo = -128, *hi = 127; return 0;
   case KL_U16: *lo = 0, *hi = 65535; return 0;
   case KL_I16: *lo = -32768, *hi = 32767; return 0;
+  case KL_U4: *lo = 0, *hi = 15; return 0;
+  case KL_I4: *lo = -8, *hi = 7; return 0;
+  case KL_U2: *lo = 0, *hi = 3; return 0;
+  case KL_I2: *lo = -2, *hi = 1; return 0;
   default:
-    return kl_onnx_unsupported(c, "quantized type %s is not supported (u8, i8, u16, i16)",
-                               kl_dtype_name(t));
+    return kl_onnx_unsupported(c, "quantized type %s is not supported (u8, i8, u16, i16, u4, i4, "
+                               "u2, i2, the fp8 types, f4e2m1)", kl_dtype_name(t));
   }
 }
 
@@ -93,14 +140,30 @@ static kl_value *round_even(kl_onnx_ctx *c, kl_value *v) {
   return unary(c, KL_OP_ROUND, v, NULL, 0);
 }
 
+static bool is_fp8(kl_dtype t) {
+  return t == KL_F8E4M3FN || t == KL_F8E4M3FNUZ || t == KL_F8E5M2 || t == KL_F8E5M2FNUZ;
+}
+
+/* x / scale into a small float t, as ONNX's reference: fp8 by Cast with
+ * `saturate` (its zero point, which must be 0, is not added: 0 would turn
+ * -0 into +0); fp4 adds the zero point and always saturates. */
+static kl_value *quantize_float(kl_onnx_ctx *c, kl_value *q, kl_value *zp, kl_dtype t,
+                                int64_t sat) {
+  if (t == KL_F4E2M1 && zp) q = binary(c, KL_OP_ADD, q, cast(c, zp, q->dtype));
+  kl_attr a[2] = {kl_adt("to", t), kl_ai("saturate", sat)};
+  return unary(c, KL_OP_CAST, q, a, 2);
+}
+
 /* saturate(round(x / scale) + zp) into dtype t, as ONNX QuantizeLinear:
- * the division and rounding in the scale's type (f32 for f16/bf16 scales
- * after rounding, so that the zero point and the range stay exact). */
+ * the division and rounding in type ft (the scale's, or the precision
+ * attribute's), f32 for f16/bf16 after rounding, so that the zero point
+ * and the range stay exact. */
 static kl_value *quantize(kl_onnx_ctx *c, kl_value *x, kl_value *scale, kl_value *zp,
-                          kl_dtype t) {
+                          kl_dtype t, kl_dtype ft, int64_t sat) {
   if (!x || !scale) return NULL;
-  kl_dtype ft = scale->dtype;
-  kl_value *q = round_even(c, binary(c, KL_OP_DIV, cast(c, x, ft), scale));
+  kl_value *q = binary(c, KL_OP_DIV, cast(c, x, ft), cast(c, scale, ft));
+  if (t == KL_F4E2M1 || is_fp8(t)) return quantize_float(c, q, zp, t, sat);
+  q = round_even(c, q);
   if (ft == KL_F16 || ft == KL_BF16) q = cast(c, q, KL_F32);
   if (zp && q) q = binary(c, KL_OP_ADD, q, cast(c, zp, q->dtype));
   return saturate(c, q, t);
@@ -108,26 +171,39 @@ static kl_value *quantize(kl_onnx_ctx *c, kl_value *x, kl_value *scale, kl_value
 
 /* ---- QuantizeLinear, DequantizeLinear -------------------------------- */
 
+/* The dtype named by attribute `name` (0 or absent: none, *t unchanged). */
+static int attr_dtype(kl_onnx_ctx *c, const Onnx__NodeProto *n, const char *name, kl_dtype *t) {
+  const Onnx__AttributeProto *a = kl_onnx_attr(n, name);
+  if (a && a->i && kl_onnx_dtype((int)a->i, t))
+    return kl_onnx_unsupported(c, "%s %lld is not supported", name, (long long)a->i);
+  return 0;
+}
+
 static int convert_quantize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_value *x = need_input(c, n, 0), *scale, *zp;
   if (!x || read_params(c, n, x, 1, &scale, &zp)) return -1;
-  kl_dtype t = KL_U8;
-  const Onnx__AttributeProto *od = kl_onnx_attr(n, "output_dtype");
-  if (zp) {
-    t = zp->dtype;
-  } else if (od && od->i && kl_onnx_dtype((int)od->i, &t)) {
-    return kl_onnx_unsupported(c, "output_dtype %lld is not supported", (long long)od->i);
-  }
-  return bind(c, n, 0, quantize(c, x, scale, zp, t));
+  kl_dtype t = KL_U8, ft = scale->dtype;
+  if (zp) t = zp->dtype;
+  else if (attr_dtype(c, n, "output_dtype", &t)) return -1;
+  if (attr_dtype(c, n, "precision", &ft)) return -1;
+  if (!kl_dtype_is_float(ft))
+    return kl_onnx_fail(c, "precision must be a float type, got %s", kl_dtype_name(ft));
+  return bind(c, n, 0, quantize(c, x, scale, zp, t, ft, kl_onnx_attr_int(n, "saturate", 1)));
 }
 
-/* (x - zp) * scale in the scale's type. */
+/* (x - zp) * scale in the scale's type, cast to output_dtype when given;
+ * the zero point of the small floats is not subtracted (it must be 0; ONNX's
+ * reference ignores it). */
 static int convert_dequantize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_value *x = need_input(c, n, 0), *scale, *zp;
   if (!x || read_params(c, n, x, 1, &scale, &zp)) return -1;
-  if (!kl_dtype_is_int(x->dtype))
+  bool small = is_fp8(x->dtype) || x->dtype == KL_F4E2M1;
+  if (!kl_dtype_is_int(x->dtype) && !small)
     return kl_onnx_unsupported(c, "dequantizing %s is not supported", kl_dtype_name(x->dtype));
-  return bind(c, n, 0, binary(c, KL_OP_MUL, shifted(c, x, zp, scale->dtype), scale));
+  kl_dtype out = scale->dtype;
+  if (attr_dtype(c, n, "output_dtype", &out)) return -1;
+  kl_value *y = binary(c, KL_OP_MUL, shifted(c, x, small ? NULL : zp, scale->dtype), scale);
+  return bind(c, n, 0, cast(c, y, out));
 }
 
 /* Scale and zero point that map [min(x, 0), max(x, 0)] onto [0, 255], then
@@ -146,7 +222,8 @@ static int convert_dynamic_quantize(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_value *zp = binary(c, KL_OP_SUB, zero, binary(c, KL_OP_DIV, lo, scale));
   zp = binary(c, KL_OP_MINIMUM, binary(c, KL_OP_MAXIMUM, zp, zero), qmax);
   zp = cast(c, round_even(c, zp), KL_U8);
-  if (bind(c, n, 0, quantize(c, x, scale, zp, KL_U8)) || bind(c, n, 1, scale)) return -1;
+  if (bind(c, n, 0, quantize(c, x, scale, zp, KL_U8, KL_F32, 1)) || bind(c, n, 1, scale))
+    return -1;
   return bind(c, n, 2, zp);
 }
 

@@ -102,9 +102,18 @@ int kl_onnx_tensor_data(kl_onnx_ctx *c, const Onnx__TensorProto *t, const kl_onn
   Onnx__TensorProto with_raw;
   if (t->has_data_location && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL)
     return map_external(t, c->path, c->g, bytes, raw, c->err);
+  /* the 4- and 2-bit types are packed in the file: unpacked below */
+  bool packed = krt_dtype_bits(h.dtype) < 8;
+  if (packed && t->has_data_location &&
+      t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
+    kl_fail(c->err, loc, "tensor '%s': %s in external data is not supported",
+            t->name ? t->name : "?", krt_dtype_name(h.dtype));
+    c->err->unsupported = true;
+    return -1;
+  }
   if (span && span->has) { /* raw_data, left in the mapped model file */
     *raw = c->file->base + span->off;
-    if (span->len == bytes) return 0;
+    if (span->len == bytes && !packed) return 0;
     /* the runtime's check, and its words, on the bytes where they are */
     with_raw = *t;
     with_raw.has_raw_data = 1;

@@ -55,6 +55,11 @@ double kl_raw_get(kl_dtype t, const void *raw, int64_t i, bool *inexact) {
     if (x > (uint64_t)KL_MAX_EXACT_I64 && inexact) *inexact = true;
     return (double)x;
   }
+  case KL_U4: case KL_U2: return p[i];
+  case KL_I4: case KL_I2: return (int8_t)p[i];
+  case KL_F8E4M3FN: case KL_F8E4M3FNUZ: case KL_F8E5M2: case KL_F8E5M2FNUZ:
+  case KL_F4E2M1: case KL_F8E8M0:
+    return krt_small_float_to_f32((krt_dtype)t, p[i]);
   default: return 0;
   }
 }
@@ -81,6 +86,12 @@ void kl_raw_set(kl_dtype t, void *raw, int64_t i, double v) {
     memcpy(p + 8 * i, &x, 8);
     break;
   }
+  case KL_U4: case KL_U2: p[i] = (unsigned char)v; break;
+  case KL_I4: case KL_I2: p[i] = (unsigned char)(int8_t)v; break;
+  case KL_F8E4M3FN: case KL_F8E4M3FNUZ: case KL_F8E5M2: case KL_F8E5M2FNUZ:
+  case KL_F4E2M1: case KL_F8E8M0: /* v is rounded: the code is exact */
+    p[i] = krt_f32_to_small_float((krt_dtype)t, (float)v, 0, KRT_ROUND_DOWN);
+    break;
   default: break;
   }
 }

@@ -14,6 +14,16 @@
 typedef enum {
   KL_F32, KL_F16, KL_BF16, KL_F64, KL_I8, KL_I32, KL_I64, KL_BOOL,
   KL_U8, KL_I16, KL_U16, KL_U32, KL_U64, /* mostly for ONNX models */
+  /* ONNX's narrow types (Cast, QuantizeLinear, ...): fp8, 4- and 2-bit
+   * integers, fp4 and E8M0.  Every one takes ONE BYTE PER ELEMENT inside
+   * Kiln (IR, interpreter, device buffers, kernels): the sub-byte ones
+   * (u4 i4 f4e2m1 u2 i2) are packed only where ONNX packs them, in
+   * TensorProto contents and .pb files (runtime/pb/tensor_pb.c), so every
+   * kernel and the memory planner stay byte-addressed.  i4/i2 hold their
+   * value sign-extended in an int8, u4/u2 in a uint8, the floats their
+   * code (fp4 in the low four bits). */
+  KL_F8E4M3FN, KL_F8E4M3FNUZ, KL_F8E5M2, KL_F8E5M2FNUZ, KL_U4, KL_I4,
+  KL_F4E2M1, KL_F8E8M0, KL_U2, KL_I2,
   KL_DTYPE_COUNT
 } kl_dtype;
 
@@ -23,9 +33,23 @@ size_t kl_dtype_size(kl_dtype t);               /* bytes per element */
 bool kl_dtype_is_float(kl_dtype t);
 bool kl_dtype_is_int(kl_dtype t);  /* signed and unsigned integers, not bool */
 bool kl_dtype_is_unsigned(kl_dtype t);
+/* The one-byte floats: fp8, fp4 and E8M0.  Not kl_dtype_is_float: no
+ * arithmetic op takes them; they are cast, quantized and moved. */
+bool kl_dtype_is_small_float(kl_dtype t);
+/* Width in bits where ONNX packs the type (4 or 2), else 8 * size. */
+int kl_dtype_bits(kl_dtype t);
 /* Round a double to what `t` can hold (f32/f16/bf16 rounding, integer
- * truncation toward zero with wrap-around, bool to 0/1). */
+ * truncation toward zero with wrap-around, bool to 0/1; the small floats
+ * through f32, round to nearest even, overflow to Inf or NaN as ONNX's
+ * Cast with saturate=0, E8M0 rounding down). */
 double kl_dtype_round(kl_dtype t, double v);
+/* E8M0 rounding modes of Cast's round_mode attribute. */
+enum { KL_ROUND_UP, KL_ROUND_DOWN, KL_ROUND_NEAREST };
+/* ONNX Cast from `from` to `to`: kl_dtype_round, except that saturate
+ * clamps finite overflow and Inf to the largest finite value of an fp8 or
+ * E8M0 target, E8M0 rounds by round_mode, and a float to a 4- or 2-bit
+ * integer gives 0 when out of range (ONNX's reference). */
+double kl_dtype_cast(kl_dtype from, kl_dtype to, double v, bool saturate, int round_mode);
 
 /* ---- shapes ---------------------------------------------------------- */
 #define KL_MAX_RANK 8
@@ -327,6 +351,8 @@ const char *kl_attr_string(const kl_node *n, const char *name,
                            const char *dflt);
 /* Returns the list length (or -1 when absent) and points *out at it. */
 int kl_attr_ints(const kl_node *n, const char *name, const int64_t **out);
+/* A cast node's round_mode as KL_ROUND_*, -1 when it names none. */
+int kl_cast_round_mode(const kl_node *n);
 
 /* Output helpers for infer functions. */
 void kl_set_output(kl_node *n, int k, kl_dtype t, const kl_shape *s);

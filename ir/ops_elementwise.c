@@ -96,7 +96,6 @@ static double f_gelu_tanh(double x, double p) {
   (void)p;
   return 0.5 * x * (1.0 + tanh(SQRT_2_PI * (x + 0.044715 * x * x * x)));
 }
-static double f_copy(double x, double p) { (void)p; return x; }
 
 #define UNARY_ROW(ID, CLASS, FN)                                               \
   int kl_infer_##ID(kl_node *n, kl_error *err) {                               \
@@ -156,16 +155,30 @@ int kl_infer_CAST(kl_node *n, kl_error *err) {
   if (to->i < 0 || to->i >= KL_DTYPE_COUNT)
     return KL_NODE_FAIL(n, err, "attribute 'to' is not a dtype (%lld)",
                         (long long)to->i);
+  if (kl_cast_round_mode(n) < 0)
+    return KL_NODE_FAIL(n, err, "round_mode must be \"up\", \"down\" or \"nearest\", got \"%s\"",
+                        kl_attr_string(n, "round_mode", "up"));
   kl_set_output(n, 0, (kl_dtype)to->i, &n->inputs[0]->shape);
   return 0;
 }
 
-/* The interpreter's rounding to the output dtype does the conversion. */
+int kl_cast_round_mode(const kl_node *n) {
+  const char *m = kl_attr_string(n, "round_mode", "up");
+  return !strcmp(m, "up") ? KL_ROUND_UP : !strcmp(m, "down") ? KL_ROUND_DOWN
+         : !strcmp(m, "nearest") ? KL_ROUND_NEAREST : -1;
+}
+
+/* kl_dtype_cast does the conversion; the interpreter's rounding to the
+ * output dtype afterwards keeps its result. */
 int kl_eval_CAST(const kl_node *n, kl_tensor **in, kl_tensor **out,
                  kl_error *err) {
-  (void)n;
   (void)err;
-  return eval_unary(in[0], out[0], f_copy, 0.0);
+  kl_dtype from = in[0]->dtype, to = out[0]->dtype;
+  bool saturate = kl_attr_int(n, "saturate", 1) != 0;
+  int mode = kl_cast_round_mode(n);
+  for (int64_t i = 0; i < in[0]->numel; i++)
+    out[0]->data[i] = kl_dtype_cast(from, to, in[0]->data[i], saturate, mode);
+  return 0;
 }
 
 /* ---- binary ---------------------------------------------------------- */

@@ -128,6 +128,50 @@ int kl_eval_RESHAPE(const kl_node *n, kl_tensor **in, kl_tensor **out,
   return copy_eval(in, out);
 }
 
+/* ---- bitcast --------------------------------------------------------- */
+
+static bool is_int64(kl_dtype t) { return t == KL_I64 || t == KL_U64; }
+
+int kl_infer_BITCAST(kl_node *n, kl_error *err) {
+  const kl_attr *to = kl_node_attr(n, "to");
+  kl_dtype from = n->inputs[0]->dtype;
+  if (!to) return KL_NODE_FAIL(n, err, "attribute 'to' (the target dtype) is required");
+  if (to->i < 0 || to->i >= KL_DTYPE_COUNT)
+    return KL_NODE_FAIL(n, err, "attribute 'to' is not a dtype (%lld)", (long long)to->i);
+  kl_dtype t = (kl_dtype)to->i;
+  if (kl_dtype_bits(t) != kl_dtype_bits(from))
+    return KL_NODE_FAIL(n, err, "bitcast needs types of one width: %s has %d bits, %s %d",
+                        kl_dtype_name(from), kl_dtype_bits(from), kl_dtype_name(t), kl_dtype_bits(t));
+  if (is_int64(t) != is_int64(from) || (is_int64(t) && t != from)) {
+    KL_NODE_FAIL(n, err, "bitcast between %s and %s is not supported: the interpreter holds "
+                 "integers in float64, exact only below 2^53", kl_dtype_name(from), kl_dtype_name(t));
+    if (err) err->unsupported = true;
+    return -1;
+  }
+  return kl_set_checked_output(n, err, 0, t, &n->inputs[0]->shape);
+}
+
+/* Element by element through its bytes: written as `from`, the low bits
+ * kept (4 or 2 for the narrow types, which Kiln holds one a byte) and read
+ * back as `to`. */
+int kl_eval_BITCAST(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  (void)n;
+  (void)err;
+  kl_dtype from = in[0]->dtype, to = out[0]->dtype;
+  int bits = kl_dtype_bits(to);
+  for (int64_t i = 0; i < in[0]->numel; i++) {
+    unsigned char raw[8] = {0};
+    kl_raw_set(from, raw, 0, in[0]->data[i]);
+    if (bits < 8) {
+      unsigned v = raw[0] & ((1u << bits) - 1);
+      bool sign = (to == KL_I4 || to == KL_I2) && (v >> (bits - 1));
+      raw[0] = (unsigned char)(sign ? v | (0xffu << bits) : v);
+    }
+    out[0]->data[i] = kl_raw_get(to, raw, 0, NULL);
+  }
+  return 0;
+}
+
 /* ---- transpose ------------------------------------------------------- */
 
 static int get_perm(const kl_node *n, kl_error *err, int rank, int *perm) {

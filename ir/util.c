@@ -13,9 +13,14 @@ _Static_assert((int)KL_F32 == (int)KRT_F32 && (int)KL_BOOL == (int)KRT_BOOL &&
 
 static const char *const dtype_names[KL_DTYPE_COUNT] = {
     "f32", "f16", "bf16", "f64", "i8", "i32", "i64", "bool",
-    "u8", "i16", "u16", "u32", "u64"};
+    "u8", "i16", "u16", "u32", "u64",
+    "f8e4m3fn", "f8e4m3fnuz", "f8e5m2", "f8e5m2fnuz", "u4", "i4",
+    "f4e2m1", "f8e8m0", "u2", "i2"};
+/* The narrow types take one byte each inside Kiln (see ir.h). */
 static const size_t dtype_sizes[KL_DTYPE_COUNT] = {4, 2, 2, 8, 1, 4, 8, 1,
-                                                   1, 2, 2, 4, 8};
+                                                   1, 2, 2, 4, 8,
+                                                   1, 1, 1, 1, 1, 1,
+                                                   1, 1, 1, 1};
 
 const char *kl_dtype_name(kl_dtype t) {
   return (unsigned)t < KL_DTYPE_COUNT ? dtype_names[t] : "?";
@@ -37,17 +42,23 @@ bool kl_dtype_is_float(kl_dtype t) {
 }
 
 bool kl_dtype_is_int(kl_dtype t) {
-  return t == KL_I8 || t == KL_I32 || t == KL_I64 || t == KL_I16 ||
-         kl_dtype_is_unsigned(t);
+  return t == KL_I8 || t == KL_I32 || t == KL_I64 || t == KL_I16 || t == KL_I4 ||
+         t == KL_I2 || kl_dtype_is_unsigned(t);
 }
 
 bool kl_dtype_is_unsigned(kl_dtype t) {
-  return t == KL_U8 || t == KL_U16 || t == KL_U32 || t == KL_U64;
+  return t == KL_U8 || t == KL_U16 || t == KL_U32 || t == KL_U64 || t == KL_U4 || t == KL_U2;
 }
+
+bool kl_dtype_is_small_float(kl_dtype t) { return krt_dtype_is_small_float((krt_dtype)t); }
+
+int kl_dtype_bits(kl_dtype t) { return krt_dtype_bits((krt_dtype)t); }
 
 /* Width in bits of an integer dtype. */
 static int int_bits(kl_dtype t) {
   switch (t) {
+  case KL_I2: case KL_U2: return 2;
+  case KL_I4: case KL_U4: return 4;
   case KL_I8: case KL_U8: return 8;
   case KL_I16: case KL_U16: return 16;
   case KL_I32: case KL_U32: return 32;
@@ -69,6 +80,12 @@ static double wrap_int(double v, int bits, bool is_unsigned) {
   return v;
 }
 
+/* Through f32 to the small float's code and back, as the kernels do. */
+static double small_float_round(kl_dtype t, double v, bool saturate, int round_mode) {
+  uint8_t code = krt_f32_to_small_float((krt_dtype)t, (float)v, saturate, round_mode);
+  return krt_small_float_to_f32((krt_dtype)t, code);
+}
+
 double kl_dtype_round(kl_dtype t, double v) {
   switch (t) {
   case KL_F32: return (double)(float)v;
@@ -78,9 +95,28 @@ double kl_dtype_round(kl_dtype t, double v) {
   case KL_BOOL: return v != 0 ? 1 : 0;
   case KL_I8: case KL_I16: case KL_I32: case KL_I64:
   case KL_U8: case KL_U16: case KL_U32: case KL_U64:
+  case KL_I4: case KL_U4: case KL_I2: case KL_U2:
     return wrap_int(v, int_bits(t), kl_dtype_is_unsigned(t));
+  case KL_F8E4M3FN: case KL_F8E4M3FNUZ: case KL_F8E5M2: case KL_F8E5M2FNUZ:
+  case KL_F4E2M1: case KL_F8E8M0:
+    /* E8M0 rounds down here: that keeps every E8M0 value, also code 0
+     * (2^-127, an f32 subnormal, which "up" would move) */
+    return small_float_round(t, v, false, KL_ROUND_DOWN);
   default: return v;
   }
+}
+
+double kl_dtype_cast(kl_dtype from, kl_dtype to, double v, bool saturate, int round_mode) {
+  if (kl_dtype_is_small_float(to)) return small_float_round(to, v, saturate, round_mode);
+  bool narrow_int = to == KL_I4 || to == KL_U4 || to == KL_I2 || to == KL_U2;
+  if (narrow_int && !kl_dtype_is_int(from) && from != KL_BOOL) {
+    /* float to a 4- or 2-bit integer: out of range is undefined by the
+     * spec; ONNX's reference (ml_dtypes) gives 0, and so do the kernels */
+    double t = trunc(v), span = ldexp(1.0, int_bits(to));
+    double lo = kl_dtype_is_unsigned(to) ? 0 : -span / 2;
+    return t >= lo && t < lo + span ? t : 0;
+  }
+  return kl_dtype_round(to, v);
 }
 
 int64_t kl_shape_numel(const kl_shape *s) {

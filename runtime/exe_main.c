@@ -181,6 +181,25 @@ static int read_input(const exe_opts *o, int i, krt_tensor *t) {
     for (int64_t k = 0; k < n; k++) h[k] = krt_f32_to_bf16(((float *)t->data)[k]);
     t->dtype = KRT_BF16;
   }
+  /* nor the one-byte types of ONNX: a u8 file holds a small float's codes,
+   * an i8 or u8 file a 4- or 2-bit integer's values (npy.c) */
+  if (krt_dtype_is_small_float(d->dtype) && t->dtype == KRT_U8) t->dtype = d->dtype;
+  int bits = krt_dtype_bits(d->dtype);
+  if (bits < 8 && !krt_dtype_is_small_float(d->dtype) && (t->dtype == KRT_U8 || t->dtype == KRT_I8)) {
+    int64_t n = krt_tensor_numel(t);
+    int is_signed = d->dtype == KRT_I4 || d->dtype == KRT_I2;
+    int lo = is_signed ? -(1 << (bits - 1)) : 0, hi = is_signed ? (1 << (bits - 1)) - 1 : (1 << bits) - 1;
+    for (int64_t k = 0; k < n; k++) {
+      int v = t->dtype == KRT_I8 ? ((int8_t *)t->data)[k] : ((uint8_t *)t->data)[k];
+      if (v < lo || v > hi) {
+        fprintf(stderr, "%s: error: %s: input '%s' is %s, but the file holds %d, out of its range\n",
+                o->prog, path, d->name, krt_dtype_name(d->dtype), v);
+        krt_tensor_free(t);
+        return -1;
+      }
+    }
+    t->dtype = d->dtype;
+  }
   bool same = t->dtype == d->dtype && t->rank == d->rank;
   for (int k = 0; same && k < d->rank; k++) same = t->dims[k] == d->dims[k];
   if (!same) {
@@ -227,6 +246,10 @@ static double element(const krt_tensor *t, int64_t i) {
   case KRT_U32: { uint32_t v; memcpy(&v, p, 4); return v; }
   case KRT_I64: { int64_t v; memcpy(&v, p, 8); return (double)v; }
   case KRT_U64: { uint64_t v; memcpy(&v, p, 8); return (double)v; }
+  case KRT_I4: case KRT_I2: return (int8_t)*p;
+  case KRT_U4: case KRT_U2: return *p;
+  case KRT_F8E4M3FN: case KRT_F8E4M3FNUZ: case KRT_F8E5M2: case KRT_F8E5M2FNUZ:
+  case KRT_F4E2M1: case KRT_F8E8M0: return krt_small_float_to_f32(t->dtype, *p);
   default: return NAN;
   }
 }

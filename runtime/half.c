@@ -20,6 +20,10 @@ static const struct {
     [KRT_I64] = {"i64", 8}, [KRT_BOOL] = {"bool", 1}, [KRT_U8] = {"u8", 1},
     [KRT_I16] = {"i16", 2}, [KRT_U16] = {"u16", 2}, [KRT_U32] = {"u32", 4},
     [KRT_U64] = {"u64", 8},
+    [KRT_F8E4M3FN] = {"f8e4m3fn", 1}, [KRT_F8E4M3FNUZ] = {"f8e4m3fnuz", 1},
+    [KRT_F8E5M2] = {"f8e5m2", 1}, [KRT_F8E5M2FNUZ] = {"f8e5m2fnuz", 1},
+    [KRT_U4] = {"u4", 1}, [KRT_I4] = {"i4", 1}, [KRT_F4E2M1] = {"f4e2m1", 1},
+    [KRT_F8E8M0] = {"f8e8m0", 1}, [KRT_U2] = {"u2", 1}, [KRT_I2] = {"i2", 1},
 };
 
 size_t krt_dtype_size(krt_dtype t) {
@@ -109,3 +113,50 @@ uint16_t krt_f32_to_bf16(float f) {
 }
 
 float krt_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+/* ---- one-byte floats ------------------------------------------------- */
+/* The kernels' own conversions, from kiln_prelude.h's portable part, so the
+ * interpreter, the tensor files and both devices agree bit for bit. */
+#define KL_PRELUDE_CONVERSIONS_ONLY
+#define __device__ static
+#define __forceinline__ inline
+static inline unsigned __float_as_uint(float f) { return f32_bits(f); }
+static inline float __uint_as_float(unsigned u) { return bits_f32(u); }
+#include "emu/kiln_prelude.h"
+#undef __device__
+#undef __forceinline__
+_Static_assert(KRT_ROUND_UP == KL_E8M0_UP && KRT_ROUND_DOWN == KL_E8M0_DOWN &&
+                   KRT_ROUND_NEAREST == KL_E8M0_NEAREST,
+               "round modes must agree with kiln_prelude.h");
+
+/* kiln_prelude.h's KL_MF_* format of a dtype; -1 for E8M0 and the rest. */
+static int mf_format(krt_dtype t) {
+  switch (t) {
+  case KRT_F8E4M3FN: return KL_MF_E4M3FN;
+  case KRT_F8E4M3FNUZ: return KL_MF_E4M3FNUZ;
+  case KRT_F8E5M2: return KL_MF_E5M2;
+  case KRT_F8E5M2FNUZ: return KL_MF_E5M2FNUZ;
+  case KRT_F4E2M1: return KL_MF_E2M1;
+  default: return -1;
+  }
+}
+
+int krt_dtype_is_small_float(krt_dtype t) { return t == KRT_F8E8M0 || mf_format(t) >= 0; }
+
+float krt_small_float_to_f32(krt_dtype t, uint8_t code) {
+  if (t == KRT_F8E8M0) return kl_e8m0_to_f32(code);
+  int fmt = mf_format(t);
+  return fmt >= 0 ? kl_mf_to_f32(code, fmt) : 0.0f;
+}
+
+uint8_t krt_f32_to_small_float(krt_dtype t, float f, int saturate, int round_mode) {
+  if (t == KRT_F8E8M0) return (uint8_t)kl_e8m0_from_f32(f, saturate, round_mode);
+  int fmt = mf_format(t);
+  return fmt >= 0 ? (uint8_t)kl_mf_from_f32(f, fmt, saturate) : 0;
+}
+
+int krt_dtype_bits(krt_dtype t) {
+  if (t == KRT_U4 || t == KRT_I4 || t == KRT_F4E2M1) return 4;
+  if (t == KRT_U2 || t == KRT_I2) return 2;
+  return (int)krt_dtype_size(t) * 8;
+}

@@ -24,6 +24,11 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 typedef enum {
   KRT_F32, KRT_F16, KRT_BF16, KRT_F64, KRT_I8, KRT_I32, KRT_I64, KRT_BOOL,
   KRT_U8, KRT_I16, KRT_U16, KRT_U32, KRT_U64,
+  /* one byte per element, also the sub-byte ones (ONNX packs u4 i4 f4e2m1
+   * two to a byte and u2 i2 four; only .pb files do here): i4/i2 as a
+   * sign-extended int8, u4/u2 as a uint8, the floats as their code */
+  KRT_F8E4M3FN, KRT_F8E4M3FNUZ, KRT_F8E5M2, KRT_F8E5M2FNUZ, KRT_U4, KRT_I4,
+  KRT_F4E2M1, KRT_F8E8M0, KRT_U2, KRT_I2,
   KRT_DTYPE_COUNT
 } krt_dtype;
 
@@ -58,6 +63,20 @@ uint16_t krt_f32_to_f16(float f);
 float krt_f16_to_f32(uint16_t h);
 uint16_t krt_f32_to_bf16(float f);
 float krt_bf16_to_f32(uint16_t h);
+
+/* ---- one-byte floats ------------------------------------------------- */
+/* fp8 (KRT_F8*), fp4 (KRT_F4E2M1) and KRT_F8E8M0 codes, the same functions
+ * the kernels use (runtime/emu/kiln_prelude.h).  code -> float is exact
+ * (0 for a dtype that is none of these).  float -> code rounds to nearest
+ * even as ONNX's Cast; saturate clamps overflow and Inf to the largest
+ * finite value, otherwise overflow gives Inf (E5M2) or NaN; E8M0 uses
+ * round_mode (KRT_ROUND_UP, _DOWN, _NEAREST, Cast's round_mode). */
+enum { KRT_ROUND_UP, KRT_ROUND_DOWN, KRT_ROUND_NEAREST };
+int krt_dtype_is_small_float(krt_dtype t);
+float krt_small_float_to_f32(krt_dtype t, uint8_t code);
+uint8_t krt_f32_to_small_float(krt_dtype t, float f, int saturate, int round_mode);
+/* Bits per element where ONNX packs the type (4 or 2), else 8 * size. */
+int krt_dtype_bits(krt_dtype t);
 
 /* ---- tensor files ---------------------------------------------------- */
 /* All fallible calls return 0 on success and -1 on failure, with a message

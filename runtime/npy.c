@@ -11,6 +11,12 @@
  *
  * bfloat16 has no NumPy descr, so krt_npy_write stores bf16 tensors as '<f4'
  * (every bf16 value is exactly a float32); such a file reads back as f32.
+ * Neither has NumPy the one-byte types of ONNX (fp8, fp4, E8M0, 4- and 2-bit
+ * integers): they are written one byte an element as Kiln holds them, the
+ * floats as their raw codes in '|u1', the integers as their values in '|i1'
+ * or '|u1' (ml_dtypes' arrays .view(np.uint8) give the same bytes); such a
+ * file reads back as u8 or i8, and feeds an input of the type (exe_main.c,
+ * kiln run).
  *
  * The reader must survive hostile files: every read is length-checked, the
  * header parser never leaves its buffer, and the data size is computed from
@@ -295,6 +301,13 @@ done:
 }
 
 /* ---- writing --------------------------------------------------------- */
+static const char *write_descr(krt_dtype t) {
+  if (t == KRT_BF16) return "<f4";
+  if (t == KRT_I4 || t == KRT_I2) return "|i1";
+  if (krt_dtype_is_small_float(t) || t == KRT_U4 || t == KRT_U2) return "|u1";
+  return descrs[t];
+}
+
 static bool write_data(FILE *f, const krt_tensor *t, int64_t numel) {
   if (t->dtype != KRT_BF16) {
     size_t n = (size_t)numel * krt_dtype_size(t->dtype);
@@ -329,7 +342,7 @@ int krt_npy_write(const char *path, const krt_tensor *t, char *errbuf,
   char hdr[256];
   int n = snprintf(hdr, sizeof hdr,
                    "{'descr': '%s', 'fortran_order': False, 'shape': (",
-                   t->dtype == KRT_BF16 ? "<f4" : descrs[t->dtype]);
+                   write_descr(t->dtype));
   for (int i = 0; i < t->rank; i++)
     n += snprintf(hdr + n, sizeof hdr - (size_t)n, "%s%lld", i ? ", " : "",
                   (long long)t->dims[i]);

@@ -34,6 +34,9 @@ static const char *const st_dtypes[KRT_DTYPE_COUNT] = {
     [KRT_F64] = "F64", [KRT_I8] = "I8",   [KRT_I32] = "I32",
     [KRT_I64] = "I64", [KRT_BOOL] = "BOOL", [KRT_U8] = "U8",
     [KRT_I16] = "I16", [KRT_U16] = "U16", [KRT_U32] = "U32", [KRT_U64] = "U64",
+    /* the one-byte floats safetensors names; its packed sub-byte types are
+     * not read (Kiln holds one element a byte) */
+    [KRT_F8E4M3FN] = "F8_E4M3", [KRT_F8E5M2] = "F8_E5M2", [KRT_F8E8M0] = "F8_E8M0",
 };
 
 /* ---- reading --------------------------------------------------------- */
@@ -72,7 +75,7 @@ static int read_entry(reader *r, const char *name, const json_t *e,
     return krt_fail(eb, el, path, "tensor '%s': missing or non-string 'dtype'",
                     name);
   int d = 0;
-  while (d < KRT_DTYPE_COUNT && strcmp(dt, st_dtypes[d]) != 0) d++;
+  while (d < KRT_DTYPE_COUNT && (!st_dtypes[d] || strcmp(dt, st_dtypes[d]) != 0)) d++;
   if (d == KRT_DTYPE_COUNT)
     return krt_fail(eb, el, path, "tensor '%s': unsupported dtype '%s'", name,
                     dt);
@@ -253,9 +256,10 @@ static json_t *build_header(const char *path, const krt_tensor_set *set,
                "duplicate name '%s'", i, nt->name ? nt->name : "(null)");
       goto bad;
     }
-    if (krt_dtype_size(t->dtype) == 0 || numel < 0 ||
+    if (krt_dtype_size(t->dtype) == 0 || numel < 0 || !st_dtypes[t->dtype] ||
         (numel > 0 && !t->data)) {
-      krt_fail(errbuf, errlen, path, "tensor '%s': invalid tensor (bad dtype, "
+      krt_fail(errbuf, errlen, path, "tensor '%s': invalid tensor (bad dtype or one "
+               "safetensors cannot hold, "
                "rank, dims or data)", nt->name);
       goto bad;
     }

@@ -16,6 +16,11 @@
 #ifndef KILN_PRELUDE_H
 #define KILN_PRELUDE_H
 
+/* KL_PRELUDE_CONVERSIONS_ONLY: only the portable helpers at the end (the
+ * one-byte float conversions and integer powers), for runtime/half.c, which
+ * defines __device__, __forceinline__, __float_as_uint and __uint_as_float
+ * itself. */
+#ifndef KL_PRELUDE_CONVERSIONS_ONLY
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
 
 #define KL_KERNEL extern "C" __global__
@@ -96,6 +101,7 @@ __device__ __forceinline__ __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) 
 #else /* host */
 #include "kiln_emu.h"
 #endif
+#endif /* KL_PRELUDE_CONVERSIONS_ONLY */
 
 /* Integer power as the interpreter computes it (i_pow in
  * ir/ops_elementwise.c): by squaring, wrapping modulo 2^64.  A negative
@@ -112,6 +118,127 @@ __device__ __forceinline__ uint64_t kl_upow(uint64_t a, uint64_t b) {
 __device__ __forceinline__ int64_t kl_ipow(int64_t a, int64_t b) {
   if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;
   return (int64_t)kl_upow((uint64_t)a, (uint64_t)b);
+}
+
+/* ---- one-byte floats ------------------------------------------------
+ * fp8 (E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ), fp4 (E2M1, its code in the low
+ * four bits of a byte) and E8M0 (a bare power of two), converted to and from
+ * float.  Written once, here, in the C both compilers take, so that the GPU
+ * (NVRTC), the host emulation and libkilnrt (runtime/half.c includes this
+ * part alone, for the interpreter and the tensor files) convert bit for bit
+ * alike.  cuda_fp8.h has GPU conversions, but not on the host, not for the
+ * FNUZ types or E8M0's round modes.  The rules are ONNX's Cast (round to
+ * nearest even; saturate clamps finite overflow and Inf to the largest
+ * finite value; without it overflow gives Inf (E5M2) or NaN) with the NaN
+ * and fp4 details of ONNX's reference (ml_dtypes). */
+#define KL_MF_E4M3FN 0
+#define KL_MF_E4M3FNUZ 1
+#define KL_MF_E5M2 2
+#define KL_MF_E5M2FNUZ 3
+#define KL_MF_E2M1 4
+
+__device__ __forceinline__ int kl_mf_mbits(int fmt) {
+  return fmt == KL_MF_E5M2 || fmt == KL_MF_E5M2FNUZ ? 2 : fmt == KL_MF_E2M1 ? 1 : 3;
+}
+__device__ __forceinline__ int kl_mf_bias(int fmt) {
+  return fmt == KL_MF_E4M3FN ? 7 : fmt == KL_MF_E4M3FNUZ ? 8 : fmt == KL_MF_E5M2 ? 15
+       : fmt == KL_MF_E5M2FNUZ ? 16 : 1;
+}
+/* Code of the largest finite magnitude: 448, 240, 57344, 57344, 6. */
+__device__ __forceinline__ unsigned kl_mf_max_code(int fmt) {
+  return fmt == KL_MF_E4M3FN ? 0x7eu : fmt == KL_MF_E5M2 ? 0x7bu : fmt == KL_MF_E2M1 ? 0x7u : 0x7fu;
+}
+__device__ __forceinline__ unsigned kl_mf_sign_bit(int fmt) {
+  return fmt == KL_MF_E2M1 ? 0x8u : 0x80u;
+}
+__device__ __forceinline__ int kl_mf_is_fnuz(int fmt) {
+  return fmt == KL_MF_E4M3FNUZ || fmt == KL_MF_E5M2FNUZ;
+}
+/* m >> s (1 <= s <= 31), rounded to nearest, ties to even. */
+__device__ __forceinline__ unsigned kl_mf_rne(unsigned m, int s) {
+  unsigned r = m >> s, rem = m & ((1u << s) - 1u), half = 1u << (s - 1);
+  return r + (rem > half || (rem == half && (r & 1u)));
+}
+
+__device__ __forceinline__ unsigned kl_mf_from_f32(float f, int fmt, int saturate) {
+  unsigned x = __float_as_uint(f), ax = x & 0x7fffffffu;
+  unsigned sign = (x >> 31) ? kl_mf_sign_bit(fmt) : 0u, maxc = kl_mf_max_code(fmt);
+  int mbits = kl_mf_mbits(fmt), bias = kl_mf_bias(fmt);
+  if (ax > 0x7f800000u) { /* NaN; fp4 has none and ml_dtypes gives a zero */
+    if (kl_mf_is_fnuz(fmt)) return 0x80u;
+    if (fmt == KL_MF_E2M1) return sign ^ 0x8u;
+    return sign | (fmt == KL_MF_E5M2 ? 0x7eu : 0x7fu);
+  }
+  unsigned q = maxc + 1u; /* Inf overflows */
+  if (ax < 0x7f800000u) {
+    int e = (int)(ax >> 23) - 127, emin = 1 - bias;
+    if (e >= emin) { /* rebias; a carry out of the mantissa bumps the exponent */
+      q = kl_mf_rne(((unsigned)(e + bias) << 23) | (ax & 0x7fffffu), 23 - mbits);
+    } else { /* subnormal in the small format: units of 2^(emin - mbits) */
+      int s = 23 - mbits + (emin - e);
+      q = s > 25 ? 0u : kl_mf_rne((ax & 0x7fffffu) | 0x800000u, s);
+    }
+  }
+  if (q > maxc) {
+    if (saturate || fmt == KL_MF_E2M1) q = maxc;
+    else if (kl_mf_is_fnuz(fmt)) return 0x80u;
+    else return sign | (fmt == KL_MF_E5M2 ? 0x7cu : 0x7fu); /* Inf, NaN */
+  }
+  if (q == 0u && kl_mf_is_fnuz(fmt)) return 0u; /* no -0 */
+  return sign | q;
+}
+
+__device__ __forceinline__ float kl_mf_to_f32(unsigned c, int fmt) {
+  unsigned sb = kl_mf_sign_bit(fmt), mag = c & (sb - 1u);
+  int mbits = kl_mf_mbits(fmt), bias = kl_mf_bias(fmt);
+  if (kl_mf_is_fnuz(fmt) && c == 0x80u) return __uint_as_float(0x7fc00000u);
+  if ((fmt == KL_MF_E4M3FN && mag == 0x7fu) || (fmt == KL_MF_E5M2 && mag > 0x7cu))
+    return __uint_as_float(0x7fc00000u | (c & sb ? 0x80000000u : 0u)); /* keeps its sign */
+  if (fmt == KL_MF_E5M2 && mag == 0x7cu) return __uint_as_float(0x7f800000u | (c & sb ? 0x80000000u : 0u));
+  int e = (int)(mag >> mbits);
+  unsigned m = mag & ((1u << mbits) - 1u);
+  float v = e ? __uint_as_float((unsigned)(e - bias + 127) << 23 | m << (23 - mbits))
+              : (float)m * __uint_as_float((unsigned)(128 - bias - mbits) << 23);
+  return (c & sb) ? -v : v;
+}
+
+/* Cast's saturate as ONNX's reference does it: clamped to the largest
+ * finite value (Inf too, NaN kept), so that the store rounds in range. */
+__device__ __forceinline__ float kl_mf_saturate(float f, int fmt) {
+  float m = kl_mf_to_f32(kl_mf_max_code(fmt), fmt);
+  return f != f ? f : f > m ? m : f < -m ? -m : f;
+}
+
+/* E8M0: 2^(c - 127), 0xff NaN.  From float by the exponent alone (the sign
+ * is ignored), as ONNX's reference: round_mode up (any fraction rounds up),
+ * down, or nearest (its guard/round/sticky rule); saturate keeps the
+ * largest exponent from rounding up into NaN. */
+#define KL_E8M0_UP 0
+#define KL_E8M0_DOWN 1
+#define KL_E8M0_NEAREST 2
+__device__ __forceinline__ unsigned kl_e8m0_from_f32(float f, int saturate, int round_mode) {
+  unsigned x = __float_as_uint(f), e = (x >> 23) & 0xffu;
+  if (e == 0xffu) return 0xffu;
+  int up = 0;
+  if (round_mode == KL_E8M0_UP) up = (x & 0x7fffffu) != 0;
+  else if (round_mode == KL_E8M0_NEAREST)
+    up = (x & 0x400000u) && ((x & 0x200000u) || (x & 0x1fffffu) || e > 0);
+  if (up && e == 0xfeu && saturate) up = 0;
+  return e + (unsigned)up;
+}
+__device__ __forceinline__ float kl_e8m0_to_f32(unsigned c) {
+  c &= 0xffu;
+  return c == 0xffu ? __uint_as_float(0x7fc00000u) : __uint_as_float(c ? c << 23 : 0x400000u);
+}
+
+/* Sub-byte integers live one per byte (int8_t / uint8_t); stores wrap to
+ * their width, two's complement, as ONNX's Cast between integers. */
+__device__ __forceinline__ int64_t kl_wrap_signed(int64_t v, int bits) {
+  uint64_t sb = 1ull << (bits - 1);
+  return (int64_t)(((uint64_t)v & ((1ull << bits) - 1u)) ^ sb) - (int64_t)sb;
+}
+__device__ __forceinline__ uint64_t kl_wrap_unsigned(uint64_t v, int bits) {
+  return v & ((1ull << bits) - 1u);
 }
 
 #endif

@@ -26,6 +26,17 @@ int krt_onnx_dtype(int onnx_type, krt_dtype *out) {
   case ONNX__TENSOR_PROTO__DATA_TYPE__UINT16: *out = KRT_U16; return 0;
   case ONNX__TENSOR_PROTO__DATA_TYPE__UINT32: *out = KRT_U32; return 0;
   case ONNX__TENSOR_PROTO__DATA_TYPE__UINT64: *out = KRT_U64; return 0;
+  /* Debian's onnx.proto predates these: ONNX's numbers, 17 to 26 */
+  case 17: *out = KRT_F8E4M3FN; return 0;
+  case 18: *out = KRT_F8E4M3FNUZ; return 0;
+  case 19: *out = KRT_F8E5M2; return 0;
+  case 20: *out = KRT_F8E5M2FNUZ; return 0;
+  case 21: *out = KRT_U4; return 0;
+  case 22: *out = KRT_I4; return 0;
+  case 23: *out = KRT_F4E2M1; return 0;
+  case 24: *out = KRT_F8E8M0; return 0;
+  case 25: *out = KRT_U2; return 0;
+  case 26: *out = KRT_I2; return 0;
   default: return -1;
   }
 }
@@ -34,8 +45,12 @@ const char *krt_onnx_type_name(int t) {
   static const char *const names[] = {"undefined", "float", "uint8", "int8", "uint16",
                                       "int16", "int32", "int64", "string", "bool",
                                       "float16", "double", "uint32", "uint64",
-                                      "complex64", "complex128", "bfloat16"};
-  return t >= 0 && t <= 16 ? names[t] : "unknown";
+                                      "complex64", "complex128", "bfloat16",
+                                      "float8e4m3fn", "float8e4m3fnuz", "float8e5m2",
+                                      "float8e5m2fnuz", "uint4", "int4", "float4e2m1",
+                                      "float8e8m0", "uint2", "int2", "float6e2m3",
+                                      "float6e3m2"};
+  return t >= 0 && t < (int)(sizeof names / sizeof *names) ? names[t] : "unknown";
 }
 
 static int say(char *err, size_t errlen, int rc, const char *fmt, ...)
@@ -81,6 +96,40 @@ static const char *shape_text(const krt_tensor *h, char *buf, size_t len) {
   return buf;
 }
 
+/* 4- and 2-bit types: ONNX packs two or four elements a byte, the first in
+ * the lowest bits, in raw_data or one packed byte per int32_data entry.
+ * Kiln holds one element a byte (kilnrt.h): unpacked here, signed ones
+ * sign-extended. */
+static int packed_payload(const Onnx__TensorProto *t, const krt_tensor *h, void **data,
+                          char *err, size_t errlen) {
+  const char *name = t->name ? t->name : "?";
+  int bits = krt_dtype_bits(h->dtype), per = 8 / bits;
+  int64_t numel = krt_tensor_numel(h);
+  size_t nbytes = (size_t)((numel + per - 1) / per), have;
+  char shape[160];
+  if (t->has_raw_data) {
+    have = t->raw_data.len;
+    if (have != nbytes)
+      return say(err, errlen, -1, "tensor '%s': raw_data has %zu bytes, but %s packed %d a byte "
+                 "needs %zu", name, have, shape_text(h, shape, sizeof shape), per, nbytes);
+  } else if ((have = t->n_int32_data) != nbytes) {
+    return say(err, errlen, -1, "tensor '%s': int32_data holds %zu packed bytes, but %s packed "
+               "%d a byte needs %zu", name, have, shape_text(h, shape, sizeof shape), per, nbytes);
+  }
+  unsigned char *out = malloc(numel ? (size_t)numel : 1);
+  if (!out) return say(err, errlen, -1, "tensor '%s': out of memory", name);
+  bool is_signed = h->dtype == KRT_I4 || h->dtype == KRT_I2;
+  unsigned mask = (1u << bits) - 1, sign = 1u << (bits - 1);
+  for (int64_t i = 0; i < numel; i++) {
+    size_t b = (size_t)(i / per);
+    unsigned byte = t->has_raw_data ? t->raw_data.data[b] : (unsigned)t->int32_data[b] & 0xffu;
+    unsigned v = (byte >> (i % per * bits)) & mask;
+    out[i] = (unsigned char)(is_signed && (v & sign) ? v | ~mask : v);
+  }
+  *data = out;
+  return 0;
+}
+
 int krt_onnx_tensor_payload(const Onnx__TensorProto *t, const krt_tensor *h, void **data,
                             char *err, size_t errlen) {
   const char *name = t->name ? t->name : "?";
@@ -88,6 +137,7 @@ int krt_onnx_tensor_payload(const Onnx__TensorProto *t, const krt_tensor *h, voi
   size_t esize = krt_dtype_size(h->dtype), bytes = (size_t)numel * esize;
   char shape[160];
   *data = NULL;
+  if (krt_dtype_bits(h->dtype) < 8) return packed_payload(t, h, data, err, errlen);
   /* Sizes are checked before anything is allocated: a few bytes of
    * protobuf must not make us allocate gigabytes. */
   if (t->has_raw_data) {
@@ -130,6 +180,8 @@ int krt_onnx_tensor_payload(const Onnx__TensorProto *t, const krt_tensor *h, voi
     case KRT_I8: *p = (unsigned char)(int8_t)t->int32_data[i]; break;
     case KRT_BOOL: *p = t->int32_data[i] != 0; break;
     case KRT_U8: *p = (unsigned char)t->int32_data[i]; break;
+    case KRT_F8E4M3FN: case KRT_F8E4M3FNUZ: case KRT_F8E5M2: case KRT_F8E5M2FNUZ:
+    case KRT_F8E8M0: *p = (unsigned char)t->int32_data[i]; break; /* the code */
     case KRT_U32: { uint32_t v = (uint32_t)t->uint64_data[i]; memcpy(p, &v, 4); break; }
     case KRT_U64: memcpy(p, &t->uint64_data[i], 8); break;
     default: break;

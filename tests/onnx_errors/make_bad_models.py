@@ -180,6 +180,33 @@ write("tfidf_indexes", "node 'tf' (TfIdfVectorizer): tfidf (node 'tf'): ngram_in
       m=tf([0, 1, 2]))
 write("tfidf_good", "", m=tf([0, 1, 2, 3]))
 
+# 4- and 2-bit tensors are packed in the file (two or four a byte)
+def packed(name, dtype, dims, raw=None, int32=None):
+    t = TensorProto()
+    t.name, t.data_type = name, dtype
+    t.dims.extend(dims)
+    if raw is not None:
+        t.raw_data = raw
+    else:
+        t.int32_data.extend(int32)
+    return t
+
+
+cast_w = lambda: helper.make_node("Cast", ["w"], ["y"], to=F)
+write("int4_raw_wrong_size", "raw_data has 2 bytes, but i4[5] packed 2 a byte needs 3",
+      m=model([cast_w()], [], [vi("y", [5])], [packed("w", TensorProto.INT4, [5], b"\x12\x34")],
+              opset=21))
+write("uint2_int32_data_wrong_size", "int32_data holds 1 packed bytes, but u2[5] packed 4 a byte needs 2",
+      m=model([cast_w()], [], [vi("y", [5])], [packed("w", TensorProto.UINT2, [5], int32=[7])],
+              opset=25))
+write("bitcast_width", "bitcast needs types of one width: f32 has 32 bits, i16 16",
+      m=model([helper.make_node("BitCast", ["x"], ["y"], to=TensorProto.INT16)],
+              [vi("x", [2])], [vi("y", [2], TensorProto.INT16)], opset=26))
+write("cast_round_mode", "round_mode must be \"up\", \"down\" or \"nearest\"",
+      m=model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E8M0,
+                                round_mode="sideways")],
+              [vi("x", [2])], [vi("y", [2], TensorProto.FLOAT8E8M0)], opset=24))
+
 
 def external(name, location, offset, length, expect, fbytes=b"\0" * 16):
     t = raw_tensor("w", [4], b"")

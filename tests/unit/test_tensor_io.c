@@ -161,15 +161,102 @@ static void test_bf16_values(void **state) {
   }
 }
 
+/* ---- one-byte floats ------------------------------------------------- */
+typedef struct {
+  krt_dtype t;
+  int mbits, bias;
+  unsigned sign, max_code; /* sign bit; largest finite magnitude's code */
+} small_fmt;
+
+static const small_fmt small_fmts[] = {
+    {KRT_F8E4M3FN, 3, 7, 0x80, 0x7e},   {KRT_F8E4M3FNUZ, 3, 8, 0x80, 0x7f},
+    {KRT_F8E5M2, 2, 15, 0x80, 0x7b},    {KRT_F8E5M2FNUZ, 2, 16, 0x80, 0x7f},
+    {KRT_F4E2M1, 1, 1, 0x8, 0x7},
+};
+
+/* Code c's value from the formats' definitions, written apart from the
+ * conversions under test: sign, biased exponent, mantissa; NaN and Inf as
+ * each format reserves them. */
+static double small_by_definition(const small_fmt *f, unsigned c) {
+  unsigned mag = c & (f->sign - 1), e = mag >> f->mbits, m = mag & ((1u << f->mbits) - 1);
+  double s = c & f->sign ? -1 : 1;
+  switch (f->t) {
+  case KRT_F8E4M3FN: if (mag == 0x7f) return NAN; break;
+  case KRT_F8E5M2: if (e == 31) return m ? NAN : s * INFINITY; break;
+  case KRT_F8E4M3FNUZ: case KRT_F8E5M2FNUZ: if (c == 0x80) return NAN; break;
+  default: break;
+  }
+  if (e == 0) return s * ldexp(m, 1 - f->bias - f->mbits);
+  return s * ldexp(1.0 + ldexp(m, -f->mbits), (int)e - f->bias);
+}
+
+static void test_small_float_values(void **state) {
+  (void)state;
+  for (size_t k = 0; k < sizeof small_fmts / sizeof *small_fmts; k++) {
+    const small_fmt *f = &small_fmts[k];
+    unsigned ncodes = f->sign << 1;
+    for (unsigned c = 0; c < ncodes; c++) {
+      double want = small_by_definition(f, c);
+      float got = krt_small_float_to_f32(f->t, (uint8_t)c);
+      if (isnan(want)) {
+        assert_true(isnan(got));
+        assert_true(isnan(krt_small_float_to_f32(f->t, krt_f32_to_small_float(f->t, got, 0, 0))));
+        continue;
+      }
+      assert_true((double)got == want);
+      if (!isinf(want)) /* every value converts back to its code */
+        assert_int_equal(krt_f32_to_small_float(f->t, got, 1, 0), c);
+      /* halfway to the next positive magnitude: ties to the even code */
+      if (c < f->max_code) {
+        double next = small_by_definition(f, c + 1), mid = (want + next) / 2;
+        assert_int_equal(krt_f32_to_small_float(f->t, (float)mid, 1, 0), c & 1 ? c + 1 : c);
+        assert_int_equal(krt_f32_to_small_float(f->t, nextafterf((float)mid, INFINITY), 1, 0), c + 1);
+        assert_int_equal(krt_f32_to_small_float(f->t, nextafterf((float)mid, 0), 1, 0), c);
+      }
+    }
+    /* overflow and Inf: saturate clamps; otherwise Inf (E5M2) or NaN, and
+     * fp4, which has neither, saturates always */
+    float max = krt_small_float_to_f32(f->t, (uint8_t)f->max_code);
+    uint8_t over = krt_f32_to_small_float(f->t, 4 * max, 0, 0);
+    assert_int_equal(krt_f32_to_small_float(f->t, 4 * max, 1, 0), f->max_code);
+    assert_int_equal(krt_f32_to_small_float(f->t, -INFINITY, 1, 0), f->sign | f->max_code);
+    if (f->t == KRT_F8E5M2) assert_true(isinf(krt_small_float_to_f32(f->t, over)));
+    else if (f->t == KRT_F4E2M1) assert_int_equal(over, f->max_code);
+    else assert_true(isnan(krt_small_float_to_f32(f->t, over)));
+  }
+  /* FNUZ has no -0 */
+  assert_int_equal(krt_f32_to_small_float(KRT_F8E4M3FNUZ, -0.0f, 1, 0), 0);
+  assert_int_equal(krt_f32_to_small_float(KRT_F8E4M3FN, -0.0f, 1, 0), 0x80);
+  /* E8M0: 2^(c - 127), 0xff NaN; ONNX's three round modes and saturate */
+  for (unsigned c = 0; c < 255; c++)
+    assert_true(krt_small_float_to_f32(KRT_F8E8M0, (uint8_t)c) == ldexpf(1.0f, (int)c - 127));
+  assert_true(isnan(krt_small_float_to_f32(KRT_F8E8M0, 0xff)));
+  assert_int_equal(krt_f32_to_small_float(KRT_F8E8M0, 3.0f, 1, KRT_ROUND_UP), 129);
+  assert_int_equal(krt_f32_to_small_float(KRT_F8E8M0, 3.0f, 1, KRT_ROUND_DOWN), 128);
+  assert_int_equal(krt_f32_to_small_float(KRT_F8E8M0, 3.0f, 1, KRT_ROUND_NEAREST), 129);
+  assert_int_equal(krt_f32_to_small_float(KRT_F8E8M0, 2.9f, 1, KRT_ROUND_NEAREST), 128);
+  assert_int_equal(krt_f32_to_small_float(KRT_F8E8M0, 0.0f, 1, KRT_ROUND_UP), 0);
+  assert_int_equal(krt_f32_to_small_float(KRT_F8E8M0, 0x1.8p127f, 1, KRT_ROUND_UP), 254);
+  assert_int_equal(krt_f32_to_small_float(KRT_F8E8M0, 0x1.8p127f, 0, KRT_ROUND_UP), 255);
+  assert_int_equal(krt_f32_to_small_float(KRT_F8E8M0, NAN, 1, KRT_ROUND_UP), 255);
+}
+
 static void test_dtype_basics(void **state) {
   (void)state;
   static const char *names[] = {"f32", "f16", "bf16", "f64", "i8",  "i32", "i64",
-                                "bool", "u8", "i16", "u16", "u32", "u64"};
-  static const size_t sizes[] = {4, 2, 2, 8, 1, 4, 8, 1, 1, 2, 2, 4, 8};
+                                "bool", "u8", "i16", "u16", "u32", "u64",
+                                "f8e4m3fn", "f8e4m3fnuz", "f8e5m2", "f8e5m2fnuz", "u4", "i4",
+                                "f4e2m1", "f8e8m0", "u2", "i2"};
+  static const size_t sizes[] = {4, 2, 2, 8, 1, 4, 8, 1, 1, 2, 2, 4, 8,
+                                 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  /* bits as ONNX packs them; Kiln holds every one of these in a byte */
+  static const int bits[] = {32, 16, 16, 64, 8, 32, 64, 8, 8, 16, 16, 32, 64,
+                             8, 8, 8, 8, 4, 4, 4, 8, 2, 2};
   assert_int_equal(sizeof names / sizeof *names, KRT_DTYPE_COUNT);
   for (int d = 0; d < KRT_DTYPE_COUNT; d++) {
     assert_string_equal(krt_dtype_name((krt_dtype)d), names[d]);
     assert_int_equal(krt_dtype_size((krt_dtype)d), sizes[d]);
+    assert_int_equal(krt_dtype_bits((krt_dtype)d), bits[d]);
   }
   assert_int_equal(krt_dtype_size(KRT_DTYPE_COUNT), 0);
   krt_tensor t = {.rank = 0};
@@ -211,6 +298,13 @@ static krt_tensor make_tensor(krt_dtype dtype, int rank, const int64_t *dims) {
     case KRT_U16: ((uint16_t *)t.data)[i] = (uint16_t)(i * 40009); break;
     case KRT_U32: ((uint32_t *)t.data)[i] = (uint32_t)(i * 4000000007u); break;
     case KRT_U64: ((uint64_t *)t.data)[i] = (uint64_t)i * 18000000000000000007ull; break;
+    /* a code each; the narrow integers' values in range */
+    case KRT_F8E4M3FN: case KRT_F8E4M3FNUZ: case KRT_F8E5M2: case KRT_F8E5M2FNUZ:
+    case KRT_F8E8M0: ((uint8_t *)t.data)[i] = (uint8_t)(i * 37); break;
+    case KRT_F4E2M1: case KRT_U4: ((uint8_t *)t.data)[i] = (uint8_t)(i % 16); break;
+    case KRT_I4: ((int8_t *)t.data)[i] = (int8_t)(i % 16 - 8); break;
+    case KRT_U2: ((uint8_t *)t.data)[i] = (uint8_t)(i % 4); break;
+    case KRT_I2: ((int8_t *)t.data)[i] = (int8_t)(i % 4 - 2); break;
     default: fail();
     }
   }
@@ -247,6 +341,10 @@ static void test_npy_round_trip(void **state) {
         for (int64_t i = 0; i < krt_tensor_numel(&t); i++)
           assert_true(((float *)back.data)[i] ==
                       krt_bf16_to_f32(((uint16_t *)t.data)[i]));
+      } else if (d >= KRT_F8E4M3FN) { /* NumPy has none: the bytes as u8/i8 */
+        assert_int_equal(back.dtype, d == KRT_I4 || d == KRT_I2 ? KRT_I8 : KRT_U8);
+        back.dtype = t.dtype;
+        assert_same(&t, &back);
       } else {
         assert_same(&t, &back);
       }
@@ -262,6 +360,9 @@ static void test_safetensors_round_trip(void **state) {
   krt_tensor_set set = {items, 0};
   for (int d = 0; d < KRT_DTYPE_COUNT; d++)
     for (int s = 0; s < NSHAPES; s++) {
+      /* safetensors names three of the narrow types: F8_E4M3, F8_E5M2, F8_E8M0 */
+      if (d >= KRT_F8E4M3FN && d != KRT_F8E4M3FN && d != KRT_F8E5M2 && d != KRT_F8E8M0)
+        continue;
       snprintf(names[set.count], sizeof names[0], "%s.%d",
                krt_dtype_name((krt_dtype)d), s);
       items[set.count].name = names[set.count];
@@ -701,6 +802,7 @@ int main(void) {
       cmocka_unit_test(test_f16_values),
       cmocka_unit_test(test_bf16_values),
       cmocka_unit_test(test_dtype_basics),
+      cmocka_unit_test(test_small_float_values),
       cmocka_unit_test(test_npy_round_trip),
       cmocka_unit_test(test_safetensors_round_trip),
       cmocka_unit_test(test_npy_numpy_interop),
