@@ -619,6 +619,27 @@ static int convert_layer_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return kl_onnx_bind(c, n, 1, mean) || kl_onnx_bind(c, n, 2, inv);
 }
 
+/* RMSNormalization (opset 23): x / sqrt(mean(x^2 over axis..) + eps) *
+ * scale, a row kernel as layer_norm.  The rows are computed in double
+ * whatever stash_type says, so it is only checked. */
+static int convert_rms_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *ins[2] = {need_input(c, n, 0), need_input(c, n, 1)};
+  kl_value *x = ins[0];
+  if (!x || !ins[1]) return -1;
+  int64_t axis = kl_onnx_attr_int(n, "axis", -1);
+  double eps = kl_onnx_attr_float(n, "epsilon", 1e-5);
+  int r = x->shape.rank;
+  if (axis < -r || axis >= r) return kl_onnx_fail(c, "axis %lld is out of range", (long long)axis);
+  if (axis < 0) axis += r;
+  int64_t stash = kl_onnx_attr_int(n, "stash_type", 1);
+  kl_dtype st;
+  if (kl_onnx_dtype((int)stash, &st) || !kl_dtype_is_float(st))
+    return kl_onnx_fail(c, "stash_type %lld is not a float type", (long long)stash);
+  kl_attr a[2] = {kl_ai("axis", axis), kl_af("epsilon", eps)};
+  kl_value *y = kl_onnx_emit(c, KL_OP_RMS_NORM, ins, 2, a, 2);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
 /* y = x / (bias + alpha/size * sum of x^2 over a channel window)^beta;
  * the window sum is an average pool over a [N, 1, C, rest] view that
  * counts the zero padding, so it already carries the 1/size. */
@@ -1122,6 +1143,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"BatchNormalization", 1, convert_batch_norm},
     {"InstanceNormalization", 1, convert_instance_norm},
     {"LayerNormalization", 17, convert_layer_norm},
+    {"RMSNormalization", 23, convert_rms_norm},
     {"LRN", 1, convert_lrn},
     {"MeanVarianceNormalization", 9, convert_mvn},
     {"Dropout", 1, convert_dropout},
