@@ -640,6 +640,92 @@ static int convert_rms_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* ---- Attention (opsets 23..25) ----------------------------------------
+ * Onto the IR attention op, which takes 4-D [batch, heads, seq, size]
+ * inputs: 3-D ones ([batch, seq, heads * size]) are split into heads
+ * around it, the key/value cache is concatenated in front of the new keys
+ * and values (the concatenations are the present outputs), and the scores
+ * output (qk_matmul_output) is a second attention node that gives the
+ * scores instead, converted only when the model reads it. */
+static kl_value *transpose_0213(kl_onnx_ctx *c, kl_value *x) {
+  static const int64_t perm[4] = {0, 2, 1, 3};
+  return transpose(c, x, perm);
+}
+
+/* [B, S, H * size] -> [B, H, S, size] */
+static kl_value *split_heads(kl_onnx_ctx *c, kl_value *x, int64_t heads, const char *what) {
+  if (!x) return NULL;
+  const int64_t *d = x->shape.dims;
+  if (heads < 1 || d[2] % heads) {
+    kl_onnx_fail(c, "%s's hidden size %lld is not a multiple of its head count %lld", what,
+                 (long long)d[2], (long long)heads);
+    return NULL;
+  }
+  int64_t s[4] = {d[0], d[1], heads, d[2] / heads};
+  return transpose_0213(c, reshape(c, x, s, 4));
+}
+
+static kl_value *concat_keys(kl_onnx_ctx *c, kl_value *past, kl_value *x) {
+  kl_value *ins[2] = {past, x};
+  kl_attr a = kl_ai("axis", 2);
+  return past && x ? kl_onnx_emit(c, KL_OP_CONCAT, ins, 2, &a, 1) : x;
+}
+
+static int convert_attention(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *q = need_input(c, n, 0), *k = need_input(c, n, 1), *v = need_input(c, n, 2);
+  kl_value *mask = kl_onnx_input(c, n, 3), *pk = kl_onnx_input(c, n, 4), *pv = kl_onnx_input(c, n, 5);
+  kl_value *lens = kl_onnx_input(c, n, 6);
+  if (!q || !k || !v) return -1;
+  int r = q->shape.rank;
+  if ((r != 3 && r != 4) || k->shape.rank != r || v->shape.rank != r)
+    return kl_onnx_fail(c, "Q, K and V must all be 3-D or all 4-D");
+  if (!pk != !pv) return kl_onnx_fail(c, "past_key and past_value must be given together");
+  if (pk && lens) return kl_onnx_fail(c, "nonpad_kv_seqlen cannot be combined with a past cache");
+  if ((pk && pk->shape.rank != 4) || (pv && pv->shape.rank != 4))
+    return kl_onnx_fail(c, "past_key and past_value must be 4-D");
+  int64_t sp = kl_onnx_attr_int(n, "softmax_precision", 0);
+  kl_dtype spt;
+  if (sp && (kl_onnx_dtype((int)sp, &spt) || !kl_dtype_is_float(spt)))
+    return kl_onnx_fail(c, "softmax_precision %lld is not a float type", (long long)sp);
+  int64_t mode = kl_onnx_attr_int(n, "qk_matmul_output_mode", 0);
+  if (mode < 0 || mode > 3)
+    return kl_onnx_fail(c, "qk_matmul_output_mode %lld is not 0..3", (long long)mode);
+  int64_t batch = q->shape.dims[0], sq = q->shape.dims[r - 2];
+  if (r == 3) {
+    sq = q->shape.dims[1];
+    q = split_heads(c, q, kl_onnx_attr_int(n, "q_num_heads", 0), "Q");
+    k = split_heads(c, k, kl_onnx_attr_int(n, "kv_num_heads", 0), "K");
+    v = split_heads(c, v, kl_onnx_attr_int(n, "kv_num_heads", 0), "V");
+    if (!q || !k || !v) return -1;
+  }
+  int64_t past = pk ? pk->shape.dims[2] : 0;
+  k = concat_keys(c, pk, k), v = concat_keys(c, pv, v);
+  if (!k || !v) return -1;
+  kl_value *ins[5] = {q, k, v};
+  int nin = 3;
+  if (mask) ins[nin++] = mask;
+  if (lens) ins[nin++] = cast(c, lens, KL_I64);
+  kl_attr a[7] = {kl_af("scale", kl_onnx_attr_float(n, "scale", 0)),
+                  kl_af("softcap", kl_onnx_attr_float(n, "softcap", 0)),
+                  kl_ai("causal", kl_onnx_attr_int(n, "is_causal", 0) != 0),
+                  kl_ai("past", past),
+                  kl_ai("window_left", kl_onnx_attr_int(n, "left_window_size", -1)),
+                  kl_ai("window_right", kl_onnx_attr_int(n, "right_window_size", -1)),
+                  kl_ai("scores", -1)};
+  kl_value *y = kl_onnx_emit(c, KL_OP_ATTENTION, ins, nin, a, 7);
+  if (y && r == 3) {
+    int64_t s[3] = {batch, sq, y->shape.dims[1] * y->shape.dims[3]};
+    y = reshape(c, transpose_0213(c, y), s, 3);
+  }
+  if (!y || kl_onnx_bind(c, n, 0, y)) return -1;
+  if (wants_output(n, 1) && kl_onnx_bind(c, n, 1, k)) return -1;
+  if (wants_output(n, 2) && kl_onnx_bind(c, n, 2, v)) return -1;
+  if (!wants_output(n, 3)) return 0;
+  a[6] = kl_ai("scores", mode);
+  kl_value *scores = kl_onnx_emit(c, KL_OP_ATTENTION, ins, nin, a, 7);
+  return scores ? kl_onnx_bind(c, n, 3, scores) : -1;
+}
+
 /* y = x / (bias + alpha/size * sum of x^2 over a channel window)^beta;
  * the window sum is an average pool over a [N, 1, C, rest] view that
  * counts the zero padding, so it already carries the 1/size. */
@@ -1144,6 +1230,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"InstanceNormalization", 1, convert_instance_norm},
     {"LayerNormalization", 17, convert_layer_norm},
     {"RMSNormalization", 23, convert_rms_norm},
+    {"Attention", 23, convert_attention},
     {"LRN", 1, convert_lrn},
     {"MeanVarianceNormalization", 9, convert_mvn},
     {"Dropout", 1, convert_dropout},

@@ -2,6 +2,7 @@
  * contraction rows (matmul, gemm, conv2d, conv_transpose2d) and the 2-D
  * pools. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "op_impl.h"
@@ -636,5 +637,187 @@ int kl_eval_GLOBAL_AVG_POOL(const kl_node *n, kl_tensor **in,
     for (int64_t i = 0; i < size; i++) acc += in[0]->data[p * size + i];
     out[0]->data[p] = acc / (double)size;
   }
+  return 0;
+}
+
+/* ---- attention ------------------------------------------------------- */
+/* The optional inputs after q, k, v: a mask (bool or q's dtype) then the
+ * key lengths (an integer vector); each found by its dtype. */
+typedef struct {
+  int mask, lengths; /* input indices, -1 when absent */
+} attn_inputs;
+
+static attn_inputs attention_inputs(const kl_node *n) {
+  attn_inputs a = {-1, -1};
+  for (int k = 3; k < n->ninputs; k++) {
+    kl_dtype t = n->inputs[k]->dtype;
+    if (t == KL_I64 || t == KL_I32) a.lengths = k;
+    else a.mask = k;
+  }
+  return a;
+}
+
+/* The mask's dims aligned to [B, Hq, Sq, M]: 1 where it broadcasts. */
+static void mask_dims4(const kl_shape *m, int64_t *d4) {
+  for (int d = 0; d < 4; d++) {
+    int md = d - (4 - m->rank);
+    d4[d] = md < 0 ? 1 : m->dims[md];
+  }
+}
+
+int kl_infer_ATTENTION(kl_node *n, kl_error *err) {
+  const kl_value *q = n->inputs[0], *k = n->inputs[1], *v = n->inputs[2];
+  char bq[256], bk[256], bv[256];
+  for (int i = 0; i < 3; i++) {
+    if (kl_need_float(n, err, n->inputs[i])) return -1;
+    if (n->inputs[i]->shape.rank != 4)
+      return KL_NODE_FAIL(n, err, "q, k and v must be 4-D [batch, heads, seq, head size], got %s",
+                          kl_value_str(n->inputs[i], bq, sizeof bq));
+    if (n->inputs[i]->dtype != q->dtype)
+      return KL_NODE_FAIL(n, err, "q, k and v must share a dtype, got %s and %s",
+                          kl_value_str(q, bq, sizeof bq), kl_value_str(n->inputs[i], bk, sizeof bk));
+  }
+  const int64_t *Q = q->shape.dims, *K = k->shape.dims, *V = v->shape.dims;
+  if (K[0] != Q[0] || V[0] != Q[0] || K[1] != V[1] || K[2] != V[2] || K[3] != Q[3] ||
+      K[1] < 1 || Q[1] % K[1] != 0)
+    return KL_NODE_FAIL(n, err,
+                        "q %s, k %s and v %s do not fit: one batch, k and v one head count "
+                        "dividing q's and one key count, q and k one head size",
+                        kl_value_str(q, bq, sizeof bq), kl_value_str(k, bk, sizeof bk),
+                        kl_value_str(v, bv, sizeof bv));
+  attn_inputs in = attention_inputs(n);
+  int nmask = 0, nlen = 0;
+  for (int i = 3; i < n->ninputs; i++) *(i == in.mask ? &nmask : &nlen) += 1;
+  if (nmask > 1 || nlen > 1 || (in.mask > 0 && in.lengths > 0 && in.lengths < in.mask))
+    return KL_NODE_FAIL(n, err, "the inputs after v are a mask, then the key lengths");
+  if (in.mask > 0) {
+    const kl_value *m = n->inputs[in.mask];
+    int64_t d4[4], want[4] = {Q[0], Q[1], Q[2], K[2]};
+    bool ok = (m->dtype == KL_BOOL || m->dtype == q->dtype) && m->shape.rank >= 1 &&
+              m->shape.rank <= 4;
+    if (ok) mask_dims4(&m->shape, d4);
+    for (int d = 0; ok && d < 3; d++) ok = d4[d] == 1 || d4[d] == want[d];
+    if (!ok || d4[3] > K[2])
+      return KL_NODE_FAIL(n, err,
+                          "mask %s must be bool or q's dtype and broadcast to [%lld, %lld, %lld, "
+                          "at most %lld keys]",
+                          kl_value_str(m, bk, sizeof bk), (long long)want[0], (long long)want[1],
+                          (long long)want[2], (long long)want[3]);
+  }
+  if (in.lengths > 0) {
+    const kl_value *l = n->inputs[in.lengths];
+    if (l->shape.rank != 1 || l->shape.dims[0] != Q[0])
+      return KL_NODE_FAIL(n, err, "key lengths %s must be [%lld], one per batch",
+                          kl_value_str(l, bk, sizeof bk), (long long)Q[0]);
+  }
+  int64_t past = kl_attr_int(n, "past", 0), scores = kl_attr_int(n, "scores", -1);
+  if (past < 0 || past > K[2])
+    return KL_NODE_FAIL(n, err, "past %lld must be in [0, %lld], the key count", (long long)past,
+                        (long long)K[2]);
+  if (scores < -1 || scores > 3)
+    return KL_NODE_FAIL(n, err, "scores must be -1 (the output) or 0..3, not %lld",
+                        (long long)scores);
+  if (kl_attr_int(n, "window_left", -1) < -1 || kl_attr_int(n, "window_right", -1) < -1)
+    return KL_NODE_FAIL(n, err, "window_left and window_right must be -1 or >= 0");
+  kl_shape y = {.rank = 4, .dims = {Q[0], Q[1], Q[2], scores < 0 ? V[3] : K[2]}};
+  kl_set_output(n, 0, q->dtype, &y);
+  return 0;
+}
+
+/* The additive bias of key j for query i of (b, h): 0 or -inf from the
+ * causal rule, the window and the key length, plus the mask's value. */
+typedef struct {
+  const kl_tensor *mask, *lengths;
+  int64_t mstride[4], mlen; /* the mask's strides over [B,Hq,Sq,M], its M */
+  int64_t sq, past, left, right;
+  bool causal;
+} attn_bias;
+
+static double bias_at(const attn_bias *a, int64_t b, int64_t h, int64_t i, int64_t j) {
+  int64_t off = a->past;
+  if (a->lengths) {
+    int64_t len = (int64_t)a->lengths->data[b];
+    if (j >= len) return -INFINITY;
+    off = len - a->sq;
+  }
+  if (a->causal && j > i + off) return -INFINITY;
+  if (a->left >= 0 && i + off - j > a->left) return -INFINITY;
+  if (a->right >= 0 && j - (i + off) > a->right) return -INFINITY;
+  if (!a->mask) return 0;
+  if (j >= a->mlen) return -INFINITY;
+  double m = a->mask->data[b * a->mstride[0] + h * a->mstride[1] + i * a->mstride[2] +
+                           j * a->mstride[3]];
+  if (a->mask->dtype == KL_BOOL) return m != 0 ? 0 : -INFINITY;
+  return m;
+}
+
+int kl_eval_ATTENTION(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  const kl_tensor *q = in[0], *k = in[1], *v = in[2];
+  const int64_t *Q = q->shape.dims, *K = k->shape.dims, *V = v->shape.dims;
+  int64_t B = Q[0], hq = Q[1], sq = Q[2], d = Q[3], hkv = K[1], skv = K[2], dv = V[3];
+  int scores = (int)kl_attr_int(n, "scores", -1);
+  double scale = kl_attr_float(n, "scale", 0), cap = kl_attr_float(n, "softcap", 0);
+  if (scale == 0) scale = 1 / sqrt((double)d);
+  attn_inputs ai = attention_inputs(n);
+  attn_bias ab = {.mask = ai.mask > 0 ? in[ai.mask] : NULL,
+                  .lengths = ai.lengths > 0 ? in[ai.lengths] : NULL,
+                  .sq = sq,
+                  .past = kl_attr_int(n, "past", 0),
+                  .left = kl_attr_int(n, "window_left", -1),
+                  .right = kl_attr_int(n, "window_right", -1),
+                  .causal = kl_attr_int(n, "causal", 0) != 0};
+  if (ab.mask) {
+    int64_t d4[4], st = 1;
+    mask_dims4(&ab.mask->shape, d4);
+    for (int x = 3; x >= 0; x--) {
+      ab.mstride[x] = d4[x] == 1 ? 0 : st;
+      st *= d4[x];
+    }
+    ab.mstride[3] = 1, ab.mlen = d4[3];
+  }
+  double *x = malloc(2 * (size_t)(skv ? skv : 1) * sizeof *x);
+  if (!x) return KL_NODE_FAIL(n, err, "out of memory");
+  double *s = x + skv;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < hq; h++) {
+      int64_t kh = h / (hq / hkv);
+      const double *kb = k->data + (b * hkv + kh) * skv * d, *vb = v->data + (b * hkv + kh) * skv * dv;
+      for (int64_t i = 0; i < sq; i++) {
+        const double *qr = q->data + ((b * hq + h) * sq + i) * d;
+        double *yr = out[0]->data + ((b * hq + h) * sq + i) * (scores < 0 ? dv : skv);
+        bool all_masked = true;
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < skv; j++) {
+          double dot = 0;
+          for (int64_t e = 0; e < d; e++) dot += qr[e] * kb[j * d + e];
+          s[j] = dot * scale;
+          if (cap > 0) s[j] = cap * tanh(s[j] / cap);
+          double bias = bias_at(&ab, b, h, i, j);
+          if (bias != -INFINITY) all_masked = false;
+          x[j] = s[j] + bias;
+          if (x[j] > mx || isnan(x[j])) mx = x[j];
+        }
+        if (scores == 0 || scores == 1 || scores == 2) {
+          for (int64_t j = 0; j < skv; j++) yr[j] = scores == 2 ? x[j] : s[j];
+          continue;
+        }
+        /* the probabilities, into x: a row of -inf gives zeros, not NaN */
+        if (mx == -INFINITY) mx = 0;
+        double sum = 0;
+        for (int64_t j = 0; j < skv; j++) sum += x[j] = exp(x[j] - mx);
+        if (sum == 0) sum = 1;
+        for (int64_t j = 0; j < skv; j++) x[j] = all_masked ? 0 : x[j] / sum;
+        if (scores == 3) {
+          memcpy(yr, x, (size_t)skv * sizeof *x);
+          continue;
+        }
+        for (int64_t e = 0; e < dv; e++) {
+          double acc = 0;
+          for (int64_t j = 0; j < skv; j++) acc += x[j] * vb[j * dv + e];
+          yr[e] = acc;
+        }
+      }
+    }
+  free(x);
   return 0;
 }
