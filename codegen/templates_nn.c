@@ -959,7 +959,183 @@ static int emit_det(kl_cg_emitter *e, const kl_node *n) {
   return 0;
 }
 
+/* ---- attention ------------------------------------------------------------
+ * softmax(softcap(scale * q @ k^T) + bias) @ v in one kernel, a warp per
+ * query row, the scores never in memory: pass 1 has the lanes over the
+ * keys, each keeping a running max and sum of exp (online softmax),
+ * combined across the warp; pass 2 recomputes each lane's scores in
+ * chunks of 32 keys, turns them into probabilities, and the warp
+ * multiplies them into V with the lanes over V's columns (coalesced rows
+ * of V, each probability shuffled from its lane).  Any number of keys; the
+ * dot products are done twice rather than the scores stored.  The bias is
+ * the interpreter's (ir/ops_contract.c, bias_at), in the same order;
+ * arithmetic in float (double for f64), the probabilities kept in it for
+ * the second product (ONNX rounds them to the input type first: for f16
+ * that moves results by an ulp, the interpreter agrees).  scores >= 0: the
+ * scores themselves are the output (pass 1, then the probabilities for
+ * mode 3). */
+static bool handles_attention(const kl_node *n) { return n->op == KL_OP_ATTENTION; }
+
+typedef struct {
+  const kl_node *n;
+  const char *ct, *sf;
+  int mask, lengths; /* input indices, -1 when absent */
+  int64_t d, skv, sq, hq, mstride[4], mlen;
+} attn_cg;
+
+/* Statements setting `x` (the biased score), `s` (before the bias) and
+ * `bias` of key j for query i, as bias_at in the interpreter. */
+static void attention_score(FILE *f, const attn_cg *a, const char *ind) {
+  const kl_node *n = a->n;
+  const kl_value *q = n->inputs[0], *k = n->inputs[1];
+  char b1[96], b2[96];
+  double scale = kl_attr_float(n, "scale", 0), cap = kl_attr_float(n, "softcap", 0);
+  if (scale == 0) scale = 1 / sqrt((double)a->d);
+  fprintf(f, "%s%s dot = 0;\n%sfor (int64_t e = 0; e < %lldLL; e++)\n%s  dot += %s * %s;\n", ind,
+          a->ct, ind, (ll)a->d, ind, ld(b1, sizeof b1, q->dtype, a->ct, "qr[e]"),
+          ld(b2, sizeof b2, k->dtype, a->ct, "kb[j * D + e]"));
+  fprintf(f, "%s%s s = dot * (%s)%.17g;\n", ind, a->ct, a->ct, scale);
+  if (cap > 0)
+    fprintf(f, "%ss = (%s)%.17g * tanh%s(s / (%s)%.17g);\n", ind, a->ct, cap, a->sf, a->ct, cap);
+  fprintf(f, "%s%s bias = 0;\n", ind, a->ct);
+  if (a->lengths >= 0) fprintf(f, "%sif (j >= klen) bias = -KL_INF;\n", ind);
+  if (kl_attr_int(n, "causal", 0)) fprintf(f, "%sif (j > i + off) bias = -KL_INF;\n", ind);
+  int64_t left = kl_attr_int(n, "window_left", -1), right = kl_attr_int(n, "window_right", -1);
+  if (left >= 0) fprintf(f, "%sif (i + off - j > %lldLL) bias = -KL_INF;\n", ind, (ll)left);
+  if (right >= 0) fprintf(f, "%sif (j - (i + off) > %lldLL) bias = -KL_INF;\n", ind, (ll)right);
+  if (a->mask >= 0) {
+    const kl_value *m = n->inputs[a->mask];
+    char src[160], b3[200];
+    snprintf(src, sizeof src, "mask[moff + j * %lldLL]", (ll)a->mstride[3]);
+    fprintf(f, "%sif (bias != -KL_INF) {\n%s  if (j >= %lldLL) bias = -KL_INF;\n", ind, ind,
+            (ll)a->mlen);
+    if (m->dtype == KL_BOOL) fprintf(f, "%s  else if (!%s) bias = -KL_INF;\n", ind, src);
+    else fprintf(f, "%s  else bias = %s;\n", ind, ld(b3, sizeof b3, m->dtype, a->ct, src));
+    fprintf(f, "%s}\n", ind);
+  }
+  fprintf(f, "%sconst %s x = s + bias;\n", ind, a->ct);
+}
+
+/* The probability of the score x, after pass 1 (m, l, any). */
+static const char *attention_prob(const attn_cg *a, char *buf, size_t len) {
+  snprintf(buf, len, "(!any || x == -KL_INF) ? (%s)0 : exp%s(x - m) / l", a->ct, a->sf);
+  return buf;
+}
+
+static int emit_attention(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *q = n->inputs[0], *k = n->inputs[1], *v = n->inputs[2], *y = n->outputs[0];
+  const int64_t *Q = q->shape.dims, *K = k->shape.dims;
+  int mode = (int)kl_attr_int(n, "scores", -1);
+  attn_cg a = {.n = n, .mask = -1, .lengths = -1, .d = Q[3], .skv = K[2], .sq = Q[2], .hq = Q[1]};
+  bool dbl = q->dtype == KL_F64;
+  a.ct = dbl ? "double" : "float", a.sf = dbl ? "" : "f";
+  for (int i = 3; i < n->ninputs; i++) {
+    kl_dtype t = n->inputs[i]->dtype;
+    if (t == KL_I64 || t == KL_I32) a.lengths = i;
+    else a.mask = i;
+  }
+  if (a.mask >= 0) {
+    const kl_shape *ms = &n->inputs[a.mask]->shape;
+    int64_t d4[4], st = 1;
+    for (int d = 0; d < 4; d++) d4[d] = d < 4 - ms->rank ? 1 : ms->dims[d - (4 - ms->rank)];
+    for (int d = 3; d >= 0; d--) a.mstride[d] = d4[d] == 1 ? 0 : st, st *= d4[d];
+    a.mstride[3] = 1, a.mlen = d4[3];
+  }
+  int64_t rows = Q[0] * Q[1] * Q[2], dv = v->shape.dims[3], ncols = mode < 0 ? dv : a.skv;
+  int64_t group = Q[1] / K[1], nt = (dv + 31) / 32;
+  host_comment(e, n);
+  if (rows == 0 || ncols == 0) return 0;
+  char name[32], what[64], b1[160], b2[200];
+  int kn = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  static const char *const pnames[] = {"q", "k", "v", NULL, NULL};
+  karg args[6];
+  int na = 0;
+  for (int i = 0; i < n->ninputs; i++)
+    args[na++] = in_arg(n->inputs[i], i == a.mask ? "mask" : i == a.lengths ? "lens" : pnames[i]);
+  args[na++] = out_arg(y->dtype, "out");
+  snprintf(what, sizeof what, mode < 0 ? " (a warp per query row)" : " (scores, mode %d)", mode);
+  kbegin(f, n, name, what, args, na);
+  fprintf(f, "  const int lane = threadIdx.x & 31;\n"
+             "  const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);\n"
+             "  if (row >= %lldLL) return;\n  const int64_t D = %lldLL;\n"
+             "  const int64_t i = row %% %lldLL, h = (row / %lldLL) %% %lldLL, b = row / %lldLL;\n",
+          (ll)rows, (ll)a.d, (ll)a.sq, (ll)a.sq, (ll)a.hq, (ll)(a.sq * a.hq));
+  fprintf(f, "  const int64_t kvh = b * %lldLL + h / %lldLL;\n  (void)kvh;\n", (ll)K[1], (ll)group);
+  fprintf(f, "  const %s *qr = q + row * D;\n  const %s *kb = k + kvh * %lldLL;\n",
+          kl_cg_storage(q->dtype), kl_cg_storage(k->dtype), (ll)(a.skv * a.d));
+  fprintf(f, "  int64_t off = %lldLL, klen = %lldLL;\n", (ll)kl_attr_int(n, "past", 0), (ll)a.skv);
+  if (a.lengths >= 0) fprintf(f, "  klen = lens[b];\n  off = klen - %lldLL;\n", (ll)a.sq);
+  fprintf(f, "  (void)off;\n  (void)klen;\n");
+  if (a.mask >= 0)
+    fprintf(f, "  const int64_t moff = b * %lldLL + h * %lldLL + i * %lldLL;\n", (ll)a.mstride[0],
+            (ll)a.mstride[1], (ll)a.mstride[2]);
+  fprintf(f, "  const int64_t SKV = %lldLL, DV = %lldLL;\n  (void)SKV;\n  (void)DV;\n", (ll)a.skv,
+          (ll)dv);
+  if (mode >= 0 && mode <= 2) { /* the scores, no softmax */
+    fprintf(f, "  for (int64_t j = lane; j < SKV; j += 32) {\n");
+    attention_score(f, &a, "    ");
+    fprintf(f, "    (void)x;\n    (void)s;\n    ");
+    st(f, y->dtype, "out[row * SKV + j]", mode == 2 ? "x" : "s");
+    fprintf(f, "  }\n");
+    kend(f, name, args, na);
+    kl_cg_launch_node_grid(e, kn, (rows + 3) / 4, 128, n);
+    return 0;
+  }
+  /* pass 1: each lane's running max m and sum l over its keys; any: a key
+   * with a bias other than -inf */
+  fprintf(f, "  %s m = -KL_INF, l = 0;\n  int any = 0;\n", a.ct);
+  fprintf(f, "  for (int64_t j = lane; j < %lldLL; j += 32) {\n", (ll)a.skv);
+  attention_score(f, &a, "    ");
+  fprintf(f, "    (void)s;\n    any |= bias != -KL_INF;\n"
+             "    if (x > m || x != x) {\n      l = m == -KL_INF ? (%s)0 : l * exp%s(m - x);\n"
+             "      m = x;\n    }\n    if (x != -KL_INF) l += exp%s(x - m);\n  }\n",
+          a.ct, a.sf, a.sf);
+  fprintf(f, "  for (int o = 16; o > 0; o >>= 1) {\n"
+             "    const %s m2 = __shfl_xor_sync(0xffffffffu, m, o);\n"
+             "    const %s l2 = __shfl_xor_sync(0xffffffffu, l, o);\n"
+             "    any |= __shfl_xor_sync(0xffffffffu, any, o);\n"
+             "    const %s mn = m != m ? m : (m2 > m || m2 != m2) ? m2 : m;\n"
+             "    l = (m == -KL_INF ? (%s)0 : l * exp%s(m - mn)) + (m2 == -KL_INF ? (%s)0 : l2 * exp%s(m2 - mn));\n"
+             "    m = mn;\n  }\n",
+          a.ct, a.ct, a.ct, a.ct, a.sf, a.ct, a.sf);
+  if (mode == 3) {
+    fprintf(f, "  for (int64_t j = lane; j < %lldLL; j += 32) {\n", (ll)a.skv);
+    attention_score(f, &a, "    ");
+    fprintf(f, "    (void)s;\n    ");
+    st(f, y->dtype, "out[row * SKV + j]", attention_prob(&a, b2, sizeof b2));
+    fprintf(f, "  }\n");
+  } else {
+    /* pass 2: chunks of 32 keys, a probability per lane, then each lane's
+     * columns of V */
+    fprintf(f, "  const %s *vb = v + kvh * %lldLL;\n  %s acc[%lld];\n"
+               "  for (int t = 0; t < %lld; t++) acc[t] = 0;\n",
+            kl_cg_storage(v->dtype), (ll)(a.skv * dv), a.ct, (ll)nt, (ll)nt);
+    fprintf(f, "  for (int64_t j0 = 0; j0 < %lldLL; j0 += 32) {\n    %s p = 0;\n"
+               "    {\n      const int64_t j = j0 + lane;\n      if (j < %lldLL) {\n",
+            (ll)a.skv, a.ct, (ll)a.skv);
+    attention_score(f, &a, "        ");
+    fprintf(f, "        (void)s;\n        p = %s;\n      }\n    }\n",
+            attention_prob(&a, b2, sizeof b2));
+    fprintf(f, "    const int64_t nj = %lldLL - j0 < 32 ? %lldLL - j0 : 32;\n"
+               "    for (int jj = 0; jj < nj; jj++) {\n"
+               "      const %s pj = __shfl_sync(0xffffffffu, p, jj);\n"
+               "      for (int t = 0; t < %lld; t++) {\n        const int64_t c = lane + 32 * t;\n"
+               "        if (c < %lldLL) acc[t] += pj * %s;\n      }\n    }\n  }\n",
+            (ll)a.skv, (ll)a.skv, a.ct, (ll)nt, (ll)dv,
+            ld(b1, sizeof b1, v->dtype, a.ct, "vb[(j0 + jj) * DV + c]"));
+    fprintf(f, "  for (int t = 0; t < %lld; t++) {\n    const int64_t c = lane + 32 * t;\n"
+               "    if (c < %lldLL) ", (ll)nt, (ll)dv);
+    st(f, y->dtype, "out[row * DV + c]", "acc[t]");
+    fprintf(f, "  }\n");
+  }
+  kend(f, name, args, na);
+  kl_cg_launch_node_grid(e, kn, (rows + 3) / 4, 128, n);
+  return 0;
+}
+
 const kl_cg_template kl_cg_templates_nn[] = {
+    {handles_attention, emit_attention, NULL},
     {handles_norm, emit_norm, NULL},
     {handles_batch_norm, emit_batch_norm, NULL},
     {handles_conv, emit_conv, scratch_conv},
