@@ -1059,14 +1059,18 @@ static int emit_attention(kl_cg_emitter *e, const kl_node *n) {
   fprintf(f, "  const int lane = threadIdx.x & 31;\n"
              "  const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);\n"
              "  if (row >= %lldLL) return;\n  const int64_t D = %lldLL;\n"
-             "  const int64_t i = row %% %lldLL, h = (row / %lldLL) %% %lldLL, b = row / %lldLL;\n",
+             "  const int64_t i = row %% %lldLL, h = (row / %lldLL) %% %lldLL, b = row / %lldLL;\n"
+             "  (void)i;\n  (void)b;\n",
           (ll)rows, (ll)a.d, (ll)a.sq, (ll)a.sq, (ll)a.hq, (ll)(a.sq * a.hq));
   fprintf(f, "  const int64_t kvh = b * %lldLL + h / %lldLL;\n  (void)kvh;\n", (ll)K[1], (ll)group);
   fprintf(f, "  const %s *qr = q + row * D;\n  const %s *kb = k + kvh * %lldLL;\n",
           kl_cg_storage(q->dtype), kl_cg_storage(k->dtype), (ll)(a.skv * a.d));
-  fprintf(f, "  int64_t off = %lldLL, klen = %lldLL;\n", (ll)kl_attr_int(n, "past", 0), (ll)a.skv);
-  if (a.lengths >= 0) fprintf(f, "  klen = lens[b];\n  off = klen - %lldLL;\n", (ll)a.sq);
-  fprintf(f, "  (void)off;\n  (void)klen;\n");
+  /* the keys before query 0 (causal and window rules), and the key count */
+  bool offset = kl_attr_int(n, "causal", 0) || kl_attr_int(n, "window_left", -1) >= 0 ||
+                kl_attr_int(n, "window_right", -1) >= 0;
+  if (a.lengths >= 0) fprintf(f, "  const int64_t klen = lens[b];\n");
+  if (offset && a.lengths >= 0) fprintf(f, "  const int64_t off = klen - %lldLL;\n", (ll)a.sq);
+  else if (offset) fprintf(f, "  const int64_t off = %lldLL;\n", (ll)kl_attr_int(n, "past", 0));
   if (a.mask >= 0)
     fprintf(f, "  const int64_t moff = b * %lldLL + h * %lldLL + i * %lldLL;\n", (ll)a.mstride[0],
             (ll)a.mstride[1], (ll)a.mstride[2]);
