@@ -1138,7 +1138,59 @@ static int emit_attention(kl_cg_emitter *e, const kl_node *n) {
   return 0;
 }
 
+/* ---- rotary ---------------------------------------------------------------
+ * Elementwise over x: each output reads its pair's two entries and the
+ * (b, s) row of cos and sin, as the interpreter (ir/ops_nn.c). */
+static bool handles_rotary(const kl_node *n) { return n->op == KL_OP_ROTARY; }
+
+static int emit_rotary(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *y = n->outputs[0];
+  const kl_shape *xs = &x->shape, *cs = &n->inputs[1]->shape;
+  /* heads h, positions s, head size d, and the stride of s in x */
+  int64_t numel = kl_shape_numel(xs), h, s, d, ss;
+  if (xs->rank == 4) {
+    h = xs->dims[1], s = xs->dims[2], d = xs->dims[3], ss = d;
+  } else {
+    h = kl_attr_int(n, "num_heads", 1), s = xs->dims[1], d = xs->dims[2] / h, ss = h * d;
+  }
+  int64_t r = kl_attr_int(n, "rotary_dim", 0);
+  if (r == 0) r = d;
+  int64_t half = r / 2, cb = cs->rank == 3 && cs->dims[0] > 1 ? s * half : 0;
+  bool inter = kl_attr_int(n, "interleaved", 0) != 0;
+  host_comment(e, n);
+  if (numel == 0) return 0;
+  char name[32], b1[96], b2[96], b3[96], b4[96], val[256];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  karg a[4] = {in_arg(x, "x"), in_arg(n->inputs[1], "cs"), in_arg(n->inputs[2], "sn"),
+               out_arg(y->dtype, "out")};
+  kbegin(f, n, name, inter ? " (interleaved pairs)" : " (pairs of halves)", a, 4);
+  const char *ct = x->dtype == KL_F64 ? "double" : "float";
+  loop(f, numel);
+  fprintf(f, "    const int64_t d = i %% %lldLL, s = (i / %lldLL) %% %lldLL, bt = i / %lldLL;\n",
+          (ll)d, (ll)ss, (ll)s, (ll)(h * s * d));
+  fprintf(f, "    if (d >= %lldLL) {\n      out[i] = x[i];\n      continue;\n    }\n", (ll)r);
+  if (inter)
+    fprintf(f, "    const int64_t p = d / 2, i1 = i - d + 2 * p, i2 = i1 + 1;\n"
+               "    const int first = (d & 1) == 0;\n");
+  else
+    fprintf(f, "    const int64_t p = d %% %lldLL, i1 = i - d + p, i2 = i1 + %lldLL;\n"
+               "    const int first = d < %lldLL;\n", (ll)half, (ll)half, (ll)half);
+  fprintf(f, "    const int64_t o = bt * %lldLL + s * %lldLL + p;\n", (ll)cb, (ll)half);
+  fprintf(f, "    const %s x1 = %s, x2 = %s, c = %s, sv = %s;\n", ct, ld(b1, sizeof b1, x->dtype, ct, "x[i1]"),
+          ld(b2, sizeof b2, x->dtype, ct, "x[i2]"), ld(b3, sizeof b3, n->inputs[1]->dtype, ct, "cs[o]"),
+          ld(b4, sizeof b4, n->inputs[2]->dtype, ct, "sn[o]"));
+  snprintf(val, sizeof val, "first ? x1 * c - x2 * sv : x1 * sv + x2 * c");
+  fprintf(f, "    ");
+  st(f, y->dtype, "out[i]", val);
+  fprintf(f, "  }\n");
+  kend(f, name, a, 4);
+  kl_cg_launch_node(e, k, numel, n);
+  return 0;
+}
+
 const kl_cg_template kl_cg_templates_nn[] = {
+    {handles_rotary, emit_rotary, NULL},
     {handles_attention, emit_attention, NULL},
     {handles_norm, emit_norm, NULL},
     {handles_batch_norm, emit_batch_norm, NULL},

@@ -640,6 +640,27 @@ static int convert_rms_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* RotaryEmbedding (opset 23) onto the IR rotary op; position_ids pick
+ * the rows of the caches first (a gather). */
+static int convert_rotary(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *cs = need_input(c, n, 1), *sn = need_input(c, n, 2);
+  kl_value *pos = kl_onnx_input(c, n, 3);
+  if (!x || !cs || !sn) return -1;
+  if (pos) {
+    kl_attr a = kl_ai("axis", 0);
+    kl_value *gc[2] = {cs, pos}, *gs[2] = {sn, pos};
+    cs = kl_onnx_emit(c, KL_OP_GATHER, gc, 2, &a, 1);
+    sn = kl_onnx_emit(c, KL_OP_GATHER, gs, 2, &a, 1);
+    if (!cs || !sn) return -1;
+  }
+  kl_value *ins[3] = {x, cs, sn};
+  kl_attr a[3] = {kl_ai("num_heads", kl_onnx_attr_int(n, "num_heads", 0)),
+                  kl_ai("rotary_dim", kl_onnx_attr_int(n, "rotary_embedding_dim", 0)),
+                  kl_ai("interleaved", kl_onnx_attr_int(n, "interleaved", 0) != 0)};
+  kl_value *y = kl_onnx_emit(c, KL_OP_ROTARY, ins, 3, a, 3);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
 /* ---- Attention (opsets 23..25) ----------------------------------------
  * Onto the IR attention op, which takes 4-D [batch, heads, seq, size]
  * inputs: 3-D ones ([batch, seq, heads * size]) are split into heads
@@ -1231,6 +1252,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"LayerNormalization", 17, convert_layer_norm},
     {"RMSNormalization", 23, convert_rms_norm},
     {"Attention", 23, convert_attention},
+    {"RotaryEmbedding", 23, convert_rotary},
     {"LRN", 1, convert_lrn},
     {"MeanVarianceNormalization", 9, convert_mvn},
     {"Dropout", 1, convert_dropout},
