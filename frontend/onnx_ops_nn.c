@@ -714,10 +714,10 @@ static int convert_attention(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   int64_t batch = q->shape.dims[0], sq = q->shape.dims[r - 2];
   if (r == 3) {
     sq = q->shape.dims[1];
-    q = split_heads(c, q, kl_onnx_attr_int(n, "q_num_heads", 0), "Q");
-    k = split_heads(c, k, kl_onnx_attr_int(n, "kv_num_heads", 0), "K");
-    v = split_heads(c, v, kl_onnx_attr_int(n, "kv_num_heads", 0), "V");
-    if (!q || !k || !v) return -1;
+    int64_t hq = kl_onnx_attr_int(n, "q_num_heads", 0), hkv = kl_onnx_attr_int(n, "kv_num_heads", 0);
+    if (!(q = split_heads(c, q, hq, "Q")) || !(k = split_heads(c, k, hkv, "K")) ||
+        !(v = split_heads(c, v, hkv, "V")))
+      return -1;
   }
   int64_t past = pk ? pk->shape.dims[2] : 0;
   k = concat_keys(c, pk, k), v = concat_keys(c, pv, v);
