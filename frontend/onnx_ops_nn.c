@@ -747,6 +747,46 @@ static int convert_attention(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return scores ? kl_onnx_bind(c, n, 3, scores) : -1;
 }
 
+/* CausalConvWithState (opset 27): a depthwise 1-D convolution over the
+ * input with the past state (or zeros) in front, k - 1 positions, then an
+ * optional SiLU; the present state is the last k - 1 positions of that
+ * padded input.  Existing ops: concat or pad, a grouped conv2d over a
+ * [B, C, 1, L + k - 1] view, silu (fused after the convolution), slice. */
+static int convert_causal_conv(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *wt = need_input(c, n, 1), *b = kl_onnx_input(c, n, 2);
+  kl_value *past = kl_onnx_input(c, n, 3);
+  if (!x || !wt) return -1;
+  const char *act = kl_onnx_attr_string(c, n, "activation", "none");
+  bool silu = !strcmp(act, "silu") || !strcmp(act, "swish");
+  if (!silu && strcmp(act, "none"))
+    return kl_onnx_fail(c, "activation must be \"none\", \"silu\" or \"swish\", got \"%s\"", act);
+  if (x->shape.rank != 3 || wt->shape.rank != 3 || wt->shape.dims[0] != x->shape.dims[1] ||
+      wt->shape.dims[1] != 1 || wt->shape.dims[2] < 1)
+    return kl_onnx_fail(c, "input must be [batch, channels, length] and weight [channels, 1, k]");
+  int64_t nb = x->shape.dims[0], ch = x->shape.dims[1], len = x->shape.dims[2];
+  int64_t k = wt->shape.dims[2];
+  if (past && (past->shape.rank != 3 || past->shape.dims[0] != nb || past->shape.dims[1] != ch ||
+               past->shape.dims[2] != k - 1))
+    return kl_onnx_fail(c, "past_state must be [%lld, %lld, %lld]", (long long)nb, (long long)ch,
+                        (long long)(k - 1));
+  kl_value *padded = past ? concat_keys(c, past, x) : pad_axis(c, x, 2, k - 1, 0);
+  int64_t xs[4] = {nb, ch, 1, len + k - 1}, ws[4] = {ch, 1, 1, k}, ys[3] = {nb, ch, len};
+  int64_t ones[2] = {1, 1}, zeros[4] = {0};
+  kl_attr a[4] = {kl_ais("strides", ones, 2), kl_ais("pads", zeros, 4),
+                  kl_ais("dilations", ones, 2), kl_ai("groups", ch)};
+  kl_value *ins[3] = {reshape(c, padded, xs, 4), reshape(c, wt, ws, 4), b};
+  if (!ins[0] || !ins[1]) return -1;
+  kl_value *y = reshape(c, kl_onnx_emit(c, KL_OP_CONV2D, ins, b ? 3 : 2, a, 4), ys, 3);
+  if (silu) y = unary(c, KL_OP_SILU, y, NULL, 0);
+  if (!y || kl_onnx_bind(c, n, 0, y)) return -1;
+  if (!wants_output(n, 1)) return 0;
+  int64_t start = len, end = len + k - 1, axis = 2, step = 1;
+  kl_attr sa[4] = {kl_ais("starts", &start, 1), kl_ais("ends", &end, 1), kl_ais("axes", &axis, 1),
+                   kl_ais("steps", &step, 1)};
+  kl_value *present = unary(c, KL_OP_SLICE, padded, sa, 4);
+  return present ? kl_onnx_bind(c, n, 1, present) : -1;
+}
+
 /* y = x / (bias + alpha/size * sum of x^2 over a channel window)^beta;
  * the window sum is an average pool over a [N, 1, C, rest] view that
  * counts the zero padding, so it already carries the 1/size. */
@@ -1253,6 +1293,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"RMSNormalization", 23, convert_rms_norm},
     {"Attention", 23, convert_attention},
     {"RotaryEmbedding", 23, convert_rotary},
+    {"CausalConvWithState", 27, convert_causal_conv},
     {"LRN", 1, convert_lrn},
     {"MeanVarianceNormalization", 9, convert_mvn},
     {"Dropout", 1, convert_dropout},
