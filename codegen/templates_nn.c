@@ -1189,7 +1189,95 @@ static int emit_rotary(kl_cg_emitter *e, const kl_node *n) {
   return 0;
 }
 
+/* ---- linear_attention -------------------------------------------------------
+ * A thread per (batch, key/value head, state column m): column m of the
+ * state evolves on its own (the decay, the delta rule's S^T k and the
+ * write touch only it), so each thread keeps its Dk entries in registers
+ * and walks the time steps, writing every query head's output column m;
+ * the threads of a warp read the same q and k entries (broadcast loads)
+ * and neighbouring v, y and state entries.  As ir/ops_contract.c, in
+ * float (double for f64). */
+static bool handles_linear_attention(const kl_node *n) { return n->op == KL_OP_LINEAR_ATTENTION; }
+
+static int emit_linear_attention(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *q = n->inputs[0], *kv = n->inputs[1], *v = n->inputs[2];
+  const kl_value *y = n->outputs[0], *sv = n->outputs[1];
+  const char *rule = kl_attr_string(n, "rule", "");
+  bool gated = !strcmp(rule, "gated") || !strcmp(rule, "gated_delta");
+  bool delta = !strcmp(rule, "delta") || !strcmp(rule, "gated_delta");
+  int past = kl_attr_int(n, "past", 0) ? 3 : -1, k = 3 + (past > 0);
+  int decay = gated ? k++ : -1, beta = delta ? k++ : -1;
+  int64_t hq = kl_attr_int(n, "q_heads", 1), hkv = kl_attr_int(n, "kv_heads", 1);
+  int64_t B = q->shape.dims[0], T = q->shape.dims[1], dk = kv->shape.dims[2] / hkv;
+  int64_t dv = v->shape.dims[2] / hkv, group = hq / hkv, threads = B * hkv * dv;
+  int64_t dl = decay > 0 ? n->inputs[decay]->shape.dims[2] : 0;
+  int64_t bl = beta > 0 ? n->inputs[beta]->shape.dims[2] : 0;
+  double scale = kl_attr_float(n, "scale", 0);
+  if (scale == 0) scale = 1 / sqrt((double)dk);
+  bool dbl = q->dtype == KL_F64;
+  const char *ct = dbl ? "double" : "float", *sf = dbl ? "" : "f";
+  host_comment(e, n);
+  if (threads == 0) return 0;
+  char name[32], b1[128], b2[128];
+  int kn = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  static const char *const pnames[] = {"q", "k", "v", "past", "decay", "beta"};
+  karg a[8];
+  int na = 0;
+  for (int i = 0; i < n->ninputs; i++)
+    a[na++] = in_arg(n->inputs[i], pnames[i == past ? 3 : i == decay ? 4 : i == beta ? 5 : i]);
+  a[na++] = out_arg(y->dtype, "y");
+  a[na++] = out_arg(sv->dtype, "state");
+  kbegin(f, n, name, " (a thread per state column)", a, na);
+  loop(f, threads);
+  fprintf(f, "    const int64_t DK = %lldLL, DV = %lldLL, HKV = %lldLL;\n", (ll)dk, (ll)dv, (ll)hkv);
+  fprintf(f, "    const int64_t m = i %% %lldLL, h = (i / %lldLL) %% %lldLL, b = i / %lldLL;\n", (ll)dv,
+          (ll)dv, (ll)hkv, (ll)(dv * hkv));
+  fprintf(f, "    %s S[%lld];\n    const int64_t so = (b * %lldLL + h) * %lldLL * %lldLL + m;\n", ct,
+          (ll)dk, (ll)hkv, (ll)dk, (ll)dv);
+  fprintf(f, "    for (int64_t d = 0; d < %lldLL; d++) S[d] = %s;\n", (ll)dk,
+          past > 0 ? ld(b1, sizeof b1, n->inputs[past]->dtype, ct, "past[so + d * DV]") : "0");
+  fprintf(f, "    for (int64_t t = 0; t < %lldLL; t++) {\n      const int64_t bt = b * %lldLL + t;\n",
+          (ll)T, (ll)T);
+  fprintf(f, "      const int64_t ko = (bt * %lldLL + h) * %lldLL;\n", (ll)hkv, (ll)dk);
+  if (gated) {
+    snprintf(b2, sizeof b2, "decay[bt * %lldLL + %s]", (ll)dl, dl == hkv ? "h" : "h * DK + d");
+    fprintf(f, "      for (int64_t d = 0; d < %lldLL; d++) S[d] *= exp%s(%s);\n", (ll)dk, sf,
+            ld(b1, sizeof b1, n->inputs[decay]->dtype, ct, b2));
+  }
+  fprintf(f, "      %s vt = %s;\n", ct, ld(b1, sizeof b1, v->dtype, ct, "v[(bt * HKV + h) * DV + m]"));
+  if (delta) {
+    fprintf(f, "      {\n        %s got = 0;\n        for (int64_t d = 0; d < %lldLL; d++)\n"
+               "          got += S[d] * %s;\n",
+            ct, (ll)dk, ld(b1, sizeof b1, kv->dtype, ct, "k[ko + d]"));
+    snprintf(b2, sizeof b2, "beta[bt * %lldLL + %s]", (ll)bl, bl == 1 ? "0" : "h");
+    fprintf(f, "        vt = %s * (vt - got);\n      }\n",
+            ld(b1, sizeof b1, n->inputs[beta]->dtype, ct, b2));
+  }
+  fprintf(f, "      for (int64_t d = 0; d < %lldLL; d++) S[d] += %s * vt;\n", (ll)dk,
+          ld(b1, sizeof b1, kv->dtype, ct, "k[ko + d]"));
+  fprintf(f, "      for (int64_t g = 0; g < %lldLL; g++) {\n"
+             "        const int64_t qo = (bt * %lldLL + h * %lldLL + g) * %lldLL;\n"
+             "        %s acc = 0;\n        for (int64_t d = 0; d < %lldLL; d++) acc += %s * S[d];\n"
+             "        ",
+          (ll)group, (ll)hq, (ll)group, (ll)dk, ct, (ll)dk, ld(b1, sizeof b1, q->dtype, ct, "q[qo + d]"));
+  snprintf(b2, sizeof b2, "(%s)%.17g * acc", ct, scale);
+  st(f, y->dtype, "y[qo / DK * DV + m]", b2);
+  fprintf(f, "      }\n    }\n    for (int64_t d = 0; d < %lldLL; d++) ", (ll)dk);
+  st(f, sv->dtype, "state[so + d * DV]", "S[d]");
+  fprintf(f, "  }\n");
+  kend(f, name, a, na);
+  char bufs[8][160];
+  const char *args[8];
+  for (int i = 0; i < n->ninputs; i++) args[i] = kl_cg_ptr(e, n->inputs[i], bufs[i], sizeof bufs[i]);
+  args[n->ninputs] = kl_cg_ptr(e, y, bufs[n->ninputs], sizeof bufs[n->ninputs]);
+  args[n->ninputs + 1] = kl_cg_ptr(e, sv, bufs[n->ninputs + 1], sizeof bufs[n->ninputs + 1]);
+  kl_cg_launch(e, kn, threads, args, n->ninputs + 2);
+  return 0;
+}
+
 const kl_cg_template kl_cg_templates_nn[] = {
+    {handles_linear_attention, emit_linear_attention, NULL},
     {handles_rotary, emit_rotary, NULL},
     {handles_attention, emit_attention, NULL},
     {handles_norm, emit_norm, NULL},

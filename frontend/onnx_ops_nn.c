@@ -787,6 +787,33 @@ static int convert_causal_conv(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return present ? kl_onnx_bind(c, n, 1, present) : -1;
 }
 
+/* LinearAttention (opset 27) onto the IR op; its optional inputs go in
+ * only where the update rule uses them. */
+static int convert_linear_attention(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *ins[6] = {need_input(c, n, 0), need_input(c, n, 1), need_input(c, n, 2)};
+  if (!ins[0] || !ins[1] || !ins[2]) return -1;
+  const char *rule = kl_onnx_attr_string(c, n, "update_rule", "gated_delta");
+  bool gated = !strcmp(rule, "gated") || !strcmp(rule, "gated_delta");
+  bool delta = !strcmp(rule, "delta") || !strcmp(rule, "gated_delta");
+  kl_value *past = kl_onnx_input(c, n, 3), *decay = kl_onnx_input(c, n, 4);
+  kl_value *beta = kl_onnx_input(c, n, 5);
+  if (!gated != !decay)
+    return kl_onnx_fail(c, "update_rule \"%s\" %s the decay input", rule, gated ? "needs" : "forbids");
+  if (!delta != !beta)
+    return kl_onnx_fail(c, "update_rule \"%s\" %s the beta input", rule, delta ? "needs" : "forbids");
+  int nin = 3;
+  if (past) ins[nin++] = past;
+  if (decay) ins[nin++] = decay;
+  if (beta) ins[nin++] = beta;
+  kl_attr a[5] = {kl_ai("q_heads", kl_onnx_attr_int(n, "q_num_heads", 0)),
+                  kl_ai("kv_heads", kl_onnx_attr_int(n, "kv_num_heads", 0)),
+                  kl_af("scale", kl_onnx_attr_float(n, "scale", 0)), kl_as("rule", rule),
+                  kl_ai("past", past != NULL)};
+  kl_node *node = kl_onnx_emit_node(c, KL_OP_LINEAR_ATTENTION, ins, nin, a, 5, 2);
+  if (!node || kl_onnx_bind(c, n, 0, node->outputs[0])) return -1;
+  return wants_output(n, 1) ? kl_onnx_bind(c, n, 1, node->outputs[1]) : 0;
+}
+
 /* y = x / (bias + alpha/size * sum of x^2 over a channel window)^beta;
  * the window sum is an average pool over a [N, 1, C, rest] view that
  * counts the zero padding, so it already carries the 1/size. */
@@ -1294,6 +1321,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"Attention", 23, convert_attention},
     {"RotaryEmbedding", 23, convert_rotary},
     {"CausalConvWithState", 27, convert_causal_conv},
+    {"LinearAttention", 27, convert_linear_attention},
     {"LRN", 1, convert_lrn},
     {"MeanVarianceNormalization", 9, convert_mvn},
     {"Dropout", 1, convert_dropout},

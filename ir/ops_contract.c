@@ -821,3 +821,126 @@ int kl_eval_ATTENTION(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_erro
   free(x);
   return 0;
 }
+
+/* ---- linear_attention ------------------------------------------------ */
+/* The rule's flags and where the optional inputs sit (-1: absent). */
+typedef struct {
+  bool gated, delta;
+  int past, decay, beta;
+  int64_t b, t, hq, hkv, dk, dv;
+} lin_attn;
+
+static int linear_attention_layout(const kl_node *n, kl_error *err, lin_attn *o) {
+  const char *rule = kl_attr_string(n, "rule", "");
+  static const char *const rules[] = {"linear", "gated", "delta", "gated_delta"};
+  int r = -1;
+  for (int i = 0; i < 4; i++)
+    if (!strcmp(rule, rules[i])) r = i;
+  if (r < 0)
+    return KL_NODE_FAIL(n, err, "rule must be \"linear\", \"gated\", \"delta\" or \"gated_delta\", "
+                                "not \"%s\"", rule);
+  *o = (lin_attn){.gated = r & 1, .delta = r >= 2, .past = -1, .decay = -1, .beta = -1};
+  int k = 3;
+  if (kl_attr_int(n, "past", 0)) o->past = k++;
+  if (o->gated) o->decay = k++;
+  if (o->delta) o->beta = k++;
+  if (k != n->ninputs)
+    return KL_NODE_FAIL(n, err, "takes q, k, v%s%s%s (%d inputs), got %d",
+                        o->past > 0 ? ", past" : "", o->gated ? ", decay" : "",
+                        o->delta ? ", beta" : "", k, n->ninputs);
+  const kl_shape *q = &n->inputs[0]->shape, *kk = &n->inputs[1]->shape, *v = &n->inputs[2]->shape;
+  o->hq = kl_attr_int(n, "q_heads", 0), o->hkv = kl_attr_int(n, "kv_heads", 0);
+  char b1[200];
+  if (o->hq < 1 || o->hkv < 1 || o->hq % o->hkv)
+    return KL_NODE_FAIL(n, err, "q_heads %lld must be a positive multiple of kv_heads %lld",
+                        (long long)o->hq, (long long)o->hkv);
+  for (int i = 0; i < 3; i++) {
+    const kl_shape *s = &n->inputs[i]->shape;
+    int64_t h = i ? o->hkv : o->hq;
+    if (s->rank != 3 || s->dims[0] != q->dims[0] || s->dims[1] != q->dims[1] || s->dims[2] % h)
+      return KL_NODE_FAIL(n, err, "q, k and v must be [B, T, heads * size] of one B and T, "
+                                  "got %s", kl_value_str(n->inputs[i], b1, sizeof b1));
+  }
+  o->b = q->dims[0], o->t = q->dims[1], o->dk = kk->dims[2] / o->hkv, o->dv = v->dims[2] / o->hkv;
+  if (q->dims[2] / o->hq != o->dk)
+    return KL_NODE_FAIL(n, err, "q's head size %lld differs from k's %lld",
+                        (long long)(q->dims[2] / o->hq), (long long)o->dk);
+  return 0;
+}
+
+int kl_infer_LINEAR_ATTENTION(kl_node *n, kl_error *err) {
+  lin_attn a;
+  for (int i = 0; i < n->ninputs; i++)
+    if (kl_need_float(n, err, n->inputs[i])) return -1;
+  if (linear_attention_layout(n, err, &a)) return -1;
+  char b1[200];
+  kl_shape st = {.rank = 4, .dims = {a.b, a.hkv, a.dk, a.dv}};
+  if (a.past > 0 && !kl_shape_equal(&n->inputs[a.past]->shape, &st))
+    return KL_NODE_FAIL(n, err, "past %s must be [%lld, %lld, %lld, %lld]",
+                        kl_value_str(n->inputs[a.past], b1, sizeof b1), (long long)a.b,
+                        (long long)a.hkv, (long long)a.dk, (long long)a.dv);
+  int which[2] = {a.decay, a.beta};
+  for (int w = 0; w < 2; w++) {
+    if (which[w] < 0) continue;
+    const kl_shape *s = &n->inputs[which[w]]->shape;
+    int64_t last = s->rank == 3 ? s->dims[2] : -1;
+    bool ok = s->rank == 3 && s->dims[0] == a.b && s->dims[1] == a.t &&
+              (w == 0 ? last == a.hkv || last == a.hkv * a.dk : last == a.hkv || last == 1);
+    if (!ok)
+      return KL_NODE_FAIL(n, err, "%s %s must be [%lld, %lld, %s]", w ? "beta" : "decay",
+                          kl_value_str(n->inputs[which[w]], b1, sizeof b1), (long long)a.b,
+                          (long long)a.t, w ? "kv_heads or 1" : "kv_heads or kv_heads * Dk");
+  }
+  kl_shape y = {.rank = 3, .dims = {a.b, a.t, a.hq * a.dv}};
+  kl_set_output(n, 0, n->inputs[0]->dtype, &y);
+  kl_set_output(n, 1, a.past > 0 ? n->inputs[a.past]->dtype : n->inputs[0]->dtype, &st);
+  return 0;
+}
+
+int kl_eval_LINEAR_ATTENTION(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  lin_attn a;
+  if (linear_attention_layout(n, err, &a)) return -1;
+  double scale = kl_attr_float(n, "scale", 0);
+  if (scale == 0) scale = 1 / sqrt((double)a.dk);
+  int64_t group = a.hq / a.hkv, dl = a.decay > 0 ? in[a.decay]->shape.dims[2] : 0;
+  int64_t bl = a.beta > 0 ? in[a.beta]->shape.dims[2] : 0;
+  double *S = out[1]->data; /* [B, Hkv, Dk, Dv], updated in place */
+  for (int64_t i = 0; i < out[1]->numel; i++) S[i] = a.past > 0 ? in[a.past]->data[i] : 0;
+  double *vt = malloc((size_t)(a.dv ? a.dv : 1) * sizeof *vt);
+  if (!vt) return KL_NODE_FAIL(n, err, "out of memory");
+  for (int64_t b = 0; b < a.b; b++)
+    for (int64_t h = 0; h < a.hkv; h++) {
+      double *s = S + (b * a.hkv + h) * a.dk * a.dv;
+      for (int64_t t = 0; t < a.t; t++) {
+        int64_t bt = b * a.t + t;
+        const double *kt = in[1]->data + (bt * a.hkv + h) * a.dk;
+        const double *v = in[2]->data + (bt * a.hkv + h) * a.dv;
+        for (int64_t d = 0; d < a.dk && a.gated; d++) {
+          const double *g = in[a.decay]->data + bt * dl;
+          double f = exp(dl == a.hkv ? g[h] : g[h * a.dk + d]);
+          for (int64_t m = 0; m < a.dv; m++) s[d * a.dv + m] *= f;
+        }
+        for (int64_t m = 0; m < a.dv; m++) {
+          vt[m] = v[m];
+          if (!a.delta) continue;
+          double got = 0;
+          for (int64_t d = 0; d < a.dk; d++) got += s[d * a.dv + m] * kt[d];
+          vt[m] = in[a.beta]->data[bt * bl + (bl == 1 ? 0 : h)] * (v[m] - got);
+        }
+        for (int64_t d = 0; d < a.dk; d++)
+          for (int64_t m = 0; m < a.dv; m++) s[d * a.dv + m] += kt[d] * vt[m];
+        for (int64_t g = 0; g < group; g++) {
+          int64_t hq = h * group + g;
+          const double *qt = in[0]->data + (bt * a.hq + hq) * a.dk;
+          double *y = out[0]->data + (bt * a.hq + hq) * a.dv;
+          for (int64_t m = 0; m < a.dv; m++) {
+            double acc = 0;
+            for (int64_t d = 0; d < a.dk; d++) acc += qt[d] * s[d * a.dv + m];
+            y[m] = scale * acc;
+          }
+        }
+      }
+    }
+  free(vt);
+  return 0;
+}
