@@ -2843,6 +2843,51 @@ def gen_attention():
          [as_dt(attention_ref(q, k, v), np.float16)],
          tol={"rtol": 2e-3, "atol": 2e-3})
 
+    # linear attention: the recurrence written out per time step
+    def linear_attention_ref(q, k, v, hq, hkv, rule, past=None, decay=None,
+                             beta=None, scale=0.0):
+        q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+        B, T = q.shape[:2]
+        dk, dv = k.shape[2] // hkv, v.shape[2] // hkv
+        q4 = q.reshape(B, T, hq, dk)
+        k4 = k.reshape(B, T, hkv, dk)
+        v4 = v.reshape(B, T, hkv, dv)
+        S = (np.zeros((B, hkv, dk, dv)) if past is None
+             else np.asarray(past, np.float64).copy())
+        y = np.zeros((B, T, hq, dv))
+        g = hq // hkv
+        for t in range(T):
+            if "gated" in rule:
+                dt = np.asarray(decay[:, t], np.float64)
+                f = (np.exp(dt)[:, :, None, None] if dt.shape[-1] == hkv
+                     else np.exp(dt.reshape(B, hkv, dk))[..., None])
+                S = S * f
+            vt = v4[:, t]
+            if "delta" in rule:
+                bt = np.asarray(beta[:, t], np.float64)[:, :, None]
+                vt = bt * (vt - np.einsum("bhdm,bhd->bhm", S, k4[:, t]))
+            S = S + k4[:, t][..., None] * vt[:, :, None, :]
+            y[:, t] = (scale or 1 / math.sqrt(dk)) * np.einsum(
+                "bhd,bhdm->bhm", q4[:, t], np.repeat(S, g, axis=1))
+        return y.reshape(B, T, hq * dv), S
+
+    r = rng_for("linear_attention_gated_delta")
+    q, k, v = randn(r, (2, 5, 16)), randn(r, (2, 5, 8)), randn(r, (2, 5, 6))
+    past = randn(r, (2, 2, 4, 3))
+    decay = unif(r, (2, 5, 8), -0.5, 0.0)
+    beta = unif(r, (2, 5, 2), 0.2, 1.0)
+    y, S = linear_attention_ref(q, k, v, 4, 2, "gated_delta", past, decay, beta)
+    case("linear_attention_gated_delta",
+         [("q", q), ("k", k), ("v", v), ("p", past), ("g", decay), ("b", beta)],
+         'let y, s = linear_attention(q, k, v, p, g, b, q_heads=4, kv_heads=2, '
+         'rule="gated_delta", past=1)\noutput y\noutput s', [f32(y), f32(S)])
+    r = rng_for("linear_attention_linear")
+    q, k, v = randn(r, (1, 4, 8)), randn(r, (1, 4, 8)), randn(r, (1, 4, 8))
+    y, S = linear_attention_ref(q, k, v, 2, 2, "linear", scale=0.5)
+    case("linear_attention_linear", [("q", q), ("k", k), ("v", v)],
+         'let y, s = linear_attention(q, k, v, q_heads=2, kv_heads=2, '
+         'rule="linear", scale=0.5)\noutput y\noutput s', [f32(y), f32(S)])
+
     # rotary: halves over part of each head, [B,H,S,D]
     r = rng_for("rotary_halves")
     x = randn(r, (2, 3, 4, 8))
