@@ -814,6 +814,22 @@ static int convert_linear_attention(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return wants_output(n, 1) ? kl_onnx_bind(c, n, 1, node->outputs[1]) : 0;
 }
 
+/* ai.onnx.preview FlexAttention (4-D, grouped heads, a scale) onto the
+ * attention op; score_mod and prob_mod subgraphs are not supported. */
+static int convert_flex_attention(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  if (kl_onnx_attr(n, "score_mod") || kl_onnx_attr(n, "prob_mod"))
+    return kl_onnx_unsupported(c, "score_mod and prob_mod subgraphs are not supported");
+  int64_t sp = kl_onnx_attr_int(n, "softmax_precision", 0);
+  kl_dtype spt;
+  if (sp && (kl_onnx_dtype((int)sp, &spt) || !kl_dtype_is_float(spt)))
+    return kl_onnx_fail(c, "softmax_precision %lld is not a float type", (long long)sp);
+  kl_value *ins[3] = {need_input(c, n, 0), need_input(c, n, 1), need_input(c, n, 2)};
+  if (!ins[0] || !ins[1] || !ins[2]) return -1;
+  kl_attr a = kl_af("scale", kl_onnx_attr_float(n, "scale", 0));
+  kl_value *y = kl_onnx_emit(c, KL_OP_ATTENTION, ins, 3, &a, 1);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
 /* y = x / (bias + alpha/size * sum of x^2 over a channel window)^beta;
  * the window sum is an average pool over a [N, 1, C, rest] view that
  * counts the zero padding, so it already carries the 1/size. */
@@ -1322,6 +1338,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"RotaryEmbedding", 23, convert_rotary},
     {"CausalConvWithState", 27, convert_causal_conv},
     {"LinearAttention", 27, convert_linear_attention},
+    {"ai.onnx.preview.FlexAttention", 1, convert_flex_attention},
     {"LRN", 1, convert_lrn},
     {"MeanVarianceNormalization", 9, convert_mvn},
     {"Dropout", 1, convert_dropout},
