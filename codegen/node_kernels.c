@@ -144,6 +144,10 @@ static const char *custom_expression(const kl_node *n, const char *ct, char *buf
     if (!strcmp(kl_attr_string(n, "approximate", "none"), "tanh"))
       return F("0.5 * a * (1 + tanh%s(0.7978845608028654 * (a + 0.044715 * a * a * a)))", s);
     return F("0.5 * a * (1 + erf%s(a * 0.7071067811865476))", s);
+  case KL_OP_SWISH: /* a * sigmoid(alpha * a) */
+    return is_f ? F("a / (1 + exp%s(-(%s)%.17g * a))", s, ct, kl_attr_float(n, "alpha", 1.0)) : NULL;
+  case KL_OP_MISH: /* a * tanh(softplus(a)), softplus as below */
+    return is_f ? F("a * tanh%s(log1p%s(exp%s(-fabs%s(a))) + (a > 0 ? a : 0))", s, s, s, s) : NULL;
   case KL_OP_DIV: return is_f ? "a / b" : "(b == 0 ? 0 : a / b)"; /* the GPU traps nothing */
   case KL_OP_POW: /* integers: kiln_prelude.h's powers by squaring */
     return is_f ? F("pow%s(a, b)", s) : ct[0] == 'u' ? "kl_upow(a, b)" : "kl_ipow(a, b)";

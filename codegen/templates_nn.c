@@ -1084,7 +1084,327 @@ static int emit_det(kl_cg_emitter *e, const kl_node *n) {
   return 0;
 }
 
+/* ---- attention ------------------------------------------------------------
+ * softmax(softcap(scale * q @ k^T) + bias) @ v in one kernel, a warp per
+ * query row, the scores never in memory: pass 1 has the lanes over the
+ * keys, each keeping a running max and sum of exp (online softmax),
+ * combined across the warp; pass 2 recomputes each lane's scores in
+ * chunks of 32 keys, turns them into probabilities, and the warp
+ * multiplies them into V with the lanes over V's columns (coalesced rows
+ * of V, each probability shuffled from its lane).  Any number of keys; the
+ * dot products are done twice rather than the scores stored.  The bias is
+ * the interpreter's (ir/ops_contract.c, bias_at), in the same order;
+ * arithmetic in float (double for f64), the probabilities kept in it for
+ * the second product (ONNX rounds them to the input type first: for f16
+ * that moves results by an ulp, the interpreter agrees).  scores >= 0: the
+ * scores themselves are the output (pass 1, then the probabilities for
+ * mode 3). */
+static bool handles_attention(const kl_node *n) { return n->op == KL_OP_ATTENTION; }
+
+typedef struct {
+  const kl_node *n;
+  const char *ct, *sf;
+  int mask, lengths; /* input indices, -1 when absent */
+  int64_t d, skv, sq, hq, mstride[4], mlen;
+} attn_cg;
+
+/* Statements setting `x` (the biased score), `s` (before the bias) and
+ * `bias` of key j for query i, as bias_at in the interpreter. */
+static void attention_score(FILE *f, const attn_cg *a, const char *ind) {
+  const kl_node *n = a->n;
+  const kl_value *q = n->inputs[0], *k = n->inputs[1];
+  char b1[96], b2[96];
+  double scale = kl_attr_float(n, "scale", 0), cap = kl_attr_float(n, "softcap", 0);
+  if (scale == 0) scale = 1 / sqrt((double)a->d);
+  fprintf(f, "%s%s dot = 0;\n%sfor (int64_t e = 0; e < %lldLL; e++)\n%s  dot += %s * %s;\n", ind,
+          a->ct, ind, (ll)a->d, ind, ld(b1, sizeof b1, q->dtype, a->ct, "qr[e]"),
+          ld(b2, sizeof b2, k->dtype, a->ct, "kb[j * D + e]"));
+  fprintf(f, "%s%s s = dot * (%s)%.17g;\n", ind, a->ct, a->ct, scale);
+  if (cap > 0)
+    fprintf(f, "%ss = (%s)%.17g * tanh%s(s / (%s)%.17g);\n", ind, a->ct, cap, a->sf, a->ct, cap);
+  fprintf(f, "%s%s bias = 0;\n", ind, a->ct);
+  if (a->lengths >= 0) fprintf(f, "%sif (j >= klen) bias = -KL_INF;\n", ind);
+  if (kl_attr_int(n, "causal", 0)) fprintf(f, "%sif (j > i + off) bias = -KL_INF;\n", ind);
+  int64_t left = kl_attr_int(n, "window_left", -1), right = kl_attr_int(n, "window_right", -1);
+  if (left >= 0) fprintf(f, "%sif (i + off - j > %lldLL) bias = -KL_INF;\n", ind, (ll)left);
+  if (right >= 0) fprintf(f, "%sif (j - (i + off) > %lldLL) bias = -KL_INF;\n", ind, (ll)right);
+  if (a->mask >= 0) {
+    const kl_value *m = n->inputs[a->mask];
+    char src[160], b3[200];
+    snprintf(src, sizeof src, "mask[moff + j * %lldLL]", (ll)a->mstride[3]);
+    fprintf(f, "%sif (bias != -KL_INF) {\n%s  if (j >= %lldLL) bias = -KL_INF;\n", ind, ind,
+            (ll)a->mlen);
+    if (m->dtype == KL_BOOL) fprintf(f, "%s  else if (!%s) bias = -KL_INF;\n", ind, src);
+    else fprintf(f, "%s  else bias = %s;\n", ind, ld(b3, sizeof b3, m->dtype, a->ct, src));
+    fprintf(f, "%s}\n", ind);
+  }
+  fprintf(f, "%sconst %s x = s + bias;\n", ind, a->ct);
+}
+
+/* The probability of the score x, after pass 1 (m, l, any). */
+static const char *attention_prob(const attn_cg *a, char *buf, size_t len) {
+  snprintf(buf, len, "(!any || x == -KL_INF) ? (%s)0 : exp%s(x - m) / l", a->ct, a->sf);
+  return buf;
+}
+
+static int emit_attention(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *q = n->inputs[0], *k = n->inputs[1], *v = n->inputs[2], *y = n->outputs[0];
+  const int64_t *Q = q->shape.dims, *K = k->shape.dims;
+  int mode = (int)kl_attr_int(n, "scores", -1);
+  attn_cg a = {.n = n, .mask = -1, .lengths = -1, .d = Q[3], .skv = K[2], .sq = Q[2], .hq = Q[1]};
+  bool dbl = q->dtype == KL_F64;
+  a.ct = dbl ? "double" : "float", a.sf = dbl ? "" : "f";
+  for (int i = 3; i < n->ninputs; i++) {
+    kl_dtype t = n->inputs[i]->dtype;
+    if (t == KL_I64 || t == KL_I32) a.lengths = i;
+    else a.mask = i;
+  }
+  if (a.mask >= 0) {
+    const kl_shape *ms = &n->inputs[a.mask]->shape;
+    int64_t d4[4], st = 1;
+    for (int d = 0; d < 4; d++) d4[d] = d < 4 - ms->rank ? 1 : ms->dims[d - (4 - ms->rank)];
+    for (int d = 3; d >= 0; d--) a.mstride[d] = d4[d] == 1 ? 0 : st, st *= d4[d];
+    a.mstride[3] = 1, a.mlen = d4[3];
+  }
+  int64_t rows = Q[0] * Q[1] * Q[2], dv = v->shape.dims[3], ncols = mode < 0 ? dv : a.skv;
+  int64_t group = Q[1] / K[1], nt = (dv + 31) / 32;
+  host_comment(e, n);
+  if (rows == 0 || ncols == 0) return 0;
+  char name[32], what[64], b1[160], b2[200];
+  int kn = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  static const char *const pnames[] = {"q", "k", "v", NULL, NULL};
+  karg args[6];
+  int na = 0;
+  for (int i = 0; i < n->ninputs; i++)
+    args[na++] = in_arg(n->inputs[i], i == a.mask ? "mask" : i == a.lengths ? "lens" : pnames[i]);
+  args[na++] = out_arg(y->dtype, "out");
+  snprintf(what, sizeof what, mode < 0 ? " (a warp per query row)" : " (scores, mode %d)", mode);
+  kbegin(f, n, name, what, args, na);
+  fprintf(f, "  const int lane = threadIdx.x & 31;\n"
+             "  const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);\n"
+             "  if (row >= %lldLL) return;\n  const int64_t D = %lldLL;\n"
+             "  const int64_t i = row %% %lldLL, h = (row / %lldLL) %% %lldLL, b = row / %lldLL;\n"
+             "  (void)i;\n  (void)b;\n",
+          (ll)rows, (ll)a.d, (ll)a.sq, (ll)a.sq, (ll)a.hq, (ll)(a.sq * a.hq));
+  fprintf(f, "  const int64_t kvh = b * %lldLL + h / %lldLL;\n  (void)kvh;\n", (ll)K[1], (ll)group);
+  fprintf(f, "  const %s *qr = q + row * D;\n  const %s *kb = k + kvh * %lldLL;\n",
+          kl_cg_storage(q->dtype), kl_cg_storage(k->dtype), (ll)(a.skv * a.d));
+  /* the keys before query 0 (causal and window rules), and the key count */
+  bool offset = kl_attr_int(n, "causal", 0) || kl_attr_int(n, "window_left", -1) >= 0 ||
+                kl_attr_int(n, "window_right", -1) >= 0;
+  if (a.lengths >= 0) fprintf(f, "  const int64_t klen = lens[b];\n");
+  if (offset && a.lengths >= 0) fprintf(f, "  const int64_t off = klen - %lldLL;\n", (ll)a.sq);
+  else if (offset) fprintf(f, "  const int64_t off = %lldLL;\n", (ll)kl_attr_int(n, "past", 0));
+  if (a.mask >= 0)
+    fprintf(f, "  const int64_t moff = b * %lldLL + h * %lldLL + i * %lldLL;\n", (ll)a.mstride[0],
+            (ll)a.mstride[1], (ll)a.mstride[2]);
+  fprintf(f, "  const int64_t SKV = %lldLL, DV = %lldLL;\n  (void)SKV;\n  (void)DV;\n", (ll)a.skv,
+          (ll)dv);
+  if (mode >= 0 && mode <= 2) { /* the scores, no softmax */
+    fprintf(f, "  for (int64_t j = lane; j < SKV; j += 32) {\n");
+    attention_score(f, &a, "    ");
+    fprintf(f, "    (void)x;\n    (void)s;\n    ");
+    st(f, y->dtype, "out[row * SKV + j]", mode == 2 ? "x" : "s");
+    fprintf(f, "  }\n");
+    kend(f, name, args, na);
+    kl_cg_launch_node_grid(e, kn, (rows + 3) / 4, 128, n);
+    return 0;
+  }
+  /* pass 1: each lane's running max m and sum l over its keys; any: a key
+   * with a bias other than -inf */
+  fprintf(f, "  %s m = -KL_INF, l = 0;\n  int any = 0;\n", a.ct);
+  fprintf(f, "  for (int64_t j = lane; j < %lldLL; j += 32) {\n", (ll)a.skv);
+  attention_score(f, &a, "    ");
+  fprintf(f, "    (void)s;\n    any |= bias != -KL_INF;\n"
+             "    if (x > m || x != x) {\n      l = m == -KL_INF ? (%s)0 : l * exp%s(m - x);\n"
+             "      m = x;\n    }\n    if (x != -KL_INF) l += exp%s(x - m);\n  }\n",
+          a.ct, a.sf, a.sf);
+  fprintf(f, "  for (int o = 16; o > 0; o >>= 1) {\n"
+             "    const %s m2 = __shfl_xor_sync(0xffffffffu, m, o);\n"
+             "    const %s l2 = __shfl_xor_sync(0xffffffffu, l, o);\n"
+             "    any |= __shfl_xor_sync(0xffffffffu, any, o);\n"
+             "    const %s mn = m != m ? m : (m2 > m || m2 != m2) ? m2 : m;\n"
+             "    l = (m == -KL_INF ? (%s)0 : l * exp%s(m - mn)) + (m2 == -KL_INF ? (%s)0 : l2 * exp%s(m2 - mn));\n"
+             "    m = mn;\n  }\n",
+          a.ct, a.ct, a.ct, a.ct, a.sf, a.ct, a.sf);
+  if (mode == 3) {
+    fprintf(f, "  for (int64_t j = lane; j < %lldLL; j += 32) {\n", (ll)a.skv);
+    attention_score(f, &a, "    ");
+    fprintf(f, "    (void)s;\n    ");
+    st(f, y->dtype, "out[row * SKV + j]", attention_prob(&a, b2, sizeof b2));
+    fprintf(f, "  }\n");
+  } else {
+    /* pass 2: chunks of 32 keys, a probability per lane, then each lane's
+     * columns of V */
+    fprintf(f, "  const %s *vb = v + kvh * %lldLL;\n  %s acc[%lld];\n"
+               "  for (int t = 0; t < %lld; t++) acc[t] = 0;\n",
+            kl_cg_storage(v->dtype), (ll)(a.skv * dv), a.ct, (ll)nt, (ll)nt);
+    fprintf(f, "  for (int64_t j0 = 0; j0 < %lldLL; j0 += 32) {\n    %s p = 0;\n"
+               "    {\n      const int64_t j = j0 + lane;\n      if (j < %lldLL) {\n",
+            (ll)a.skv, a.ct, (ll)a.skv);
+    attention_score(f, &a, "        ");
+    fprintf(f, "        (void)s;\n        p = %s;\n      }\n    }\n",
+            attention_prob(&a, b2, sizeof b2));
+    fprintf(f, "    const int64_t nj = %lldLL - j0 < 32 ? %lldLL - j0 : 32;\n"
+               "    for (int jj = 0; jj < nj; jj++) {\n"
+               "      const %s pj = __shfl_sync(0xffffffffu, p, jj);\n"
+               "      for (int t = 0; t < %lld; t++) {\n        const int64_t c = lane + 32 * t;\n"
+               "        if (c < %lldLL) acc[t] += pj * %s;\n      }\n    }\n  }\n",
+            (ll)a.skv, (ll)a.skv, a.ct, (ll)nt, (ll)dv,
+            ld(b1, sizeof b1, v->dtype, a.ct, "vb[(j0 + jj) * DV + c]"));
+    fprintf(f, "  for (int t = 0; t < %lld; t++) {\n    const int64_t c = lane + 32 * t;\n"
+               "    if (c < %lldLL) ", (ll)nt, (ll)dv);
+    st(f, y->dtype, "out[row * DV + c]", "acc[t]");
+    fprintf(f, "  }\n");
+  }
+  kend(f, name, args, na);
+  kl_cg_launch_node_grid(e, kn, (rows + 3) / 4, 128, n);
+  return 0;
+}
+
+/* ---- rotary ---------------------------------------------------------------
+ * Elementwise over x: each output reads its pair's two entries and the
+ * (b, s) row of cos and sin, as the interpreter (ir/ops_nn.c). */
+static bool handles_rotary(const kl_node *n) { return n->op == KL_OP_ROTARY; }
+
+static int emit_rotary(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *y = n->outputs[0];
+  const kl_shape *xs = &x->shape, *cs = &n->inputs[1]->shape;
+  /* heads h, positions s, head size d, and the stride of s in x */
+  int64_t numel = kl_shape_numel(xs), h, s, d, ss;
+  if (xs->rank == 4) {
+    h = xs->dims[1], s = xs->dims[2], d = xs->dims[3], ss = d;
+  } else {
+    h = kl_attr_int(n, "num_heads", 1), s = xs->dims[1], d = xs->dims[2] / h, ss = h * d;
+  }
+  int64_t r = kl_attr_int(n, "rotary_dim", 0);
+  if (r == 0) r = d;
+  int64_t half = r / 2, cb = cs->rank == 3 && cs->dims[0] > 1 ? s * half : 0;
+  bool inter = kl_attr_int(n, "interleaved", 0) != 0;
+  host_comment(e, n);
+  if (numel == 0) return 0;
+  char name[32], b1[96], b2[96], b3[96], b4[96], val[256];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  karg a[4] = {in_arg(x, "x"), in_arg(n->inputs[1], "cs"), in_arg(n->inputs[2], "sn"),
+               out_arg(y->dtype, "out")};
+  kbegin(f, n, name, inter ? " (interleaved pairs)" : " (pairs of halves)", a, 4);
+  const char *ct = x->dtype == KL_F64 ? "double" : "float";
+  loop(f, numel);
+  fprintf(f, "    const int64_t d = i %% %lldLL, s = (i / %lldLL) %% %lldLL, bt = i / %lldLL;\n",
+          (ll)d, (ll)ss, (ll)s, (ll)(h * s * d));
+  fprintf(f, "    if (d >= %lldLL) {\n      out[i] = x[i];\n      continue;\n    }\n", (ll)r);
+  if (inter)
+    fprintf(f, "    const int64_t p = d / 2, i1 = i - d + 2 * p, i2 = i1 + 1;\n"
+               "    const int first = (d & 1) == 0;\n");
+  else
+    fprintf(f, "    const int64_t p = d %% %lldLL, i1 = i - d + p, i2 = i1 + %lldLL;\n"
+               "    const int first = d < %lldLL;\n", (ll)half, (ll)half, (ll)half);
+  fprintf(f, "    const int64_t o = bt * %lldLL + s * %lldLL + p;\n", (ll)cb, (ll)half);
+  fprintf(f, "    const %s x1 = %s, x2 = %s, c = %s, sv = %s;\n", ct, ld(b1, sizeof b1, x->dtype, ct, "x[i1]"),
+          ld(b2, sizeof b2, x->dtype, ct, "x[i2]"), ld(b3, sizeof b3, n->inputs[1]->dtype, ct, "cs[o]"),
+          ld(b4, sizeof b4, n->inputs[2]->dtype, ct, "sn[o]"));
+  snprintf(val, sizeof val, "first ? x1 * c - x2 * sv : x1 * sv + x2 * c");
+  fprintf(f, "    ");
+  st(f, y->dtype, "out[i]", val);
+  fprintf(f, "  }\n");
+  kend(f, name, a, 4);
+  kl_cg_launch_node(e, k, numel, n);
+  return 0;
+}
+
+/* ---- linear_attention -------------------------------------------------------
+ * A thread per (batch, key/value head, state column m): column m of the
+ * state evolves on its own (the decay, the delta rule's S^T k and the
+ * write touch only it), so each thread keeps its Dk entries in registers
+ * and walks the time steps, writing every query head's output column m;
+ * the threads of a warp read the same q and k entries (broadcast loads)
+ * and neighbouring v, y and state entries.  As ir/ops_contract.c, in
+ * float (double for f64). */
+static bool handles_linear_attention(const kl_node *n) { return n->op == KL_OP_LINEAR_ATTENTION; }
+
+static int emit_linear_attention(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *q = n->inputs[0], *kv = n->inputs[1], *v = n->inputs[2];
+  const kl_value *y = n->outputs[0], *sv = n->outputs[1];
+  const char *rule = kl_attr_string(n, "rule", "");
+  bool gated = !strcmp(rule, "gated") || !strcmp(rule, "gated_delta");
+  bool delta = !strcmp(rule, "delta") || !strcmp(rule, "gated_delta");
+  int past = kl_attr_int(n, "past", 0) ? 3 : -1, k = 3 + (past > 0);
+  int decay = gated ? k++ : -1, beta = delta ? k++ : -1;
+  int64_t hq = kl_attr_int(n, "q_heads", 1), hkv = kl_attr_int(n, "kv_heads", 1);
+  int64_t B = q->shape.dims[0], T = q->shape.dims[1], dk = kv->shape.dims[2] / hkv;
+  int64_t dv = v->shape.dims[2] / hkv, group = hq / hkv, threads = B * hkv * dv;
+  int64_t dl = decay > 0 ? n->inputs[decay]->shape.dims[2] : 0;
+  int64_t bl = beta > 0 ? n->inputs[beta]->shape.dims[2] : 0;
+  double scale = kl_attr_float(n, "scale", 0);
+  if (scale == 0) scale = 1 / sqrt((double)dk);
+  bool dbl = q->dtype == KL_F64;
+  const char *ct = dbl ? "double" : "float", *sf = dbl ? "" : "f";
+  host_comment(e, n);
+  if (threads == 0) return 0;
+  char name[32], b1[128], b2[128];
+  int kn = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  static const char *const pnames[] = {"q", "k", "v", "past", "decay", "beta"};
+  karg a[8];
+  int na = 0;
+  for (int i = 0; i < n->ninputs; i++)
+    a[na++] = in_arg(n->inputs[i], pnames[i == past ? 3 : i == decay ? 4 : i == beta ? 5 : i]);
+  a[na++] = out_arg(y->dtype, "y");
+  a[na++] = out_arg(sv->dtype, "state");
+  kbegin(f, n, name, " (a thread per state column)", a, na);
+  loop(f, threads);
+  fprintf(f, "    const int64_t DK = %lldLL, DV = %lldLL, HKV = %lldLL;\n", (ll)dk, (ll)dv, (ll)hkv);
+  fprintf(f, "    const int64_t m = i %% %lldLL, h = (i / %lldLL) %% %lldLL, b = i / %lldLL;\n", (ll)dv,
+          (ll)dv, (ll)hkv, (ll)(dv * hkv));
+  fprintf(f, "    %s S[%lld];\n    const int64_t so = (b * %lldLL + h) * %lldLL * %lldLL + m;\n", ct,
+          (ll)dk, (ll)hkv, (ll)dk, (ll)dv);
+  fprintf(f, "    for (int64_t d = 0; d < %lldLL; d++) S[d] = %s;\n", (ll)dk,
+          past > 0 ? ld(b1, sizeof b1, n->inputs[past]->dtype, ct, "past[so + d * DV]") : "0");
+  fprintf(f, "    for (int64_t t = 0; t < %lldLL; t++) {\n      const int64_t bt = b * %lldLL + t;\n",
+          (ll)T, (ll)T);
+  fprintf(f, "      const int64_t ko = (bt * %lldLL + h) * %lldLL;\n", (ll)hkv, (ll)dk);
+  if (gated) {
+    snprintf(b2, sizeof b2, "decay[bt * %lldLL + %s]", (ll)dl, dl == hkv ? "h" : "h * DK + d");
+    fprintf(f, "      for (int64_t d = 0; d < %lldLL; d++) S[d] *= exp%s(%s);\n", (ll)dk, sf,
+            ld(b1, sizeof b1, n->inputs[decay]->dtype, ct, b2));
+  }
+  fprintf(f, "      %s vt = %s;\n", ct, ld(b1, sizeof b1, v->dtype, ct, "v[(bt * HKV + h) * DV + m]"));
+  if (delta) {
+    fprintf(f, "      {\n        %s got = 0;\n        for (int64_t d = 0; d < %lldLL; d++)\n"
+               "          got += S[d] * %s;\n",
+            ct, (ll)dk, ld(b1, sizeof b1, kv->dtype, ct, "k[ko + d]"));
+    snprintf(b2, sizeof b2, "beta[bt * %lldLL + %s]", (ll)bl, bl == 1 ? "0" : "h");
+    fprintf(f, "        vt = %s * (vt - got);\n      }\n",
+            ld(b1, sizeof b1, n->inputs[beta]->dtype, ct, b2));
+  }
+  fprintf(f, "      for (int64_t d = 0; d < %lldLL; d++) S[d] += %s * vt;\n", (ll)dk,
+          ld(b1, sizeof b1, kv->dtype, ct, "k[ko + d]"));
+  fprintf(f, "      for (int64_t g = 0; g < %lldLL; g++) {\n"
+             "        const int64_t qo = (bt * %lldLL + h * %lldLL + g) * %lldLL;\n"
+             "        %s acc = 0;\n        for (int64_t d = 0; d < %lldLL; d++) acc += %s * S[d];\n"
+             "        ",
+          (ll)group, (ll)hq, (ll)group, (ll)dk, ct, (ll)dk, ld(b1, sizeof b1, q->dtype, ct, "q[qo + d]"));
+  snprintf(b2, sizeof b2, "(%s)%.17g * acc", ct, scale);
+  st(f, y->dtype, "y[qo / DK * DV + m]", b2);
+  fprintf(f, "      }\n    }\n    for (int64_t d = 0; d < %lldLL; d++) ", (ll)dk);
+  st(f, sv->dtype, "state[so + d * DV]", "S[d]");
+  fprintf(f, "  }\n");
+  kend(f, name, a, na);
+  char bufs[8][160];
+  const char *args[8];
+  for (int i = 0; i < n->ninputs; i++) args[i] = kl_cg_ptr(e, n->inputs[i], bufs[i], sizeof bufs[i]);
+  args[n->ninputs] = kl_cg_ptr(e, y, bufs[n->ninputs], sizeof bufs[n->ninputs]);
+  args[n->ninputs + 1] = kl_cg_ptr(e, sv, bufs[n->ninputs + 1], sizeof bufs[n->ninputs + 1]);
+  kl_cg_launch(e, kn, threads, args, n->ninputs + 2);
+  return 0;
+}
+
 const kl_cg_template kl_cg_templates_nn[] = {
+    {handles_linear_attention, emit_linear_attention, NULL},
+    {handles_rotary, emit_rotary, NULL},
+    {handles_attention, emit_attention, NULL},
     {handles_norm, emit_norm, NULL},
     {handles_batch_norm, emit_batch_norm, NULL},
     {handles_conv, emit_conv, scratch_conv},

@@ -350,6 +350,38 @@ static int convert_leaky_relu(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return bind(c, n, x ? kl_onnx_emit(c, KL_OP_LEAKY_RELU, &x, 1, &a, 1) : NULL);
 }
 
+/* Gelu (opset 20): approximate "none" (erf) or "tanh". */
+static int convert_gelu(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0);
+  const char *ap = kl_onnx_attr_string(c, n, "approximate", "none");
+  if (strcmp(ap, "none") && strcmp(ap, "tanh"))
+    return kl_onnx_fail(c, "approximate must be \"none\" or \"tanh\", got \"%s\"", ap);
+  kl_attr a = kl_as("approximate", ap);
+  return bind(c, n, x ? kl_onnx_emit(c, KL_OP_GELU, &x, 1, &a, 1) : NULL);
+}
+
+static kl_value *swish(kl_onnx_ctx *c, const Onnx__NodeProto *n, kl_value *x) {
+  kl_attr a = kl_af("alpha", kl_onnx_attr_float(n, "alpha", 1.0));
+  return x ? kl_onnx_emit(c, KL_OP_SWISH, &x, 1, &a, 1) : NULL;
+}
+
+static int convert_swish(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  return bind(c, n, swish(c, n, need_input(c, n, 0)));
+}
+
+/* SwiGLU(A, B) = swish_alpha(A) * B, A and B of one shape (no
+ * broadcasting); the two elementwise nodes fuse into one kernel. */
+static int convert_swiglu(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *a = need_input(c, n, 0), *b = need_input(c, n, 1);
+  if (!a || !b) return -1;
+  if (!kl_shape_equal(&a->shape, &b->shape)) {
+    char sa[160], sb[160];
+    return kl_onnx_fail(c, "A %s and B %s must have one shape", kl_shape_str(&a->shape, sa, sizeof sa),
+                        kl_shape_str(&b->shape, sb, sizeof sb));
+  }
+  return bind(c, n, binary(c, KL_OP_MUL, swish(c, n, a), b));
+}
+
 /* ---- bit shifts, determinants, grid sampling ------------------------- */
 static int convert_bit_shift(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   kl_value *ins[2] = {need_input(c, n, 0), need_input(c, n, 1)};
@@ -445,6 +477,8 @@ const kl_onnx_op kl_onnx_ops_math[] = {
     {"Elu", 1, convert_elu},           {"Selu", 1, convert_selu},
     {"Celu", 12, convert_celu},        {"HardSigmoid", 1, convert_hard_sigmoid},
     {"HardSwish", 14, convert_hard_swish},
+    {"Gelu", 20, convert_gelu},        {"Swish", 24, convert_swish},
+    {"Mish", 18, convert_direct},      {"SwiGLU", 28, convert_swiglu},
     {"ThresholdedRelu", 1, convert_thresholded_relu},
     {"Shrink", 9, convert_shrink},     {"PRelu", 1, convert_prelu},
     {"Clip", 1, convert_clip},         {"Cast", 1, convert_cast},

@@ -751,6 +751,217 @@ static int convert_layer_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return kl_onnx_bind(c, n, 1, mean) || kl_onnx_bind(c, n, 2, inv);
 }
 
+/* RMSNormalization (opset 23): x / sqrt(mean(x^2 over axis..) + eps) *
+ * scale, a row kernel as layer_norm.  The rows are computed in double
+ * whatever stash_type says, so it is only checked. */
+static int convert_rms_norm(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *ins[2] = {need_input(c, n, 0), need_input(c, n, 1)};
+  kl_value *x = ins[0];
+  if (!x || !ins[1]) return -1;
+  int64_t axis = kl_onnx_attr_int(n, "axis", -1);
+  double eps = kl_onnx_attr_float(n, "epsilon", 1e-5);
+  int r = x->shape.rank;
+  if (axis < -r || axis >= r) return kl_onnx_fail(c, "axis %lld is out of range", (long long)axis);
+  if (axis < 0) axis += r;
+  int64_t stash = kl_onnx_attr_int(n, "stash_type", 1);
+  kl_dtype st;
+  if (kl_onnx_dtype((int)stash, &st) || !kl_dtype_is_float(st))
+    return kl_onnx_fail(c, "stash_type %lld is not a float type", (long long)stash);
+  kl_attr a[2] = {kl_ai("axis", axis), kl_af("epsilon", eps)};
+  kl_value *y = kl_onnx_emit(c, KL_OP_RMS_NORM, ins, 2, a, 2);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
+/* RotaryEmbedding (opset 23) onto the IR rotary op; position_ids pick
+ * the rows of the caches first (a gather). */
+static int convert_rotary(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *cs = need_input(c, n, 1), *sn = need_input(c, n, 2);
+  kl_value *pos = kl_onnx_input(c, n, 3);
+  if (!x || !cs || !sn) return -1;
+  if (pos) {
+    kl_attr a = kl_ai("axis", 0);
+    kl_value *gc[2] = {cs, pos}, *gs[2] = {sn, pos};
+    cs = kl_onnx_emit(c, KL_OP_GATHER, gc, 2, &a, 1);
+    sn = kl_onnx_emit(c, KL_OP_GATHER, gs, 2, &a, 1);
+    if (!cs || !sn) return -1;
+  }
+  kl_value *ins[3] = {x, cs, sn};
+  kl_attr a[3] = {kl_ai("num_heads", kl_onnx_attr_int(n, "num_heads", 0)),
+                  kl_ai("rotary_dim", kl_onnx_attr_int(n, "rotary_embedding_dim", 0)),
+                  kl_ai("interleaved", kl_onnx_attr_int(n, "interleaved", 0) != 0)};
+  kl_value *y = kl_onnx_emit(c, KL_OP_ROTARY, ins, 3, a, 3);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
+/* ---- Attention (opsets 23..25) ----------------------------------------
+ * Onto the IR attention op, which takes 4-D [batch, heads, seq, size]
+ * inputs: 3-D ones ([batch, seq, heads * size]) are split into heads
+ * around it, the key/value cache is concatenated in front of the new keys
+ * and values (the concatenations are the present outputs), and the scores
+ * output (qk_matmul_output) is a second attention node that gives the
+ * scores instead, converted only when the model reads it. */
+static kl_value *transpose_0213(kl_onnx_ctx *c, kl_value *x) {
+  static const int64_t perm[4] = {0, 2, 1, 3};
+  return transpose(c, x, perm);
+}
+
+/* [B, S, H * size] -> [B, H, S, size] */
+static kl_value *split_heads(kl_onnx_ctx *c, kl_value *x, int64_t heads, const char *what) {
+  if (!x) return NULL;
+  const int64_t *d = x->shape.dims;
+  if (heads < 1 || d[2] % heads) {
+    kl_onnx_fail(c, "%s's hidden size %lld is not a multiple of its head count %lld", what,
+                 (long long)d[2], (long long)heads);
+    return NULL;
+  }
+  int64_t s[4] = {d[0], d[1], heads, d[2] / heads};
+  return transpose_0213(c, reshape(c, x, s, 4));
+}
+
+static kl_value *concat_keys(kl_onnx_ctx *c, kl_value *past, kl_value *x) {
+  kl_value *ins[2] = {past, x};
+  kl_attr a = kl_ai("axis", 2);
+  return past && x ? kl_onnx_emit(c, KL_OP_CONCAT, ins, 2, &a, 1) : x;
+}
+
+static int convert_attention(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *q = need_input(c, n, 0), *k = need_input(c, n, 1), *v = need_input(c, n, 2);
+  kl_value *mask = kl_onnx_input(c, n, 3), *pk = kl_onnx_input(c, n, 4), *pv = kl_onnx_input(c, n, 5);
+  kl_value *lens = kl_onnx_input(c, n, 6);
+  if (!q || !k || !v) return -1;
+  int r = q->shape.rank;
+  if ((r != 3 && r != 4) || k->shape.rank != r || v->shape.rank != r)
+    return kl_onnx_fail(c, "Q, K and V must all be 3-D or all 4-D");
+  if (!pk != !pv) return kl_onnx_fail(c, "past_key and past_value must be given together");
+  if (pk && lens) return kl_onnx_fail(c, "nonpad_kv_seqlen cannot be combined with a past cache");
+  if ((pk && pk->shape.rank != 4) || (pv && pv->shape.rank != 4))
+    return kl_onnx_fail(c, "past_key and past_value must be 4-D");
+  int64_t sp = kl_onnx_attr_int(n, "softmax_precision", 0);
+  kl_dtype spt;
+  if (sp && (kl_onnx_dtype((int)sp, &spt) || !kl_dtype_is_float(spt)))
+    return kl_onnx_fail(c, "softmax_precision %lld is not a float type", (long long)sp);
+  int64_t mode = kl_onnx_attr_int(n, "qk_matmul_output_mode", 0);
+  if (mode < 0 || mode > 3)
+    return kl_onnx_fail(c, "qk_matmul_output_mode %lld is not 0..3", (long long)mode);
+  int64_t batch = q->shape.dims[0], sq = q->shape.dims[r - 2];
+  if (r == 3) {
+    sq = q->shape.dims[1];
+    int64_t hq = kl_onnx_attr_int(n, "q_num_heads", 0), hkv = kl_onnx_attr_int(n, "kv_num_heads", 0);
+    if (!(q = split_heads(c, q, hq, "Q")) || !(k = split_heads(c, k, hkv, "K")) ||
+        !(v = split_heads(c, v, hkv, "V")))
+      return -1;
+  }
+  int64_t past = pk ? pk->shape.dims[2] : 0;
+  k = concat_keys(c, pk, k), v = concat_keys(c, pv, v);
+  if (!k || !v) return -1;
+  kl_value *ins[5] = {q, k, v};
+  int nin = 3;
+  if (mask) ins[nin++] = mask;
+  if (lens) ins[nin++] = cast(c, lens, KL_I64);
+  kl_attr a[7] = {kl_af("scale", kl_onnx_attr_float(n, "scale", 0)),
+                  kl_af("softcap", kl_onnx_attr_float(n, "softcap", 0)),
+                  kl_ai("causal", kl_onnx_attr_int(n, "is_causal", 0) != 0),
+                  kl_ai("past", past),
+                  kl_ai("window_left", kl_onnx_attr_int(n, "left_window_size", -1)),
+                  kl_ai("window_right", kl_onnx_attr_int(n, "right_window_size", -1)),
+                  kl_ai("scores", -1)};
+  kl_value *y = kl_onnx_emit(c, KL_OP_ATTENTION, ins, nin, a, 7);
+  if (y && r == 3) {
+    int64_t s[3] = {batch, sq, y->shape.dims[1] * y->shape.dims[3]};
+    y = reshape(c, transpose_0213(c, y), s, 3);
+  }
+  if (!y || kl_onnx_bind(c, n, 0, y)) return -1;
+  if (wants_output(n, 1) && kl_onnx_bind(c, n, 1, k)) return -1;
+  if (wants_output(n, 2) && kl_onnx_bind(c, n, 2, v)) return -1;
+  if (!wants_output(n, 3)) return 0;
+  a[6] = kl_ai("scores", mode);
+  kl_value *scores = kl_onnx_emit(c, KL_OP_ATTENTION, ins, nin, a, 7);
+  return scores ? kl_onnx_bind(c, n, 3, scores) : -1;
+}
+
+/* CausalConvWithState (opset 27): a depthwise 1-D convolution over the
+ * input with the past state (or zeros) in front, k - 1 positions, then an
+ * optional SiLU; the present state is the last k - 1 positions of that
+ * padded input.  Existing ops: concat or pad, a grouped conv2d over a
+ * [B, C, 1, L + k - 1] view, silu (fused after the convolution), slice. */
+static int convert_causal_conv(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *wt = need_input(c, n, 1), *b = kl_onnx_input(c, n, 2);
+  kl_value *past = kl_onnx_input(c, n, 3);
+  if (!x || !wt) return -1;
+  const char *act = kl_onnx_attr_string(c, n, "activation", "none");
+  bool silu = !strcmp(act, "silu") || !strcmp(act, "swish");
+  if (!silu && strcmp(act, "none"))
+    return kl_onnx_fail(c, "activation must be \"none\", \"silu\" or \"swish\", got \"%s\"", act);
+  if (x->shape.rank != 3 || wt->shape.rank != 3 || wt->shape.dims[0] != x->shape.dims[1] ||
+      wt->shape.dims[1] != 1 || wt->shape.dims[2] < 1)
+    return kl_onnx_fail(c, "input must be [batch, channels, length] and weight [channels, 1, k]");
+  int64_t nb = x->shape.dims[0], ch = x->shape.dims[1], len = x->shape.dims[2];
+  int64_t k = wt->shape.dims[2];
+  if (past && (past->shape.rank != 3 || past->shape.dims[0] != nb || past->shape.dims[1] != ch ||
+               past->shape.dims[2] != k - 1))
+    return kl_onnx_fail(c, "past_state must be [%lld, %lld, %lld]", (long long)nb, (long long)ch,
+                        (long long)(k - 1));
+  kl_value *padded = past ? concat_keys(c, past, x) : pad_axis(c, x, 2, k - 1, 0);
+  int64_t xs[4] = {nb, ch, 1, len + k - 1}, ws[4] = {ch, 1, 1, k}, ys[3] = {nb, ch, len};
+  int64_t ones[2] = {1, 1}, zeros[4] = {0};
+  kl_attr a[4] = {kl_ais("strides", ones, 2), kl_ais("pads", zeros, 4),
+                  kl_ais("dilations", ones, 2), kl_ai("groups", ch)};
+  kl_value *ins[3] = {reshape(c, padded, xs, 4), reshape(c, wt, ws, 4), b};
+  if (!ins[0] || !ins[1]) return -1;
+  kl_value *y = reshape(c, kl_onnx_emit(c, KL_OP_CONV2D, ins, b ? 3 : 2, a, 4), ys, 3);
+  if (silu) y = unary(c, KL_OP_SILU, y, NULL, 0);
+  if (!y || kl_onnx_bind(c, n, 0, y)) return -1;
+  if (!wants_output(n, 1)) return 0;
+  int64_t start = len, end = len + k - 1, axis = 2, step = 1;
+  kl_attr sa[4] = {kl_ais("starts", &start, 1), kl_ais("ends", &end, 1), kl_ais("axes", &axis, 1),
+                   kl_ais("steps", &step, 1)};
+  kl_value *present = unary(c, KL_OP_SLICE, padded, sa, 4);
+  return present ? kl_onnx_bind(c, n, 1, present) : -1;
+}
+
+/* LinearAttention (opset 27) onto the IR op; its optional inputs go in
+ * only where the update rule uses them. */
+static int convert_linear_attention(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *ins[6] = {need_input(c, n, 0), need_input(c, n, 1), need_input(c, n, 2)};
+  if (!ins[0] || !ins[1] || !ins[2]) return -1;
+  const char *rule = kl_onnx_attr_string(c, n, "update_rule", "gated_delta");
+  bool gated = !strcmp(rule, "gated") || !strcmp(rule, "gated_delta");
+  bool delta = !strcmp(rule, "delta") || !strcmp(rule, "gated_delta");
+  kl_value *past = kl_onnx_input(c, n, 3), *decay = kl_onnx_input(c, n, 4);
+  kl_value *beta = kl_onnx_input(c, n, 5);
+  if (!gated != !decay)
+    return kl_onnx_fail(c, "update_rule \"%s\" %s the decay input", rule, gated ? "needs" : "forbids");
+  if (!delta != !beta)
+    return kl_onnx_fail(c, "update_rule \"%s\" %s the beta input", rule, delta ? "needs" : "forbids");
+  int nin = 3;
+  if (past) ins[nin++] = past;
+  if (decay) ins[nin++] = decay;
+  if (beta) ins[nin++] = beta;
+  kl_attr a[5] = {kl_ai("q_heads", kl_onnx_attr_int(n, "q_num_heads", 0)),
+                  kl_ai("kv_heads", kl_onnx_attr_int(n, "kv_num_heads", 0)),
+                  kl_af("scale", kl_onnx_attr_float(n, "scale", 0)), kl_as("rule", rule),
+                  kl_ai("past", past != NULL)};
+  kl_node *node = kl_onnx_emit_node(c, KL_OP_LINEAR_ATTENTION, ins, nin, a, 5, 2);
+  if (!node || kl_onnx_bind(c, n, 0, node->outputs[0])) return -1;
+  return wants_output(n, 1) ? kl_onnx_bind(c, n, 1, node->outputs[1]) : 0;
+}
+
+/* ai.onnx.preview FlexAttention (4-D, grouped heads, a scale) onto the
+ * attention op; score_mod and prob_mod subgraphs are not supported. */
+static int convert_flex_attention(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  if (kl_onnx_attr(n, "score_mod") || kl_onnx_attr(n, "prob_mod"))
+    return kl_onnx_unsupported(c, "score_mod and prob_mod subgraphs are not supported");
+  int64_t sp = kl_onnx_attr_int(n, "softmax_precision", 0);
+  kl_dtype spt;
+  if (sp && (kl_onnx_dtype((int)sp, &spt) || !kl_dtype_is_float(spt)))
+    return kl_onnx_fail(c, "softmax_precision %lld is not a float type", (long long)sp);
+  kl_value *ins[3] = {need_input(c, n, 0), need_input(c, n, 1), need_input(c, n, 2)};
+  if (!ins[0] || !ins[1] || !ins[2]) return -1;
+  kl_attr a = kl_af("scale", kl_onnx_attr_float(n, "scale", 0));
+  kl_value *y = kl_onnx_emit(c, KL_OP_ATTENTION, ins, 3, &a, 1);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
 /* y = x / (bias + alpha/size * sum of x^2 over a channel window)^beta;
  * the window sum is an average pool over a [N, 1, C, rest] view that
  * counts the zero padding, so it already carries the 1/size. */
@@ -1467,6 +1678,12 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"BatchNormalization", 1, convert_batch_norm},
     {"InstanceNormalization", 1, convert_instance_norm},
     {"LayerNormalization", 17, convert_layer_norm},
+    {"RMSNormalization", 23, convert_rms_norm},
+    {"Attention", 23, convert_attention},
+    {"RotaryEmbedding", 23, convert_rotary},
+    {"CausalConvWithState", 27, convert_causal_conv},
+    {"LinearAttention", 27, convert_linear_attention},
+    {"ai.onnx.preview.FlexAttention", 1, convert_flex_attention},
     {"LRN", 1, convert_lrn},
     {"MeanVarianceNormalization", 9, convert_mvn},
     {"LpNormalization", 1, convert_lp_norm},

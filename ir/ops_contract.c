@@ -2,6 +2,7 @@
  * contraction rows (matmul, gemm, conv2d, conv_transpose2d, deform_conv2d),
  * the 2-D pools and col2im. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "op_impl.h"
@@ -891,5 +892,308 @@ int kl_eval_COL2IM(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *
         }
         if (inside) y->data[pl * img + at] += x->data[(pl * k + b) * l + q];
       }
+
+/* ---- attention ------------------------------------------------------- */
+/* The optional inputs after q, k, v: a mask (bool or q's dtype) then the
+ * key lengths (an integer vector); each found by its dtype. */
+typedef struct {
+  int mask, lengths; /* input indices, -1 when absent */
+} attn_inputs;
+
+static attn_inputs attention_inputs(const kl_node *n) {
+  attn_inputs a = {-1, -1};
+  for (int k = 3; k < n->ninputs; k++) {
+    kl_dtype t = n->inputs[k]->dtype;
+    if (t == KL_I64 || t == KL_I32) a.lengths = k;
+    else a.mask = k;
+  }
+  return a;
+}
+
+/* The mask's dims aligned to [B, Hq, Sq, M]: 1 where it broadcasts. */
+static void mask_dims4(const kl_shape *m, int64_t *d4) {
+  for (int d = 0; d < 4; d++) {
+    int md = d - (4 - m->rank);
+    d4[d] = md < 0 ? 1 : m->dims[md];
+  }
+}
+
+int kl_infer_ATTENTION(kl_node *n, kl_error *err) {
+  const kl_value *q = n->inputs[0], *k = n->inputs[1], *v = n->inputs[2];
+  char bq[256], bk[256], bv[256];
+  for (int i = 0; i < 3; i++) {
+    if (kl_need_float(n, err, n->inputs[i])) return -1;
+    if (n->inputs[i]->shape.rank != 4)
+      return KL_NODE_FAIL(n, err, "q, k and v must be 4-D [batch, heads, seq, head size], got %s",
+                          kl_value_str(n->inputs[i], bq, sizeof bq));
+    if (n->inputs[i]->dtype != q->dtype)
+      return KL_NODE_FAIL(n, err, "q, k and v must share a dtype, got %s and %s",
+                          kl_value_str(q, bq, sizeof bq), kl_value_str(n->inputs[i], bk, sizeof bk));
+  }
+  const int64_t *Q = q->shape.dims, *K = k->shape.dims, *V = v->shape.dims;
+  if (K[0] != Q[0] || V[0] != Q[0] || K[1] != V[1] || K[2] != V[2] || K[3] != Q[3] ||
+      K[1] < 1 || Q[1] % K[1] != 0)
+    return KL_NODE_FAIL(n, err,
+                        "q %s, k %s and v %s do not fit: one batch, k and v one head count "
+                        "dividing q's and one key count, q and k one head size",
+                        kl_value_str(q, bq, sizeof bq), kl_value_str(k, bk, sizeof bk),
+                        kl_value_str(v, bv, sizeof bv));
+  attn_inputs in = attention_inputs(n);
+  int nmask = 0, nlen = 0;
+  for (int i = 3; i < n->ninputs; i++) *(i == in.mask ? &nmask : &nlen) += 1;
+  if (nmask > 1 || nlen > 1 || (in.mask > 0 && in.lengths > 0 && in.lengths < in.mask))
+    return KL_NODE_FAIL(n, err, "the inputs after v are a mask, then the key lengths");
+  if (in.mask > 0) {
+    const kl_value *m = n->inputs[in.mask];
+    int64_t d4[4], want[4] = {Q[0], Q[1], Q[2], K[2]};
+    bool ok = (m->dtype == KL_BOOL || m->dtype == q->dtype) && m->shape.rank >= 1 &&
+              m->shape.rank <= 4;
+    if (ok) mask_dims4(&m->shape, d4);
+    for (int d = 0; ok && d < 3; d++) ok = d4[d] == 1 || d4[d] == want[d];
+    if (!ok || d4[3] > K[2])
+      return KL_NODE_FAIL(n, err,
+                          "mask %s must be bool or q's dtype and broadcast to [%lld, %lld, %lld, "
+                          "at most %lld keys]",
+                          kl_value_str(m, bk, sizeof bk), (long long)want[0], (long long)want[1],
+                          (long long)want[2], (long long)want[3]);
+  }
+  if (in.lengths > 0) {
+    const kl_value *l = n->inputs[in.lengths];
+    if (l->shape.rank != 1 || l->shape.dims[0] != Q[0])
+      return KL_NODE_FAIL(n, err, "key lengths %s must be [%lld], one per batch",
+                          kl_value_str(l, bk, sizeof bk), (long long)Q[0]);
+  }
+  int64_t past = kl_attr_int(n, "past", 0), scores = kl_attr_int(n, "scores", -1);
+  if (past < 0 || past > K[2])
+    return KL_NODE_FAIL(n, err, "past %lld must be in [0, %lld], the key count", (long long)past,
+                        (long long)K[2]);
+  if (scores < -1 || scores > 3)
+    return KL_NODE_FAIL(n, err, "scores must be -1 (the output) or 0..3, not %lld",
+                        (long long)scores);
+  if (kl_attr_int(n, "window_left", -1) < -1 || kl_attr_int(n, "window_right", -1) < -1)
+    return KL_NODE_FAIL(n, err, "window_left and window_right must be -1 or >= 0");
+  kl_shape y = {.rank = 4, .dims = {Q[0], Q[1], Q[2], scores < 0 ? V[3] : K[2]}};
+  kl_set_output(n, 0, q->dtype, &y);
+  return 0;
+}
+
+/* The additive bias of key j for query i of (b, h): 0 or -inf from the
+ * causal rule, the window and the key length, plus the mask's value. */
+typedef struct {
+  const kl_tensor *mask, *lengths;
+  int64_t mstride[4], mlen; /* the mask's strides over [B,Hq,Sq,M], its M */
+  int64_t sq, past, left, right;
+  bool causal;
+} attn_bias;
+
+static double bias_at(const attn_bias *a, int64_t b, int64_t h, int64_t i, int64_t j) {
+  int64_t off = a->past;
+  if (a->lengths) {
+    int64_t len = (int64_t)a->lengths->data[b];
+    if (j >= len) return -INFINITY;
+    off = len - a->sq;
+  }
+  if (a->causal && j > i + off) return -INFINITY;
+  if (a->left >= 0 && i + off - j > a->left) return -INFINITY;
+  if (a->right >= 0 && j - (i + off) > a->right) return -INFINITY;
+  if (!a->mask) return 0;
+  if (j >= a->mlen) return -INFINITY;
+  double m = a->mask->data[b * a->mstride[0] + h * a->mstride[1] + i * a->mstride[2] +
+                           j * a->mstride[3]];
+  if (a->mask->dtype == KL_BOOL) return m != 0 ? 0 : -INFINITY;
+  return m;
+}
+
+int kl_eval_ATTENTION(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  const kl_tensor *q = in[0], *k = in[1], *v = in[2];
+  const int64_t *Q = q->shape.dims, *K = k->shape.dims, *V = v->shape.dims;
+  int64_t B = Q[0], hq = Q[1], sq = Q[2], d = Q[3], hkv = K[1], skv = K[2], dv = V[3];
+  int scores = (int)kl_attr_int(n, "scores", -1);
+  double scale = kl_attr_float(n, "scale", 0), cap = kl_attr_float(n, "softcap", 0);
+  if (scale == 0) scale = 1 / sqrt((double)d);
+  attn_inputs ai = attention_inputs(n);
+  attn_bias ab = {.mask = ai.mask > 0 ? in[ai.mask] : NULL,
+                  .lengths = ai.lengths > 0 ? in[ai.lengths] : NULL,
+                  .sq = sq,
+                  .past = kl_attr_int(n, "past", 0),
+                  .left = kl_attr_int(n, "window_left", -1),
+                  .right = kl_attr_int(n, "window_right", -1),
+                  .causal = kl_attr_int(n, "causal", 0) != 0};
+  if (ab.mask) {
+    int64_t d4[4], st = 1;
+    mask_dims4(&ab.mask->shape, d4);
+    for (int x = 3; x >= 0; x--) {
+      ab.mstride[x] = d4[x] == 1 ? 0 : st;
+      st *= d4[x];
+    }
+    ab.mstride[3] = 1, ab.mlen = d4[3];
+  }
+  double *x = malloc(2 * (size_t)(skv ? skv : 1) * sizeof *x);
+  if (!x) return KL_NODE_FAIL(n, err, "out of memory");
+  double *s = x + skv;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < hq; h++) {
+      int64_t kh = h / (hq / hkv);
+      const double *kb = k->data + (b * hkv + kh) * skv * d, *vb = v->data + (b * hkv + kh) * skv * dv;
+      for (int64_t i = 0; i < sq; i++) {
+        const double *qr = q->data + ((b * hq + h) * sq + i) * d;
+        double *yr = out[0]->data + ((b * hq + h) * sq + i) * (scores < 0 ? dv : skv);
+        bool all_masked = true;
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < skv; j++) {
+          double dot = 0;
+          for (int64_t e = 0; e < d; e++) dot += qr[e] * kb[j * d + e];
+          s[j] = dot * scale;
+          if (cap > 0) s[j] = cap * tanh(s[j] / cap);
+          double bias = bias_at(&ab, b, h, i, j);
+          if (bias != -INFINITY) all_masked = false;
+          x[j] = s[j] + bias;
+          if (x[j] > mx || isnan(x[j])) mx = x[j];
+        }
+        if (scores == 0 || scores == 1 || scores == 2) {
+          for (int64_t j = 0; j < skv; j++) yr[j] = scores == 2 ? x[j] : s[j];
+          continue;
+        }
+        /* the probabilities, into x: a row of -inf gives zeros, not NaN */
+        if (mx == -INFINITY) mx = 0;
+        double sum = 0;
+        for (int64_t j = 0; j < skv; j++) sum += x[j] = exp(x[j] - mx);
+        if (sum == 0) sum = 1;
+        for (int64_t j = 0; j < skv; j++) x[j] = all_masked ? 0 : x[j] / sum;
+        if (scores == 3) {
+          memcpy(yr, x, (size_t)skv * sizeof *x);
+          continue;
+        }
+        for (int64_t e = 0; e < dv; e++) {
+          double acc = 0;
+          for (int64_t j = 0; j < skv; j++) acc += x[j] * vb[j * dv + e];
+          yr[e] = acc;
+        }
+      }
+    }
+  free(x);
+  return 0;
+}
+
+/* ---- linear_attention ------------------------------------------------ */
+/* The rule's flags and where the optional inputs sit (-1: absent). */
+typedef struct {
+  bool gated, delta;
+  int past, decay, beta;
+  int64_t b, t, hq, hkv, dk, dv;
+} lin_attn;
+
+static int linear_attention_layout(const kl_node *n, kl_error *err, lin_attn *o) {
+  const char *rule = kl_attr_string(n, "rule", "");
+  static const char *const rules[] = {"linear", "gated", "delta", "gated_delta"};
+  int r = -1;
+  for (int i = 0; i < 4; i++)
+    if (!strcmp(rule, rules[i])) r = i;
+  if (r < 0)
+    return KL_NODE_FAIL(n, err, "rule must be \"linear\", \"gated\", \"delta\" or \"gated_delta\", "
+                                "not \"%s\"", rule);
+  *o = (lin_attn){.gated = r & 1, .delta = r >= 2, .past = -1, .decay = -1, .beta = -1};
+  int k = 3;
+  if (kl_attr_int(n, "past", 0)) o->past = k++;
+  if (o->gated) o->decay = k++;
+  if (o->delta) o->beta = k++;
+  if (k != n->ninputs)
+    return KL_NODE_FAIL(n, err, "takes q, k, v%s%s%s (%d inputs), got %d",
+                        o->past > 0 ? ", past" : "", o->gated ? ", decay" : "",
+                        o->delta ? ", beta" : "", k, n->ninputs);
+  const kl_shape *q = &n->inputs[0]->shape, *kk = &n->inputs[1]->shape, *v = &n->inputs[2]->shape;
+  o->hq = kl_attr_int(n, "q_heads", 0), o->hkv = kl_attr_int(n, "kv_heads", 0);
+  char b1[200];
+  if (o->hq < 1 || o->hkv < 1 || o->hq % o->hkv)
+    return KL_NODE_FAIL(n, err, "q_heads %lld must be a positive multiple of kv_heads %lld",
+                        (long long)o->hq, (long long)o->hkv);
+  for (int i = 0; i < 3; i++) {
+    const kl_shape *s = &n->inputs[i]->shape;
+    int64_t h = i ? o->hkv : o->hq;
+    if (s->rank != 3 || s->dims[0] != q->dims[0] || s->dims[1] != q->dims[1] || s->dims[2] % h)
+      return KL_NODE_FAIL(n, err, "q, k and v must be [B, T, heads * size] of one B and T, "
+                                  "got %s", kl_value_str(n->inputs[i], b1, sizeof b1));
+  }
+  o->b = q->dims[0], o->t = q->dims[1], o->dk = kk->dims[2] / o->hkv, o->dv = v->dims[2] / o->hkv;
+  if (q->dims[2] / o->hq != o->dk)
+    return KL_NODE_FAIL(n, err, "q's head size %lld differs from k's %lld",
+                        (long long)(q->dims[2] / o->hq), (long long)o->dk);
+  return 0;
+}
+
+int kl_infer_LINEAR_ATTENTION(kl_node *n, kl_error *err) {
+  lin_attn a;
+  for (int i = 0; i < n->ninputs; i++)
+    if (kl_need_float(n, err, n->inputs[i])) return -1;
+  if (linear_attention_layout(n, err, &a)) return -1;
+  char b1[200];
+  kl_shape st = {.rank = 4, .dims = {a.b, a.hkv, a.dk, a.dv}};
+  if (a.past > 0 && !kl_shape_equal(&n->inputs[a.past]->shape, &st))
+    return KL_NODE_FAIL(n, err, "past %s must be [%lld, %lld, %lld, %lld]",
+                        kl_value_str(n->inputs[a.past], b1, sizeof b1), (long long)a.b,
+                        (long long)a.hkv, (long long)a.dk, (long long)a.dv);
+  int which[2] = {a.decay, a.beta};
+  for (int w = 0; w < 2; w++) {
+    if (which[w] < 0) continue;
+    const kl_shape *s = &n->inputs[which[w]]->shape;
+    int64_t last = s->rank == 3 ? s->dims[2] : -1;
+    bool ok = s->rank == 3 && s->dims[0] == a.b && s->dims[1] == a.t &&
+              (w == 0 ? last == a.hkv || last == a.hkv * a.dk : last == a.hkv || last == 1);
+    if (!ok)
+      return KL_NODE_FAIL(n, err, "%s %s must be [%lld, %lld, %s]", w ? "beta" : "decay",
+                          kl_value_str(n->inputs[which[w]], b1, sizeof b1), (long long)a.b,
+                          (long long)a.t, w ? "kv_heads or 1" : "kv_heads or kv_heads * Dk");
+  }
+  kl_shape y = {.rank = 3, .dims = {a.b, a.t, a.hq * a.dv}};
+  kl_set_output(n, 0, n->inputs[0]->dtype, &y);
+  kl_set_output(n, 1, a.past > 0 ? n->inputs[a.past]->dtype : n->inputs[0]->dtype, &st);
+  return 0;
+}
+
+int kl_eval_LINEAR_ATTENTION(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  lin_attn a;
+  if (linear_attention_layout(n, err, &a)) return -1;
+  double scale = kl_attr_float(n, "scale", 0);
+  if (scale == 0) scale = 1 / sqrt((double)a.dk);
+  int64_t group = a.hq / a.hkv, dl = a.decay > 0 ? in[a.decay]->shape.dims[2] : 0;
+  int64_t bl = a.beta > 0 ? in[a.beta]->shape.dims[2] : 0;
+  double *S = out[1]->data; /* [B, Hkv, Dk, Dv], updated in place */
+  for (int64_t i = 0; i < out[1]->numel; i++) S[i] = a.past > 0 ? in[a.past]->data[i] : 0;
+  double *vt = malloc((size_t)(a.dv ? a.dv : 1) * sizeof *vt);
+  if (!vt) return KL_NODE_FAIL(n, err, "out of memory");
+  for (int64_t b = 0; b < a.b; b++)
+    for (int64_t h = 0; h < a.hkv; h++) {
+      double *s = S + (b * a.hkv + h) * a.dk * a.dv;
+      for (int64_t t = 0; t < a.t; t++) {
+        int64_t bt = b * a.t + t;
+        const double *kt = in[1]->data + (bt * a.hkv + h) * a.dk;
+        const double *v = in[2]->data + (bt * a.hkv + h) * a.dv;
+        for (int64_t d = 0; d < a.dk && a.gated; d++) {
+          const double *g = in[a.decay]->data + bt * dl;
+          double f = exp(dl == a.hkv ? g[h] : g[h * a.dk + d]);
+          for (int64_t m = 0; m < a.dv; m++) s[d * a.dv + m] *= f;
+        }
+        for (int64_t m = 0; m < a.dv; m++) {
+          vt[m] = v[m];
+          if (!a.delta) continue;
+          double got = 0;
+          for (int64_t d = 0; d < a.dk; d++) got += s[d * a.dv + m] * kt[d];
+          vt[m] = in[a.beta]->data[bt * bl + (bl == 1 ? 0 : h)] * (v[m] - got);
+        }
+        for (int64_t d = 0; d < a.dk; d++)
+          for (int64_t m = 0; m < a.dv; m++) s[d * a.dv + m] += kt[d] * vt[m];
+        for (int64_t g = 0; g < group; g++) {
+          int64_t hq = h * group + g;
+          const double *qt = in[0]->data + (bt * a.hq + hq) * a.dk;
+          double *y = out[0]->data + (bt * a.hq + hq) * a.dv;
+          for (int64_t m = 0; m < a.dv; m++) {
+            double acc = 0;
+            for (int64_t d = 0; d < a.dk; d++) acc += qt[d] * s[d * a.dv + m];
+            y[m] = scale * acc;
+          }
+        }
+      }
+    }
+  free(vt);
   return 0;
 }

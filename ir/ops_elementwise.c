@@ -85,6 +85,12 @@ static double sigmoid(double x) {
 }
 static double f_sigmoid(double x, double p) { (void)p; return sigmoid(x); }
 static double f_silu(double x, double p) { (void)p; return x * sigmoid(x); }
+static double f_swish(double x, double alpha) { return x * sigmoid(alpha * x); }
+/* softplus split by sign (no overflow), as ops_math.c's */
+static double f_mish(double x, double p) {
+  (void)p;
+  return x * tanh(log1p(exp(-fabs(x))) + (x > 0 ? x : 0));
+}
 /* `x < 0` rather than `x > 0` so NaN passes through. */
 static double f_relu(double x, double p) { (void)p; return x < 0 ? 0.0 : x; }
 static double f_leaky(double x, double alpha) { return x < 0 ? alpha * x : x; }
@@ -120,6 +126,17 @@ UNARY_ROW(SIGMOID, T_FLOAT, f_sigmoid)
 UNARY_ROW(RELU, T_NUMERIC, f_relu)
 UNARY_ROW(SILU, T_FLOAT, f_silu)
 UNARY_ROW(ERF, T_FLOAT, f_erf)
+UNARY_ROW(MISH, T_FLOAT, f_mish)
+
+int kl_infer_SWISH(kl_node *n, kl_error *err) {
+  return infer_unary(n, err, T_FLOAT);
+}
+
+int kl_eval_SWISH(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                  kl_error *err) {
+  (void)err;
+  return eval_unary(in[0], out[0], f_swish, kl_attr_float(n, "alpha", 1.0));
+}
 
 int kl_infer_LEAKY_RELU(kl_node *n, kl_error *err) {
   return infer_unary(n, err, T_FLOAT);

@@ -414,3 +414,79 @@ int kl_eval_NLL_LOSS(const kl_node *n, kl_tensor **in, kl_tensor **out,
   if (red == RED_MEAN) out[0]->data[0] = total / wsum;
   return 0;
 }
+
+/* ---- rotary ---------------------------------------------------------- */
+/* x's layout: B, H, S, D and the strides of h and s in x (a [B,S,H*D] x
+ * has them swapped). */
+typedef struct {
+  int64_t b, h, s, d, r, sh, ss;
+} rotary_dims;
+
+static int rotary_layout(const kl_node *n, kl_error *err, const kl_shape *x, rotary_dims *o) {
+  char bx[200];
+  if (x->rank == 4) {
+    *o = (rotary_dims){.b = x->dims[0], .h = x->dims[1], .s = x->dims[2], .d = x->dims[3]};
+    o->sh = o->s * o->d, o->ss = o->d;
+  } else if (x->rank == 3) {
+    int64_t h = kl_attr_int(n, "num_heads", 0);
+    if (h < 1 || x->dims[2] % h)
+      return KL_NODE_FAIL(n, err, "a 3-D x %s needs num_heads dividing its last dim, got %lld",
+                          kl_shape_str(x, bx, sizeof bx), (long long)h);
+    *o = (rotary_dims){.b = x->dims[0], .h = h, .s = x->dims[1], .d = x->dims[2] / h};
+    o->sh = o->d, o->ss = h * o->d;
+  } else {
+    return KL_NODE_FAIL(n, err, "x must be [B,H,S,D] or [B,S,H*D], got %s",
+                        kl_shape_str(x, bx, sizeof bx));
+  }
+  o->r = kl_attr_int(n, "rotary_dim", 0);
+  if (o->r == 0) o->r = o->d;
+  if (o->r < 0 || o->r > o->d || o->r % 2)
+    return KL_NODE_FAIL(n, err, "rotary_dim %lld must be even and at most the head size %lld",
+                        (long long)o->r, (long long)o->d);
+  return 0;
+}
+
+int kl_infer_ROTARY(kl_node *n, kl_error *err) {
+  const kl_value *x = n->inputs[0];
+  rotary_dims rd;
+  if (kl_need_float(n, err, x) || rotary_layout(n, err, &x->shape, &rd)) return -1;
+  for (int k = 1; k < 3; k++) {
+    const kl_value *c = n->inputs[k];
+    const kl_shape *cs = &c->shape;
+    char bc[256];
+    bool ok = c->dtype == x->dtype && (cs->rank == 2 || cs->rank == 3) &&
+              cs->dims[cs->rank - 1] == rd.r / 2 && cs->dims[cs->rank - 2] == rd.s &&
+              (cs->rank == 2 || cs->dims[0] == 1 || cs->dims[0] == rd.b);
+    if (!ok)
+      return KL_NODE_FAIL(n, err, "%s %s must be x's dtype and [%lld, %lld, %lld]",
+                          k == 1 ? "cos" : "sin", kl_value_str(c, bc, sizeof bc),
+                          (long long)rd.b, (long long)rd.s, (long long)(rd.r / 2));
+  }
+  kl_set_output(n, 0, x->dtype, &x->shape);
+  return 0;
+}
+
+int kl_eval_ROTARY(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  const kl_tensor *x = in[0];
+  rotary_dims rd;
+  if (rotary_layout(n, err, &x->shape, &rd)) return -1;
+  bool inter = kl_attr_int(n, "interleaved", 0) != 0;
+  int64_t half = rd.r / 2;
+  /* cos and sin of batch b at s: [B|1, S, R/2] or [S, R/2] */
+  int64_t cb = in[1]->shape.rank == 3 && in[1]->shape.dims[0] > 1 ? rd.s * half : 0;
+  for (int64_t b = 0; b < rd.b; b++)
+    for (int64_t h = 0; h < rd.h; h++)
+      for (int64_t s = 0; s < rd.s; s++) {
+        int64_t base = b * rd.h * rd.s * rd.d + h * rd.sh + s * rd.ss;
+        const double *xr = x->data + base, *cr = in[1]->data + b * cb + s * half,
+                     *sr = in[2]->data + b * cb + s * half;
+        double *yr = out[0]->data + base;
+        for (int64_t d = rd.r; d < rd.d; d++) yr[d] = xr[d];
+        for (int64_t p = 0; p < half; p++) {
+          int64_t i1 = inter ? 2 * p : p, i2 = inter ? 2 * p + 1 : p + half;
+          yr[i1] = xr[i1] * cr[p] - xr[i2] * sr[p];
+          yr[i2] = xr[i1] * sr[p] + xr[i2] * cr[p];
+        }
+      }
+  return 0;
+}

@@ -133,6 +133,26 @@ vi_model.graph.value_info.append(vi("h", [2, 4]))
 write("value_info_mismatch", "value 'h' has rank 2 or dims in value_info that differ",
       m=vi_model)
 
+# Attention and RotaryEmbedding: inputs that do not fit name the node
+def attention(ins, attrs, shapes, opset=23):
+    return model([helper.make_node("Attention", ins, ["y"], name="attn", **attrs)],
+                 [vi(n, sh) for n, sh in zip(ins, shapes) if n], [vi("y", [1])], opset=opset)
+
+
+write("attention_heads_not_dividing", "do not fit",
+      m=attention(["q", "k", "v"], {}, [[1, 3, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8]]))
+write("attention_3d_no_heads", "Q's hidden size 8 is not a multiple of its head count 0",
+      m=attention(["q", "k", "v"], {}, [[1, 4, 8], [1, 4, 8], [1, 4, 8]]))
+write("attention_past_key_alone", "past_key and past_value must be given together",
+      m=attention(["q", "k", "v", "", "pk"], {}, [[1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8],
+                                                 None, [1, 2, 3, 8]]))
+write("attention_mask_too_long", "at most 4 keys",
+      m=attention(["q", "k", "v", "m"], {}, [[1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], [4, 6]]))
+write("rotary_bad_cache", "must be x's dtype and [2, 3, 4]",
+      m=model([helper.make_node("RotaryEmbedding", ["x", "c", "s"], ["y"], name="rope")],
+              [vi("x", [2, 4, 3, 8]), vi("c", [2, 3, 3]), vi("s", [2, 3, 3])], [vi("y", [1])],
+              opset=23))
+
 
 # LpNormalization and GroupNormalization: bad attributes, and good ones
 lp = lambda p: model([helper.make_node("LpNormalization", ["x"], ["y"], name="lp", p=p)],

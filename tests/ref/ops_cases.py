@@ -364,6 +364,8 @@ def gen_unary():
         "leaky_relu": (lambda x: np.where(x < 0, 0.01 * x, x), anyv),
         "gelu": (gelu, anyv),
         "silu": (lambda x: x * sigmoid(x), anyv),
+        "swish": (lambda x: x * sigmoid(x), anyv),
+        "mish": (lambda x: x * np.tanh(np.log1p(np.exp(x))), anyv),
         "erf": (erf, anyv),
     }
     for op, (fn, gen) in ops.items():
@@ -405,6 +407,10 @@ def gen_unary():
         x = randn(r, (3, 7), scale=2.0)
         case(name, [("x", x)], "output y = gelu(x, %s)" % src,
              [f32(gelu_tanh(x))])
+    r = rng_for("swish_alpha")
+    x = randn(r, (3, 7), scale=3.0)
+    case("swish_alpha", [("x", x)], "output y = swish(x, alpha=0.5)",
+         [f32(x * sigmoid(0.5 * x.astype(np.float64)))])
     r = rng_for("gelu_none")
     x = randn(r, (3, 7), scale=2.0)
     case("gelu_none", [("x", x)], 'output y = gelu(x, approximate="none")',
@@ -3358,6 +3364,203 @@ def gen_small_types():
          [np.where(codes >= 8, codes.astype(np.int16) - 16, codes).astype(np.int8)])
 
 
+
+# attention and rotary embeddings (ONNX Attention / RotaryEmbedding
+# semantics, written here from ir/ops.def's description)
+
+def attention_ref(q, k, v, mask=None, lens=None, scale=0.0, softcap=0.0,
+                  causal=0, past=0, wl=-1, wr=-1, scores=-1):
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    B, hq, sq, d = q.shape
+    skv = k.shape[2]
+    kk = np.repeat(k, hq // k.shape[1], axis=1)
+    vv = np.repeat(v, hq // v.shape[1], axis=1)
+    s = q @ np.swapaxes(kk, -1, -2) * (scale or 1 / math.sqrt(d))
+    if softcap > 0:
+        s = softcap * np.tanh(s / softcap)
+    i = np.arange(sq)[:, None]
+    j = np.arange(skv)[None, :]
+    allowed = np.ones((B, 1, sq, skv), bool)
+    for b in range(B):
+        off = lens[b] - sq if lens is not None else past
+        if causal:
+            allowed[b, 0] &= j <= i + off
+        if wl >= 0:
+            allowed[b, 0] &= i + off - j <= wl
+        if wr >= 0:
+            allowed[b, 0] &= j - (i + off) <= wr
+        if lens is not None:
+            allowed[b, 0] &= j < lens[b]
+    bias = np.where(allowed, 0.0, -np.inf)
+    if mask is not None:
+        pad = skv - mask.shape[-1]
+        if mask.dtype == np.bool_:
+            mb = np.where(mask, 0.0, -np.inf)
+        else:
+            mb = mask.astype(np.float64)
+        mb = np.concatenate([mb, np.full(mb.shape[:-1] + (pad,), -np.inf)], -1)
+        bias = bias + mb
+    x = s + bias
+    if scores in (0, 1):
+        return s
+    if scores == 2:
+        return x
+    m = x.max(-1, keepdims=True)
+    m = np.where(m == -np.inf, 0.0, m)
+    e = np.exp(x - m)
+    tot = e.sum(-1, keepdims=True)
+    p = e / np.where(tot == 0, 1.0, tot)
+    p = np.where(np.all(bias == -np.inf, -1, keepdims=True), 0.0, p)
+    if scores == 3:
+        return p
+    return p @ vv
+
+
+def rotary_ref(x, c, s, rdim=0, inter=False, heads=0):
+    x = np.asarray(x, np.float64)
+    shape = x.shape
+    if x.ndim == 3:  # [B,S,H*D] -> [B,H,S,D]
+        x = x.reshape(shape[0], shape[1], heads, -1).transpose(0, 2, 1, 3)
+    r = rdim or x.shape[-1]
+    c = np.asarray(c, np.float64)
+    s = np.asarray(s, np.float64)
+    if c.ndim == 2:
+        c, s = c[None], s[None]
+    c, s = c[:, None], s[:, None]  # [B,1,S,R/2]
+    y = x.copy()
+    if inter:
+        x1, x2 = x[..., 0:r:2], x[..., 1:r:2]
+        y[..., 0:r:2] = x1 * c - x2 * s
+        y[..., 1:r:2] = x1 * s + x2 * c
+    else:
+        x1, x2 = x[..., :r // 2], x[..., r // 2:r]
+        y[..., :r // 2] = x1 * c - x2 * s
+        y[..., r // 2:r] = x1 * s + x2 * c
+    if len(shape) == 3:
+        y = y.transpose(0, 2, 1, 3).reshape(shape)
+    return y
+
+
+def gen_attention():
+    def qkv(name, B, hq, hkv, sq, skv, d, dv, dt=np.float32):
+        r = rng_for(name)
+        return (r, randn(r, (B, hq, sq, d), dt), randn(r, (B, hkv, skv, d), dt),
+                randn(r, (B, hkv, skv, dv), dt))
+    ins = lambda q, k, v: [("q", q), ("k", k), ("v", v)]
+
+    r, q, k, v = qkv("attn_op_basic", 2, 3, 3, 4, 6, 8, 5)
+    case("attn_op_basic", ins(q, k, v), "output y = attention(q, k, v)",
+         [f32(attention_ref(q, k, v))])
+    # grouped heads, a cache of 4 keys before the 3 queries, causal
+    r, q, k, v = qkv("attn_op_gqa_causal_past", 1, 4, 2, 3, 7, 8, 6)
+    case("attn_op_gqa_causal_past", ins(q, k, v),
+         "output y = attention(q, k, v, causal=1, past=4, scale=0.3)",
+         [f32(attention_ref(q, k, v, causal=1, past=4, scale=0.3))])
+    # a bool mask over the first 4 of 6 keys, broadcast over batch and
+    # heads, with a soft cap; one query row masked everywhere gives zeros
+    r, q, k, v = qkv("attn_op_bool_mask_softcap", 2, 2, 2, 3, 6, 4, 4)
+    m = r.random((3, 4)) < 0.7
+    m[1] = False
+    case("attn_op_bool_mask_softcap", ins(q, k, v) + [("m", m)],
+         "output y = attention(q, k, v, m, softcap=1.5)",
+         [f32(attention_ref(q, k, v, m, softcap=1.5))])
+    # a float mask with key lengths per batch, causal from the lengths
+    r, q, k, v = qkv("attn_op_float_mask_lengths", 2, 2, 1, 4, 6, 8, 8)
+    m = randn(r, (2, 1, 4, 6))
+    lens = np.array([6, 5], np.int64)
+    case("attn_op_float_mask_lengths", ins(q, k, v) + [("m", m), ("n", lens)],
+         "output y = attention(q, k, v, m, n, causal=1)",
+         [f32(attention_ref(q, k, v, m, lens, causal=1))])
+    # a local window around each query, after 2 cached keys
+    r, q, k, v = qkv("attn_op_window", 1, 2, 2, 5, 7, 4, 3)
+    case("attn_op_window", ins(q, k, v),
+         "output y = attention(q, k, v, past=2, window_left=2, window_right=1)",
+         [f32(attention_ref(q, k, v, past=2, wl=2, wr=1))])
+    # the scores outputs, with a fully masked row
+    r, q, k, v = qkv("attn_op_scores", 1, 2, 2, 3, 5, 4, 4)
+    m = r.random((1, 2, 3, 5)) < 0.6
+    m[0, 1, 2] = False
+    for mode in (0, 2, 3):
+        case("attn_op_scores_%d" % mode, ins(q, k, v) + [("m", m)],
+             "output y = attention(q, k, v, m, softcap=2.0, scores=%d)" % mode,
+             [f32(attention_ref(q, k, v, m, softcap=2.0, scores=mode))])
+    # more keys than a warp has lanes, more value columns too
+    r, q, k, v = qkv("attn_op_long", 1, 2, 1, 3, 70, 16, 40)
+    case("attn_op_long", ins(q, k, v), "output y = attention(q, k, v, causal=1, past=67)",
+         [f32(attention_ref(q, k, v, causal=1, past=67))])
+    r, q, k, v = qkv("attn_op_f64", 1, 2, 2, 3, 5, 4, 4, np.float64)
+    case("attn_op_f64", ins(q, k, v), "output y = attention(q, k, v, causal=1)",
+         [attention_ref(q, k, v, causal=1)])
+    r, q, k, v = qkv("attn_op_f16", 1, 2, 2, 3, 5, 8, 8, np.float16)
+    case("attn_op_f16", ins(q, k, v), "output y = attention(q, k, v)",
+         [as_dt(attention_ref(q, k, v), np.float16)],
+         tol={"rtol": 2e-3, "atol": 2e-3})
+
+    # linear attention: the recurrence written out per time step
+    def linear_attention_ref(q, k, v, hq, hkv, rule, past=None, decay=None,
+                             beta=None, scale=0.0):
+        q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+        B, T = q.shape[:2]
+        dk, dv = k.shape[2] // hkv, v.shape[2] // hkv
+        q4 = q.reshape(B, T, hq, dk)
+        k4 = k.reshape(B, T, hkv, dk)
+        v4 = v.reshape(B, T, hkv, dv)
+        S = (np.zeros((B, hkv, dk, dv)) if past is None
+             else np.asarray(past, np.float64).copy())
+        y = np.zeros((B, T, hq, dv))
+        g = hq // hkv
+        for t in range(T):
+            if "gated" in rule:
+                dt = np.asarray(decay[:, t], np.float64)
+                f = (np.exp(dt)[:, :, None, None] if dt.shape[-1] == hkv
+                     else np.exp(dt.reshape(B, hkv, dk))[..., None])
+                S = S * f
+            vt = v4[:, t]
+            if "delta" in rule:
+                bt = np.asarray(beta[:, t], np.float64)[:, :, None]
+                vt = bt * (vt - np.einsum("bhdm,bhd->bhm", S, k4[:, t]))
+            S = S + k4[:, t][..., None] * vt[:, :, None, :]
+            y[:, t] = (scale or 1 / math.sqrt(dk)) * np.einsum(
+                "bhd,bhdm->bhm", q4[:, t], np.repeat(S, g, axis=1))
+        return y.reshape(B, T, hq * dv), S
+
+    r = rng_for("linear_attention_gated_delta")
+    q, k, v = randn(r, (2, 5, 16)), randn(r, (2, 5, 8)), randn(r, (2, 5, 6))
+    past = randn(r, (2, 2, 4, 3))
+    decay = unif(r, (2, 5, 8), -0.5, 0.0)
+    beta = unif(r, (2, 5, 2), 0.2, 1.0)
+    y, S = linear_attention_ref(q, k, v, 4, 2, "gated_delta", past, decay, beta)
+    case("linear_attention_gated_delta",
+         [("q", q), ("k", k), ("v", v), ("p", past), ("g", decay), ("b", beta)],
+         'let y, s = linear_attention(q, k, v, p, g, b, q_heads=4, kv_heads=2, '
+         'rule="gated_delta", past=1)\noutput y\noutput s', [f32(y), f32(S)])
+    r = rng_for("linear_attention_linear")
+    q, k, v = randn(r, (1, 4, 8)), randn(r, (1, 4, 8)), randn(r, (1, 4, 8))
+    y, S = linear_attention_ref(q, k, v, 2, 2, "linear", scale=0.5)
+    case("linear_attention_linear", [("q", q), ("k", k), ("v", v)],
+         'let y, s = linear_attention(q, k, v, q_heads=2, kv_heads=2, '
+         'rule="linear", scale=0.5)\noutput y\noutput s', [f32(y), f32(S)])
+
+    # rotary: halves over part of each head, [B,H,S,D]
+    r = rng_for("rotary_halves")
+    x = randn(r, (2, 3, 4, 8))
+    ang = randn(r, (2, 4, 2))
+    c, s = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    case("rotary_halves", [("x", x), ("c", c), ("s", s)],
+         "output y = rotary(x, c, s, rotary_dim=4)",
+         [f32(rotary_ref(x, c, s, rdim=4))])
+    # interleaved pairs, [B,S,H*D], caches shared by the batch
+    r = rng_for("rotary_interleaved_3d")
+    x = randn(r, (2, 3, 12))
+    ang = randn(r, (3, 3))
+    c, s = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    case("rotary_interleaved_3d", [("x", x), ("c", c), ("s", s)],
+         "output y = rotary(x, c, s, num_heads=2, interleaved=1)",
+         [f32(rotary_ref(x, c, s, inter=True, heads=2))])
+
+
+# --------------------------------------------------------------------------
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: ops_cases.py OUTDIR")
@@ -3367,7 +3570,7 @@ def main():
     for g in [gen_unary, gen_cast, gen_small_types, gen_binary, gen_reduce, gen_norm,
               gen_contract, gen_pool, gen_movement, gen_sources, gen_loss,
               gen_edge, gen_ext_math, gen_ext_nn, gen_ext_tensor,
-              gen_spatial]:
+              gen_spatial, gen_attention]:
         g()
     os.makedirs(out, exist_ok=True)
     for c in CASES:
