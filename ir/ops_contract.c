@@ -892,6 +892,8 @@ int kl_eval_COL2IM(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *
         }
         if (inside) y->data[pl * img + at] += x->data[(pl * k + b) * l + q];
       }
+  return 0;
+}
 
 /* ---- attention ------------------------------------------------------- */
 /* The optional inputs after q, k, v: a mask (bool or q's dtype) then the
