@@ -401,7 +401,7 @@ static void report_culprit(const round_result *r, const kl_node *n) {
   }
   printf("first divergent node: ");
   describe_node(stdout, n);
-  printf(", output '%s': ", worst->name);
+  printf(", output '%s': ", kl_value_label(worst));
   print_diff(stdout, wd, &worst->shape);
   /* inputs, weights and constants are the same numbers in both graphs; a
    * value the precision pass added (a cast) has nothing to compare with */
@@ -415,7 +415,7 @@ static void report_culprit(const round_result *r, const kl_node *n) {
   for (int k = 0; k < n->ninputs; k++) {
     const kl_value *in = n->inputs[k];
     const diff *d = result_of(r, in);
-    printf("    '%s': ", in->name);
+    printf("    '%s': ", kl_value_label(in));
     if (!in->producer) printf("%s\n", in->kind == KL_VAL_INPUT ? "graph input" : "weight");
     else if (d) {
       print_diff(stdout, d, &in->shape);
@@ -605,7 +605,7 @@ static int check_outputs(checker *c, kl_value **first, const char *model, const 
       diff d;
       compare(got[i], want[i], tolerance(&c->anc, v), &d);
       char shape[160];
-      printf("output %d '%s' %s%s: %s\n  ", i, v->name, kl_dtype_name(v->dtype),
+      printf("output %d '%s' %s%s: %s\n  ", i, kl_value_label(v), kl_dtype_name(v->dtype),
              kl_shape_str(&v->shape, shape, sizeof shape), d.ok ? "ok" : "BEYOND tolerance");
       print_diff(stdout, &d, &v->shape);
       printf("\n");
@@ -695,7 +695,7 @@ int kiln_cmd_check(int argc, char **argv) {
     printf("%s\n", rc == CHECK_OK ? "all outputs within tolerance" : "outputs differ");
     goto done;
   }
-  printf("bisecting from output '%s'\n", first->name);
+  printf("bisecting from output '%s'\n", kl_value_label(first));
   rc = bisect(&c, first);
   if (rc != CHECK_ERROR) printf("compiles: %d\n", c.compiles);
 done:
