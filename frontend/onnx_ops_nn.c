@@ -616,6 +616,29 @@ static int convert_col2im(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* DFT: dft_length (input 1) and, from opset 20, axis (input 2, default
+ * -2) are constant inputs; before opset 20 axis is an attribute (default 1). */
+static int convert_dft(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *lv = kl_onnx_input(c, n, 1);
+  if (!x) return -1;
+  int64_t len = 0, axis = c->opset >= 20 ? -2 : kl_onnx_attr_int(n, "axis", 1);
+  if (lv) {
+    int k = kl_onnx_const_ints(c, lv, "dft_length", &len, 1);
+    if (k != 1) return k < 0 ? -1 : kl_onnx_fail(c, "dft_length must be one integer");
+    if (len < 1) return kl_onnx_fail(c, "dft_length must be positive, got %lld", (long long)len);
+  }
+  kl_value *av = c->opset >= 20 ? kl_onnx_input(c, n, 2) : NULL;
+  if (av) {
+    int k = kl_onnx_const_ints(c, av, "axis", &axis, 1);
+    if (k != 1) return k < 0 ? -1 : kl_onnx_fail(c, "axis must be one integer");
+  }
+  kl_attr a[4] = {kl_ai("axis", axis), kl_ai("length", len),
+                  kl_ai("inverse", kl_onnx_attr_int(n, "inverse", 0)),
+                  kl_ai("onesided", kl_onnx_attr_int(n, "onesided", 0))};
+  kl_value *y = unary(c, KL_OP_DFT, x, a, 4);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
 /* GlobalMaxPool reduces with reduce_max; GlobalLpPool is the p-norm over
  * the spatial axes. */
 static int convert_global_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
@@ -1463,6 +1486,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"LpPool", 1, convert_pool},
     {"Col2Im", 18, convert_col2im},
     {"DeformConv", 19, convert_deform_conv},
+    {"DFT", 17, convert_dft},
     {"GlobalLpPool", 1, convert_global_pool},
     {"BatchNormalization", 1, convert_batch_norm},
     {"InstanceNormalization", 1, convert_instance_norm},
