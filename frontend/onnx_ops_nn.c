@@ -616,6 +616,50 @@ static int convert_col2im(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* CausalConvWithState (opset 27), as ONNX's function body: the input,
+ * left-padded with past_state (zeros when absent) to [B, C, L + k - 1], a
+ * depthwise valid 1-D convolution with bias, an optional SiLU (`silu` and
+ * `swish` are one), and present_state, the last k - 1 padded positions. */
+static int convert_causal_conv(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *wt = need_input(c, n, 1), *b = kl_onnx_input(c, n, 2),
+           *past = kl_onnx_input(c, n, 3);
+  if (!x || !wt) return -1;
+  char sx[300], sw[300];
+  if (x->shape.rank != 3 || wt->shape.rank != 3 || wt->shape.dims[0] != x->shape.dims[1] ||
+      wt->shape.dims[1] != 1 || wt->shape.dims[2] < 1)
+    return kl_onnx_fail(c, "input %s must be [B, C, L] and weight %s [C, 1, k]",
+                        kl_shape_str(&x->shape, sx, sizeof sx), kl_shape_str(&wt->shape, sw, sizeof sw));
+  int64_t nb = x->shape.dims[0], ch = x->shape.dims[1], len = x->shape.dims[2];
+  int64_t k = wt->shape.dims[2];
+  const char *act = kl_onnx_attr_string(c, n, "activation", "none");
+  bool silu = !strcmp(act, "silu") || !strcmp(act, "swish");
+  if (!silu && strcmp(act, "none"))
+    return kl_onnx_fail(c, "activation '%s' must be 'none', 'silu' or 'swish'", act);
+  if (past && (past->shape.rank != 3 || past->shape.dims[0] != nb ||
+               past->shape.dims[1] != ch || past->shape.dims[2] != k - 1))
+    return kl_onnx_fail(c, "past_state %s must be [%lld, %lld, %lld] (B, C, k - 1)",
+                        kl_shape_str(&past->shape, sx, sizeof sx), (long long)nb, (long long)ch,
+                        (long long)(k - 1));
+  kl_value *padded;
+  if (past && k > 1) {
+    kl_value *parts[2] = {past, x};
+    kl_attr ax = kl_ai("axis", 2);
+    padded = kl_onnx_emit(c, KL_OP_CONCAT, parts, 2, &ax, 1);
+  } else {
+    padded = pad_axis(c, x, 2, k - 1, 0);
+  }
+  window w = {.nsp = 1, .k = {k}, .stride = {1}, .dil = {1}};
+  kl_value *y = drop_1d(c, conv2d(c, lift_1d(c, padded), lift_1d(c, wt), b, &w, -1, 0, ch));
+  if (y && silu) y = unary(c, KL_OP_SILU, y, NULL, 0);
+  if (!y || kl_onnx_bind(c, n, 0, y)) return -1;
+  if (!wants_output(n, 1)) return 0;
+  int64_t start = len, end = len + k - 1, axis = 2, step = 1;
+  kl_attr sa[4] = {kl_ais("starts", &start, 1), kl_ais("ends", &end, 1),
+                   kl_ais("axes", &axis, 1), kl_ais("steps", &step, 1)};
+  kl_value *present = unary(c, KL_OP_SLICE, padded, sa, 4);
+  return present ? kl_onnx_bind(c, n, 1, present) : -1;
+}
+
 /* DFT: dft_length (input 1) and, from opset 20, axis (input 2, default
  * -2) are constant inputs; before opset 20 axis is an attribute (default 1). */
 static int convert_dft(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
@@ -1487,6 +1531,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"Col2Im", 18, convert_col2im},
     {"DeformConv", 19, convert_deform_conv},
     {"DFT", 17, convert_dft},
+    {"CausalConvWithState", 27, convert_causal_conv},
     {"GlobalLpPool", 1, convert_global_pool},
     {"BatchNormalization", 1, convert_batch_norm},
     {"InstanceNormalization", 1, convert_instance_norm},
