@@ -683,6 +683,60 @@ static int convert_dft(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* One constant int of input k (an integer tensor of one value), into *v;
+ * unchanged when the input is absent. */
+static int const_int_input(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k, const char *what,
+                           int64_t *v) {
+  kl_value *iv = kl_onnx_input(c, n, k);
+  if (!iv) return 0;
+  int got = kl_onnx_const_ints(c, iv, what, v, 1);
+  return got == 1 ? 0 : got < 0 ? -1 : kl_onnx_fail(c, "%s must be one integer", what);
+}
+
+/* STFT as ONNX defines it: frames of frame_length samples every frame_step
+ * (a gather with constant indices), times the window, each frame's DFT
+ * (one-sided by default): [B, frames, bins, 2]. */
+static int convert_stft(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *win = kl_onnx_input(c, n, 2);
+  if (!x) return -1;
+  char sx[300];
+  if (x->shape.rank != 3 || (x->shape.dims[2] != 1 && x->shape.dims[2] != 2))
+    return kl_onnx_fail(c, "signal %s must be [B, length, 1] (real) or [B, length, 2] (complex)",
+                        kl_shape_str(&x->shape, sx, sizeof sx));
+  int64_t nb = x->shape.dims[0], len = x->shape.dims[1], ch = x->shape.dims[2], step = 0;
+  int64_t fl = win ? (win->shape.rank == 1 ? win->shape.dims[0] : -1) : len;
+  if (!kl_onnx_input(c, n, 1)) return kl_onnx_fail(c, "frame_step is required");
+  if (const_int_input(c, n, 1, "frame_step", &step) || const_int_input(c, n, 3, "frame_length", &fl))
+    return -1;
+  if (step < 1) return kl_onnx_fail(c, "frame_step must be positive, got %lld", (long long)step);
+  if (fl < 1 || fl > len)
+    return kl_onnx_fail(c, "frame_length %lld must be within [1, %lld] (the signal's length)",
+                        (long long)fl, (long long)len);
+  if (win && (win->shape.rank != 1 || win->shape.dims[0] != fl || win->dtype != x->dtype))
+    return kl_onnx_fail(c, "window %s must be a [%lld] tensor (frame_length) of the signal's "
+                        "dtype", kl_shape_str(&win->shape, sx, sizeof sx), (long long)fl);
+  int64_t frames = 1 + (len - fl) / step, count = frames * fl;
+  if (count > (1 << 26))
+    return kl_onnx_unsupported(c, "%lld frames of %lld samples are too many to gather",
+                               (long long)frames, (long long)fl);
+  double *at = malloc(sizeof *at * (size_t)count);
+  if (!at) return kl_onnx_fail(c, "out of memory");
+  for (int64_t f = 0; f < frames; f++)
+    for (int64_t t = 0; t < fl; t++) at[f * fl + t] = (double)(f * step + t);
+  kl_shape is = {1, {count}};
+  kl_value *idx = kl_onnx_constant(c, KL_I64, &is, at, (int)count);
+  free(at);
+  kl_attr ax = kl_ai("axis", 1);
+  kl_value *gi[2] = {x, idx};
+  int64_t fd[4] = {nb, frames, fl, ch}, wd[4] = {1, 1, fl, 1};
+  kl_value *fr = idx ? reshape(c, kl_onnx_emit(c, KL_OP_GATHER, gi, 2, &ax, 1), fd, 4) : NULL;
+  if (fr && win) fr = binary(c, KL_OP_MUL, fr, reshape(c, win, wd, 4));
+  kl_attr a[4] = {kl_ai("axis", 2), kl_ai("length", fl), kl_ai("inverse", 0),
+                  kl_ai("onesided", kl_onnx_attr_int(n, "onesided", 1))};
+  kl_value *y = fr ? unary(c, KL_OP_DFT, fr, a, 4) : NULL;
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
 /* GlobalMaxPool reduces with reduce_max; GlobalLpPool is the p-norm over
  * the spatial axes. */
 static int convert_global_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
@@ -1531,6 +1585,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"Col2Im", 18, convert_col2im},
     {"DeformConv", 19, convert_deform_conv},
     {"DFT", 17, convert_dft},
+    {"STFT", 17, convert_stft},
     {"CausalConvWithState", 27, convert_causal_conv},
     {"GlobalLpPool", 1, convert_global_pool},
     {"BatchNormalization", 1, convert_batch_norm},
