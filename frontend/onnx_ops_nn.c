@@ -737,6 +737,71 @@ static int convert_stft(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* One constant number of input k, into *v. */
+static int const_number_input(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k, const char *what,
+                              double *v) {
+  kl_value *iv = need_input(c, n, k);
+  const kl_tensor *t = iv ? kl_onnx_const(c, iv, what) : NULL;
+  if (!t) return -1;
+  if (t->numel != 1) return kl_onnx_fail(c, "%s must be one number, got %lld", what,
+                                         (long long)t->numel);
+  *v = t->data[0];
+  return 0;
+}
+
+/* MelWeightMatrix: every input is a constant, so the matrix is one too,
+ * computed here with ONNX's formulas: num_mel_bins + 2 points evenly spaced
+ * in mel between the edges, turned back into Hz and into DFT bins (floored),
+ * and a triangle per mel bin over them: [dft_length / 2 + 1, num_mel_bins]. */
+static int convert_mel_weight_matrix(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  double mels, dft, rate, lo, hi;
+  if (const_number_input(c, n, 0, "num_mel_bins", &mels) ||
+      const_number_input(c, n, 1, "dft_length", &dft) ||
+      const_number_input(c, n, 2, "sample_rate", &rate) ||
+      const_number_input(c, n, 3, "lower_edge_hertz", &lo) ||
+      const_number_input(c, n, 4, "upper_edge_hertz", &hi))
+    return -1;
+  if (mels < 1 || mels > 65536 || dft < 1 || dft > (1 << 20) || rate <= 0 || lo < 0 || hi <= lo)
+    return kl_onnx_fail(c, "need num_mel_bins in [1, 65536] (got %g), dft_length in [1, 2^20] "
+                        "(got %g), a positive sample_rate (got %g) and 0 <= lower_edge_hertz < "
+                        "upper_edge_hertz (got %g, %g)", mels, dft, rate, lo, hi);
+  kl_dtype dt;
+  int64_t odt = kl_onnx_attr_int(n, "output_datatype", 1);
+  if (kl_onnx_dtype((int)odt, &dt) || !(kl_dtype_is_float(dt) || kl_dtype_is_int(dt)))
+    return kl_onnx_unsupported(c, "output_datatype %lld is not supported", (long long)odt);
+  int64_t nm = (int64_t)mels, nd = (int64_t)dft, bins = nd / 2 + 1, npt = nm + 2;
+  if (bins * nm > (1 << 26))
+    return kl_onnx_unsupported(c, "a %lld x %lld matrix is too large", (long long)bins,
+                               (long long)nm);
+  int64_t *at = malloc(sizeof *at * (size_t)npt);
+  double *w = calloc((size_t)(bins * nm), sizeof *w);
+  if (!at || !w) {
+    free(at), free(w);
+    return kl_onnx_fail(c, "out of memory");
+  }
+  double mlo = 2595 * log1p(lo / 700) / log(10), mhi = 2595 * log1p(hi / 700) / log(10);
+  double step = (mhi - mlo) / (double)npt;
+  int bad = 0;
+  for (int64_t i = 0; i < npt; i++) {
+    double hz = 700 * expm1(((double)i * step + mlo) / 2595 * log(10));
+    at[i] = (int64_t)floor((double)(nd + 1) * hz / rate);
+    bad |= at[i] < 0 || at[i] >= bins;
+  }
+  for (int64_t m = 0; m < nm && !bad; m++) {
+    int64_t l = at[m], ce = at[m + 1], r = at[m + 2];
+    if (ce == l) w[ce * nm + m] = 1;
+    for (int64_t j = l; ce > l && j <= ce; j++) w[j * nm + m] = (double)(j - l) / (double)(ce - l);
+    for (int64_t j = ce; j < r; j++) w[j * nm + m] = (double)(r - j) / (double)(r - ce);
+  }
+  kl_shape sh = {2, {bins, nm}};
+  kl_value *y = bad ? NULL : kl_onnx_constant(c, dt, &sh, w, (int)(bins * nm));
+  free(at), free(w);
+  if (bad)
+    return kl_onnx_fail(c, "upper_edge_hertz %g falls beyond the last DFT bin (sample_rate %g, "
+                        "dft_length %lld)", hi, rate, (long long)nd);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
 /* GlobalMaxPool reduces with reduce_max; GlobalLpPool is the p-norm over
  * the spatial axes. */
 static int convert_global_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
@@ -1586,6 +1651,7 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"DeformConv", 19, convert_deform_conv},
     {"DFT", 17, convert_dft},
     {"STFT", 17, convert_stft},
+    {"MelWeightMatrix", 17, convert_mel_weight_matrix},
     {"CausalConvWithState", 27, convert_causal_conv},
     {"GlobalLpPool", 1, convert_global_pool},
     {"BatchNormalization", 1, convert_batch_norm},

@@ -255,3 +255,11 @@ write("causal_conv_bad_activation", "activation 'relu' must be 'none', 'silu' or
 write("causal_conv_bad_past_state", "past_state [1, 2, 1] must be [1, 2, 2]",
       m=one_node("CausalConvWithState", ["w", "", "p"], {}, [1, 2, 4],
                  [floats("w", np.ones((2, 1, 3))), floats("p", np.zeros((1, 2, 1)))], 27))
+write("stft_frame_too_long", "frame_length 16 must be within [1, 8]",
+      m=model([helper.make_node("STFT", ["x", "st", "", "fl"], ["y"], name="stft")],
+              [vi("x", [1, 8, 1])], [vi("y", [1, 1, 9, 2])], [ints("st", 4), ints("fl", 16)]))
+write("mel_edges_reversed", "0 <= lower_edge_hertz < upper_edge_hertz",
+      m=model([helper.make_node("MelWeightMatrix", ["nm", "dl", "sr", "lo", "hi"], ["y"],
+                                name="mel")], [], [vi("y", [9, 8])],
+              [ints("nm", 8), ints("dl", 16), ints("sr", 8192), floats("lo", 1000.0),
+               floats("hi", 10.0)]))
