@@ -2,9 +2,10 @@
  * the template interface): layer_norm, rms_norm, batch_norm, conv2d (im2col
  * + runtime GEMM, or straight to GEMM for 1x1), max/avg pools,
  * global_avg_pool, cross_entropy, nll_loss, conv_transpose2d, resize,
- * col2im and det.  Each kernel mirrors the interpreter's code in ir/ (ops_nn.c,
+ * col2im, dft and det.  Each kernel mirrors the interpreter's code in ir/ (ops_nn.c,
  * ops_contract.c, ops_sample.c, ops_math.c): same index math, same
- * order of operations where it decides NaN and rounding, sums in double. */
+ * order of operations where it decides NaN and rounding, sums in double
+ * (dft: in the compute type, f32 for f32, as a GPU kernel should). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

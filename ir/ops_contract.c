@@ -1,6 +1,7 @@
 /* ops_contract.c - shape inference and reference evaluation of the
  * contraction rows (matmul, gemm, conv2d, conv_transpose2d, deform_conv2d),
- * the 2-D pools and col2im. */
+ * the 2-D pools, col2im and dft (ONNX DFT; STFT and the rest of the signal
+ * ops are converters over it in frontend/onnx_ops_nn.c). */
 #include <math.h>
 #include <string.h>
 
