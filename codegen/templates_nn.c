@@ -2,9 +2,10 @@
  * the template interface): layer_norm, rms_norm, batch_norm, conv2d (im2col
  * + runtime GEMM, or straight to GEMM for 1x1), max/avg pools,
  * global_avg_pool, cross_entropy, nll_loss, conv_transpose2d, resize,
- * col2im and det.  Each kernel mirrors the interpreter's code in ir/ (ops_nn.c,
+ * col2im, dft and det.  Each kernel mirrors the interpreter's code in ir/ (ops_nn.c,
  * ops_contract.c, ops_sample.c, ops_math.c): same index math, same
- * order of operations where it decides NaN and rounding, sums in double. */
+ * order of operations where it decides NaN and rounding, sums in double
+ * (dft: in the compute type, f32 for f32, as a GPU kernel should). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1401,6 +1402,75 @@ static int emit_linear_attention(kl_cg_emitter *e, const kl_node *n) {
   return 0;
 }
 
+/* ---- dft ---------------------------------------------------------------------- */
+/* A direct O(n^2) transform, one thread per output bin: cuFFT is not there
+ * on the host device (and the transforms ONNX models hold are short), so
+ * the same summation runs everywhere.  The twiddles cos, sin(2 pi j / n)
+ * are a table computed here in double, indexed by (k t) mod n: exact angles
+ * without trigonometry in the kernel. */
+enum { DFT_MAX_TABLE = 1 << 16 };
+
+static bool handles_dft(const kl_node *n) {
+  kl_dft_geom g;
+  return n->op == KL_OP_DFT && kl_dtype_is_float(n->inputs[0]->dtype) &&
+         !kl_dft_geometry(n, &g) && g.n <= DFT_MAX_TABLE;
+}
+
+static int emit_dft(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *y = n->outputs[0];
+  kl_dft_geom g;
+  kl_dft_geometry(n, &g);
+  int64_t total = g.outer * g.nout * g.inner;
+  host_comment(e, n);
+  if (total == 0) return 0;
+  const char *ct = ctype(y->dtype), *sfx = strcmp(ct, "double") ? "f" : "";
+  char name[32], b1[160], b2[160];
+  int kn = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  fprintf(f, "__device__ const %s %s_tw[%lld] = {", ct, name, (ll)(2 * g.n));
+  for (int64_t j = 0; j < g.n; j++) {
+    double a = 6.28318530717958647692528676655900577 * (double)j / (double)g.n; /* 2 pi j / n */
+    fprintf(f, "%s%.17e%s, %.17e%s", j ? ", " : "", cos(a), sfx, sin(a), sfx);
+  }
+  fprintf(f, "};\n");
+  bool irfft = g.inverse && g.onesided;
+  int64_t terms = irfft ? g.n / 2 + 1 : g.n;
+  if (terms > g.m) terms = g.m;
+  karg a[2] = {in_arg(x, "x"), out_arg(y->dtype, "out")};
+  kbegin(f, n, name, "", a, 2);
+  loop(f, total);
+  fprintf(f, "    const int64_t o = i / %lldLL, k = i / %lldLL %% %lldLL, in = i %% %lldLL;\n"
+             "    %s re = 0%s;\n"
+             "    for (int64_t t = 0; t < %lldLL; t++) {\n"
+             "      const int64_t at = ((o * %lldLL + t) * %lldLL + in) * %d, j = (k * t) %% %lldLL;\n"
+             "      const %s c = %s_tw[2 * j], s = %s%s_tw[2 * j + 1];\n",
+          (ll)(g.nout * g.inner), (ll)g.inner, (ll)g.nout, (ll)g.inner, ct, irfft ? "" : ", im = 0", (ll)terms, (ll)g.m,
+          (ll)g.inner, g.cin, (ll)g.n, ct, name, g.inverse ? "" : "-", name);
+  fprintf(f, "      const %s xr = %s", ct, ld(b1, sizeof b1, x->dtype, ct, "x[at]"));
+  if (g.cin == 2) fprintf(f, ", xi = %s;\n", ld(b2, sizeof b2, x->dtype, ct, "x[at + 1]"));
+  else fprintf(f, ", xi = 0;\n");
+  if (irfft)
+    fprintf(f, "      re += (t == 0 || 2 * t == %lldLL ? 1 : 2) * (xr * c - xi * s);\n"
+               "    }\n", (ll)g.n);
+  else
+    fprintf(f, "      re += xr * c - xi * s;\n      im += xr * s + xi * c;\n    }\n");
+  char v[96];
+  if (g.inverse) snprintf(v, sizeof v, "re / (%s)%lld", ct, (ll)g.n);
+  else snprintf(v, sizeof v, "re");
+  fprintf(f, "    ");
+  st(f, y->dtype, g.cout == 2 ? "out[2 * i]" : "out[i]", v);
+  if (g.cout == 2) {
+    if (g.inverse) snprintf(v, sizeof v, "im / (%s)%lld", ct, (ll)g.n);
+    else snprintf(v, sizeof v, "im");
+    fprintf(f, "    ");
+    st(f, y->dtype, "out[2 * i + 1]", v);
+  }
+  fprintf(f, "  }\n");
+  kend(f, name, a, 2);
+  kl_cg_launch_node(e, kn, total, n);
+  return 0;
+}
+
 const kl_cg_template kl_cg_templates_nn[] = {
     {handles_linear_attention, emit_linear_attention, NULL},
     {handles_rotary, emit_rotary, NULL},
@@ -1416,6 +1486,7 @@ const kl_cg_template kl_cg_templates_nn[] = {
     {handles_tconv, emit_tconv, NULL},
     {handles_resize, emit_resize, NULL},
     {handles_col2im, emit_col2im, NULL},
+    {handles_dft, emit_dft, NULL},
     {handles_det, emit_det, scratch_det},
     {NULL, NULL, NULL},
 };

@@ -616,6 +616,148 @@ static int convert_col2im(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
   return y ? kl_onnx_bind(c, n, 0, y) : -1;
 }
 
+/* DFT: dft_length (input 1) and, from opset 20, axis (input 2, default
+ * -2) are constant inputs; before opset 20 axis is an attribute (default 1). */
+static int convert_dft(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *lv = kl_onnx_input(c, n, 1);
+  if (!x) return -1;
+  int64_t len = 0, axis = c->opset >= 20 ? -2 : kl_onnx_attr_int(n, "axis", 1);
+  if (lv) {
+    int k = kl_onnx_const_ints(c, lv, "dft_length", &len, 1);
+    if (k != 1) return k < 0 ? -1 : kl_onnx_fail(c, "dft_length must be one integer");
+    if (len < 1) return kl_onnx_fail(c, "dft_length must be positive, got %lld", (long long)len);
+  }
+  kl_value *av = c->opset >= 20 ? kl_onnx_input(c, n, 2) : NULL;
+  if (av) {
+    int k = kl_onnx_const_ints(c, av, "axis", &axis, 1);
+    if (k != 1) return k < 0 ? -1 : kl_onnx_fail(c, "axis must be one integer");
+  }
+  kl_attr a[4] = {kl_ai("axis", axis), kl_ai("length", len),
+                  kl_ai("inverse", kl_onnx_attr_int(n, "inverse", 0)),
+                  kl_ai("onesided", kl_onnx_attr_int(n, "onesided", 0))};
+  kl_value *y = unary(c, KL_OP_DFT, x, a, 4);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
+/* One constant int of input k (an integer tensor of one value), into *v;
+ * unchanged when the input is absent. */
+static int const_int_input(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k, const char *what,
+                           int64_t *v) {
+  kl_value *iv = kl_onnx_input(c, n, k);
+  if (!iv) return 0;
+  int got = kl_onnx_const_ints(c, iv, what, v, 1);
+  return got == 1 ? 0 : got < 0 ? -1 : kl_onnx_fail(c, "%s must be one integer", what);
+}
+
+/* STFT as ONNX defines it: frames of frame_length samples every frame_step
+ * (a gather with constant indices), times the window, each frame's DFT
+ * (one-sided by default): [B, frames, bins, 2]. */
+static int convert_stft(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  kl_value *x = need_input(c, n, 0), *win = kl_onnx_input(c, n, 2);
+  if (!x) return -1;
+  char sx[300];
+  if (x->shape.rank != 3 || (x->shape.dims[2] != 1 && x->shape.dims[2] != 2))
+    return kl_onnx_fail(c, "signal %s must be [B, length, 1] (real) or [B, length, 2] (complex)",
+                        kl_shape_str(&x->shape, sx, sizeof sx));
+  int64_t nb = x->shape.dims[0], len = x->shape.dims[1], ch = x->shape.dims[2], step = 0;
+  int64_t fl = win ? (win->shape.rank == 1 ? win->shape.dims[0] : -1) : len;
+  if (!kl_onnx_input(c, n, 1)) return kl_onnx_fail(c, "frame_step is required");
+  if (const_int_input(c, n, 1, "frame_step", &step) || const_int_input(c, n, 3, "frame_length", &fl))
+    return -1;
+  if (step < 1) return kl_onnx_fail(c, "frame_step must be positive, got %lld", (long long)step);
+  if (fl < 1 || fl > len)
+    return kl_onnx_fail(c, "frame_length %lld must be within [1, %lld] (the signal's length)",
+                        (long long)fl, (long long)len);
+  if (win && (win->shape.rank != 1 || win->shape.dims[0] != fl || win->dtype != x->dtype))
+    return kl_onnx_fail(c, "window %s must be a [%lld] tensor (frame_length) of the signal's "
+                        "dtype", kl_shape_str(&win->shape, sx, sizeof sx), (long long)fl);
+  int64_t frames = 1 + (len - fl) / step, count = frames * fl;
+  if (count > (1 << 26))
+    return kl_onnx_unsupported(c, "%lld frames of %lld samples are too many to gather",
+                               (long long)frames, (long long)fl);
+  double *at = malloc(sizeof *at * (size_t)count);
+  if (!at) return kl_onnx_fail(c, "out of memory");
+  for (int64_t f = 0; f < frames; f++)
+    for (int64_t t = 0; t < fl; t++) at[f * fl + t] = (double)(f * step + t);
+  kl_shape is = {1, {count}};
+  kl_value *idx = kl_onnx_constant(c, KL_I64, &is, at, (int)count);
+  free(at);
+  kl_attr ax = kl_ai("axis", 1);
+  kl_value *gi[2] = {x, idx};
+  int64_t fd[4] = {nb, frames, fl, ch}, wd[4] = {1, 1, fl, 1};
+  kl_value *fr = idx ? reshape(c, kl_onnx_emit(c, KL_OP_GATHER, gi, 2, &ax, 1), fd, 4) : NULL;
+  if (fr && win) fr = binary(c, KL_OP_MUL, fr, reshape(c, win, wd, 4));
+  kl_attr a[4] = {kl_ai("axis", 2), kl_ai("length", fl), kl_ai("inverse", 0),
+                  kl_ai("onesided", kl_onnx_attr_int(n, "onesided", 1))};
+  kl_value *y = fr ? unary(c, KL_OP_DFT, fr, a, 4) : NULL;
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
+/* One constant number of input k, into *v. */
+static int const_number_input(kl_onnx_ctx *c, const Onnx__NodeProto *n, int k, const char *what,
+                              double *v) {
+  kl_value *iv = need_input(c, n, k);
+  const kl_tensor *t = iv ? kl_onnx_const(c, iv, what) : NULL;
+  if (!t) return -1;
+  if (t->numel != 1) return kl_onnx_fail(c, "%s must be one number, got %lld", what,
+                                         (long long)t->numel);
+  *v = t->data[0];
+  return 0;
+}
+
+/* MelWeightMatrix: every input is a constant, so the matrix is one too,
+ * computed here with ONNX's formulas: num_mel_bins + 2 points evenly spaced
+ * in mel between the edges, turned back into Hz and into DFT bins (floored),
+ * and a triangle per mel bin over them: [dft_length / 2 + 1, num_mel_bins]. */
+static int convert_mel_weight_matrix(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
+  double mels, dft, rate, lo, hi;
+  if (const_number_input(c, n, 0, "num_mel_bins", &mels) ||
+      const_number_input(c, n, 1, "dft_length", &dft) ||
+      const_number_input(c, n, 2, "sample_rate", &rate) ||
+      const_number_input(c, n, 3, "lower_edge_hertz", &lo) ||
+      const_number_input(c, n, 4, "upper_edge_hertz", &hi))
+    return -1;
+  if (mels < 1 || mels > 65536 || dft < 1 || dft > (1 << 20) || rate <= 0 || lo < 0 || hi <= lo)
+    return kl_onnx_fail(c, "need num_mel_bins in [1, 65536] (got %g), dft_length in [1, 2^20] "
+                        "(got %g), a positive sample_rate (got %g) and 0 <= lower_edge_hertz < "
+                        "upper_edge_hertz (got %g, %g)", mels, dft, rate, lo, hi);
+  kl_dtype dt;
+  int64_t odt = kl_onnx_attr_int(n, "output_datatype", 1);
+  if (kl_onnx_dtype((int)odt, &dt) || !(kl_dtype_is_float(dt) || kl_dtype_is_int(dt)))
+    return kl_onnx_unsupported(c, "output_datatype %lld is not supported", (long long)odt);
+  int64_t nm = (int64_t)mels, nd = (int64_t)dft, bins = nd / 2 + 1, npt = nm + 2;
+  if (bins * nm > (1 << 26))
+    return kl_onnx_unsupported(c, "a %lld x %lld matrix is too large", (long long)bins,
+                               (long long)nm);
+  int64_t *at = malloc(sizeof *at * (size_t)npt);
+  double *w = calloc((size_t)(bins * nm), sizeof *w);
+  if (!at || !w) {
+    free(at), free(w);
+    return kl_onnx_fail(c, "out of memory");
+  }
+  double mlo = 2595 * log1p(lo / 700) / log(10), mhi = 2595 * log1p(hi / 700) / log(10);
+  double step = (mhi - mlo) / (double)npt;
+  int bad = 0;
+  for (int64_t i = 0; i < npt; i++) {
+    double hz = 700 * expm1(((double)i * step + mlo) / 2595 * log(10));
+    at[i] = (int64_t)floor((double)(nd + 1) * hz / rate);
+    bad |= at[i] < 0 || at[i] >= bins;
+  }
+  for (int64_t m = 0; m < nm && !bad; m++) {
+    int64_t l = at[m], ce = at[m + 1], r = at[m + 2];
+    if (ce == l) w[ce * nm + m] = 1;
+    for (int64_t j = l; ce > l && j <= ce; j++) w[j * nm + m] = (double)(j - l) / (double)(ce - l);
+    for (int64_t j = ce; j < r; j++) w[j * nm + m] = (double)(r - j) / (double)(r - ce);
+  }
+  kl_shape sh = {2, {bins, nm}};
+  kl_value *y = bad ? NULL : kl_onnx_constant(c, dt, &sh, w, (int)(bins * nm));
+  free(at), free(w);
+  if (bad)
+    return kl_onnx_fail(c, "upper_edge_hertz %g falls beyond the last DFT bin (sample_rate %g, "
+                        "dft_length %lld)", hi, rate, (long long)nd);
+  return y ? kl_onnx_bind(c, n, 0, y) : -1;
+}
+
 /* GlobalMaxPool reduces with reduce_max; GlobalLpPool is the p-norm over
  * the spatial axes. */
 static int convert_global_pool(kl_onnx_ctx *c, const Onnx__NodeProto *n) {
@@ -1674,6 +1816,9 @@ const kl_onnx_op kl_onnx_ops_nn[] = {
     {"LpPool", 1, convert_pool},
     {"Col2Im", 18, convert_col2im},
     {"DeformConv", 19, convert_deform_conv},
+    {"DFT", 17, convert_dft},
+    {"STFT", 17, convert_stft},
+    {"MelWeightMatrix", 17, convert_mel_weight_matrix},
     {"GlobalLpPool", 1, convert_global_pool},
     {"BatchNormalization", 1, convert_batch_norm},
     {"InstanceNormalization", 1, convert_instance_norm},

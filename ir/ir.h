@@ -403,6 +403,18 @@ typedef struct {
 } kl_col2im_geom;
 int kl_col2im_geometry(const kl_node *n, kl_col2im_geom *g);
 
+/* The geometry of a dft node: its axis, the transform length n, the
+ * signal's length m along the axis and the output's (nout), the products of
+ * the dims before the axis (outer) and between it and the last (inner), the
+ * last dims of x and y (cin, cout: 1 real, 2 complex), and whether it is an
+ * inverse and a one-sided transform.  -1 when the node is invalid. */
+typedef struct {
+  int axis, cin, cout;
+  int64_t n, m, nout, outer, inner;
+  bool inverse, onesided;
+} kl_dft_geom;
+int kl_dft_geometry(const kl_node *n, kl_dft_geom *g);
+
 /* The n-grams of a tfidf node that count (length within [min_gram_length,
  * max_gram_length]), in pool order: length, offset in `pool`, output
  * column.  Returns how many (at most cap), -1 when the attributes are

@@ -1,6 +1,7 @@
 /* ops_contract.c - shape inference and reference evaluation of the
  * contraction rows (matmul, gemm, conv2d, conv_transpose2d, deform_conv2d),
- * the 2-D pools and col2im. */
+ * the 2-D pools, col2im and dft (ONNX DFT; STFT and the rest of the signal
+ * ops are converters over it in frontend/onnx_ops_nn.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1197,5 +1198,93 @@ int kl_eval_LINEAR_ATTENTION(const kl_node *n, kl_tensor **in, kl_tensor **out, 
       }
     }
   free(vt);
+  return 0;
+}
+
+/* ---- dft ------------------------------------------------------------- */
+
+static const double DFT_TWO_PI = 6.28318530717958647692528676655900577;
+
+static int dft_setup(const kl_node *n, kl_error *err, kl_dft_geom *g) {
+  const kl_value *x = n->inputs[0];
+  char sx[300];
+  int r = x->shape.rank;
+  if (r < 2 || (x->shape.dims[r - 1] != 1 && x->shape.dims[r - 1] != 2))
+    return KL_NODE_FAIL(n, err, "x %s must be [..., 1] (real) or [..., 2] (complex) with a "
+                        "signal axis before the last", kl_value_str(x, sx, sizeof sx));
+  int64_t axis = kl_attr_int(n, "axis", -2);
+  if (axis < -r || axis > r - 2 || axis == -1)
+    return KL_NODE_FAIL(n, err, "axis %lld must name an axis of x %s other than the last",
+                        (long long)axis, kl_value_str(x, sx, sizeof sx));
+  g->axis = (int)(axis < 0 ? axis + r : axis);
+  g->inverse = kl_attr_int(n, "inverse", 0) != 0;
+  g->onesided = kl_attr_int(n, "onesided", 0) != 0;
+  g->cin = (int)x->shape.dims[r - 1];
+  g->m = x->shape.dims[g->axis];
+  int64_t len = kl_attr_int(n, "length", 0);
+  if (len < 0 || len > KL_MAX_NUMEL)
+    return KL_NODE_FAIL(n, err, "length %lld must be positive (or 0: the default)",
+                        (long long)len);
+  bool irfft = g->inverse && g->onesided;
+  g->n = len ? len : irfft ? 2 * (g->m - 1) : g->m;
+  if (g->n < 1)
+    return KL_NODE_FAIL(n, err, "the transform length is %lld: x %s is too short along axis %d",
+                        (long long)g->n, kl_value_str(x, sx, sizeof sx), g->axis);
+  g->nout = g->onesided && !g->inverse ? g->n / 2 + 1 : g->n;
+  g->cout = irfft ? 1 : 2;
+  g->outer = g->inner = 1;
+  for (int d = 0; d < g->axis; d++) g->outer *= x->shape.dims[d];
+  for (int d = g->axis + 1; d < r - 1; d++) g->inner *= x->shape.dims[d];
+  return 0;
+}
+
+int kl_dft_geometry(const kl_node *n, kl_dft_geom *g) {
+  if (n->op != KL_OP_DFT) return -1;
+  return dft_setup(n, NULL, g);
+}
+
+int kl_infer_DFT(kl_node *n, kl_error *err) {
+  kl_dft_geom g;
+  if (check_operands(n, err, false) || dft_setup(n, err, &g)) return -1;
+  kl_shape out = n->inputs[0]->shape;
+  out.dims[g.axis] = g.nout;
+  out.dims[out.rank - 1] = g.cout;
+  return kl_set_checked_output(n, err, 0, n->inputs[0]->dtype, &out);
+}
+
+/* Direct summation, twiddles from the exact angle 2 pi ((k t) mod n) / n.
+ * The one-sided inverse sums the Hermitian spectrum's real part: bins 1 ..
+ * ceil(n/2) - 1 stand for themselves and their mirrors (weight 2); the DC
+ * and Nyquist bins count once, their imaginary parts dropped (numpy irfft). */
+int kl_eval_DFT(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  kl_dft_geom g;
+  if (dft_setup(n, err, &g)) return -1;
+  const double *x = in[0]->data;
+  double *y = out[0]->data;
+  bool irfft = g.inverse && g.onesided;
+  int64_t terms = irfft ? g.n / 2 + 1 : g.n;
+  if (terms > g.m) terms = g.m;
+  double sign = g.inverse ? 1.0 : -1.0, scale = g.inverse ? 1.0 / (double)g.n : 1.0;
+  for (int64_t o = 0; o < g.outer; o++)
+    for (int64_t k = 0; k < g.nout; k++)
+      for (int64_t i = 0; i < g.inner; i++) {
+        double re = 0, im = 0;
+        for (int64_t t = 0; t < terms; t++) {
+          const double *xt = x + ((o * g.m + t) * g.inner + i) * g.cin;
+          double xr = xt[0], xi = g.cin == 2 ? xt[1] : 0.0;
+          double a = DFT_TWO_PI * (double)((k * t) % g.n) / (double)g.n;
+          double c = cos(a), s = sign * sin(a);
+          if (irfft) {
+            double w = t == 0 || 2 * t == g.n ? 1.0 : 2.0;
+            re += w * (xr * c - xi * s);
+          } else {
+            re += xr * c - xi * s;
+            im += xr * s + xi * c;
+          }
+        }
+        double *yk = y + ((o * g.nout + k) * g.inner + i) * g.cout;
+        yk[0] = re * scale;
+        if (g.cout == 2) yk[1] = im * scale;
+      }
   return 0;
 }

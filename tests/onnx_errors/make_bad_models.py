@@ -286,3 +286,27 @@ write("roi_align_bad_mode", "mode must be one of",
               [vi("x", [1, 1, 4, 4]), vi("r", [2, 4]), vi("b", [2], I64)],
               [vi("y", [2, 1, 1, 1])], opset=16))
 print("wrote", len(os.listdir(out)), "models to", out)
+
+# signal: DFT and CausalConvWithState
+def floats(name, arr):
+    return numpy_helper.from_array(np.asarray(arr, np.float32), name)
+
+
+write("dft_bad_length", "dft_length must be positive, got 0",
+      m=one_node("DFT", ["len"], {}, [1, 8, 1], [ints("len", 0)], 20, [1, 8, 2]))
+write("dft_last_axis", "other than the last",
+      m=one_node("DFT", ["", "ax"], {}, [1, 8, 1], [ints("ax", -1)], 20, [1, 8, 2]))
+write("causal_conv_bad_activation", 'activation must be "none", "silu" or "swish", got "relu"',
+      m=one_node("CausalConvWithState", ["w"], {"activation": "relu"}, [1, 2, 4],
+                 [floats("w", np.ones((2, 1, 3)))], 27))
+write("causal_conv_bad_past_state", "(CausalConvWithState): past_state must be [1, 2, 2]",
+      m=one_node("CausalConvWithState", ["w", "", "p"], {}, [1, 2, 4],
+                 [floats("w", np.ones((2, 1, 3))), floats("p", np.zeros((1, 2, 1)))], 27))
+write("stft_frame_too_long", "frame_length 16 must be within [1, 8]",
+      m=model([helper.make_node("STFT", ["x", "st", "", "fl"], ["y"], name="stft")],
+              [vi("x", [1, 8, 1])], [vi("y", [1, 1, 9, 2])], [ints("st", 4), ints("fl", 16)]))
+write("mel_edges_reversed", "0 <= lower_edge_hertz < upper_edge_hertz",
+      m=model([helper.make_node("MelWeightMatrix", ["nm", "dl", "sr", "lo", "hi"], ["y"],
+                                name="mel")], [], [vi("y", [9, 8])],
+              [ints("nm", 8), ints("dl", 16), ints("sr", 8192), floats("lo", 1000.0),
+               floats("hi", 10.0)]))

@@ -3192,6 +3192,54 @@ def gen_spatial():
 
 
 # --------------------------------------------------------------------------
+# signal: dft (numpy.fft is the reference)
+
+def complex_of(x):
+    """[..., 1] real or [..., 2] (re, im) -> complex ndarray [...]."""
+    x = np.asarray(x, np.float64)
+    return x[..., 0] + (1j * x[..., 1] if x.shape[-1] == 2 else 0)
+
+
+def pairs(z):
+    return np.stack([np.real(z), np.imag(z)], axis=-1)
+
+
+def gen_signal():
+    r = rng_for("signal")
+    tol = {"rtol": 1e-4, "atol": 1e-4}  # f32 sums of up to 12 terms
+    x = randn(r, (2, 8, 3, 1))
+    case("dft_real", [("x", x)], "output y = dft(x, axis=1)",
+         [f32(pairs(np.fft.fft(complex_of(x), axis=1)))], tol=tol)
+    x = randn(r, (2, 6, 2))
+    case("dft_complex_inverse", [("x", x)], "output y = dft(x, inverse=1)",
+         [f32(pairs(np.fft.ifft(complex_of(x), axis=1)))], tol=tol)
+    x = randn(r, (3, 10, 1))
+    case("dft_onesided_padded", [("x", x)],
+         "output y = dft(x, length=12, onesided=1)",
+         [f32(pairs(np.fft.rfft(complex_of(x), n=12, axis=1)))], tol=tol)
+    x = randn(r, (8, 2, 2))
+    case("dft_truncated", [("x", x)], "output y = dft(x, axis=0, length=5)",
+         [f32(pairs(np.fft.fft(complex_of(x), n=5, axis=0)))], tol=tol)
+    x = randn(r, (4, 5, 2))
+    case("dft_irfft", [("x", x)], "output y = dft(x, inverse=1, onesided=1)",
+         [f32(np.fft.irfft(complex_of(x), axis=1)[..., None])], tol=tol)
+    case("dft_irfft_odd", [("x", x)],
+         "output y = dft(x, length=9, inverse=1, onesided=1)",
+         [f32(np.fft.irfft(complex_of(x), n=9, axis=1)[..., None])], tol=tol)
+    x = randn(r, (3, 7, 2), np.float64)
+    case("dft_f64", [("x", x)], "output y = dft(x, axis=-2)",
+         [pairs(np.fft.fft(complex_of(x), axis=1))])
+    x = randn(r, (16, 2), np.float16)
+    case("dft_f16", [("x", x)], "output y = dft(x, axis=0)",
+         [as_dt(pairs(np.fft.fft(complex_of(x), axis=0)), np.float16)],
+         tol={"rtol": 1e-2, "atol": 1e-2})
+    case("dft_bad_axis", [("x", randn(r, (4, 2)))], "output y = dft(x, axis=1)",
+         [], error="other than the last")
+    case("dft_bad_last", [("x", randn(r, (4, 3)))], "output y = dft(x, axis=0)",
+         [], error="(complex)")
+
+
+# --------------------------------------------------------------------------
 
 # --------------------------------------------------------------------------
 # the narrow types of ONNX's Cast: fp8, fp4, E8M0, 4- and 2-bit integers.
@@ -3570,7 +3618,7 @@ def main():
     for g in [gen_unary, gen_cast, gen_small_types, gen_binary, gen_reduce, gen_norm,
               gen_contract, gen_pool, gen_movement, gen_sources, gen_loss,
               gen_edge, gen_ext_math, gen_ext_nn, gen_ext_tensor,
-              gen_spatial, gen_attention]:
+              gen_spatial, gen_attention, gen_signal]:
         g()
     os.makedirs(out, exist_ok=True)
     for c in CASES:
