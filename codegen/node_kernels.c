@@ -39,6 +39,12 @@ const char *kl_cg_compute_type(kl_dtype t) {
   return kl_dtype_is_unsigned(t) ? "uint64_t" : "int64_t";
 }
 
+const char *kl_cg_real_type(kl_dtype t) {
+  return kl_dtype_is_float(t) && t != KL_F64 ? "float" : "double";
+}
+
+const char *kl_cg_real_suffix(const char *ct) { return strcmp(ct, "float") ? "" : "f"; }
+
 static void load(FILE *f, kl_dtype t, const char *expr) {
   if (t == KL_F16) fprintf(f, "__half2float(%s)", expr);
   else if (t == KL_BF16) fprintf(f, "__bfloat162float(%s)", expr);

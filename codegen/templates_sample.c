@@ -4,7 +4,8 @@
  * deform_conv2d (a convolution whose taps are bilinear samples).
  *
  * The kernel mirrors kl_eval_GRID_SAMPLE (ir/ops_sample.c) step by step,
- * in double as the interpreter: the same coordinate formulas, the same
+ * in the tensors' real type (float for f32 and half, double for f64; the
+ * interpreter's double is the oracle): the same coordinate formulas, the same
  * padding of the point and of each tap, and the same sum (taps in the same
  * order, products of weights built axis by axis, zero weights skipped so
  * that 0 * inf never turns into NaN).  mode, padding_mode, align_corners
@@ -41,64 +42,75 @@ static bool handles_grid_sample(const kl_node *n) {
          kl_dtype_is_float(n->inputs[0]->dtype) && kl_dtype_is_float(n->inputs[1]->dtype);
 }
 
+/* Grid_sample computes in the real type of its tensors (kl_cg_real_type):
+ * float when x and grid are f32 or half, double when either is f64. */
+static const char *gs_real(const kl_node *n) {
+  bool wide = n->inputs[0]->dtype == KL_F64 || n->inputs[1]->dtype == KL_F64;
+  return kl_cg_real_type(wide ? KL_F64 : KL_F32);
+}
+
 /* `name`_reflect (gs_reflect): v reflected into [lo, hi] by the nearer
  * border, as often as needed. */
-static void write_reflect(FILE *f, const char *name) {
-  fprintf(f, "__device__ double %s_reflect(double v, double lo, double hi) {\n"
-             "  const double range = hi - lo;\n"
+static void write_reflect(FILE *f, const char *name, const char *ct) {
+  const char *sf = kl_cg_real_suffix(ct);
+  fprintf(f, "__device__ %s %s_reflect(%s v, %s lo, %s hi) {\n"
+             "  const %s range = hi - lo;\n"
              "  if (range <= 0) return lo;\n"
              "  if (v >= lo && v <= hi) return v;\n"
-             "  const double dx = v < lo ? lo - v : v - hi;\n"
-             "  const double m = floor(dx / range), r = dx - m * range;\n"
-             "  const bool even = fmod(m, 2.0) == 0;\n"
-             "  return (v < lo) == even ? lo + r : hi - r;\n}\n", name);
+             "  const %s dx = v < lo ? lo - v : v - hi;\n"
+             "  const %s m = floor%s(dx / range), r = dx - m * range;\n"
+             "  const bool even = fmod%s(m, (%s)2) == 0;\n"
+             "  return (v < lo) == even ? lo + r : hi - r;\n}\n",
+          ct, name, ct, ct, ct, ct, ct, ct, sf, sf, ct);
 }
 
 /* `name`_tap (gs_tap): tap index i of an axis of length d moved inside by
  * the padding mode, or -1 for a zero. */
-static void write_tap(FILE *f, const char *name, int pad) {
-  fprintf(f, "__device__ int64_t %s_tap(int64_t i, int64_t d, double lo, double hi) {\n", name);
+static void write_tap(FILE *f, const char *name, int pad, const char *ct) {
+  fprintf(f, "__device__ int64_t %s_tap(int64_t i, int64_t d, %s lo, %s hi) {\n", name, ct, ct);
   if (pad == ZEROS) {
     fprintf(f, "  (void)lo;\n  (void)hi;\n  return i >= 0 && i < d ? i : -1;\n}\n");
   } else if (pad == BORDER) {
     fprintf(f, "  (void)lo;\n  (void)hi;\n  return i < 0 ? 0 : i >= d ? d - 1 : i;\n}\n");
   } else { /* the reflected coordinate truncates, as ONNX */
-    fprintf(f, "  const int64_t r = (int64_t)%s_reflect((double)i, lo, hi);\n"
-               "  return r < 0 ? 0 : r >= d ? d - 1 : r;\n}\n", name);
+    fprintf(f, "  const int64_t r = (int64_t)%s_reflect((%s)i, lo, hi);\n"
+               "  return r < 0 ? 0 : r >= d ? d - 1 : r;\n}\n", name, ct);
   }
 }
 
 /* `name`_taps (gs_axis_taps): the taps of one axis of length d for the
  * normalised coordinate g: indices (-1 for a zero) and weights. */
-static void write_taps(FILE *f, const char *name, int mode, int pad, bool ac) {
-  fprintf(f, "__device__ void %s_taps(double g, int64_t d, int64_t *idx, double *w) {\n", name);
+static void write_taps(FILE *f, const char *name, int mode, int pad, bool ac, const char *ct) {
+  const char *sf = kl_cg_real_suffix(ct);
+  fprintf(f, "__device__ void %s_taps(%s g, int64_t d, int64_t *idx, %s *w) {\n", name, ct, ct);
   if (ac)
-    fprintf(f, "  const double lo = 0, hi = (double)d - 1;\n"
-               "  double v = (g + 1) / 2 * (double)(d - 1);\n");
+    fprintf(f, "  const %s lo = 0, hi = (%s)d - 1;\n"
+               "  %s v = (g + 1) / 2 * (%s)(d - 1);\n", ct, ct, ct, ct);
   else
-    fprintf(f, "  const double lo = -0.5, hi = (double)d - 0.5;\n"
-               "  double v = ((g + 1) * (double)d - 1) / 2;\n");
-  if (mode == NEAREST) fprintf(f, "  v = rint(v); /* halves to even */\n");
+    fprintf(f, "  const %s lo = (%s)-0.5, hi = (%s)d - (%s)0.5;\n"
+               "  %s v = ((g + 1) * (%s)d - 1) / 2;\n", ct, ct, ct, ct, ct, ct);
+  if (mode == NEAREST) fprintf(f, "  v = rint%s(v); /* halves to even */\n", sf);
   /* a point outside: border and reflection move it in, zeros keeps it */
   if (pad == BORDER)
-    fprintf(f, "  if (v < lo || v > hi) v = v < 0 ? 0 : v > (double)d - 1 ? (double)d - 1 : v;\n");
+    fprintf(f, "  if (v < lo || v > hi) v = v < 0 ? 0 : v > (%s)d - 1 ? (%s)d - 1 : v;\n", ct, ct);
   else if (pad == REFLECTION)
     fprintf(f, "  if (v < lo || v > hi) v = %s_reflect(v, lo, hi);\n", name);
   fprintf(f, "  if (v != v) v = lo;\n"
-             "  const double v0 = floor(v), t = v - v0;\n"
-             "  const int64_t i0 = (int64_t)fmax(fmin(v0, 1e15), -1e15);\n");
+             "  const %s v0 = floor%s(v), t = v - v0;\n"
+             "  const int64_t i0 = (int64_t)fmax%s(fmin%s(v0, (%s)1e15), (%s)-1e15);\n",
+          ct, sf, sf, sf, ct, ct);
   if (mode == NEAREST) {
     fprintf(f, "  (void)t;\n  w[0] = 1;\n  idx[0] = %s_tap(i0, d, lo, hi);\n", name);
   } else if (mode == LINEAR) {
     fprintf(f, "  w[0] = 1 - t;\n  w[1] = t;\n"
                "  for (int j = 0; j < 2; j++) idx[j] = %s_tap(i0 + j, d, lo, hi);\n", name);
   } else { /* Keys cubic, a = -0.75, taps at -1, 0, 1, 2 */
-    fprintf(f, "  const double a = -0.75, dist[4] = {t + 1, t, 1 - t, 2 - t};\n"
+    fprintf(f, "  const %s a = (%s)-0.75, dist[4] = {t + 1, t, 1 - t, 2 - t};\n"
                "  for (int j = 0; j < 4; j++) {\n"
-               "    const double x = dist[j];\n"
+               "    const %s x = dist[j];\n"
                "    w[j] = x <= 1 ? ((a + 2) * x - (a + 3)) * x * x + 1\n"
                "                  : ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;\n"
-               "    idx[j] = %s_tap(i0 - 1 + j, d, lo, hi);\n  }\n", name);
+               "    idx[j] = %s_tap(i0 - 1 + j, d, lo, hi);\n  }\n", ct, ct, ct, name);
   }
   fprintf(f, "}\n");
 }
@@ -112,6 +124,7 @@ static void write_kernel(FILE *f, const char *name, const kl_node *n) {
   kl_shape_strides(&x->shape, xs);
   for (int a = 0; a < k; a++) xin *= x->shape.dims[2 + a], yout *= y->shape.dims[2 + a];
   char b1[128], at[160], shape[160];
+  const char *ct = gs_real(n);
   fprintf(f, "/* mode %s, padding_mode %s, align_corners %d; x %s%s */\n",
           kl_attr_string(n, "mode", "linear"), kl_attr_string(n, "padding_mode", "zeros"),
           (int)kl_attr_int(n, "align_corners", 0), kl_dtype_name(x->dtype),
@@ -130,18 +143,18 @@ static void write_kernel(FILE *f, const char *name, const kl_node *n) {
           (ll)yout, k);
   for (int a = 0; a < k; a++) { /* grid[..., 0] addresses the last axis */
     snprintf(at, sizeof at, "gp[%d]", k - 1 - a);
-    fprintf(f, "    int64_t i%d[%d];\n    double w%d[%d];\n    %s_taps(%s, %lldLL, i%d, w%d);\n",
-            a, nt, a, nt, name, kl_cg_load(b1, sizeof b1, g->dtype, "double", at),
+    fprintf(f, "    int64_t i%d[%d];\n    %s w%d[%d];\n    %s_taps(%s, %lldLL, i%d, w%d);\n",
+            a, nt, ct, a, nt, name, kl_cg_load(b1, sizeof b1, g->dtype, ct, at),
             (ll)x->shape.dims[2 + a], a, a);
   }
-  fprintf(f, "    double acc = 0;\n");
+  fprintf(f, "    %s acc = 0;\n", ct);
   for (int a = 0; a < k; a++) {
     int ind = 4 + 2 * a;
     fprintf(f, "%*sfor (int t%d = 0; t%d < %d; t%d++) {\n", ind, "", a, a, nt, a);
     fprintf(f, "%*s  if (i%d[t%d] < 0) continue;\n", ind, "", a, a);
     /* p: the product of the weights so far; f: the offset so far */
-    if (a == 0) fprintf(f, "%*s  const double p0 = w0[t0];\n", ind, "");
-    else fprintf(f, "%*s  const double p%d = p%d * w%d[t%d];\n", ind, "", a, a - 1, a, a);
+    if (a == 0) fprintf(f, "%*s  const %s p0 = w0[t0];\n", ind, "", ct);
+    else fprintf(f, "%*s  const %s p%d = p%d * w%d[t%d];\n", ind, "", ct, a, a - 1, a, a);
     fprintf(f, "%*s  if (p%d == 0) continue;\n", ind, "", a);
     fprintf(f, "%*s  const int64_t f%d = ", ind, "", a);
     if (a > 0) fprintf(f, "f%d + ", a - 1);
@@ -149,7 +162,7 @@ static void write_kernel(FILE *f, const char *name, const kl_node *n) {
   }
   snprintf(at, sizeof at, "xp[f%d]", k - 1);
   fprintf(f, "%*s  acc += p%d * %s;\n", 2 + 2 * k, "", k - 1,
-          kl_cg_load(b1, sizeof b1, x->dtype, "double", at));
+          kl_cg_load(b1, sizeof b1, x->dtype, ct, at));
   for (int a = k - 1; a >= 0; a--) fprintf(f, "%*s}\n", 4 + 2 * a, "");
   fprintf(f, "    ");
   kl_cg_store(f, y->dtype, "out[i]", "acc");
@@ -166,9 +179,10 @@ static int emit_grid_sample(kl_cg_emitter *e, const kl_node *n) {
   int k = kl_cg_new_kernel(e, name, sizeof name);
   FILE *f = kl_cg_kernels(e);
   int pad = gs_padding(n);
-  if (pad == REFLECTION) write_reflect(f, name);
-  write_tap(f, name, pad);
-  write_taps(f, name, gs_mode(n), pad, kl_attr_int(n, "align_corners", 0) != 0);
+  const char *ct = gs_real(n);
+  if (pad == REFLECTION) write_reflect(f, name, ct);
+  write_tap(f, name, pad, ct);
+  write_taps(f, name, gs_mode(n), pad, kl_attr_int(n, "align_corners", 0) != 0, ct);
   write_kernel(f, name, n);
   kl_cg_launch_node(e, k, threads, n);
   return 0;
