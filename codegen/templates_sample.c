@@ -42,10 +42,12 @@ static bool handles_grid_sample(const kl_node *n) {
          kl_dtype_is_float(n->inputs[0]->dtype) && kl_dtype_is_float(n->inputs[1]->dtype);
 }
 
-/* Grid_sample computes in the real type of its tensors (kl_cg_real_type):
- * float when x and grid are f32 or half, double when either is f64. */
-static const char *gs_real(const kl_node *n) {
-  bool wide = n->inputs[0]->dtype == KL_F64 || n->inputs[1]->dtype == KL_F64;
+/* The real type the kernels of n compute in (kl_cg_real_type): float when
+ * its float inputs are f32 or half, double when any is f64. */
+static const char *node_real(const kl_node *n) {
+  bool wide = false;
+  for (int i = 0; i < n->ninputs; i++)
+    wide |= n->inputs[i] && n->inputs[i]->dtype == KL_F64;
   return kl_cg_real_type(wide ? KL_F64 : KL_F32);
 }
 
@@ -124,7 +126,7 @@ static void write_kernel(FILE *f, const char *name, const kl_node *n) {
   kl_shape_strides(&x->shape, xs);
   for (int a = 0; a < k; a++) xin *= x->shape.dims[2 + a], yout *= y->shape.dims[2 + a];
   char b1[128], at[160], shape[160];
-  const char *ct = gs_real(n);
+  const char *ct = node_real(n);
   fprintf(f, "/* mode %s, padding_mode %s, align_corners %d; x %s%s */\n",
           kl_attr_string(n, "mode", "linear"), kl_attr_string(n, "padding_mode", "zeros"),
           (int)kl_attr_int(n, "align_corners", 0), kl_dtype_name(x->dtype),
@@ -179,7 +181,7 @@ static int emit_grid_sample(kl_cg_emitter *e, const kl_node *n) {
   int k = kl_cg_new_kernel(e, name, sizeof name);
   FILE *f = kl_cg_kernels(e);
   int pad = gs_padding(n);
-  const char *ct = gs_real(n);
+  const char *ct = node_real(n);
   if (pad == REFLECTION) write_reflect(f, name, ct);
   write_tap(f, name, pad, ct);
   write_taps(f, name, gs_mode(n), pad, kl_attr_int(n, "align_corners", 0) != 0, ct);
@@ -199,45 +201,50 @@ static bool handles_roi_align(const kl_node *n) {
 }
 
 /* `name`_bin (roi_bin in ir/ops_sample.c): one bin of the plane xp, the
- * same samples, terms and order, in double. */
-static void write_roi_bin(FILE *f, const char *name, const kl_node *n, bool is_max) {
+ * same samples, terms and order, in the real type ct. */
+static void write_roi_bin(FILE *f, const char *name, const kl_node *n, bool is_max,
+                          const char *ct) {
   const kl_value *x = n->inputs[0];
   int64_t h = x->shape.dims[2], w = x->shape.dims[3];
   char b1[128];
-  fprintf(f, "__device__ double %s_at(const %s *xp, int64_t i) {\n  return %s;\n}\n", name,
-          kl_cg_storage(x->dtype), kl_cg_load(b1, sizeof b1, x->dtype, "double", "xp[i]"));
-  fprintf(f, "__device__ double %s_bin(const %s *xp, double y0, double x0, double bh, double bw,\n"
-             "                       int64_t gh, int64_t gw) {\n"
+  fprintf(f, "__device__ %s %s_at(const %s *xp, int64_t i) {\n  return %s;\n}\n", ct, name,
+          kl_cg_storage(x->dtype), kl_cg_load(b1, sizeof b1, x->dtype, ct, "xp[i]"));
+  /* T: the real type, typedef'd once so the helper text reads as one */
+  fprintf(f, "typedef %s %s_real;\n", ct, name);
+  fprintf(f, "__device__ %s_real %s_bin(const %s *xp, %s_real y0, %s_real x0, %s_real bh,\n"
+             "                       %s_real bw, int64_t gh, int64_t gw) {\n"
+             "  typedef %s_real T;\n"
              "  const int64_t h = %lldLL, w = %lldLL;\n"
-             "  double acc = 0;\n%s"
+             "  T acc = 0;\n%s"
              "  for (int64_t iy = 0; iy < gh; iy++) {\n"
-             "    const double yy = y0 + ((double)iy + 0.5) * bh / (double)gh;\n"
+             "    const T yy = y0 + ((T)iy + (T)0.5) * bh / (T)gh;\n"
              "    for (int64_t ix = 0; ix < gw; ix++) {\n"
-             "      const double xx = x0 + ((double)ix + 0.5) * bw / (double)gw;\n"
-             "      double t0 = 0, t1 = 0, t2 = 0, t3 = 0;\n"
-             "      if (!(yy < -1 || yy > (double)h || xx < -1 || xx > (double)w)) {\n"
-             "        double y = yy > 0 ? yy : 0, x = xx > 0 ? xx : 0;\n"
+             "      const T xx = x0 + ((T)ix + (T)0.5) * bw / (T)gw;\n"
+             "      T t0 = 0, t1 = 0, t2 = 0, t3 = 0;\n"
+             "      if (!(yy < -1 || yy > (T)h || xx < -1 || xx > (T)w)) {\n"
+             "        T y = yy > 0 ? yy : 0, x = xx > 0 ? xx : 0;\n"
              "        int64_t ylo = (int64_t)y, xlo = (int64_t)x, yhi, xhi;\n"
-             "        if (ylo >= h - 1) {\n          yhi = ylo = h - 1;\n          y = (double)ylo;\n"
+             "        if (ylo >= h - 1) {\n          yhi = ylo = h - 1;\n          y = (T)ylo;\n"
              "        } else {\n          yhi = ylo + 1;\n        }\n"
-             "        if (xlo >= w - 1) {\n          xhi = xlo = w - 1;\n          x = (double)xlo;\n"
+             "        if (xlo >= w - 1) {\n          xhi = xlo = w - 1;\n          x = (T)xlo;\n"
              "        } else {\n          xhi = xlo + 1;\n        }\n"
-             "        const double ly = y - (double)ylo, lx = x - (double)xlo, hy = 1 - ly, hx = 1 - lx;\n"
+             "        const T ly = y - (T)ylo, lx = x - (T)xlo, hy = 1 - ly, hx = 1 - lx;\n"
              "        t0 = hy * hx * %s_at(xp, ylo * w + xlo);\n"
              "        t1 = hy * lx * %s_at(xp, ylo * w + xhi);\n"
              "        t2 = ly * hx * %s_at(xp, yhi * w + xlo);\n"
              "        t3 = ly * lx * %s_at(xp, yhi * w + xhi);\n"
-             "      }\n", name, kl_cg_storage(x->dtype), (ll)h, (ll)w,
-          is_max ? "  bool first = true;\n" : "", name, name, name, name);
+             "      }\n", name, name, kl_cg_storage(x->dtype), name, name, name, name, name,
+          (ll)h, (ll)w, is_max ? "  bool first = true;\n" : "", name, name, name, name);
+  const char *sf = kl_cg_real_suffix(ct);
   if (is_max)
-    fprintf(f, "      const double m = fmax(fmax(t0, t1), fmax(t2, t3));\n"
-               "      acc = first ? m : fmax(acc, m);\n      first = false;\n"
-               "    }\n  }\n  return acc;\n}\n");
+    fprintf(f, "      const T m = fmax%s(fmax%s(t0, t1), fmax%s(t2, t3));\n"
+               "      acc = first ? m : fmax%s(acc, m);\n      first = false;\n"
+               "    }\n  }\n  return acc;\n}\n", sf, sf, sf, sf);
   else
     fprintf(f, "      acc += t0 + t1 + t2 + t3;\n"
                "    }\n  }\n"
                "  const int64_t count = gh * gw;\n"
-               "  return acc / (double)(count > 1 ? count : 1);\n}\n");
+               "  return acc / (T)(count > 1 ? count : 1);\n}\n");
 }
 
 /* The flag of a batch index out of range. */
@@ -264,12 +271,14 @@ static int emit_roi_align(kl_cg_emitter *e, const kl_node *n) {
   char name[32], b1[128], b2[128], at[64];
   int k = kl_cg_new_kernel(e, name, sizeof name);
   FILE *f = kl_cg_kernels(e);
-  write_roi_bin(f, name, n, is_max);
+  const char *ct = node_real(n);
+  write_roi_bin(f, name, n, is_max, ct);
   /* samples per bin on an axis (roi_grid) */
-  fprintf(f, "__device__ int64_t %s_grid(double bin) {\n", name);
+  fprintf(f, "__device__ int64_t %s_grid(%s bin) {\n", name, ct);
   if (ratio > 0) fprintf(f, "  (void)bin;\n  return %lldLL;\n}\n", (ll)ratio);
-  else fprintf(f, "  const double g = ceil(bin);\n"
-                  "  return g > 0 ? (g < 1e9 ? (int64_t)g : 1000000000LL) : 0;\n}\n");
+  else fprintf(f, "  const %s g = ceil%s(bin);\n"
+                  "  return g > 0 ? (g < (%s)1e9 ? (int64_t)g : 1000000000LL) : 0;\n}\n",
+               ct, kl_cg_real_suffix(ct), ct);
   fprintf(f, "/* roi_align mode %s, %s, x %s */\n", is_max ? "max" : "avg",
           half ? "half_pixel" : "output_half_pixel", kl_dtype_name(x->dtype));
   fprintf(f, "KL_KERNEL void %s(const %s *__restrict__ x, const %s *__restrict__ rois, "
@@ -281,22 +290,24 @@ static int emit_roi_align(kl_cg_emitter *e, const kl_node *n) {
   fprintf(f, "    const int64_t pw = i %% %lldLL, ph = (i / %lldLL) %% %lldLL;\n"
              "    const int64_t c = (i / %lldLL) %% %lldLL, r = i / %lldLL;\n",
           (ll)ow, (ll)ow, (ll)oh, (ll)(oh * ow), (ll)ch, (ll)(oh * ow * ch));
+  /* the batch index is range-checked exactly, in double, once a thread */
   fprintf(f, "    const double bd = %s;\n", kl_cg_load(b1, sizeof b1, bi->dtype, "double", "bi[r]"));
-  fprintf(f, "    double v = KL_NAN;\n"
+  fprintf(f, "    %s v = KL_NAN;\n"
              "    if (!(bd >= 0 && bd < %lldLL)) atomicMax(bad, 0xFFFFFFFFu - (unsigned)r);\n"
-             "    else {\n", (ll)x->shape.dims[0]);
-  fprintf(f, "      double rp[4];\n      for (int j = 0; j < 4; j++) rp[j] = %s;\n",
-          kl_cg_load(b2, sizeof b2, r->dtype, "double", "rois[r * 4 + j]"));
-  fprintf(f, "      const double scale = %.17g, off = %s;\n"
-             "      const double x0 = rp[0] * scale - off, y0 = rp[1] * scale - off;\n"
-             "      double rw = rp[2] * scale - off - x0, rh = rp[3] * scale - off - y0;\n",
-          scale, half ? "0.5" : "0.0");
+             "    else {\n", ct, (ll)x->shape.dims[0]);
+  fprintf(f, "      %s rp[4];\n      for (int j = 0; j < 4; j++) rp[j] = %s;\n", ct,
+          kl_cg_load(b2, sizeof b2, r->dtype, ct, "rois[r * 4 + j]"));
+  fprintf(f, "      const %s scale = (%s)%.17g, off = (%s)%s;\n"
+             "      const %s x0 = rp[0] * scale - off, y0 = rp[1] * scale - off;\n"
+             "      %s rw = rp[2] * scale - off - x0, rh = rp[3] * scale - off - y0;\n",
+          ct, ct, scale, ct, half ? "0.5" : "0.0", ct, ct);
   if (!half) fprintf(f, "      rw = rw > 1 ? rw : 1;\n      rh = rh > 1 ? rh : 1;\n");
-  fprintf(f, "      const double bh = rh / %lld.0, bw = rw / %lld.0;\n"
+  fprintf(f, "      const %s bh = rh / (%s)%lld, bw = rw / (%s)%lld;\n"
              "      const %s *const xp = x + ((int64_t)bd * %lldLL + c) * %lldLL;\n"
-             "      v = %s_bin(xp, y0 + (double)ph * bh, x0 + (double)pw * bw, bh, bw, "
+             "      v = %s_bin(xp, y0 + (%s)ph * bh, x0 + (%s)pw * bw, bh, bw, "
              "%s_grid(bh), %s_grid(bw));\n    }\n    ",
-          (ll)oh, (ll)ow, kl_cg_storage(x->dtype), (ll)ch, (ll)plane, name, name, name);
+          ct, ct, (ll)oh, ct, (ll)ow, kl_cg_storage(x->dtype), (ll)ch, (ll)plane, name, ct, ct,
+          name, name);
   snprintf(at, sizeof at, "out[i]");
   kl_cg_store(f, y->dtype, at, "v");
   fprintf(f, "  }\n}\nKL_EMU_ENTRY(%s, KL_ARG(const %s *, 0), KL_ARG(const %s *, 1), "
