@@ -339,7 +339,7 @@ static void attr_ints_or(const kl_node *n, const char *attr, int len, int64_t df
 /* One thread per output element (b, oc, oy, ox), as kl_eval_DEFORM_CONV2D:
  * for each input channel of the group and each tap, the moved point's
  * bilinear value (zero outside; `name`_at), times the mask and the weight,
- * summed in double in the interpreter's order. */
+ * summed in the real type (float, double for f64) in the interpreter's order. */
 static int emit_deform_conv(kl_cg_emitter *e, const kl_node *n) {
   kl_cg_comment(e, n);
   const kl_value *x = n->inputs[0], *w = n->inputs[1], *off = n->inputs[2], *y = n->outputs[0];
@@ -360,22 +360,25 @@ static int emit_deform_conv(kl_cg_emitter *e, const kl_node *n) {
   int k = kl_cg_new_kernel(e, name, sizeof name);
   FILE *f = kl_cg_kernels(e);
   snprintf(px, sizeof px, "p[yy * %lldLL + xx]", (ll)wi);
-  /* bilinear_zero of ir/ops_contract.c over one plane */
-  fprintf(f, "__device__ double %s_at(const %s *p, double y, double x) {\n"
+  const char *ct = node_real(n), *sf = kl_cg_real_suffix(ct);
+  /* bilinear_zero of ir/ops_contract.c over one plane; T the real type */
+  fprintf(f, "typedef %s %s_real;\n", ct, name);
+  fprintf(f, "__device__ %s_real %s_at(const %s *p, %s_real y, %s_real x) {\n"
+             "  typedef %s_real T;\n"
              "  if (y != y || x != x) return KL_NAN;\n"
-             "  y = fmax(fmin(y, 1e9), -1e9);\n  x = fmax(fmin(x, 1e9), -1e9);\n"
-             "  const double fy = floor(y), fx = floor(x), ly = y - fy, lx = x - fx;\n"
+             "  y = fmax%s(fmin%s(y, (T)1e9), (T)-1e9);\n  x = fmax%s(fmin%s(x, (T)1e9), (T)-1e9);\n"
+             "  const T fy = floor%s(y), fx = floor%s(x), ly = y - fy, lx = x - fx;\n"
              "  const int64_t y0 = (int64_t)fy, x0 = (int64_t)fx;\n"
-             "  const double wy[2] = {1 - ly, ly}, wx[2] = {1 - lx, lx};\n"
-             "  double acc = 0;\n"
+             "  const T wy[2] = {1 - ly, ly}, wx[2] = {1 - lx, lx};\n"
+             "  T acc = 0;\n"
              "  for (int i = 0; i < 2; i++)\n"
              "    for (int j = 0; j < 2; j++) {\n"
              "      const int64_t yy = y0 + i, xx = x0 + j;\n"
              "      if (yy >= 0 && yy < %lldLL && xx >= 0 && xx < %lldLL && wy[i] * wx[j] != 0)\n"
              "        acc += wy[i] * wx[j] * %s;\n"
              "    }\n  return acc;\n}\n",
-          name, kl_cg_storage(x->dtype), (ll)h, (ll)wi,
-          kl_cg_load(b1, sizeof b1, x->dtype, "double", px));
+          name, name, kl_cg_storage(x->dtype), name, name, name, sf, sf, sf, sf, sf, sf, (ll)h,
+          (ll)wi, kl_cg_load(b1, sizeof b1, x->dtype, ct, px));
   fprintf(f, "/* deform_conv2d, x %s */\n", kl_dtype_name(x->dtype));
   fprintf(f, "KL_KERNEL void %s(const %s *__restrict__ x, const %s *__restrict__ w, "
              "const %s *__restrict__ off, ", name, kl_cg_storage(x->dtype),
@@ -389,9 +392,9 @@ static int emit_deform_conv(kl_cg_emitter *e, const kl_node *n) {
              "    const int64_t oc = (i / %lldLL) %% %lldLL, b = i / %lldLL;\n",
           (ll)plane, (ll)ow, (ll)ow, (ll)plane, (ll)m, (ll)(plane * m));
   if (bias)
-    fprintf(f, "    double acc = %s;\n", kl_cg_load(b1, sizeof b1, bias->dtype, "double", "bias[oc]"));
+    fprintf(f, "    %s acc = %s;\n", ct, kl_cg_load(b1, sizeof b1, bias->dtype, ct, "bias[oc]"));
   else
-    fprintf(f, "    double acc = 0;\n");
+    fprintf(f, "    %s acc = 0;\n", ct);
   fprintf(f, "    for (int64_t icl = 0; icl < %lldLL; icl++) {\n"
              "      const int64_t ic = oc / %lldLL * %lldLL + icl, og = ic / %lldLL;\n"
              "      const %s *const xp = x + (b * %lldLL + ic) * %lldLL;\n"
@@ -400,22 +403,22 @@ static int emit_deform_conv(kl_cg_emitter *e, const kl_node *n) {
              "        const int64_t ob = ((b * %lldLL + og) * %lldLL + t) * %lldLL + at;\n",
           (ll)cpg, (ll)mpg, (ll)cpg, (ll)cpo, kl_cg_storage(x->dtype), (ll)c, (ll)(h * wi),
           (ll)taps, (ll)kw, (ll)kw, (ll)ogroups, (ll)taps, (ll)(2 * plane));
-  fprintf(f, "        const double yy = (double)(oy * %lldLL - %lldLL + ky * %lldLL) + %s;\n",
+  fprintf(f, "        const %s yy = (%s)(oy * %lldLL - %lldLL + ky * %lldLL) + %s;\n", ct, ct,
           (ll)stride[0], (ll)pad[0], (ll)dil[0],
-          kl_cg_load(b1, sizeof b1, off->dtype, "double", "off[ob]"));
+          kl_cg_load(b1, sizeof b1, off->dtype, ct, "off[ob]"));
   char at[96];
   snprintf(at, sizeof at, "off[ob + %lldLL]", (ll)plane);
-  fprintf(f, "        const double xx = (double)(ox * %lldLL - %lldLL + kx * %lldLL) + %s;\n",
-          (ll)stride[1], (ll)pad[1], (ll)dil[1], kl_cg_load(b2, sizeof b2, off->dtype, "double", at));
-  fprintf(f, "        double v = %s_at(xp, yy, xx);\n", name);
+  fprintf(f, "        const %s xx = (%s)(ox * %lldLL - %lldLL + kx * %lldLL) + %s;\n", ct, ct,
+          (ll)stride[1], (ll)pad[1], (ll)dil[1], kl_cg_load(b2, sizeof b2, off->dtype, ct, at));
+  fprintf(f, "        %s v = %s_at(xp, yy, xx);\n", ct, name);
   if (mask) {
     snprintf(at, sizeof at, "mask[((b * %lldLL + og) * %lldLL + t) * %lldLL + at]", (ll)ogroups,
              (ll)taps, (ll)plane);
-    fprintf(f, "        v *= %s;\n", kl_cg_load(b3, sizeof b3, mask->dtype, "double", at));
+    fprintf(f, "        v *= %s;\n", kl_cg_load(b3, sizeof b3, mask->dtype, ct, at));
   }
   snprintf(at, sizeof at, "w[(oc * %lldLL + icl) * %lldLL + t]", (ll)cpg, (ll)taps);
   fprintf(f, "        acc += %s * v;\n      }\n    }\n    ",
-          kl_cg_load(b1, sizeof b1, w->dtype, "double", at));
+          kl_cg_load(b1, sizeof b1, w->dtype, ct, at));
   kl_cg_store(f, y->dtype, "out[i]", "acc");
   fprintf(f, "  }\n}\nKL_EMU_ENTRY(%s, KL_ARG(const %s *, 0), KL_ARG(const %s *, 1), "
              "KL_ARG(const %s *, 2)", name, kl_cg_storage(x->dtype), kl_cg_storage(w->dtype),
