@@ -368,7 +368,8 @@ static bool handles_pool(const kl_node *n) {
 }
 
 /* One thread per output element, as pool_eval: max propagates NaN and is
- * -inf over an empty window; avg sums in double and divides by the count
+ * -inf over an empty window; avg sums in the real type (float; double for
+ * f64) and divides by the count
  * of positions inside the input, or inside the padded input with
  * count_include_pad. */
 static int emit_pool(kl_cg_emitter *e, const kl_node *n) {
@@ -393,7 +394,7 @@ static int emit_pool(kl_cg_emitter *e, const kl_node *n) {
   snprintf(what, sizeof what, " %lldx%lld/%lldx%lld", (ll)wn.k[0], (ll)wn.k[1], (ll)wn.stride[0],
            (ll)wn.stride[1]);
   kbegin(f, n, name, what, a, 2);
-  const char *ct = is_max ? ctype(x->dtype) : "double";
+  const char *ct = kl_cg_real_type(x->dtype);
   loop(f, total);
   fprintf(f, "    const int64_t ox = i %% %lldLL, oy = (i / %lldLL) %% %lldLL, pl = i / %lldLL;\n",
           (ll)ow, (ll)ow, (ll)oh, (ll)(oh * ow));
@@ -422,7 +423,9 @@ static int emit_pool(kl_cg_emitter *e, const kl_node *n) {
             (ll)(wn.dil[1] - 1), (ll)wn.dil[1], (ll)wn.k[0], (ll)wn.k[0], (ll)wn.k[1], (ll)wn.k[1]);
   }
   fprintf(f, "    ");
-  st(f, y->dtype, "out[i]", is_max ? "acc" : "acc / (double)count");
+  char mean[48];
+  snprintf(mean, sizeof mean, "acc / (%s)count", ct);
+  st(f, y->dtype, "out[i]", is_max ? "acc" : mean);
   fprintf(f, "  }\n");
   kend(f, name, a, 2);
   kl_cg_launch_node(e, k, total, n);
