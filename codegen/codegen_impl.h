@@ -11,6 +11,13 @@ const char *kl_cg_storage(kl_dtype t);
 /* Arithmetic type of a dtype in kernels: float for f16/bf16/f32, double
  * for f64, int64_t/uint64_t for integers. */
 const char *kl_cg_compute_type(kl_dtype t);
+/* Real arithmetic type for a template that weighs or averages elements of
+ * dtype t: float for f16/bf16/f32 (a GPU's fast path), double for f64 and
+ * for integers (whose values a float cannot all hold). */
+const char *kl_cg_real_type(kl_dtype t);
+/* The math-function suffix for real type ct: "f" for float (floorf), ""
+ * for double. */
+const char *kl_cg_real_suffix(const char *ct);
 /* Expression of a stored element `expr` of dtype t converted to `to`. */
 const char *kl_cg_load(char *buf, size_t len, kl_dtype t, const char *to, const char *expr);
 /* Statement `dst = value;` rounding value to dtype t's storage. */

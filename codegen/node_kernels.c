@@ -72,6 +72,12 @@ static bool converts(kl_dtype t) {
   return t == KL_F16 || t == KL_BF16 || kl_dtype_is_small_float(t);
 }
 
+const char *kl_cg_real_type(kl_dtype t) {
+  return (kl_dtype_is_float(t) && t != KL_F64) || kl_dtype_is_small_float(t) ? "float" : "double";
+}
+
+const char *kl_cg_real_suffix(const char *ct) { return strcmp(ct, "float") ? "" : "f"; }
+
 static void load(FILE *f, kl_dtype t, const char *expr) {
   char buf[512];
   if (load_value(buf, sizeof buf, t, expr)) fputs(buf, f);

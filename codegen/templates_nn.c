@@ -4,8 +4,9 @@
  * global_avg_pool, cross_entropy, nll_loss, conv_transpose2d, resize,
  * col2im, dft and det.  Each kernel mirrors the interpreter's code in ir/ (ops_nn.c,
  * ops_contract.c, ops_sample.c, ops_math.c): same index math, same
- * order of operations where it decides NaN and rounding, sums in double
- * (dft: in the compute type, f32 for f32, as a GPU kernel should). */
+ * order of operations where it decides NaN and rounding.  conv_transpose2d,
+ * col2im, resize and dft compute in the tensor's real type (kl_cg_real_type:
+ * float for f32 and half tensors, double for f64); the others sum in double. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -367,7 +368,8 @@ static bool handles_pool(const kl_node *n) {
 }
 
 /* One thread per output element, as pool_eval: max propagates NaN and is
- * -inf over an empty window; avg sums in double and divides by the count
+ * -inf over an empty window; avg sums in the real type (float; double for
+ * f64) and divides by the count
  * of positions inside the input, or inside the padded input with
  * count_include_pad. */
 static int emit_pool(kl_cg_emitter *e, const kl_node *n) {
@@ -392,7 +394,7 @@ static int emit_pool(kl_cg_emitter *e, const kl_node *n) {
   snprintf(what, sizeof what, " %lldx%lld/%lldx%lld", (ll)wn.k[0], (ll)wn.k[1], (ll)wn.stride[0],
            (ll)wn.stride[1]);
   kbegin(f, n, name, what, a, 2);
-  const char *ct = is_max ? ctype(x->dtype) : "double";
+  const char *ct = kl_cg_real_type(x->dtype);
   loop(f, total);
   fprintf(f, "    const int64_t ox = i %% %lldLL, oy = (i / %lldLL) %% %lldLL, pl = i / %lldLL;\n",
           (ll)ow, (ll)ow, (ll)oh, (ll)(oh * ow));
@@ -421,7 +423,9 @@ static int emit_pool(kl_cg_emitter *e, const kl_node *n) {
             (ll)(wn.dil[1] - 1), (ll)wn.dil[1], (ll)wn.k[0], (ll)wn.k[0], (ll)wn.k[1], (ll)wn.k[1]);
   }
   fprintf(f, "    ");
-  st(f, y->dtype, "out[i]", is_max ? "acc" : "acc / (double)count");
+  char mean[48];
+  snprintf(mean, sizeof mean, "acc / (%s)count", ct);
+  st(f, y->dtype, "out[i]", is_max ? "acc" : mean);
   fprintf(f, "  }\n");
   kend(f, name, a, 2);
   kl_cg_launch_node(e, k, total, n);
@@ -831,10 +835,11 @@ static int emit_tconv(kl_cg_emitter *e, const kl_node *n) {
              "    const int64_t oc = (i / %lldLL) %% %lldLL, b = i / %lldLL;\n"
              "    const int64_t g = oc / %lldLL, j = oc %% %lldLL;\n",
           (ll)ow, (ll)ow, (ll)oh, (ll)(oh * ow), (ll)m, (ll)(m * oh * ow), (ll)mpg, (ll)mpg);
+  const char *ct = kl_cg_real_type(y->dtype);
   if (n->ninputs > 2)
-    fprintf(f, "    double acc = %s;\n", ld(b1, sizeof b1, n->inputs[2]->dtype, "double", "bias[oc]"));
+    fprintf(f, "    %s acc = %s;\n", ct, ld(b1, sizeof b1, n->inputs[2]->dtype, ct, "bias[oc]"));
   else
-    fprintf(f, "    double acc = 0;\n");
+    fprintf(f, "    %s acc = 0;\n", ct);
   fprintf(f, "    for (int64_t icl = 0; icl < %lldLL; icl++) {\n"
              "      const int64_t ic = g * %lldLL + icl;\n"
              "      for (int64_t ky = 0; ky < %lldLL; ky++) {\n"
@@ -852,7 +857,7 @@ static int emit_tconv(kl_cg_emitter *e, const kl_node *n) {
   snprintf(ax, sizeof ax, "x[((b * %lldLL + ic) * %lldLL + iy) * %lldLL + ix]", (ll)c, (ll)h, (ll)wi);
   snprintf(aw, sizeof aw, "w[((ic * %lldLL + j) * %lldLL + ky) * %lldLL + kx]", (ll)mpg, (ll)kh, (ll)kw);
   fprintf(f, "          acc += %s * %s;\n        }\n      }\n    }\n    ",
-          ld(b1, sizeof b1, x->dtype, "double", ax), ld(b2, sizeof b2, w->dtype, "double", aw));
+          ld(b1, sizeof b1, x->dtype, ct, ax), ld(b2, sizeof b2, w->dtype, ct, aw));
   st(f, y->dtype, "out[i]", "acc");
   fprintf(f, "  }\n");
   kend(f, name, a, na);
@@ -891,9 +896,10 @@ static int emit_col2im(kl_cg_emitter *e, const kl_node *n) {
   for (int d = s - 1; d >= 0; d--)
     fprintf(f, "    const int64_t p%d = r %% %lldLL;\n    r /= %lldLL;\n", d, (ll)g.image[d],
             (ll)g.image[d]);
-  fprintf(f, "    double acc = 0;\n"
+  const char *ct = kl_cg_real_type(y->dtype);
+  fprintf(f, "    %s acc = 0;\n"
              "    for (int64_t b = 0; b < %lldLL; b++) {\n"
-             "      int64_t rb = b, q = 0;\n", (ll)k);
+             "      int64_t rb = b, q = 0;\n", ct, (ll)k);
   /* t%d: the padded position of block element b's row on axis d, a
    * multiple of the stride below nblk strides when it comes from a block */
   for (int d = s - 1; d >= 0; d--)
@@ -910,7 +916,7 @@ static int emit_col2im(kl_cg_emitter *e, const kl_node *n) {
   fprintf(f, "      (void)rb;\n");
   char at[96];
   snprintf(at, sizeof at, "x[(pl * %lldLL + b) * %lldLL + q]", (ll)k, (ll)l);
-  fprintf(f, "      acc += %s;\n    }\n    (void)r;\n    ", ld(b1, sizeof b1, x->dtype, "double", at));
+  fprintf(f, "      acc += %s;\n    }\n    (void)r;\n    ", ld(b1, sizeof b1, x->dtype, ct, at));
   st(f, y->dtype, "out[i]", "acc");
   fprintf(f, "  }\n");
   kend(f, name, a, 2);
@@ -949,6 +955,9 @@ static int emit_resize(kl_cg_emitter *e, const kl_node *n) {
   FILE *f = kl_cg_kernels(e);
   int64_t xs[KL_MAX_RANK];
   kl_shape_strides(&x->shape, xs);
+  /* weights and sums in float for half and f32 tensors; double for f64 and
+   * integers (an int64 element needs more than a float's 24 bits) */
+  const char *ct = kl_cg_real_type(x->dtype);
   /* Per axis: nt[d] taps per output index (the nonzero ones, in order; the
    * rest padded with weight 0, which the sum skips as the interpreter
    * does); index -1 on the first tap marks "extrapolate". */
@@ -973,7 +982,7 @@ static int emit_resize(kl_cg_emitter *e, const kl_node *n) {
         if (tp.w[t] != 0) fprintf(f, "%s%lld", o || put ? ", " : "", (ll)(tp.idx[t] * xs[d])), put++;
       for (; put < nt[d]; put++) fprintf(f, "%s%d", o || put ? ", " : "", tp.ntap == 0 && put == 0 ? -1 : 0);
     }
-    fprintf(f, "};\n__device__ const double %s_w%d[%lld] = {", name, d, (ll)(sizes[d] * nt[d]));
+    fprintf(f, "};\n__device__ const %s %s_w%d[%lld] = {", ct, name, d, (ll)(sizes[d] * nt[d]));
     for (int64_t o = 0; o < sizes[d]; o++) {
       kl_resize_taps tp;
       kl_resize_tap_at(n, d, o, &tp);
@@ -991,11 +1000,12 @@ static int emit_resize(kl_cg_emitter *e, const kl_node *n) {
   for (int d = rank - 1; d >= 0; d--)
     fprintf(f, "    const int64_t o%d = (r %% %lldLL) * %d;\n    r /= %lldLL;\n", d, (ll)sizes[d],
             nt[d], (ll)sizes[d]);
-  fprintf(f, "    double acc = 0;\n");
+  fprintf(f, "    %s acc = 0;\n", ct);
   if (any_outside) {
     fprintf(f, "    if (");
     for (int d = 0; d < rank; d++) fprintf(f, "%s%s_i%d[o%d] < 0", d ? " || " : "", name, d, d);
-    fprintf(f, ") {\n      acc = %.17g;\n    } else {\n", kl_attr_float(n, "extrapolation_value", 0.0));
+    fprintf(f, ") {\n      acc = (%s)%.17g;\n    } else {\n", ct,
+            kl_attr_float(n, "extrapolation_value", 0.0));
   } else {
     fprintf(f, "    {\n");
   }
@@ -1003,17 +1013,17 @@ static int emit_resize(kl_cg_emitter *e, const kl_node *n) {
     int ind = 6 + 2 * d;
     fprintf(f, "%*sfor (int t%d = 0; t%d < %d; t%d++) {\n", ind, "", d, d, nt[d], d);
     if (d == 0)
-      fprintf(f, "%*s  const double w0 = %s_w0[o0 + t0];\n"
-                 "%*s  const int64_t f0 = %s_i0[o0 + t0];\n", ind, "", name, ind, "", name);
+      fprintf(f, "%*s  const %s w0 = %s_w0[o0 + t0];\n"
+                 "%*s  const int64_t f0 = %s_i0[o0 + t0];\n", ind, "", ct, name, ind, "", name);
     else
-      fprintf(f, "%*s  const double w%d = w%d * %s_w%d[o%d + t%d];\n"
+      fprintf(f, "%*s  const %s w%d = w%d * %s_w%d[o%d + t%d];\n"
                  "%*s  const int64_t f%d = f%d + %s_i%d[o%d + t%d];\n",
-              ind, "", d, d - 1, name, d, d, d, ind, "", d, d - 1, name, d, d, d);
+              ind, "", ct, d, d - 1, name, d, d, d, ind, "", d, d - 1, name, d, d, d);
   }
   char at[32];
   snprintf(at, sizeof at, "x[f%d]", rank - 1);
   fprintf(f, "%*s  if (w%d != 0) acc += w%d * %s;\n", 6 + 2 * rank - 2, "", rank - 1, rank - 1,
-          ld(b1, sizeof b1, x->dtype, "double", at));
+          ld(b1, sizeof b1, x->dtype, ct, at));
   for (int d = rank - 1; d >= 0; d--) fprintf(f, "%*s}\n", 6 + 2 * d, "");
   fprintf(f, "    }\n    ");
   if (kl_dtype_is_float(y->dtype)) st(f, y->dtype, "out[i]", "acc");

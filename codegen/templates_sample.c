@@ -4,7 +4,8 @@
  * deform_conv2d (a convolution whose taps are bilinear samples).
  *
  * The kernel mirrors kl_eval_GRID_SAMPLE (ir/ops_sample.c) step by step,
- * in double as the interpreter: the same coordinate formulas, the same
+ * in the tensors' real type (float for f32 and half, double for f64; the
+ * interpreter's double is the oracle): the same coordinate formulas, the same
  * padding of the point and of each tap, and the same sum (taps in the same
  * order, products of weights built axis by axis, zero weights skipped so
  * that 0 * inf never turns into NaN).  mode, padding_mode, align_corners
@@ -41,64 +42,77 @@ static bool handles_grid_sample(const kl_node *n) {
          kl_dtype_is_float(n->inputs[0]->dtype) && kl_dtype_is_float(n->inputs[1]->dtype);
 }
 
+/* The real type the kernels of n compute in (kl_cg_real_type): float when
+ * its float inputs are f32 or half, double when any is f64. */
+static const char *node_real(const kl_node *n) {
+  bool wide = false;
+  for (int i = 0; i < n->ninputs; i++)
+    wide |= n->inputs[i] && n->inputs[i]->dtype == KL_F64;
+  return kl_cg_real_type(wide ? KL_F64 : KL_F32);
+}
+
 /* `name`_reflect (gs_reflect): v reflected into [lo, hi] by the nearer
  * border, as often as needed. */
-static void write_reflect(FILE *f, const char *name) {
-  fprintf(f, "__device__ double %s_reflect(double v, double lo, double hi) {\n"
-             "  const double range = hi - lo;\n"
+static void write_reflect(FILE *f, const char *name, const char *ct) {
+  const char *sf = kl_cg_real_suffix(ct);
+  fprintf(f, "__device__ %s %s_reflect(%s v, %s lo, %s hi) {\n"
+             "  const %s range = hi - lo;\n"
              "  if (range <= 0) return lo;\n"
              "  if (v >= lo && v <= hi) return v;\n"
-             "  const double dx = v < lo ? lo - v : v - hi;\n"
-             "  const double m = floor(dx / range), r = dx - m * range;\n"
-             "  const bool even = fmod(m, 2.0) == 0;\n"
-             "  return (v < lo) == even ? lo + r : hi - r;\n}\n", name);
+             "  const %s dx = v < lo ? lo - v : v - hi;\n"
+             "  const %s m = floor%s(dx / range), r = dx - m * range;\n"
+             "  const bool even = fmod%s(m, (%s)2) == 0;\n"
+             "  return (v < lo) == even ? lo + r : hi - r;\n}\n",
+          ct, name, ct, ct, ct, ct, ct, ct, sf, sf, ct);
 }
 
 /* `name`_tap (gs_tap): tap index i of an axis of length d moved inside by
  * the padding mode, or -1 for a zero. */
-static void write_tap(FILE *f, const char *name, int pad) {
-  fprintf(f, "__device__ int64_t %s_tap(int64_t i, int64_t d, double lo, double hi) {\n", name);
+static void write_tap(FILE *f, const char *name, int pad, const char *ct) {
+  fprintf(f, "__device__ int64_t %s_tap(int64_t i, int64_t d, %s lo, %s hi) {\n", name, ct, ct);
   if (pad == ZEROS) {
     fprintf(f, "  (void)lo;\n  (void)hi;\n  return i >= 0 && i < d ? i : -1;\n}\n");
   } else if (pad == BORDER) {
     fprintf(f, "  (void)lo;\n  (void)hi;\n  return i < 0 ? 0 : i >= d ? d - 1 : i;\n}\n");
   } else { /* the reflected coordinate truncates, as ONNX */
-    fprintf(f, "  const int64_t r = (int64_t)%s_reflect((double)i, lo, hi);\n"
-               "  return r < 0 ? 0 : r >= d ? d - 1 : r;\n}\n", name);
+    fprintf(f, "  const int64_t r = (int64_t)%s_reflect((%s)i, lo, hi);\n"
+               "  return r < 0 ? 0 : r >= d ? d - 1 : r;\n}\n", name, ct);
   }
 }
 
 /* `name`_taps (gs_axis_taps): the taps of one axis of length d for the
  * normalised coordinate g: indices (-1 for a zero) and weights. */
-static void write_taps(FILE *f, const char *name, int mode, int pad, bool ac) {
-  fprintf(f, "__device__ void %s_taps(double g, int64_t d, int64_t *idx, double *w) {\n", name);
+static void write_taps(FILE *f, const char *name, int mode, int pad, bool ac, const char *ct) {
+  const char *sf = kl_cg_real_suffix(ct);
+  fprintf(f, "__device__ void %s_taps(%s g, int64_t d, int64_t *idx, %s *w) {\n", name, ct, ct);
   if (ac)
-    fprintf(f, "  const double lo = 0, hi = (double)d - 1;\n"
-               "  double v = (g + 1) / 2 * (double)(d - 1);\n");
+    fprintf(f, "  const %s lo = 0, hi = (%s)d - 1;\n"
+               "  %s v = (g + 1) / 2 * (%s)(d - 1);\n", ct, ct, ct, ct);
   else
-    fprintf(f, "  const double lo = -0.5, hi = (double)d - 0.5;\n"
-               "  double v = ((g + 1) * (double)d - 1) / 2;\n");
-  if (mode == NEAREST) fprintf(f, "  v = rint(v); /* halves to even */\n");
+    fprintf(f, "  const %s lo = (%s)-0.5, hi = (%s)d - (%s)0.5;\n"
+               "  %s v = ((g + 1) * (%s)d - 1) / 2;\n", ct, ct, ct, ct, ct, ct);
+  if (mode == NEAREST) fprintf(f, "  v = rint%s(v); /* halves to even */\n", sf);
   /* a point outside: border and reflection move it in, zeros keeps it */
   if (pad == BORDER)
-    fprintf(f, "  if (v < lo || v > hi) v = v < 0 ? 0 : v > (double)d - 1 ? (double)d - 1 : v;\n");
+    fprintf(f, "  if (v < lo || v > hi) v = v < 0 ? 0 : v > (%s)d - 1 ? (%s)d - 1 : v;\n", ct, ct);
   else if (pad == REFLECTION)
     fprintf(f, "  if (v < lo || v > hi) v = %s_reflect(v, lo, hi);\n", name);
   fprintf(f, "  if (v != v) v = lo;\n"
-             "  const double v0 = floor(v), t = v - v0;\n"
-             "  const int64_t i0 = (int64_t)fmax(fmin(v0, 1e15), -1e15);\n");
+             "  const %s v0 = floor%s(v), t = v - v0;\n"
+             "  const int64_t i0 = (int64_t)fmax%s(fmin%s(v0, (%s)1e15), (%s)-1e15);\n",
+          ct, sf, sf, sf, ct, ct);
   if (mode == NEAREST) {
     fprintf(f, "  (void)t;\n  w[0] = 1;\n  idx[0] = %s_tap(i0, d, lo, hi);\n", name);
   } else if (mode == LINEAR) {
     fprintf(f, "  w[0] = 1 - t;\n  w[1] = t;\n"
                "  for (int j = 0; j < 2; j++) idx[j] = %s_tap(i0 + j, d, lo, hi);\n", name);
   } else { /* Keys cubic, a = -0.75, taps at -1, 0, 1, 2 */
-    fprintf(f, "  const double a = -0.75, dist[4] = {t + 1, t, 1 - t, 2 - t};\n"
+    fprintf(f, "  const %s a = (%s)-0.75, dist[4] = {t + 1, t, 1 - t, 2 - t};\n"
                "  for (int j = 0; j < 4; j++) {\n"
-               "    const double x = dist[j];\n"
+               "    const %s x = dist[j];\n"
                "    w[j] = x <= 1 ? ((a + 2) * x - (a + 3)) * x * x + 1\n"
                "                  : ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;\n"
-               "    idx[j] = %s_tap(i0 - 1 + j, d, lo, hi);\n  }\n", name);
+               "    idx[j] = %s_tap(i0 - 1 + j, d, lo, hi);\n  }\n", ct, ct, ct, name);
   }
   fprintf(f, "}\n");
 }
@@ -112,6 +126,7 @@ static void write_kernel(FILE *f, const char *name, const kl_node *n) {
   kl_shape_strides(&x->shape, xs);
   for (int a = 0; a < k; a++) xin *= x->shape.dims[2 + a], yout *= y->shape.dims[2 + a];
   char b1[128], at[160], shape[160];
+  const char *ct = node_real(n);
   fprintf(f, "/* mode %s, padding_mode %s, align_corners %d; x %s%s */\n",
           kl_attr_string(n, "mode", "linear"), kl_attr_string(n, "padding_mode", "zeros"),
           (int)kl_attr_int(n, "align_corners", 0), kl_dtype_name(x->dtype),
@@ -130,18 +145,18 @@ static void write_kernel(FILE *f, const char *name, const kl_node *n) {
           (ll)yout, k);
   for (int a = 0; a < k; a++) { /* grid[..., 0] addresses the last axis */
     snprintf(at, sizeof at, "gp[%d]", k - 1 - a);
-    fprintf(f, "    int64_t i%d[%d];\n    double w%d[%d];\n    %s_taps(%s, %lldLL, i%d, w%d);\n",
-            a, nt, a, nt, name, kl_cg_load(b1, sizeof b1, g->dtype, "double", at),
+    fprintf(f, "    int64_t i%d[%d];\n    %s w%d[%d];\n    %s_taps(%s, %lldLL, i%d, w%d);\n",
+            a, nt, ct, a, nt, name, kl_cg_load(b1, sizeof b1, g->dtype, ct, at),
             (ll)x->shape.dims[2 + a], a, a);
   }
-  fprintf(f, "    double acc = 0;\n");
+  fprintf(f, "    %s acc = 0;\n", ct);
   for (int a = 0; a < k; a++) {
     int ind = 4 + 2 * a;
     fprintf(f, "%*sfor (int t%d = 0; t%d < %d; t%d++) {\n", ind, "", a, a, nt, a);
     fprintf(f, "%*s  if (i%d[t%d] < 0) continue;\n", ind, "", a, a);
     /* p: the product of the weights so far; f: the offset so far */
-    if (a == 0) fprintf(f, "%*s  const double p0 = w0[t0];\n", ind, "");
-    else fprintf(f, "%*s  const double p%d = p%d * w%d[t%d];\n", ind, "", a, a - 1, a, a);
+    if (a == 0) fprintf(f, "%*s  const %s p0 = w0[t0];\n", ind, "", ct);
+    else fprintf(f, "%*s  const %s p%d = p%d * w%d[t%d];\n", ind, "", ct, a, a - 1, a, a);
     fprintf(f, "%*s  if (p%d == 0) continue;\n", ind, "", a);
     fprintf(f, "%*s  const int64_t f%d = ", ind, "", a);
     if (a > 0) fprintf(f, "f%d + ", a - 1);
@@ -149,7 +164,7 @@ static void write_kernel(FILE *f, const char *name, const kl_node *n) {
   }
   snprintf(at, sizeof at, "xp[f%d]", k - 1);
   fprintf(f, "%*s  acc += p%d * %s;\n", 2 + 2 * k, "", k - 1,
-          kl_cg_load(b1, sizeof b1, x->dtype, "double", at));
+          kl_cg_load(b1, sizeof b1, x->dtype, ct, at));
   for (int a = k - 1; a >= 0; a--) fprintf(f, "%*s}\n", 4 + 2 * a, "");
   fprintf(f, "    ");
   kl_cg_store(f, y->dtype, "out[i]", "acc");
@@ -166,9 +181,10 @@ static int emit_grid_sample(kl_cg_emitter *e, const kl_node *n) {
   int k = kl_cg_new_kernel(e, name, sizeof name);
   FILE *f = kl_cg_kernels(e);
   int pad = gs_padding(n);
-  if (pad == REFLECTION) write_reflect(f, name);
-  write_tap(f, name, pad);
-  write_taps(f, name, gs_mode(n), pad, kl_attr_int(n, "align_corners", 0) != 0);
+  const char *ct = node_real(n);
+  if (pad == REFLECTION) write_reflect(f, name, ct);
+  write_tap(f, name, pad, ct);
+  write_taps(f, name, gs_mode(n), pad, kl_attr_int(n, "align_corners", 0) != 0, ct);
   write_kernel(f, name, n);
   kl_cg_launch_node(e, k, threads, n);
   return 0;
@@ -185,45 +201,50 @@ static bool handles_roi_align(const kl_node *n) {
 }
 
 /* `name`_bin (roi_bin in ir/ops_sample.c): one bin of the plane xp, the
- * same samples, terms and order, in double. */
-static void write_roi_bin(FILE *f, const char *name, const kl_node *n, bool is_max) {
+ * same samples, terms and order, in the real type ct. */
+static void write_roi_bin(FILE *f, const char *name, const kl_node *n, bool is_max,
+                          const char *ct) {
   const kl_value *x = n->inputs[0];
   int64_t h = x->shape.dims[2], w = x->shape.dims[3];
   char b1[128];
-  fprintf(f, "__device__ double %s_at(const %s *xp, int64_t i) {\n  return %s;\n}\n", name,
-          kl_cg_storage(x->dtype), kl_cg_load(b1, sizeof b1, x->dtype, "double", "xp[i]"));
-  fprintf(f, "__device__ double %s_bin(const %s *xp, double y0, double x0, double bh, double bw,\n"
-             "                       int64_t gh, int64_t gw) {\n"
+  fprintf(f, "__device__ %s %s_at(const %s *xp, int64_t i) {\n  return %s;\n}\n", ct, name,
+          kl_cg_storage(x->dtype), kl_cg_load(b1, sizeof b1, x->dtype, ct, "xp[i]"));
+  /* T: the real type, typedef'd once so the helper text reads as one */
+  fprintf(f, "typedef %s %s_real;\n", ct, name);
+  fprintf(f, "__device__ %s_real %s_bin(const %s *xp, %s_real y0, %s_real x0, %s_real bh,\n"
+             "                       %s_real bw, int64_t gh, int64_t gw) {\n"
+             "  typedef %s_real T;\n"
              "  const int64_t h = %lldLL, w = %lldLL;\n"
-             "  double acc = 0;\n%s"
+             "  T acc = 0;\n%s"
              "  for (int64_t iy = 0; iy < gh; iy++) {\n"
-             "    const double yy = y0 + ((double)iy + 0.5) * bh / (double)gh;\n"
+             "    const T yy = y0 + ((T)iy + (T)0.5) * bh / (T)gh;\n"
              "    for (int64_t ix = 0; ix < gw; ix++) {\n"
-             "      const double xx = x0 + ((double)ix + 0.5) * bw / (double)gw;\n"
-             "      double t0 = 0, t1 = 0, t2 = 0, t3 = 0;\n"
-             "      if (!(yy < -1 || yy > (double)h || xx < -1 || xx > (double)w)) {\n"
-             "        double y = yy > 0 ? yy : 0, x = xx > 0 ? xx : 0;\n"
+             "      const T xx = x0 + ((T)ix + (T)0.5) * bw / (T)gw;\n"
+             "      T t0 = 0, t1 = 0, t2 = 0, t3 = 0;\n"
+             "      if (!(yy < -1 || yy > (T)h || xx < -1 || xx > (T)w)) {\n"
+             "        T y = yy > 0 ? yy : 0, x = xx > 0 ? xx : 0;\n"
              "        int64_t ylo = (int64_t)y, xlo = (int64_t)x, yhi, xhi;\n"
-             "        if (ylo >= h - 1) {\n          yhi = ylo = h - 1;\n          y = (double)ylo;\n"
+             "        if (ylo >= h - 1) {\n          yhi = ylo = h - 1;\n          y = (T)ylo;\n"
              "        } else {\n          yhi = ylo + 1;\n        }\n"
-             "        if (xlo >= w - 1) {\n          xhi = xlo = w - 1;\n          x = (double)xlo;\n"
+             "        if (xlo >= w - 1) {\n          xhi = xlo = w - 1;\n          x = (T)xlo;\n"
              "        } else {\n          xhi = xlo + 1;\n        }\n"
-             "        const double ly = y - (double)ylo, lx = x - (double)xlo, hy = 1 - ly, hx = 1 - lx;\n"
+             "        const T ly = y - (T)ylo, lx = x - (T)xlo, hy = 1 - ly, hx = 1 - lx;\n"
              "        t0 = hy * hx * %s_at(xp, ylo * w + xlo);\n"
              "        t1 = hy * lx * %s_at(xp, ylo * w + xhi);\n"
              "        t2 = ly * hx * %s_at(xp, yhi * w + xlo);\n"
              "        t3 = ly * lx * %s_at(xp, yhi * w + xhi);\n"
-             "      }\n", name, kl_cg_storage(x->dtype), (ll)h, (ll)w,
-          is_max ? "  bool first = true;\n" : "", name, name, name, name);
+             "      }\n", name, name, kl_cg_storage(x->dtype), name, name, name, name, name,
+          (ll)h, (ll)w, is_max ? "  bool first = true;\n" : "", name, name, name, name);
+  const char *sf = kl_cg_real_suffix(ct);
   if (is_max)
-    fprintf(f, "      const double m = fmax(fmax(t0, t1), fmax(t2, t3));\n"
-               "      acc = first ? m : fmax(acc, m);\n      first = false;\n"
-               "    }\n  }\n  return acc;\n}\n");
+    fprintf(f, "      const T m = fmax%s(fmax%s(t0, t1), fmax%s(t2, t3));\n"
+               "      acc = first ? m : fmax%s(acc, m);\n      first = false;\n"
+               "    }\n  }\n  return acc;\n}\n", sf, sf, sf, sf);
   else
     fprintf(f, "      acc += t0 + t1 + t2 + t3;\n"
                "    }\n  }\n"
                "  const int64_t count = gh * gw;\n"
-               "  return acc / (double)(count > 1 ? count : 1);\n}\n");
+               "  return acc / (T)(count > 1 ? count : 1);\n}\n");
 }
 
 /* The flag of a batch index out of range. */
@@ -250,12 +271,14 @@ static int emit_roi_align(kl_cg_emitter *e, const kl_node *n) {
   char name[32], b1[128], b2[128], at[64];
   int k = kl_cg_new_kernel(e, name, sizeof name);
   FILE *f = kl_cg_kernels(e);
-  write_roi_bin(f, name, n, is_max);
+  const char *ct = node_real(n);
+  write_roi_bin(f, name, n, is_max, ct);
   /* samples per bin on an axis (roi_grid) */
-  fprintf(f, "__device__ int64_t %s_grid(double bin) {\n", name);
+  fprintf(f, "__device__ int64_t %s_grid(%s bin) {\n", name, ct);
   if (ratio > 0) fprintf(f, "  (void)bin;\n  return %lldLL;\n}\n", (ll)ratio);
-  else fprintf(f, "  const double g = ceil(bin);\n"
-                  "  return g > 0 ? (g < 1e9 ? (int64_t)g : 1000000000LL) : 0;\n}\n");
+  else fprintf(f, "  const %s g = ceil%s(bin);\n"
+                  "  return g > 0 ? (g < (%s)1e9 ? (int64_t)g : 1000000000LL) : 0;\n}\n",
+               ct, kl_cg_real_suffix(ct), ct);
   fprintf(f, "/* roi_align mode %s, %s, x %s */\n", is_max ? "max" : "avg",
           half ? "half_pixel" : "output_half_pixel", kl_dtype_name(x->dtype));
   fprintf(f, "KL_KERNEL void %s(const %s *__restrict__ x, const %s *__restrict__ rois, "
@@ -267,22 +290,24 @@ static int emit_roi_align(kl_cg_emitter *e, const kl_node *n) {
   fprintf(f, "    const int64_t pw = i %% %lldLL, ph = (i / %lldLL) %% %lldLL;\n"
              "    const int64_t c = (i / %lldLL) %% %lldLL, r = i / %lldLL;\n",
           (ll)ow, (ll)ow, (ll)oh, (ll)(oh * ow), (ll)ch, (ll)(oh * ow * ch));
+  /* the batch index is range-checked exactly, in double, once a thread */
   fprintf(f, "    const double bd = %s;\n", kl_cg_load(b1, sizeof b1, bi->dtype, "double", "bi[r]"));
-  fprintf(f, "    double v = KL_NAN;\n"
+  fprintf(f, "    %s v = KL_NAN;\n"
              "    if (!(bd >= 0 && bd < %lldLL)) atomicMax(bad, 0xFFFFFFFFu - (unsigned)r);\n"
-             "    else {\n", (ll)x->shape.dims[0]);
-  fprintf(f, "      double rp[4];\n      for (int j = 0; j < 4; j++) rp[j] = %s;\n",
-          kl_cg_load(b2, sizeof b2, r->dtype, "double", "rois[r * 4 + j]"));
-  fprintf(f, "      const double scale = %.17g, off = %s;\n"
-             "      const double x0 = rp[0] * scale - off, y0 = rp[1] * scale - off;\n"
-             "      double rw = rp[2] * scale - off - x0, rh = rp[3] * scale - off - y0;\n",
-          scale, half ? "0.5" : "0.0");
+             "    else {\n", ct, (ll)x->shape.dims[0]);
+  fprintf(f, "      %s rp[4];\n      for (int j = 0; j < 4; j++) rp[j] = %s;\n", ct,
+          kl_cg_load(b2, sizeof b2, r->dtype, ct, "rois[r * 4 + j]"));
+  fprintf(f, "      const %s scale = (%s)%.17g, off = (%s)%s;\n"
+             "      const %s x0 = rp[0] * scale - off, y0 = rp[1] * scale - off;\n"
+             "      %s rw = rp[2] * scale - off - x0, rh = rp[3] * scale - off - y0;\n",
+          ct, ct, scale, ct, half ? "0.5" : "0.0", ct, ct);
   if (!half) fprintf(f, "      rw = rw > 1 ? rw : 1;\n      rh = rh > 1 ? rh : 1;\n");
-  fprintf(f, "      const double bh = rh / %lld.0, bw = rw / %lld.0;\n"
+  fprintf(f, "      const %s bh = rh / (%s)%lld, bw = rw / (%s)%lld;\n"
              "      const %s *const xp = x + ((int64_t)bd * %lldLL + c) * %lldLL;\n"
-             "      v = %s_bin(xp, y0 + (double)ph * bh, x0 + (double)pw * bw, bh, bw, "
+             "      v = %s_bin(xp, y0 + (%s)ph * bh, x0 + (%s)pw * bw, bh, bw, "
              "%s_grid(bh), %s_grid(bw));\n    }\n    ",
-          (ll)oh, (ll)ow, kl_cg_storage(x->dtype), (ll)ch, (ll)plane, name, name, name);
+          ct, ct, (ll)oh, ct, (ll)ow, kl_cg_storage(x->dtype), (ll)ch, (ll)plane, name, ct, ct,
+          name, name);
   snprintf(at, sizeof at, "out[i]");
   kl_cg_store(f, y->dtype, at, "v");
   fprintf(f, "  }\n}\nKL_EMU_ENTRY(%s, KL_ARG(const %s *, 0), KL_ARG(const %s *, 1), "
@@ -314,7 +339,7 @@ static void attr_ints_or(const kl_node *n, const char *attr, int len, int64_t df
 /* One thread per output element (b, oc, oy, ox), as kl_eval_DEFORM_CONV2D:
  * for each input channel of the group and each tap, the moved point's
  * bilinear value (zero outside; `name`_at), times the mask and the weight,
- * summed in double in the interpreter's order. */
+ * summed in the real type (float, double for f64) in the interpreter's order. */
 static int emit_deform_conv(kl_cg_emitter *e, const kl_node *n) {
   kl_cg_comment(e, n);
   const kl_value *x = n->inputs[0], *w = n->inputs[1], *off = n->inputs[2], *y = n->outputs[0];
@@ -335,22 +360,25 @@ static int emit_deform_conv(kl_cg_emitter *e, const kl_node *n) {
   int k = kl_cg_new_kernel(e, name, sizeof name);
   FILE *f = kl_cg_kernels(e);
   snprintf(px, sizeof px, "p[yy * %lldLL + xx]", (ll)wi);
-  /* bilinear_zero of ir/ops_contract.c over one plane */
-  fprintf(f, "__device__ double %s_at(const %s *p, double y, double x) {\n"
+  const char *ct = node_real(n), *sf = kl_cg_real_suffix(ct);
+  /* bilinear_zero of ir/ops_contract.c over one plane; T the real type */
+  fprintf(f, "typedef %s %s_real;\n", ct, name);
+  fprintf(f, "__device__ %s_real %s_at(const %s *p, %s_real y, %s_real x) {\n"
+             "  typedef %s_real T;\n"
              "  if (y != y || x != x) return KL_NAN;\n"
-             "  y = fmax(fmin(y, 1e9), -1e9);\n  x = fmax(fmin(x, 1e9), -1e9);\n"
-             "  const double fy = floor(y), fx = floor(x), ly = y - fy, lx = x - fx;\n"
+             "  y = fmax%s(fmin%s(y, (T)1e9), (T)-1e9);\n  x = fmax%s(fmin%s(x, (T)1e9), (T)-1e9);\n"
+             "  const T fy = floor%s(y), fx = floor%s(x), ly = y - fy, lx = x - fx;\n"
              "  const int64_t y0 = (int64_t)fy, x0 = (int64_t)fx;\n"
-             "  const double wy[2] = {1 - ly, ly}, wx[2] = {1 - lx, lx};\n"
-             "  double acc = 0;\n"
+             "  const T wy[2] = {1 - ly, ly}, wx[2] = {1 - lx, lx};\n"
+             "  T acc = 0;\n"
              "  for (int i = 0; i < 2; i++)\n"
              "    for (int j = 0; j < 2; j++) {\n"
              "      const int64_t yy = y0 + i, xx = x0 + j;\n"
              "      if (yy >= 0 && yy < %lldLL && xx >= 0 && xx < %lldLL && wy[i] * wx[j] != 0)\n"
              "        acc += wy[i] * wx[j] * %s;\n"
              "    }\n  return acc;\n}\n",
-          name, kl_cg_storage(x->dtype), (ll)h, (ll)wi,
-          kl_cg_load(b1, sizeof b1, x->dtype, "double", px));
+          name, name, kl_cg_storage(x->dtype), name, name, name, sf, sf, sf, sf, sf, sf, (ll)h,
+          (ll)wi, kl_cg_load(b1, sizeof b1, x->dtype, ct, px));
   fprintf(f, "/* deform_conv2d, x %s */\n", kl_dtype_name(x->dtype));
   fprintf(f, "KL_KERNEL void %s(const %s *__restrict__ x, const %s *__restrict__ w, "
              "const %s *__restrict__ off, ", name, kl_cg_storage(x->dtype),
@@ -364,9 +392,9 @@ static int emit_deform_conv(kl_cg_emitter *e, const kl_node *n) {
              "    const int64_t oc = (i / %lldLL) %% %lldLL, b = i / %lldLL;\n",
           (ll)plane, (ll)ow, (ll)ow, (ll)plane, (ll)m, (ll)(plane * m));
   if (bias)
-    fprintf(f, "    double acc = %s;\n", kl_cg_load(b1, sizeof b1, bias->dtype, "double", "bias[oc]"));
+    fprintf(f, "    %s acc = %s;\n", ct, kl_cg_load(b1, sizeof b1, bias->dtype, ct, "bias[oc]"));
   else
-    fprintf(f, "    double acc = 0;\n");
+    fprintf(f, "    %s acc = 0;\n", ct);
   fprintf(f, "    for (int64_t icl = 0; icl < %lldLL; icl++) {\n"
              "      const int64_t ic = oc / %lldLL * %lldLL + icl, og = ic / %lldLL;\n"
              "      const %s *const xp = x + (b * %lldLL + ic) * %lldLL;\n"
@@ -375,22 +403,22 @@ static int emit_deform_conv(kl_cg_emitter *e, const kl_node *n) {
              "        const int64_t ob = ((b * %lldLL + og) * %lldLL + t) * %lldLL + at;\n",
           (ll)cpg, (ll)mpg, (ll)cpg, (ll)cpo, kl_cg_storage(x->dtype), (ll)c, (ll)(h * wi),
           (ll)taps, (ll)kw, (ll)kw, (ll)ogroups, (ll)taps, (ll)(2 * plane));
-  fprintf(f, "        const double yy = (double)(oy * %lldLL - %lldLL + ky * %lldLL) + %s;\n",
+  fprintf(f, "        const %s yy = (%s)(oy * %lldLL - %lldLL + ky * %lldLL) + %s;\n", ct, ct,
           (ll)stride[0], (ll)pad[0], (ll)dil[0],
-          kl_cg_load(b1, sizeof b1, off->dtype, "double", "off[ob]"));
+          kl_cg_load(b1, sizeof b1, off->dtype, ct, "off[ob]"));
   char at[96];
   snprintf(at, sizeof at, "off[ob + %lldLL]", (ll)plane);
-  fprintf(f, "        const double xx = (double)(ox * %lldLL - %lldLL + kx * %lldLL) + %s;\n",
-          (ll)stride[1], (ll)pad[1], (ll)dil[1], kl_cg_load(b2, sizeof b2, off->dtype, "double", at));
-  fprintf(f, "        double v = %s_at(xp, yy, xx);\n", name);
+  fprintf(f, "        const %s xx = (%s)(ox * %lldLL - %lldLL + kx * %lldLL) + %s;\n", ct, ct,
+          (ll)stride[1], (ll)pad[1], (ll)dil[1], kl_cg_load(b2, sizeof b2, off->dtype, ct, at));
+  fprintf(f, "        %s v = %s_at(xp, yy, xx);\n", ct, name);
   if (mask) {
     snprintf(at, sizeof at, "mask[((b * %lldLL + og) * %lldLL + t) * %lldLL + at]", (ll)ogroups,
              (ll)taps, (ll)plane);
-    fprintf(f, "        v *= %s;\n", kl_cg_load(b3, sizeof b3, mask->dtype, "double", at));
+    fprintf(f, "        v *= %s;\n", kl_cg_load(b3, sizeof b3, mask->dtype, ct, at));
   }
   snprintf(at, sizeof at, "w[(oc * %lldLL + icl) * %lldLL + t]", (ll)cpg, (ll)taps);
   fprintf(f, "        acc += %s * v;\n      }\n    }\n    ",
-          kl_cg_load(b1, sizeof b1, w->dtype, "double", at));
+          kl_cg_load(b1, sizeof b1, w->dtype, ct, at));
   kl_cg_store(f, y->dtype, "out[i]", "acc");
   fprintf(f, "  }\n}\nKL_EMU_ENTRY(%s, KL_ARG(const %s *, 0), KL_ARG(const %s *, 1), "
              "KL_ARG(const %s *, 2)", name, kl_cg_storage(x->dtype), kl_cg_storage(w->dtype),
