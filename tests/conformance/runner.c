@@ -82,51 +82,47 @@ static void free_list(char **l, int n) {
   free(l);
 }
 
-static void first_op(const char *model, char *op, size_t n) {
-  snprintf(op, n, "?");
+/* model.onnx unpacked (NULL when unreadable); free with
+ * onnx__model_proto__free_unpacked. */
+static Onnx__ModelProto *read_model(const char *model) {
   FILE *f = fopen(model, "rb");
-  if (!f) return;
+  if (!f) return NULL;
   fseek(f, 0, SEEK_END);
   long len = ftell(f);
   fseek(f, 0, SEEK_SET);
   unsigned char *buf = malloc(len > 0 ? (size_t)len : 1);
-  if (buf && len > 0 && fread(buf, 1, (size_t)len, f) == (size_t)len) {
-    Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, (size_t)len, buf);
-    if (m && m->graph && m->graph->n_node && m->graph->node[0]->op_type)
-      snprintf(op, n, "%s", m->graph->node[0]->op_type);
-    if (m) onnx__model_proto__free_unpacked(m, NULL);
-  }
+  Onnx__ModelProto *m = NULL;
+  if (buf && len > 0 && fread(buf, 1, (size_t)len, f) == (size_t)len)
+    m = onnx__model_proto__unpack(NULL, (size_t)len, buf);
   free(buf);
   fclose(f);
+  return m;
+}
+
+static void first_op(const char *model, char *op, size_t n) {
+  snprintf(op, n, "?");
+  Onnx__ModelProto *m = read_model(model);
+  if (m && m->graph && m->graph->n_node && m->graph->node[0]->op_type)
+    snprintf(op, n, "%s", m->graph->node[0]->op_type);
+  if (m) onnx__model_proto__free_unpacked(m, NULL);
 }
 
 /* The first graph input or output of `model` whose type is not a tensor
  * (a sequence, a map, an optional): its name into `name`; false if none. */
 static bool non_tensor_io(const char *model, char *name, size_t n) {
   bool found = false;
-  FILE *f = fopen(model, "rb");
-  if (!f) return false;
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *buf = malloc(len > 0 ? (size_t)len : 1);
-  if (buf && len > 0 && fread(buf, 1, (size_t)len, f) == (size_t)len) {
-    Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, (size_t)len, buf);
-    const Onnx__GraphProto *g = m ? m->graph : NULL;
-    for (size_t k = 0; g && !found && k < g->n_input + g->n_output; k++) {
-      const Onnx__ValueInfoProto *v =
-          k < g->n_input ? g->input[k] : g->output[k - g->n_input];
-      int tc = v->type ? (int)v->type->value_case : ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
-      if (tc == ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE || tc == ONNX__TYPE_PROTO__VALUE_MAP_TYPE ||
-          tc == ONNX__TYPE_PROTO__VALUE_OPTIONAL_TYPE) {
-        snprintf(name, n, "%s", v->name ? v->name : "?");
-        found = true;
-      }
+  Onnx__ModelProto *m = read_model(model);
+  const Onnx__GraphProto *g = m ? m->graph : NULL;
+  for (size_t k = 0; g && !found && k < g->n_input + g->n_output; k++) {
+    const Onnx__ValueInfoProto *v = k < g->n_input ? g->input[k] : g->output[k - g->n_input];
+    int tc = v->type ? (int)v->type->value_case : ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
+    if (tc == ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE || tc == ONNX__TYPE_PROTO__VALUE_MAP_TYPE ||
+        tc == ONNX__TYPE_PROTO__VALUE_OPTIONAL_TYPE) {
+      snprintf(name, n, "%s", v->name ? v->name : "?");
+      found = true;
     }
-    if (m) onnx__model_proto__free_unpacked(m, NULL);
   }
-  free(buf);
-  fclose(f);
+  if (m) onnx__model_proto__free_unpacked(m, NULL);
   return found;
 }
 
