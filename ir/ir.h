@@ -177,6 +177,26 @@ int kl_op_lookup(const char *name, kl_op *out); /* 0 on success */
 /* The op whose row names ONNX op type `onnx_type`; 0 on success. */
 int kl_op_lookup_onnx(const char *onnx_type, kl_op *out);
 
+/* ---- gradient rules ----------------------------------------------------
+ * Reverse-mode rules live beside each op's infer and eval, as
+ * kl_grad_<id> in the family's ir/ops_*.c; ir/grads.def lists the ops that
+ * have one and kl_op_grads[] holds them (NULL: no rule).  A rule gets the
+ * adjoint of each output (dy[k], NULL when nothing reads that output) and
+ * sets dx[i] for each float input it differentiates (NULL: none, e.g. an
+ * index input).  dx[i] may have a broadcast shape; the autodiff pass
+ * (passes/autodiff.c) sums it down to the input's shape and adds the
+ * adjoints of values read twice.  Rules build nodes through kl_gb_*, which
+ * pass NULL through, so a rule need not check each step. */
+typedef struct kl_grad_ctx {
+  kl_graph *g;
+  kl_error *err;
+  kl_loc loc;
+  bool failed; /* a node could not be added; err says why */
+} kl_grad_ctx;
+typedef int (*kl_grad_fn)(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy,
+                          kl_value **dx);
+extern const kl_grad_fn kl_op_grads[];
+
 /* ---- values, nodes, graphs ------------------------------------------- */
 typedef enum {
   KL_VAL_NODE,   /* produced by a node */
@@ -362,6 +382,27 @@ int kl_broadcast_shapes(const kl_shape *a, const kl_shape *b, kl_shape *out,
 /* Normalise an axis in [-rank, rank) to [0, rank); -1 and err if out. */
 int kl_norm_axis(int64_t axis, int rank, int *out, const kl_node *n,
                  kl_error *err);
+
+/* Gradient-rule builders (ir/grad.c); NULL in, NULL out. */
+kl_value *kl_gb_node(kl_grad_ctx *c, kl_op op, kl_value *const *ins, int nins,
+                     const kl_attr *attrs, int nattrs);
+kl_value *kl_gb1(kl_grad_ctx *c, kl_op op, kl_value *x);
+kl_value *kl_gb2(kl_grad_ctx *c, kl_op op, kl_value *x, kl_value *y);
+kl_value *kl_gb3(kl_grad_ctx *c, kl_op op, kl_value *x, kl_value *y, kl_value *z);
+/* A rank-0 constant of dtype t (broadcasts in elementwise ops). */
+kl_value *kl_gb_scalar(kl_grad_ctx *c, kl_dtype t, double v);
+/* x reshaped to `shape`, and broadcast (expanded) to `shape`. */
+kl_value *kl_gb_reshape(kl_grad_ctx *c, kl_value *x, const kl_shape *shape);
+kl_value *kl_gb_expand(kl_grad_ctx *c, kl_value *x, const kl_shape *shape);
+/* Sum x over `axes` (n of them), keeping those axes as 1. */
+kl_value *kl_gb_sum(kl_grad_ctx *c, kl_value *x, const int64_t *axes, int n);
+/* Sum a value of a broadcast shape down to `shape` (NumPy's rules). */
+kl_value *kl_gb_sum_to(kl_grad_ctx *c, kl_value *x, const kl_shape *shape);
+/* x with axes permuted. */
+kl_value *kl_gb_transpose(kl_grad_ctx *c, kl_value *x, const int64_t *perm);
+kl_value *kl_gb_cast(kl_grad_ctx *c, kl_value *x, kl_dtype t);
+/* where(cond, a, 0) */
+kl_value *kl_gb_mask(kl_grad_ctx *c, kl_value *cond, kl_value *a);
 
 /* ---- passes over the whole graph ------------------------------------ */
 /* Types, shapes (re-inferred and compared), names, dangling inputs,

@@ -11,6 +11,12 @@
 #include "ops.def"
 #undef KL_OP
 
+/* The gradient rules ir/grads.def lists (ir.h, kl_grad_fn). */
+#define KL_GRAD(id) \
+  int kl_grad_##id(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx);
+#include "grads.def"
+#undef KL_GRAD
+
 /* Error at the node's source location, prefixed with its op name. */
 #define KL_NODE_FAIL(n, err, ...) kl_node_fail((n), (err), __VA_ARGS__)
 int kl_node_fail(const kl_node *n, kl_error *err, const char *fmt, ...)

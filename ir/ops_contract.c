@@ -1288,3 +1288,156 @@ int kl_eval_DFT(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err
       }
   return 0;
 }
+
+/* ---- gradient rules (ir.h, kl_grad_fn) -------------------------------- */
+static kl_value *swap_last2(kl_grad_ctx *c, kl_value *x) {
+  if (!x) return NULL;
+  int64_t perm[KL_MAX_RANK];
+  int r = x->shape.rank;
+  for (int d = 0; d < r; d++) perm[d] = d;
+  perm[r - 1] = r - 2;
+  perm[r - 2] = r - 1;
+  return kl_gb_transpose(c, x, perm);
+}
+
+static kl_value *mm(kl_grad_ctx *c, kl_value *a, kl_value *b) { return kl_gb2(c, KL_OP_MATMUL, a, b); }
+
+/* 1-D operands are promoted as matmul does ([K] -> [1, K] on the left,
+ * [K, 1] on the right), differentiated, and summed back. */
+int kl_grad_MATMUL(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *a = n->inputs[0], *b = n->inputs[1], *g = dy[0];
+  kl_shape as = a->shape, bs = b->shape, gs = n->outputs[0]->shape;
+  if (as.rank == 1) as = (kl_shape){2, {1, a->shape.dims[0]}};
+  if (bs.rank == 1) bs = (kl_shape){2, {b->shape.dims[0], 1}};
+  /* y without the promoted axes: its batch dims, then M and N */
+  int nb = gs.rank - (a->shape.rank > 1) - (b->shape.rank > 1);
+  gs.rank = nb + 2;
+  gs.dims[nb] = as.dims[as.rank - 2];
+  gs.dims[nb + 1] = bs.dims[bs.rank - 1];
+  a = kl_gb_reshape(c, a, &as);
+  b = kl_gb_reshape(c, b, &bs);
+  g = kl_gb_reshape(c, g, &gs);
+  dx[0] = kl_gb_reshape(c, kl_gb_sum_to(c, mm(c, g, swap_last2(c, b)), &as), &n->inputs[0]->shape);
+  dx[1] = kl_gb_reshape(c, kl_gb_sum_to(c, mm(c, swap_last2(c, a), g), &bs), &n->inputs[1]->shape);
+  return 0;
+}
+
+/* y = alpha op(A) op(B) + beta C */
+int kl_grad_GEMM(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *a = n->inputs[0], *b = n->inputs[1], *g = dy[0];
+  bool ta = kl_attr_int(n, "trans_a", 0), tb = kl_attr_int(n, "trans_b", 0);
+  double alpha = kl_attr_float(n, "alpha", 1), beta = kl_attr_float(n, "beta", 1);
+  kl_value *opa = ta ? swap_last2(c, a) : a, *opb = tb ? swap_last2(c, b) : b;
+  if (alpha != 1) g = kl_gb2(c, KL_OP_MUL, g, kl_gb_scalar(c, g->dtype, alpha));
+  kl_value *da = mm(c, g, swap_last2(c, opb)), *db = mm(c, swap_last2(c, opa), g);
+  dx[0] = ta ? swap_last2(c, da) : da;
+  dx[1] = tb ? swap_last2(c, db) : db;
+  if (n->ninputs > 2)
+    dx[2] = beta == 1 ? dy[0] : kl_gb2(c, KL_OP_MUL, dy[0], kl_gb_scalar(c, dy[0]->dtype, beta));
+  return 0;
+}
+
+static kl_attr ints_of(const char *name, int64_t *v, int n) {
+  return (kl_attr){.name = name, .kind = KL_ATTR_INTS, .ints = v, .n = n};
+}
+
+/* The input gradient of a window op: a transposed convolution of g with w
+ * over the same window, its output padded out to x's size. */
+static kl_value *window_back(kl_grad_ctx *c, const window *w, kl_value *g, kl_value *wt,
+                             const kl_shape *xs, int64_t groups) {
+  int64_t op[2];
+  for (int i = 0; i < 2; i++)
+    op[i] = xs->dims[2 + i] - (w->stride[i] * (w->out[i] - 1) + w->dil[i] * (w->k[i] - 1) + 1 -
+                               w->pad[i] - w->pad[i + 2]);
+  kl_attr at[5] = {ints_of("strides", (int64_t *)w->stride, 2), ints_of("pads", (int64_t *)w->pad, 4),
+                   ints_of("dilations", (int64_t *)w->dil, 2), ints_of("output_padding", op, 2),
+                   {.name = "groups", .kind = KL_ATTR_INT, .i = groups}};
+  kl_value *ins[2] = {g, wt};
+  return kl_gb_node(c, KL_OP_CONV_TRANSPOSE2D, ins, 2, at, 5);
+}
+
+/* dx: conv_transpose2d(dy, w); dw: a convolution of x (channels as batch)
+ * with dy (batch as channels), strides and dilations swapped; db: dy
+ * summed over N, H, W. */
+int kl_grad_CONV2D(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  window w;
+  int64_t groups;
+  if (conv_setup(n, c->err, &w, &groups)) return -1;
+  kl_value *x = n->inputs[0], *wt = n->inputs[1], *g = dy[0];
+  if (groups != 1)
+    return KL_NODE_FAIL(n, c->err, "no gradient for conv2d with groups = %lld (node '%s'); "
+                        "groups = 1 only for now", (long long)groups, n->name);
+  dx[0] = window_back(c, &w, g, wt, &x->shape, 1);
+  int64_t swap[4] = {1, 0, 2, 3};
+  kl_attr at[3] = {ints_of("strides", w.dil, 2), ints_of("pads", w.pad, 4),
+                   ints_of("dilations", w.stride, 2)};
+  kl_value *ins[2] = {kl_gb_transpose(c, x, swap), kl_gb_transpose(c, g, swap)};
+  kl_value *full = kl_gb_node(c, KL_OP_CONV2D, ins, 2, at, 3); /* [C, M, >= kH, >= kW] */
+  if (full && (full->shape.dims[2] != w.k[0] || full->shape.dims[3] != w.k[1])) {
+    int64_t st[2] = {0, 0}, en[2] = {w.k[0], w.k[1]}, ax[2] = {2, 3};
+    kl_attr sl[3] = {ints_of("starts", st, 2), ints_of("ends", en, 2), ints_of("axes", ax, 2)};
+    full = kl_gb_node(c, KL_OP_SLICE, &full, 1, sl, 3);
+  }
+  dx[1] = kl_gb_transpose(c, full, swap);
+  if (n->ninputs > 2) {
+    int64_t axes[3] = {0, 2, 3};
+    kl_shape bs = n->inputs[2]->shape;
+    dx[2] = kl_gb_reshape(c, kl_gb_sum(c, g, axes, 3), &bs);
+  }
+  return 0;
+}
+
+/* Each window's gradient goes to the element max_pool2d_index names: a
+ * scatter-add per plane (one thread per plane), so overlapping windows
+ * add up. */
+int kl_grad_MAX_POOL2D(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x = n->inputs[0], *g = dy[0];
+  kl_value *idx = kl_gb_node(c, KL_OP_MAX_POOL2D_INDEX, &x, 1, n->attrs, n->nattrs);
+  const int64_t *d = x->shape.dims;
+  int64_t planes = d[0] * d[1], hw = d[2] * d[3];
+  const int64_t *o = n->outputs[0]->shape.dims;
+  kl_shape ps = {2, {planes, hw}}, os = {2, {planes, o[2] * o[3]}};
+  kl_value *local = kl_gb2(c, KL_OP_MOD, idx, kl_gb_scalar(c, KL_I64, (double)hw));
+  kl_value *zeros = kl_gb_expand(c, kl_gb_scalar(c, x->dtype, 0), &ps);
+  kl_attr at[2] = {{.name = "axis", .kind = KL_ATTR_INT, .i = 1},
+                   {.name = "reduction", .kind = KL_ATTR_STRING, .s = "add"}};
+  kl_value *ins[3] = {zeros, kl_gb_reshape(c, local, &os), kl_gb_reshape(c, g, &os)};
+  dx[0] = kl_gb_reshape(c, kl_gb_node(c, KL_OP_SCATTER_ELEMENTS, ins, 3, at, 2), &x->shape);
+  return 0;
+}
+
+/* Every window divides by the same count (no padding left out of it, no
+ * ceil-mode overhang): a transposed convolution, plane by plane, with a
+ * kernel of 1 / count. */
+int kl_grad_AVG_POOL2D(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  pool_cfg p;
+  if (pool_setup(n, c->err, false, &p)) return -1;
+  kl_value *x = n->inputs[0];
+  const int64_t *d = x->shape.dims;
+  bool padded = p.w.pad[0] || p.w.pad[1] || p.w.pad[2] || p.w.pad[3];
+  for (int i = 0; i < 2; i++)
+    if ((p.w.out[i] - 1) * p.w.stride[i] + (p.w.k[i] - 1) * p.w.dil[i] + 1 >
+        d[2 + i] + p.w.pad[i] + p.w.pad[i + 2])
+      return KL_NODE_FAIL(n, c->err, "no gradient for avg_pool2d whose ceil_mode windows run "
+                          "past the input (node '%s')", n->name);
+  if (padded && !p.include_pad)
+    return KL_NODE_FAIL(n, c->err, "no gradient for avg_pool2d with padding left out of the "
+                        "count (node '%s'); count_include_pad = 1 has one", n->name);
+  double inv = 1.0 / (double)(p.w.k[0] * p.w.k[1]);
+  int64_t ks[4] = {1, 1, p.w.k[0], p.w.k[1]};
+  kl_attr k[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = &inv, .n = 1},
+                  {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = x->dtype}, ints_of("shape", ks, 4)};
+  kl_value *ones = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, k, 3);
+  const int64_t *o = n->outputs[0]->shape.dims;
+  kl_shape gs = {4, {d[0] * d[1], 1, o[2], o[3]}}, xs = {4, {d[0] * d[1], 1, d[2], d[3]}};
+  dx[0] = kl_gb_reshape(c, window_back(c, &p.w, kl_gb_reshape(c, dy[0], &gs), ones, &xs, 1), &x->shape);
+  return 0;
+}
+
+int kl_grad_GLOBAL_AVG_POOL(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  const kl_value *x = n->inputs[0];
+  int64_t in = kl_shape_numel(&x->shape), out = kl_shape_numel(&n->outputs[0]->shape);
+  kl_value *s = kl_gb2(c, KL_OP_MUL, dy[0], kl_gb_scalar(c, dy[0]->dtype, (double)out / (double)(in ? in : 1)));
+  dx[0] = kl_gb_expand(c, s, &x->shape);
+  return 0;
+}

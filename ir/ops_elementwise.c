@@ -348,3 +348,139 @@ int kl_eval_WHERE(const kl_node *n, kl_tensor **in, kl_tensor **out,
   }
   return 0;
 }
+
+/* ---- gradient rules (ir.h, kl_grad_fn) --------------------------------
+ * Written over the op's own output y where that is cheaper than x. */
+#define X (n->inputs[0])
+#define Y (n->outputs[0])
+#define S(v) kl_gb_scalar(c, Y->dtype, (v))
+#define MUL(a, b) kl_gb2(c, KL_OP_MUL, (a), (b))
+#define SUB(a, b) kl_gb2(c, KL_OP_SUB, (a), (b))
+#define DIV(a, b) kl_gb2(c, KL_OP_DIV, (a), (b))
+
+int kl_grad_NEG(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  (void)n;
+  dx[0] = kl_gb1(c, KL_OP_NEG, dy[0]);
+  return 0;
+}
+
+int kl_grad_ABS(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  dx[0] = MUL(dy[0], kl_gb1(c, KL_OP_SIGN, X));
+  return 0;
+}
+
+int kl_grad_EXP(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  dx[0] = MUL(dy[0], Y);
+  return 0;
+}
+
+int kl_grad_LOG(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  dx[0] = DIV(dy[0], X);
+  return 0;
+}
+
+int kl_grad_SQRT(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  dx[0] = DIV(MUL(dy[0], S(0.5)), Y); /* dy / (2 y) */
+  return 0;
+}
+
+int kl_grad_RSQRT(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  dx[0] = MUL(MUL(dy[0], S(-0.5)), MUL(Y, MUL(Y, Y))); /* -y^3 / 2 */
+  return 0;
+}
+
+int kl_grad_RECIPROCAL(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  dx[0] = kl_gb1(c, KL_OP_NEG, MUL(dy[0], MUL(Y, Y)));
+  return 0;
+}
+
+int kl_grad_TANH(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  dx[0] = MUL(dy[0], SUB(S(1), MUL(Y, Y)));
+  return 0;
+}
+
+int kl_grad_SIGMOID(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  dx[0] = MUL(MUL(dy[0], Y), SUB(S(1), Y));
+  return 0;
+}
+
+int kl_grad_RELU(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  dx[0] = kl_gb_mask(c, kl_gb2(c, KL_OP_GT, X, S(0)), dy[0]);
+  return 0;
+}
+
+int kl_grad_LEAKY_RELU(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  double alpha = kl_attr_float(n, "alpha", 0.01);
+  dx[0] = kl_gb3(c, KL_OP_WHERE, kl_gb2(c, KL_OP_GT, X, S(0)), dy[0], MUL(dy[0], S(alpha)));
+  return 0;
+}
+
+/* silu(x) = x s, s = sigmoid(x): s (1 + x (1 - s)) */
+int kl_grad_SILU(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *s = kl_gb1(c, KL_OP_SIGMOID, X);
+  dx[0] = MUL(dy[0], MUL(s, kl_gb2(c, KL_OP_ADD, S(1), MUL(X, SUB(S(1), s)))));
+  return 0;
+}
+
+int kl_grad_CAST(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  if (kl_dtype_is_float(X->dtype) && kl_dtype_is_float(Y->dtype)) dx[0] = kl_gb_cast(c, dy[0], X->dtype);
+  return 0;
+}
+
+int kl_grad_ADD(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  (void)c, (void)n;
+  dx[0] = dx[1] = dy[0];
+  return 0;
+}
+
+int kl_grad_SUB(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  (void)n;
+  dx[0] = dy[0];
+  dx[1] = kl_gb1(c, KL_OP_NEG, dy[0]);
+  return 0;
+}
+
+int kl_grad_MUL(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  dx[0] = MUL(dy[0], n->inputs[1]);
+  dx[1] = n->inputs[1] == X ? NULL : MUL(dy[0], X);
+  if (!dx[1]) dx[0] = MUL(dx[0], S(2)); /* x * x */
+  return 0;
+}
+
+int kl_grad_DIV(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *z = n->inputs[1];
+  dx[0] = DIV(dy[0], z);
+  dx[1] = kl_gb1(c, KL_OP_NEG, DIV(MUL(dy[0], Y), z)); /* -dy x / z^2 */
+  return 0;
+}
+
+/* Ties send the whole gradient to the first operand. */
+static int grad_pick(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx,
+                     kl_op first_wins) {
+  kl_value *first = kl_gb2(c, first_wins, X, n->inputs[1]);
+  dx[0] = kl_gb_mask(c, first, dy[0]);
+  dx[1] = kl_gb3(c, KL_OP_WHERE, first, S(0), dy[0]);
+  return 0;
+}
+
+int kl_grad_MAXIMUM(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  return grad_pick(c, n, dy, dx, KL_OP_GE);
+}
+
+int kl_grad_MINIMUM(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  return grad_pick(c, n, dy, dx, KL_OP_LE);
+}
+
+int kl_grad_WHERE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *cond = n->inputs[0];
+  dx[1] = kl_gb_mask(c, cond, dy[0]);
+  dx[2] = kl_gb3(c, KL_OP_WHERE, cond, S(0), dy[0]);
+  return 0;
+}
+
+#undef X
+#undef Y
+#undef S
+#undef MUL
+#undef SUB
+#undef DIV

@@ -994,3 +994,40 @@ int kl_eval_CONSTANT(const kl_node *n, kl_tensor **in, kl_tensor **out,
     out[0]->data[i] = value->floats[value->n == 1 ? 0 : i];
   return 0;
 }
+
+/* ---- gradient rules (ir.h, kl_grad_fn) -------------------------------- */
+/* Ops that only relabel the elements: the gradient is dy in x's shape. */
+static int grad_same_elements(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  dx[0] = kl_gb_reshape(c, dy[0], &n->inputs[0]->shape);
+  return 0;
+}
+
+int kl_grad_RESHAPE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  return grad_same_elements(c, n, dy, dx);
+}
+int kl_grad_FLATTEN(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  return grad_same_elements(c, n, dy, dx);
+}
+int kl_grad_SQUEEZE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  return grad_same_elements(c, n, dy, dx);
+}
+int kl_grad_UNSQUEEZE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  return grad_same_elements(c, n, dy, dx);
+}
+
+/* expand: dy as it is; the autodiff pass sums it back to x's shape. */
+int kl_grad_EXPAND(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  (void)c, (void)n;
+  dx[0] = dy[0];
+  return 0;
+}
+
+int kl_grad_TRANSPOSE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  int r = n->inputs[0]->shape.rank;
+  const int64_t *perm;
+  int64_t inv[KL_MAX_RANK];
+  int np = kl_attr_ints(n, "perm", &perm);
+  for (int d = 0; d < r; d++) inv[np < 0 ? r - 1 - d : perm[d]] = d;
+  dx[0] = kl_gb_transpose(c, dy[0], inv);
+  return 0;
+}

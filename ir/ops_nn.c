@@ -490,3 +490,82 @@ int kl_eval_ROTARY(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *
       }
   return 0;
 }
+
+/* ---- gradient rules (ir.h, kl_grad_fn) -------------------------------- */
+static kl_value *sum_axis(kl_grad_ctx *c, kl_value *x, int axis) {
+  int64_t a = axis;
+  return kl_gb_sum(c, x, &a, 1);
+}
+
+static kl_value *node_axis(kl_grad_ctx *c, const kl_node *n, const char *attr, int *axis) {
+  if (kl_norm_axis(kl_attr_int(n, attr, -1), n->inputs[0]->shape.rank, axis, n, c->err)) {
+    c->failed = true;
+    return NULL;
+  }
+  return n->inputs[0];
+}
+
+/* dx = y (dy - sum(dy y)) */
+int kl_grad_SOFTMAX(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  int axis;
+  if (!node_axis(c, n, "axis", &axis)) return -1;
+  kl_value *y = n->outputs[0];
+  kl_value *s = sum_axis(c, kl_gb2(c, KL_OP_MUL, dy[0], y), axis);
+  dx[0] = kl_gb2(c, KL_OP_MUL, y, kl_gb2(c, KL_OP_SUB, dy[0], s));
+  return 0;
+}
+
+/* dx = dy - exp(y) sum(dy) */
+int kl_grad_LOG_SOFTMAX(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  int axis;
+  if (!node_axis(c, n, "axis", &axis)) return -1;
+  kl_value *p = kl_gb1(c, KL_OP_EXP, n->outputs[0]);
+  dx[0] = kl_gb2(c, KL_OP_SUB, dy[0], kl_gb2(c, KL_OP_MUL, p, sum_axis(c, dy[0], axis)));
+  return 0;
+}
+
+/* With class indices: dlogits = (softmax(logits) - onehot(labels)) dL,
+ * scaled by 1 / items for the mean; with probabilities t:
+ * dlogits = (softmax sum(t) - t) dL and dt = -log_softmax dL. */
+int kl_grad_CROSS_ENTROPY(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  int axis;
+  reduction red;
+  kl_value *x = node_axis(c, n, "axis", &axis), *l = n->inputs[1];
+  if (!x) return -1;
+  if (get_reduction(n, c->err, &red)) return -1;
+  kl_attr ax = {.name = "axis", .kind = KL_ATTR_INT, .i = axis};
+  kl_value *p = kl_gb_node(c, KL_OP_SOFTMAX, &x, 1, &ax, 1);
+  int64_t items = kl_shape_numel(&x->shape) / (x->shape.dims[axis] ? x->shape.dims[axis] : 1);
+  /* dL where each item's loss was: items x 1 at the class axis */
+  kl_value *g = dy[0];
+  if (red == RED_NONE) {
+    kl_shape s = x->shape;
+    s.dims[axis] = 1;
+    g = kl_gb_reshape(c, g, &s);
+  } else if (red == RED_MEAN) {
+    g = kl_gb2(c, KL_OP_MUL, g, kl_gb_scalar(c, g->dtype, 1.0 / (double)(items ? items : 1)));
+  }
+  if (!kl_dtype_is_float(l->dtype)) {
+    /* onehot: labels (class axis put back as 1) == 0..C-1 along the axis */
+    kl_shape ls = x->shape, cs = {x->shape.rank, {0}};
+    ls.dims[axis] = 1;
+    for (int d = 0; d < cs.rank; d++) cs.dims[d] = d == axis ? x->shape.dims[axis] : 1;
+    int64_t nc = x->shape.dims[axis];
+    double *iota = malloc(sizeof(double) * (size_t)(nc ? nc : 1));
+    if (!iota) abort();
+    for (int64_t i = 0; i < nc; i++) iota[i] = (double)i;
+    kl_attr k[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = iota, .n = (int)nc},
+                    {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = l->dtype},
+                    {.name = "shape", .kind = KL_ATTR_INTS, .ints = cs.dims, .n = cs.rank}};
+    kl_value *classes = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, k, 3);
+    free(iota);
+    kl_value *hot = kl_gb_cast(c, kl_gb2(c, KL_OP_EQ, kl_gb_reshape(c, l, &ls), classes), x->dtype);
+    dx[0] = kl_gb2(c, KL_OP_MUL, kl_gb2(c, KL_OP_SUB, p, hot), g);
+    return 0;
+  }
+  kl_value *tsum = sum_axis(c, l, axis);
+  dx[0] = kl_gb2(c, KL_OP_MUL, kl_gb2(c, KL_OP_SUB, kl_gb2(c, KL_OP_MUL, p, tsum), l), g);
+  kl_value *lsm = kl_gb_node(c, KL_OP_LOG_SOFTMAX, &x, 1, &ax, 1);
+  dx[1] = kl_gb1(c, KL_OP_NEG, kl_gb2(c, KL_OP_MUL, lsm, g));
+  return 0;
+}

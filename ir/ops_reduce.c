@@ -494,3 +494,31 @@ int kl_eval_TOPK(const kl_node *n, kl_tensor **in, kl_tensor **out,
   free(row);
   return 0;
 }
+
+/* ---- gradient rules (ir.h, kl_grad_fn) -------------------------------- */
+/* dy spread back over the reduced axes (scaled by `scale`). */
+static kl_value *spread(kl_grad_ctx *c, const kl_node *n, kl_value *dy, double scale) {
+  const kl_value *x = n->inputs[0];
+  kl_shape kept = x->shape;
+  const int64_t *axes;
+  int na = kl_attr_ints(n, "axes", &axes);
+  for (int d = 0; d < kept.rank; d++) {
+    bool reduced = na < 0;
+    for (int i = 0; i < na; i++) reduced |= (axes[i] + kept.rank) % kept.rank == d;
+    if (reduced) kept.dims[d] = 1;
+  }
+  kl_value *k = kl_gb_reshape(c, dy, &kept);
+  if (scale != 1) k = kl_gb2(c, KL_OP_MUL, k, kl_gb_scalar(c, dy->dtype, scale));
+  return kl_gb_expand(c, k, &x->shape);
+}
+
+int kl_grad_REDUCE_SUM(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  dx[0] = spread(c, n, dy[0], 1);
+  return 0;
+}
+
+int kl_grad_REDUCE_MEAN(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  int64_t in = kl_shape_numel(&n->inputs[0]->shape), out = kl_shape_numel(&n->outputs[0]->shape);
+  dx[0] = spread(c, n, dy[0], out ? (double)out / (double)(in ? in : 1) : 1);
+  return 0;
+}

@@ -10,10 +10,14 @@
 /* Reverse-mode differentiation.  Appends to g the nodes that compute the
  * gradient of sum(y) with respect to each of xs (the seed is ones shaped
  * like y), and sets grads[i] to it; a value y does not depend on gets
- * zeros.  An op on the path without a gradient rule is an error naming it.
- * The rules live in autodiff.c, one case per op. */
+ * zeros.  Ops on the path without a gradient rule are one error naming
+ * them all.  The rules live beside each op (ir/grads.def lists them).
+ * kl_autodiff_seeded starts from `seed` (broadcast to y) instead of ones:
+ * a loss scale. */
 int kl_autodiff(kl_graph *g, kl_value *y, kl_value *const *xs, int nxs, kl_value **grads,
                 kl_error *err);
+int kl_autodiff_seeded(kl_graph *g, kl_value *y, kl_value *seed, kl_value *const *xs, int nxs,
+                       kl_value **grads, kl_error *err);
 
 /* ---- fusion: groups of nodes, each one kernel (fusion.c) ---------------
  * Groups are listed in an order that runs them correctly; the nodes of
