@@ -260,11 +260,22 @@ struct kl_node {
   const char *onnx_name, *onnx_op;
 };
 
+/* A .kl train block (docs/DSL.md): what the training compile
+ * (passes/train.c) appends to the graph. */
 typedef struct {
   const char *loss;      /* name of the loss value */
   const char *optimizer; /* "sgd", "adam", "adamw" */
-  kl_attr *attrs;        /* optimizer hyper-parameters */
+  kl_attr *attrs;        /* optimizer hyper-parameters, all KL_ATTR_FLOAT:
+                            lr; sgd: momentum, nesterov (0/1),
+                            weight_decay; adam/adamw: beta1, beta2, eps,
+                            weight_decay */
   int nattrs;
+  const char *schedule;  /* NULL (constant), "constant", "step", "cosine" */
+  kl_attr *schedule_attrs; /* all KL_ATTR_FLOAT: step: step_size, gamma;
+                              cosine: warmup, total (steps), min_lr;
+                              every schedule: warmup */
+  int nschedule_attrs;
+  double clip;           /* global-norm gradient clipping; 0: none */
   kl_loc loc;
 } kl_train;
 
