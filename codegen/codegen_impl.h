@@ -50,6 +50,7 @@ extern const kl_cg_template kl_cg_templates_movement[]; /* templates_movement.c 
 extern const kl_cg_template kl_cg_templates_nn[];       /* templates_nn.c */
 extern const kl_cg_template kl_cg_templates_sample[];   /* templates_sample.c */
 extern const kl_cg_template kl_cg_templates_integer[];  /* templates_integer.c */
+extern const kl_cg_template kl_cg_templates_train[];    /* templates_train.c */
 
 /* The kernels.cu stream, and a fresh kernel: its name ("k7") and index. */
 FILE *kl_cg_kernels(kl_cg_emitter *e);
@@ -238,6 +239,7 @@ int kl_cg_list_weights(kl_cg_ctx *c);
 /* Free a list of weight pieces and the bytes they own (weights.c). */
 void kl_cg_free_pieces(kl_weight_piece *pieces, int n);
 /* model.h into hf; model.c into mf around run()'s body (run_text). */
+int kl_cg_api_outputs(const kl_graph *g);
 void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, size_t run_len,
                       FILE *mf, FILE *hf, int nkernels);
 

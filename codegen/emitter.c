@@ -181,7 +181,7 @@ void kl_cg_comment(kl_cg_emitter *e, const kl_node *n) {
 
 static const kl_cg_template *const families[] = {kl_cg_templates_basic, kl_cg_templates_movement,
                                                  kl_cg_templates_nn, kl_cg_templates_sample,
-                                                 kl_cg_templates_integer};
+                                                 kl_cg_templates_integer, kl_cg_templates_train};
 
 const kl_cg_template *kl_cg_find_template(const kl_node *n) {
   for (size_t f = 0; f < sizeof families / sizeof *families; f++)

@@ -28,11 +28,12 @@ typedef struct {
   kl_precision_options prec;
   const char *fp32_ops[64], *fp32_nodes[256];
   const char *dump_after; /* --dump-after=PASS|all (kiln compile) */
+  bool train;             /* --train: compile the training step */
 } kiln_model_opts;
 
 /* getopt_long values for the shared options. */
 enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE, OPT_PRECISION, OPT_IO_PRECISION, OPT_FP32_OPS,
-       OPT_FP32_NODES };
+       OPT_FP32_NODES, OPT_TRAIN };
 #define KILN_MODEL_LONGOPTS                                                    \
   {"dim", required_argument, NULL, OPT_DIM},                                   \
   {"weights", required_argument, NULL, OPT_WEIGHTS},                           \
@@ -40,7 +41,8 @@ enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE, OPT_PRECISION, OPT_IO_PRECISION, 
   {"precision", required_argument, NULL, OPT_PRECISION},                       \
   {"io-precision", required_argument, NULL, OPT_IO_PRECISION},                 \
   {"fp32-ops", required_argument, NULL, OPT_FP32_OPS},                         \
-  {"fp32-nodes", required_argument, NULL, OPT_FP32_NODES}
+  {"fp32-nodes", required_argument, NULL, OPT_FP32_NODES},                     \
+  {"train", no_argument, NULL, OPT_TRAIN}
 #define KILN_MODEL_HELP                                                        \
   "  --dim NAME=V          set a `dim` of a .kl model, or bind the symbolic dim\n" \
   "                        NAME of an ONNX model's inputs (repeatable)\n"     \
@@ -63,7 +65,10 @@ enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE, OPT_PRECISION, OPT_IO_PRECISION, 
   "                        or GEMM are folded into its weights first, in fp32\n" \
   "  --io-precision=P      inputs and outputs in P (default: as declared)\n"   \
   "  --fp32-ops OP,...     keep these ops in fp32 too (repeatable)\n"          \
-  "  --fp32-nodes NAME,... keep these nodes in fp32 (repeatable)\n"
+  "  --fp32-nodes NAME,... keep these nodes in fp32 (repeatable)\n"             \
+  "  --train               the training step of the model's train block:\n"   \
+  "                        forward, backward and optimizer update in one\n"   \
+  "                        compiled step (docs/DSL.md, Training)\n"
 
 /* Handle a shared option; -1 (message printed) on a bad value. */
 /* Names are cut out of `arg` in place (argv outlives the options). */

@@ -87,6 +87,10 @@ static int precision_opt(kiln_model_opts *o, int opt, char *arg) {
 }
 
 int kiln_model_opt(kiln_model_opts *o, int opt, char *arg) {
+  if (opt == OPT_TRAIN) {
+    o->train = true;
+    return 0;
+  }
   if (opt == OPT_PRECISION || opt == OPT_IO_PRECISION || opt == OPT_FP32_OPS ||
       opt == OPT_FP32_NODES)
     return precision_opt(o, opt, arg);
@@ -152,7 +156,7 @@ int kiln_apply_weights(kl_graph *g, const char *path) {
 }
 
 int kiln_model_opt_or_usage(kiln_model_opts *o, int opt, char *arg, const char *help) {
-  if (opt < OPT_DIM || opt > OPT_FP32_NODES) {
+  if (opt < OPT_DIM || opt > OPT_TRAIN) {
     fputs(help, stderr);
     return -1;
   }
@@ -215,7 +219,12 @@ kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o) {
 int kiln_apply_precision(kl_graph *g, const kiln_model_opts *o) {
   kl_error err;
   kl_pipeline_options po = {.precision = o->precision ? &o->prec : NULL, .target = &kl_cg_target,
-                            .dump = stdout, .dump_after = o->dump_after};
+                            .dump = stdout, .dump_after = o->dump_after, .train = o->train};
+  if (o->train && !g->train) {
+    fprintf(stderr, "kiln: error: --train: model '%s' has no train block (a loss and an optimizer: "
+                    "docs/DSL.md, Training)\n", g->name);
+    return -1;
+  }
   if (!kl_pipeline_rewrite(g, &po, &err)) return 0;
   kl_error_print(stderr, &err);
   return -1;

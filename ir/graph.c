@@ -354,7 +354,13 @@ kl_node *kl_graph_add_node(kl_graph *g, kl_op op, const char *name,
   n->nattrs = nattrs;
 
   int nout = info->noutputs;
-  if (nout < 0) { /* split: one output per size */
+  if (op == KL_OP_OPTIM_STEP) { /* one per tensor and state */
+    if ((nout = kl_optim_step_noutputs(n)) < 1) {
+      kl_fail(err, loc, "%s: attributes algo (sgd, adam, adamw) and count (1..4096) are required",
+              info->name);
+      return NULL;
+    }
+  } else if (nout < 0) { /* split: one output per size */
     const int64_t *sizes;
     nout = kl_attr_ints(n, "sizes", &sizes);
     if (nout < 1) {

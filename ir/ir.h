@@ -236,6 +236,10 @@ struct kl_value {
    * not the IR name (an ONNX "sigmoid_0.tmp_0" is IR sigmoid_0_tmp_0);
    * NULL otherwise.  What users see: kl_value_label. */
   const char *label;
+  /* A training step's new value of a param or optimizer state
+   * (passes/train.c): a graph output that compiled code writes over
+   * `updates` in place, and that is no output of the compiled model's API. */
+  struct kl_value *updates;
 };
 
 static inline const char *kl_value_label(const kl_value *v) {
@@ -277,6 +281,19 @@ typedef struct {
   int nschedule_attrs;
   double clip;           /* global-norm gradient clipping; 0: none */
   kl_loc loc;
+  /* Set by the training compile (passes/train.c) once it has appended the
+   * step: the inputs the training program feeds each step (f32 scalars),
+   * the outputs it reads, and which user inputs hold the samples and the
+   * labels.  The step's outputs are the model's own, then loss, ok and
+   * grad_norm, then the update values (kl_value.updates), which are not
+   * outputs of the compiled model's API. */
+  bool built;
+  kl_value *in_x, *in_labels;           /* NULL when the loss reads none */
+  kl_value *in_lr, *in_bias1, *in_bias2, *in_scale, *in_apply;
+  kl_value *out_loss, *out_ok, *out_norm, *out_logits; /* logits: NULL if none */
+  int nstates, nparams;                 /* params trained (the first nparams
+                                           states), then optimizer state */
+  kl_value **states;
 } kl_train;
 
 #define KL_VEC(T) struct { T *items; int len, cap; }
@@ -393,6 +410,13 @@ int kl_broadcast_shapes(const kl_shape *a, const kl_shape *b, kl_shape *out,
 /* Normalise an axis in [-rank, rank) to [0, rank); -1 and err if out. */
 int kl_norm_axis(int64_t axis, int rank, int *out, const kl_node *n,
                  kl_error *err);
+
+/* optim_step (ops_train.c): its state tensors per param (-1: bad algo),
+ * its output count (-1: bad attributes), and its hyper-parameters
+ * beta1, beta2, eps, weight_decay, momentum, nesterov with defaults. */
+int kl_optim_state_count(const kl_node *n);
+int kl_optim_step_noutputs(const kl_node *n);
+void kl_optim_hyper(const kl_node *n, double h[6]);
 
 /* Gradient-rule builders (ir/grad.c); NULL in, NULL out. */
 kl_value *kl_gb_node(kl_grad_ctx *c, kl_op op, kl_value *const *ins, int nins,

@@ -43,7 +43,8 @@ static void choose_folded(kl_plan *p) {
     bool fold = n->ninputs > 0;
     for (int k = 0; k < n->ninputs && fold; k++) {
       const kl_value *v = n->inputs[k];
-      fold = v->kind == KL_VAL_PARAM || v->kind == KL_VAL_CONST ||
+      /* a training step's params change every step */
+      fold = (v->kind == KL_VAL_PARAM && !(g->train && g->train->built)) || v->kind == KL_VAL_CONST ||
              (v->kind == KL_VAL_NODE && p->folded[v->producer->id]);
       in_bytes += value_bytes(v);
       elements += kl_shape_numel(&v->shape);

@@ -19,6 +19,12 @@ int kl_autodiff(kl_graph *g, kl_value *y, kl_value *const *xs, int nxs, kl_value
 int kl_autodiff_seeded(kl_graph *g, kl_value *y, kl_value *seed, kl_value *const *xs, int nxs,
                        kl_value **grads, kl_error *err);
 
+/* The training compile (train.c): appends to g, which has a train block,
+ * the backward graph, the global norm (clip, finite check) and the
+ * optimizer update (kl_train documents what it records); 0 or -1.  A
+ * second call does nothing. */
+int kl_train_build(kl_graph *g, kl_error *err);
+
 /* ---- fusion: groups of nodes, each one kernel (fusion.c) ---------------
  * Groups are listed in an order that runs them correctly; the nodes of
  * group g are nodes[first .. first + count), in schedule order. */
@@ -358,6 +364,7 @@ void kl_plan_free(kl_plan *p);
  * may print what it did (--dump-after). */
 typedef struct {
   const kl_precision_options *precision; /* NULL: none */
+  bool train;               /* append the training step (kl_train_build) */
   const kl_target *target;
   bool no_fuse;
   size_t mem_limit;         /* bytes the arena may take; 0: no limit */

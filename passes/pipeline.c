@@ -2,6 +2,8 @@
  * what the compiler does to a graph between the front end and the code
  * generator:
  *
+ *   train      (--train) the backward graph and the optimizer update
+ *              appended to the model (train.c)
  *   bnfold     inference batch norms folded into the conv or GEMM before
  *              them (bnfold.c)
  *   precision  f32 values take f16/bf16 where their ops and their numbers
@@ -25,7 +27,7 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-const char *const kl_pipeline_passes[] = {"bnfold", "precision", "schedule", "fold",
+const char *const kl_pipeline_passes[] = {"train", "bnfold", "precision", "schedule", "fold",
                                           "fuse",   "memory",    NULL};
 
 bool kl_pipeline_has_pass(const char *name) {
@@ -66,6 +68,8 @@ static void header(FILE *f, const char *pass) { fprintf(f, "# ---- after %s\n", 
 int kl_pipeline_rewrite(kl_graph *g, const kl_pipeline_options *o, kl_error *err) {
   /* before precision: the folded weights are rounded once, from float64,
    * and no batch norm statistics reach a low type */
+  if (o->train && kl_train_build(g, err)) return -1;
+  if (dumps(o, "train")) header(o->dump, "train"), kl_print_graph(o->dump, g);
   bool dump_bn = dumps(o, "bnfold");
   if (dump_bn) header(o->dump, "bnfold");
   if (kl_fold_batch_norms(g, dump_bn ? o->dump : NULL, err)) return -1;

@@ -108,10 +108,15 @@ static void place_values(kl_plan *p) {
    * input, a weight or a constant is read back from where it lives. */
   for (int i = 0; i < g->outputs.len; i++) {
     const kl_value *v = g->outputs.items[i];
-    if (v->kind == KL_VAL_NODE && !p->folded[v->producer->id])
+    if (v->kind == KL_VAL_NODE && !p->folded[v->producer->id] && !v->updates)
       p->loc[v->id] = (kl_location){KL_LOC_OUTPUT, 0, i};
   }
   for (int i = 0; i < g->params.len; i++) add_param(p, g->params.items[i]);
+  /* a training step's new params and optimizer state overwrite the old
+   * (check_updates says that nothing reads the old after) */
+  for (int i = 0; i < g->outputs.len; i++)
+    if (g->outputs.items[i]->updates)
+      p->loc[g->outputs.items[i]->id] = p->loc[g->outputs.items[i]->updates->id];
   for (int i = 0; i < g->nodes.len; i++) {
     const kl_node *n = p->order[i];
     if (!p->live[n->id]) continue;
@@ -288,11 +293,45 @@ const kl_node *kl_plan_step_node(const kl_plan *p, int step) {
   return p->fusion.nodes[gr->first + gr->count - 1];
 }
 
+/* The step that last reads state value v: its readers' steps, and through
+ * nodes that read v in place (aliases, views), their readers'. */
+static int last_read_step(const kl_plan *p, const kl_value *v, int depth) {
+  int last = -1;
+  for (int r = p->reader_at[v->id]; r < p->reader_at[v->id + 1]; r++) {
+    const kl_node *n = p->readers[r];
+    int s = p->fusion.group_of[n->id];
+    if (s > last) last = s;
+    if (depth < 16 && (p->alias[n->id] || p->loc[n->outputs[0]->id].kind == KL_LOC_VIEW)) {
+      int t = last_read_step(p, n->outputs[0], depth + 1);
+      if (t > last) last = t;
+    }
+  }
+  return last;
+}
+
+/* A training step updates params in place: no step after the update may
+ * read the old value.  Updates depend on every gradient through the
+ * global norm, so this holds unless a model output reads a param itself
+ * after the update was scheduled. */
+static int check_updates(const kl_plan *p, kl_error *err) {
+  const kl_graph *g = p->g;
+  for (int i = 0; i < g->outputs.len; i++) {
+    const kl_value *v = g->outputs.items[i];
+    if (!v->updates) continue;
+    int at = p->fusion.group_of[v->producer->id];
+    if (last_read_step(p, v->updates, 0) > at)
+      return kl_fail(err, (kl_loc){0}, "'%s' is read after the step that updates it in place; "
+                     "read it before the update (an output of the forward pass)", v->updates->name);
+  }
+  return 0;
+}
+
 int kl_plan_memory(kl_plan *p, size_t limit, kl_error *err) {
   int nsteps = p->fusion.ngroups;
   p->scratch_at = calloc((size_t)nsteps + 2, sizeof *p->scratch_at);
   if (!p->scratch_at) abort();
   place_values(p);
+  if (check_updates(p, err)) return -1;
   declare_uses(p);
   choose_in_place(p);
   kl_memplan(p->bufs, p->nbufs, &p->mem);

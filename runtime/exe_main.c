@@ -276,6 +276,7 @@ int krt_exe_main(const krt_model_api *api, int argc, char **argv) {
 }
 
 int krt_exe_main_with(const krt_model_api *api, krt_tensor_reader pb_read, int argc, char **argv) {
+  if (api->train) return krt_train_main(api, argc, argv);
   const char *slash = argc > 0 ? strrchr(argv[0], '/') : NULL;
   exe_opts o = {.prog = argc > 0 ? (slash ? slash + 1 : argv[0]) : api->model_name,
                 .api = api, .pb_read = pb_read, .device = KRT_DEVICE_AUTO, .iters = 1};

@@ -239,6 +239,30 @@ typedef struct {
   size_t bytes;      /* estimated DRAM bytes read and written */
 } krt_step_info;
 
+/* A training step (kiln compile --train): what the training program
+ * (krt_train_main) feeds and reads, and the hyper-parameters it computes
+ * the step's scalars from on the host (docs/DSL.md has the formulas). */
+typedef struct {
+  const char *optimizer;         /* "sgd", "adam", "adamw" */
+  double lr, beta1, beta2;
+  const char *schedule;          /* "constant", "step", "cosine" */
+  double warmup, step_size, gamma, total, min_lr;
+  double clip;                   /* 0: none (compiled into the step) */
+  int loss_scaling;              /* 1: dynamic loss scaling (fp16 compute) */
+  /* input indices: samples and labels (-1: none), then the f32 scalars
+   * the step reads: scheduled learning rate, 1 / (1 - beta1^t),
+   * 1 / (1 - beta2^t), loss scale, apply (0: evaluate only) */
+  int in_x, in_labels;
+  int in_lr, in_bias1, in_bias2, in_scale, in_apply;
+  /* output indices: the loss, ok (1: the update was taken), the
+   * gradients' global norm, the logits (-1: none) */
+  int out_loss, out_ok, out_norm, out_logits;
+  /* the state the step updates in place: params trained, then the
+   * optimizer's (read_state / write_state by index) */
+  int nstates, nparams;
+  const krt_io_desc *states;
+} krt_train_info;
+
 typedef struct {
   const char *model_name;
   int ninputs, noutputs;
@@ -255,7 +279,42 @@ typedef struct {
    * bytes it is estimated to move. */
   int nsteps;
   const krt_step_info *steps;
+  /* Training (NULL when compiled for inference): the step's description,
+   * and its state copied whole between device and host. */
+  const krt_train_info *train;
+  int (*read_state)(void *model, int i, void *host, char *err, size_t errlen);
+  int (*write_state)(void *model, int i, const void *host, char *err, size_t errlen);
 } krt_model_api;
+
+/* ---- training ------------------------------------------------------------
+ * Dynamic loss scaling (fp16 training): the loss is multiplied by the scale
+ * before the backward pass and every gradient divided by it in the update,
+ * so small gradients do not flush to zero in half precision.  Starts at
+ * 2^16; a step whose gradients are not all finite is skipped and halves
+ * the scale (never below 1); 2000 finite steps in a row double it. */
+typedef struct {
+  double scale;
+  int64_t good_steps;       /* finite steps since the scale last changed */
+  int64_t growth_interval;  /* 2000 */
+  int enabled;              /* 0: scale stays 1 (fp32, bf16) */
+} krt_loss_scaler;
+void krt_loss_scaler_init(krt_loss_scaler *s, int enabled);
+/* After a step: finite says whether its gradients were; returns 1 when the
+ * scale changed. */
+int krt_loss_scaler_update(krt_loss_scaler *s, int finite);
+
+/* The learning rate at step `step` (0-based) of a run of `total_steps`
+ * under t's schedule (docs/DSL.md, Training, has the formulas), and
+ * Adam's bias corrections 1 / (1 - beta^(step + 1)). */
+double krt_schedule_lr(const krt_train_info *t, int64_t step, int64_t total_steps);
+double krt_bias_correction(double beta, int64_t step);
+
+/* The training program (kiln compile --train --emit=exe, kiln train):
+ * `--data DIR` with train_x.npy, train_y.npy (and test_x.npy, test_y.npy
+ * for accuracy), `--epochs N | --steps N`, `--checkpoint FILE`,
+ * `--resume FILE`, `--device`; see --help.  krt_exe_main calls it for a
+ * model compiled with --train.  Returns the exit status. */
+int krt_train_main(const krt_model_api *api, int argc, char **argv);
 
 /* ---- the profiler ------------------------------------------------------
  * With profiling on, a compiled model's run() marks the start of each of

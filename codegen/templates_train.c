@@ -1,0 +1,104 @@
+/* templates_train.c - the training ops' kernels: optim_step, one kernel
+ * that updates every tensor of the node (a multi-tensor apply: the
+ * optimizer is a few launches per step, not one per parameter). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen_impl.h"
+
+enum { STEP_SCALARS = 5 };
+
+static bool handles_optim_step(const kl_node *n) { return n->op == KL_OP_OPTIM_STEP; }
+
+/* A float literal for kernel text. */
+static const char *flit(double v, char *buf, size_t len) {
+  snprintf(buf, len, "%.9gf", v);
+  if (!strchr(buf, '.') && !strchr(buf, 'e') && !strchr(buf, 'n')) {
+    snprintf(buf, len, "%.9g.0f", v);
+  }
+  return buf;
+}
+
+/* One thread per element of all tensors together: the element's tensor is
+ * found by comparing with the running offsets.  No __restrict__: each
+ * output is normally its input's own buffer (updated in place). */
+static int emit_optim_step(kl_cg_emitter *e, const kl_node *n) {
+  const char *algo = kl_attr_string(n, "algo", "adam");
+  int ns = kl_optim_state_count(n), per = 2 + ns;
+  int count = (int)kl_attr_int(n, "count", 0);
+  double h[6];
+  kl_optim_hyper(n, h);
+  char b1[32], b2[32], eps[32], wd[32], mom[32], om1[32], om2[32];
+  flit(h[0], b1, sizeof b1), flit(h[1], b2, sizeof b2), flit(h[2], eps, sizeof eps);
+  flit(h[3], wd, sizeof wd), flit(h[4], mom, sizeof mom);
+  flit(1 - h[0], om1, sizeof om1), flit(1 - h[1], om2, sizeof om2);
+  int64_t total = 0;
+  for (int t = 0; t < count; t++) total += kl_shape_numel(&n->inputs[STEP_SCALARS + t * per]->shape);
+  char name[32];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  FILE *f = kl_cg_kernels(e);
+  fprintf(f, "/* %s: optim_step (%s) over %d tensors, %lld elements */\nKL_KERNEL void %s(", n->name,
+          algo, count, (long long)total, name);
+  for (int i = 0; i < n->ninputs; i++) fprintf(f, "%sconst float *in%d", i ? ", " : "", i);
+  for (int o = 0; o < n->noutputs; o++) fprintf(f, ", float *out%d", o);
+  fprintf(f, ") {\n  const float lr = in0[0], bias1 = in1[0], bias2 = in2[0], mult = in3[0];\n"
+             "  const int ok = in4[0] != 0.0f;\n  (void)bias1, (void)bias2;\n");
+  fprintf(f, "  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < %lldLL;\n"
+             "       i += (int64_t)blockDim.x * gridDim.x) {\n"
+             "    const float *P, *G, *S0 = 0, *S1 = 0;\n    float *PO, *SO0 = 0, *SO1 = 0;\n    int64_t j;\n",
+          (long long)total);
+  int64_t at = 0;
+  for (int t = 0; t < count; t++) {
+    int in = STEP_SCALARS + t * per, out = t * (1 + ns);
+    int64_t numel = kl_shape_numel(&n->inputs[in]->shape);
+    fprintf(f, "    %sif (i < %lldLL) { j = i - %lldLL; P = in%d; G = in%d; PO = out%d;", t ? "else " : "",
+            (long long)(at + numel), (long long)at, in, in + 1, out);
+    for (int s = 0; s < ns; s++) fprintf(f, " S%d = in%d; SO%d = out%d;", s, in + 2 + s, s, out + 1 + s);
+    fprintf(f, " }\n");
+    at += numel;
+  }
+  fprintf(f, "    else continue;\n    (void)S0, (void)S1, (void)SO0, (void)SO1;\n");
+  /* a skipped step leaves everything as it was (a copy only when the
+   * plan could not update in place) */
+  fprintf(f, "    if (!ok) {\n      PO[j] = P[j];\n");
+  for (int s = 0; s < ns; s++) fprintf(f, "      SO%d[j] = S%d[j];\n", s, s);
+  fprintf(f, "      continue;\n    }\n    float p = P[j], g = G[j] * mult;\n");
+  if (!strcmp(algo, "adamw")) fprintf(f, "    p = p * (1.0f - lr * %s);\n", wd);
+  else if (h[3] != 0) fprintf(f, "    g = g + %s * p;\n", wd);
+  if (!strcmp(algo, "sgd")) {
+    if (ns) {
+      fprintf(f, "    const float buf = %s * S0[j] + g;\n    SO0[j] = buf;\n", mom);
+      if (h[5] != 0) fprintf(f, "    p = p - lr * (g + %s * buf);\n", mom); /* nesterov */
+      else fprintf(f, "    p = p - lr * buf;\n");
+    } else {
+      fprintf(f, "    p = p - lr * g;\n");
+    }
+  } else {
+    fprintf(f, "    const float m = %s * S0[j] + %s * g, v = %s * S1[j] + %s * g * g;\n", b1, om1, b2, om2);
+    fprintf(f, "    SO0[j] = m;\n    SO1[j] = v;\n");
+    fprintf(f, "    p = p - lr * (m * bias1) / (sqrtf(v * bias2) + %s);\n", eps);
+  }
+  fprintf(f, "    PO[j] = p;\n  }\n}\n");
+  fprintf(f, "KL_EMU_ENTRY(%s", name);
+  for (int i = 0; i < n->ninputs; i++) fprintf(f, ", KL_ARG(const float *, %d)", i);
+  for (int o = 0; o < n->noutputs; o++) fprintf(f, ", KL_ARG(float *, %d)", n->ninputs + o);
+  fprintf(f, ");\n\n");
+  /* host side: the pointers in the same order */
+  int na = n->ninputs + n->noutputs;
+  char(*bufs)[160] = calloc((size_t)na, sizeof *bufs);
+  const char **args = calloc((size_t)na, sizeof *args);
+  if (!bufs || !args) abort();
+  for (int i = 0; i < n->ninputs; i++) args[i] = kl_cg_ptr(e, n->inputs[i], bufs[i], sizeof bufs[i]);
+  for (int o = 0; o < n->noutputs; o++)
+    args[n->ninputs + o] = kl_cg_ptr(e, n->outputs[o], bufs[n->ninputs + o], sizeof bufs[0]);
+  fprintf(kl_cg_host(e), "  /* %s: optim_step (%s), %d tensors in one kernel */\n", n->name, algo, count);
+  kl_cg_launch(e, k, total, args, na);
+  free(bufs);
+  free(args);
+  return 0;
+}
+
+const kl_cg_template kl_cg_templates_train[] = {
+    {handles_optim_step, emit_optim_step, NULL},
+    {NULL, NULL, NULL},
+};
