@@ -28,4 +28,23 @@ FILE *krt_open_write(const char *path, char *errbuf, size_t errlen);
 int krt_close_write(FILE *f, bool ok, const char *path, char *errbuf,
                     size_t errlen);
 
+/* A .npy file's header: what krt_npy_read and the data loader (which maps
+ * the file rather than read it) both need. */
+typedef struct {
+  krt_dtype dtype;
+  int rank;
+  int64_t dims[KRT_MAX_RANK];  /* each <= KRT_MAX_NUMEL; their product is
+                                  not checked here */
+  int64_t data_offset;         /* where the array's bytes start */
+} krt_npy_header;
+/* Reads the preamble and the header dict of the .npy file f (at its start;
+ * size bytes long).  Fortran order, big-endian and unknown dtypes fail. */
+int krt_npy_read_header(FILE *f, int64_t size, const char *path,
+                        krt_npy_header *h, char *errbuf, size_t errlen);
+/* The data after the header must be exactly nbytes: else "truncated" or
+ * "trailing bytes". */
+int krt_npy_check_data_size(const krt_npy_header *h, int64_t size,
+                            int64_t nbytes, const char *path, char *errbuf,
+                            size_t errlen);
+
 #endif /* KILN_IO_UTIL_H */

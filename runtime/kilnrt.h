@@ -1,6 +1,7 @@
-/* kilnrt.h - Kiln's runtime library: tensors, half-precision conversions and
- * tensor files (.npy, .safetensors).  One public header for the runtime/
- * folder; compiled programs and the driver include only this.  It declares
+/* kilnrt.h - Kiln's runtime library: tensors, half-precision conversions,
+ * tensor files (.npy, .safetensors), devices, compiled models and the
+ * training input pipeline.  One public header for the runtime/ folder;
+ * compiled programs and the driver include only this.  It declares
  * krt_ and KRT_ names only (tests/unit/check_public_names.py checks): it is
  * included into users' code.  ONNX .pb tensor files are libkilnrt_pb's,
  * runtime/pb/kilnrt_pb.h, so that only programs reading them link
@@ -285,6 +286,62 @@ typedef struct {
   int (*read_state)(void *model, int i, void *host, char *err, size_t errlen);
   int (*write_state)(void *model, int i, const void *host, char *err, size_t errlen);
 } krt_model_api;
+
+/* ---- the training input pipeline ---------------------------------------
+ * A training set is two .npy files, inputs x and targets y, with the same
+ * first dim N (samples).  The loader maps both files (any size that fits
+ * the disk), and worker threads assemble batches of `batch` samples into
+ * buffers ahead of the caller: while it computes on batch i, they fill
+ * batch i + 1 (and more, with more threads).  Epoch e's order is a
+ * permutation drawn from (seed, e) alone, so a resumed run (krt_loader_seek)
+ * gets exactly the batches an uninterrupted one would have.  Every fallible
+ * call returns 0, or -1 with a message naming the file (and the row, for a
+ * value that does not convert) in err. */
+typedef struct {
+  const char *x_path, *y_path;
+  int batch;                   /* samples per batch, >= 1 */
+  uint64_t seed;
+  int shuffle;                 /* 0: file order (evaluation) */
+  int drop_last;               /* 1: an epoch is floor(N / batch) batches;
+                                  0: its last batch is short */
+  int threads;                 /* workers; 0: 2 */
+  /* What the model takes; the files' values are converted:
+   *   the file's own dtype: copied;
+   *   f16/f32/f64 -> f16, bf16, f32, f64: rounded to nearest even;
+   *   integers of up to 32 bits and bool -> those floats: likewise (u8
+   *     pixels -> f32);
+   *   any integer, bool, or a float holding an integer -> i32, i64:
+   *     checked; a non-integral or out-of-range value fails, naming the
+   *     file and row. */
+  krt_dtype x_dtype, y_dtype;
+} krt_loader_config;
+typedef struct krt_loader krt_loader;
+
+/* Maps the files, checks shapes and conversions, and starts the workers
+ * (which begin filling the first batches at once). */
+int krt_loader_open(const krt_loader_config *cfg, krt_loader **out, char *err,
+                    size_t errlen);
+int64_t krt_loader_samples(const krt_loader *l);            /* N */
+int64_t krt_loader_batches_per_epoch(const krt_loader *l);
+/* One sample of x and of y: the files' dims after the first, in the
+ * configured dtypes; name is the file's path.  A batch is [batch, dims..]. */
+void krt_loader_sample_desc(const krt_loader *l, krt_io_desc *x, krt_io_desc *y);
+/* The next batch: host buffers of `batch` samples in x_dtype and y_dtype,
+ * valid until the next call to krt_loader_next or krt_loader_seek; *count
+ * samples are filled (fewer than batch only for an epoch's last batch
+ * without drop_last; the rest is zero).  *wait_ms (may be NULL) is how long
+ * this call waited for the workers.  Crosses epochs by itself.  A worker's
+ * error (a value that does not convert) comes back here, and again on each
+ * call until a seek. */
+int krt_loader_next(krt_loader *l, const void **x, const void **y, int *count,
+                    double *wait_ms, char *err, size_t errlen);
+/* Where the next batch starts: its epoch and its index in that epoch. */
+void krt_loader_position(const krt_loader *l, int64_t *epoch, int64_t *batch_index);
+/* Makes (epoch, batch_index) the next batch, e.g. to resume from a
+ * checkpoint: what follows is exactly what an uninterrupted run got there. */
+int krt_loader_seek(krt_loader *l, int64_t epoch, int64_t batch_index, char *err,
+                    size_t errlen);
+void krt_loader_close(krt_loader *l);  /* NULL-safe; joins the workers, unmaps */
 
 /* ---- training ------------------------------------------------------------
  * Dynamic loss scaling (fp16 training): the loss is multiplied by the scale

@@ -209,28 +209,14 @@ static int parse_header(const char *p, const char *end, krt_tensor *t,
 }
 
 /* ---- reading --------------------------------------------------------- */
-int krt_npy_read(const char *path, krt_tensor *out, char *errbuf,
-                 size_t errlen) {
-  if (!out) return krt_fail(errbuf, errlen, path, "no output tensor");
-  memset(out, 0, sizeof *out);
-  if (!path) return krt_fail(errbuf, errlen, path, "no path");
-
-  int rc = -1;
-  char *hdr = NULL;
-  krt_tensor t = {0};
-  int64_t size;
-  FILE *f = krt_open_read(path, &size, errbuf, errlen);
-  if (!f) return -1;
-
+int krt_npy_read_header(FILE *f, int64_t size, const char *path,
+                        krt_npy_header *h, char *errbuf, size_t errlen) {
+  memset(h, 0, sizeof *h);
   unsigned char pre[12];
-  if (size < 10 || !krt_read_exact(f, pre, 10)) {
-    krt_fail(errbuf, errlen, path, "not a .npy file (too short)");
-    goto done;
-  }
-  if (memcmp(pre, MAGIC, MAGIC_LEN) != 0) {
-    krt_fail(errbuf, errlen, path, "not a .npy file (bad magic)");
-    goto done;
-  }
+  if (size < 10 || !krt_read_exact(f, pre, 10))
+    return krt_fail(errbuf, errlen, path, "not a .npy file (too short)");
+  if (memcmp(pre, MAGIC, MAGIC_LEN) != 0)
+    return krt_fail(errbuf, errlen, path, "not a .npy file (bad magic)");
   int major = pre[6], minor = pre[7];
   int64_t off, hlen;
   if (major == 1 && minor == 0) {
@@ -238,32 +224,62 @@ int krt_npy_read(const char *path, krt_tensor *out, char *errbuf,
     hlen = pre[8] | pre[9] << 8;
   } else if ((major == 2 || major == 3) && minor == 0) {
     off = 12;
-    if (!krt_read_exact(f, pre + 10, 2)) {
-      krt_fail(errbuf, errlen, path,
-               "truncated: file ends inside the preamble");
-      goto done;
-    }
+    if (!krt_read_exact(f, pre + 10, 2))
+      return krt_fail(errbuf, errlen, path,
+                      "truncated: file ends inside the preamble");
     hlen = (int64_t)pre[8] | (int64_t)pre[9] << 8 | (int64_t)pre[10] << 16 |
            (int64_t)pre[11] << 24;
   } else {
-    krt_fail(errbuf, errlen, path, "unsupported .npy format version %d.%d",
-             major, minor);
-    goto done;
+    return krt_fail(errbuf, errlen, path,
+                    "unsupported .npy format version %d.%d", major, minor);
   }
-  if (hlen > size - off) {
-    krt_fail(errbuf, errlen, path,
-             "truncated: header length is %lld bytes, file has %lld after the "
-             "preamble", (long long)hlen, (long long)(size - off));
-    goto done;
-  }
-  if (hlen > MAX_HEADER_LEN) {
-    krt_fail(errbuf, errlen, path, "header too large (%lld bytes)",
-             (long long)hlen);
-    goto done;
-  }
-  hdr = krt_read_header(f, (size_t)hlen, path, errbuf, errlen);
-  if (!hdr || parse_header(hdr, hdr + hlen, &t, path, errbuf, errlen))
-    goto done;
+  if (hlen > size - off)
+    return krt_fail(errbuf, errlen, path,
+                    "truncated: header length is %lld bytes, file has %lld "
+                    "after the preamble", (long long)hlen,
+                    (long long)(size - off));
+  if (hlen > MAX_HEADER_LEN)
+    return krt_fail(errbuf, errlen, path, "header too large (%lld bytes)",
+                    (long long)hlen);
+  char *hdr = krt_read_header(f, (size_t)hlen, path, errbuf, errlen);
+  if (!hdr) return -1;
+  krt_tensor t = {0};
+  int rc = parse_header(hdr, hdr + hlen, &t, path, errbuf, errlen);
+  free(hdr);
+  if (rc) return -1;
+  h->dtype = t.dtype;
+  h->rank = t.rank;
+  memcpy(h->dims, t.dims, sizeof h->dims);
+  h->data_offset = off + hlen;
+  return 0;
+}
+
+int krt_npy_check_data_size(const krt_npy_header *h, int64_t size,
+                            int64_t nbytes, const char *path, char *errbuf,
+                            size_t errlen) {
+  int64_t avail = size - h->data_offset;
+  if (avail == nbytes) return 0;
+  return krt_fail(errbuf, errlen, path, "%s: header says %lld bytes of data, "
+                  "file has %lld", avail < nbytes ? "truncated" : "trailing bytes",
+                  (long long)nbytes, (long long)avail);
+}
+
+int krt_npy_read(const char *path, krt_tensor *out, char *errbuf,
+                 size_t errlen) {
+  if (!out) return krt_fail(errbuf, errlen, path, "no output tensor");
+  memset(out, 0, sizeof *out);
+  if (!path) return krt_fail(errbuf, errlen, path, "no path");
+
+  int rc = -1;
+  krt_tensor t = {0};
+  krt_npy_header h;
+  int64_t size;
+  FILE *f = krt_open_read(path, &size, errbuf, errlen);
+  if (!f) return -1;
+  if (krt_npy_read_header(f, size, path, &h, errbuf, errlen)) goto done;
+  t.dtype = h.dtype;
+  t.rank = h.rank;
+  memcpy(t.dims, h.dims, sizeof t.dims);
 
   int64_t numel = krt_tensor_numel(&t);
   if (numel < 0) {
@@ -273,13 +289,8 @@ int krt_npy_read(const char *path, krt_tensor *out, char *errbuf,
   }
   /* numel < 2^31 and sizes <= 8: no overflow. */
   int64_t nbytes = numel * (int64_t)krt_dtype_size(t.dtype);
-  int64_t avail = size - off - hlen;
-  if (avail != nbytes) {
-    krt_fail(errbuf, errlen, path, "%s: header says %lld bytes of data, "
-             "file has %lld", avail < nbytes ? "truncated" : "trailing bytes",
-             (long long)nbytes, (long long)avail);
+  if (krt_npy_check_data_size(&h, size, nbytes, path, errbuf, errlen))
     goto done;
-  }
   t.data = malloc(nbytes ? (size_t)nbytes : 1);
   if (!t.data) {
     krt_fail(errbuf, errlen, path, "out of memory for %lld bytes",
@@ -294,7 +305,6 @@ int krt_npy_read(const char *path, krt_tensor *out, char *errbuf,
   t.data = NULL;
   rc = 0;
 done:
-  free(hdr);
   free(t.data);
   fclose(f);
   return rc;
