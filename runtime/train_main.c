@@ -356,7 +356,7 @@ int krt_train_main(const krt_model_api *api, int argc, char **argv) {
   if (krt_loader_open(&cfg, &loader, tr.msg, sizeof tr.msg)) goto fail;
   int64_t per_epoch = krt_loader_samples(loader) / tr.batch;
   if (per_epoch < 1) {
-    snprintf(tr.msg, sizeof tr.msg, "%s holds %lld samples, fewer than one batch of %lld", xp,
+    snprintf(tr.msg, sizeof tr.msg, "%.900s holds %lld samples, fewer than one batch of %lld", xp,
              (long long)krt_loader_samples(loader), (long long)tr.batch);
     goto fail;
   }

@@ -43,7 +43,7 @@ double krt_schedule_lr(const krt_train_info *t, int64_t step, int64_t total_step
   if (!strcmp(t->schedule, "cosine")) {
     double total = t->total >= 1 ? t->total : (double)total_steps - (warmup >= 1 ? warmup : 0);
     if (total < 1 || s >= total) return t->min_lr;
-    return t->min_lr + (lr - t->min_lr) * 0.5 * (1 + cos(M_PI * s / total));
+    return t->min_lr + (lr - t->min_lr) * 0.5 * (1 + cos(3.14159265358979323846 * s / total));
   }
   return lr;
 }
