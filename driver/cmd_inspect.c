@@ -53,6 +53,23 @@ static void print_value(const kl_value *v) {
   printf("\n");
 }
 
+static void print_settings(const kl_attr *attrs, int n) {
+  printf("(");
+  for (int k = 0; k < n; k++) printf("%s%s=%.9g", k ? ", " : "", attrs[k].name, attrs[k].f);
+  printf(")");
+}
+
+/* The train block as given; settings left out take the defaults of
+ * docs/DSL.md. */
+static void print_train(const kl_train *t) {
+  printf("train: loss '%s', optimizer %s", t->loss, t->optimizer);
+  print_settings(t->attrs, t->nattrs);
+  printf("\n  schedule: %s", t->schedule ? t->schedule : "constant");
+  if (t->schedule) print_settings(t->schedule_attrs, t->nschedule_attrs);
+  if (t->clip) printf("\n  clip: gradients scaled to a global norm of at most %.9g\n", t->clip);
+  else printf("\n  clip: none\n");
+}
+
 /* After the precision pass: each node, in run order, with the type it
  * computes in, its class, and for a float node left in fp32 why: its op's
  * class, the user's lists, a number the low type cannot hold, or its
@@ -185,8 +202,7 @@ int kiln_cmd_inspect(int argc, char **argv) {
   printf("nodes: %d\n", g->nodes.len);
   for (int op = 0; op < KL_OP_COUNT; op++)
     if (counts[op]) printf("  %-20s %d\n", kl_ops[op].name, counts[op]);
-  if (g->train)
-    printf("train: loss '%s', optimizer %s\n", g->train->loss, g->train->optimizer);
+  if (g->train) print_train(g->train);
   if (mo.precision) print_precision(g, &mo);
   int rc = svg || dot ? compiled(g, svg, dot, no_fuse) : KILN_EXIT_OK;
   kl_graph_free(g);

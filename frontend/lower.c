@@ -617,32 +617,200 @@ int kl_p_loss(kl_parser *P, const kl_expr *e, kl_loc loc) {
   return 0;
 }
 
+/* ---- the train block's settings (docs/DSL.md, "Training") -------------
+ * Each optimizer and schedule is a row: the keywords it accepts, the
+ * values each takes, and the one it cannot do without.  Only the keywords
+ * given are stored; the training compile supplies the documented
+ * defaults. */
+typedef enum {
+  RANGE_POSITIVE, /* finite, > 0 */
+  RANGE_NONNEG,   /* finite, >= 0 */
+  RANGE_UNIT,     /* [0, 1) */
+  RANGE_FRACTION, /* (0, 1] */
+  RANGE_FLAG,     /* 0 or 1 */
+  RANGE_COUNT,    /* an integer >= 1 */
+  RANGE_COUNT0,   /* an integer >= 0 */
+} setting_range;
+
+typedef struct {
+  const char *name;
+  setting_range range;
+} setting;
+
+typedef struct {
+  const char *name;
+  const char *required; /* NULL: none */
+  const char *example;  /* a call that names the required keyword */
+  setting settings[6];  /* ends at a NULL name */
+} train_rule;
+
+static const train_rule optimizers[] = {
+    {"sgd", "lr", "sgd(lr=0.01)",
+     {{"lr", RANGE_POSITIVE}, {"momentum", RANGE_UNIT}, {"nesterov", RANGE_FLAG},
+      {"weight_decay", RANGE_NONNEG}}},
+    {"adam", "lr", "adam(lr=1e-3)",
+     {{"lr", RANGE_POSITIVE}, {"beta1", RANGE_UNIT}, {"beta2", RANGE_UNIT},
+      {"eps", RANGE_POSITIVE}, {"weight_decay", RANGE_NONNEG}}},
+    {"adamw", "lr", "adamw(lr=1e-3)",
+     {{"lr", RANGE_POSITIVE}, {"beta1", RANGE_UNIT}, {"beta2", RANGE_UNIT},
+      {"eps", RANGE_POSITIVE}, {"weight_decay", RANGE_NONNEG}}},
+};
+
+static const train_rule schedules[] = {
+    {"constant", NULL, "constant()", {{"warmup", RANGE_COUNT0}}},
+    {"step", "step_size", "step(step_size=1000)",
+     {{"warmup", RANGE_COUNT0}, {"step_size", RANGE_COUNT}, {"gamma", RANGE_FRACTION}}},
+    {"cosine", NULL, "cosine(total=1000)",
+     {{"warmup", RANGE_COUNT0}, {"total", RANGE_COUNT}, {"min_lr", RANGE_NONNEG}}},
+};
+
+static bool in_range(setting_range r, double x) {
+  switch (r) {
+  case RANGE_POSITIVE: return x > 0 && isfinite(x);
+  case RANGE_NONNEG: return x >= 0 && isfinite(x);
+  case RANGE_UNIT: return x >= 0 && x < 1;
+  case RANGE_FRACTION: return x > 0 && x <= 1;
+  case RANGE_FLAG: return x == 0 || x == 1;
+  case RANGE_COUNT: return x >= 1 && x <= 0x1p53 && x == floor(x);
+  case RANGE_COUNT0: return x >= 0 && x <= 0x1p53 && x == floor(x);
+  }
+  return false;
+}
+
+static const char *range_text(setting_range r) {
+  switch (r) {
+  case RANGE_POSITIVE: return "a finite number > 0";
+  case RANGE_NONNEG: return "a finite number >= 0";
+  case RANGE_UNIT: return "in [0, 1)";
+  case RANGE_FRACTION: return "in (0, 1]";
+  case RANGE_FLAG: return "0 or 1";
+  case RANGE_COUNT: return "an integer >= 1";
+  case RANGE_COUNT0: return "an integer >= 0";
+  }
+  return "";
+}
+
+static const train_rule *find_rule(const train_rule *rules, int n, const char *name) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(rules[i].name, name) == 0) return &rules[i];
+  return NULL;
+}
+
+static const setting *find_setting(const train_rule *rule, const char *name) {
+  for (const setting *s = rule->settings; s->name; s++)
+    if (strcmp(s->name, name) == 0) return s;
+  return NULL;
+}
+
+/* "lr, momentum, nesterov or weight_decay" */
+static void list_settings(const train_rule *rule, char *buf, size_t size) {
+  int n = 0;
+  while (rule->settings[n].name) n++;
+  buf[0] = 0;
+  for (int i = 0; i < n; i++) {
+    size_t len = strlen(buf);
+    snprintf(buf + len, size - len, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ",
+             rule->settings[i].name);
+  }
+}
+
+/* The keywords of the frame checked against the rule and copied into the
+ * graph's arena as floats.  `what` is "optimizer" or "schedule". */
+static int read_settings(kl_parser *P, const kl_frame *f, const train_rule *rule,
+                         const char *what, kl_loc loc, kl_attr **out, int *nout) {
+  if (f->nposattr)
+    return fail(P, loc, "%s arguments are keywords, e.g. %s", what, rule->example);
+  kl_attr *attrs = kl_arena_alloc(&P->g->arena, (size_t)(f->nkw + 1) * sizeof(kl_attr));
+  bool has_required = !rule->required;
+  for (int i = 0; i < f->nkw; i++) {
+    const setting *s = find_setting(rule, f->kw[i].name);
+    double num;
+    if (!s) {
+      char accepted[160];
+      list_settings(rule, accepted, sizeof accepted);
+      return fail(P, f->kwloc[i], "%s has no setting '%s' (it takes %s)", rule->name,
+                  f->kw[i].name, accepted);
+    }
+    if (!attr_number(&f->kw[i], &num))
+      return fail(P, f->kwloc[i], "%s setting '%s' must be a number", what, f->kw[i].name);
+    if (!in_range(s->range, num))
+      return fail(P, f->kwloc[i], "%s's %s must be %s, got %g", rule->name, s->name,
+                  range_text(s->range), num);
+    has_required |= rule->required && strcmp(s->name, rule->required) == 0;
+    attrs[i] = (kl_attr){.name = kl_arena_strdup(&P->g->arena, s->name),
+                         .kind = KL_ATTR_FLOAT, .f = num};
+  }
+  if (!has_required)
+    return fail(P, loc, "%s needs %s, e.g. %s", rule->name, rule->required, rule->example);
+  *out = attrs;
+  *nout = f->nkw;
+  return 0;
+}
+
+/* The index of keyword `name` in the frame, -1 when not given. */
+static int keyword_index(const kl_frame *f, const char *name) {
+  for (int i = 0; i < f->nkw; i++)
+    if (strcmp(f->kw[i].name, name) == 0) return i;
+  return -1;
+}
+
+static double setting_value(const kl_attr *attrs, int n, const char *name, double dflt) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(attrs[i].name, name) == 0) return attrs[i].f;
+  return dflt;
+}
+
 int kl_p_optimizer(kl_parser *P, const char *name, kl_loc loc) {
   kl_frame *f = top(P);
   kl_train *t = train_of(P);
+  const train_rule *rule =
+      find_rule(optimizers, (int)(sizeof optimizers / sizeof *optimizers), name);
   int rc = 0;
-  static const char *const known[] = {"sgd", "adam", "adamw"};
-  bool ok = false;
-  for (int i = 0; i < 3; i++) ok |= strcmp(known[i], name) == 0;
   if (t->optimizer) rc = fail(P, loc, "the optimizer is already given");
-  else if (!ok) rc = fail(P, loc, "unknown optimizer '%s' (expected sgd, adam or adamw)", name);
-  else if (f->nposattr) rc = fail(P, loc, "optimizer arguments are keywords, e.g. %s(lr=0.001)", name);
-  else {
-    t->optimizer = kl_arena_strdup(&P->g->arena, name);
-    t->attrs = kl_arena_alloc(&P->g->arena, (size_t)(f->nkw + 1) * sizeof(kl_attr));
-    for (int i = 0; i < f->nkw; i++) {
-      double num;
-      if (!attr_number(&f->kw[i], &num)) {
-        rc = fail(P, f->kwloc[i], "optimizer setting '%s' must be a number", f->kw[i].name);
-        break;
-      }
-      t->attrs[i] = (kl_attr){.name = kl_arena_strdup(&P->g->arena, f->kw[i].name),
-                              .kind = KL_ATTR_FLOAT, .f = num};
-    }
-    t->nattrs = f->nkw;
-  }
+  else if (!rule) rc = fail(P, loc, "unknown optimizer '%s' (expected sgd, adam or adamw)", name);
+  else rc = read_settings(P, f, rule, "optimizer", loc, &t->attrs, &t->nattrs);
+  if (!rc && setting_value(t->attrs, t->nattrs, "nesterov", 0) == 1 &&
+      !(setting_value(t->attrs, t->nattrs, "momentum", 0) > 0))
+    rc = fail(P, f->kwloc[keyword_index(f, "nesterov")], "nesterov=1 needs momentum > 0");
+  if (!rc) t->optimizer = kl_arena_strdup(&P->g->arena, name);
   frame_pop(P);
   return rc;
+}
+
+int kl_p_schedule(kl_parser *P, const char *name, kl_loc loc) {
+  kl_frame *f = top(P);
+  kl_train *t = train_of(P);
+  const train_rule *rule =
+      find_rule(schedules, (int)(sizeof schedules / sizeof *schedules), name);
+  int rc = 0;
+  if (t->schedule) rc = fail(P, loc, "the schedule is already given");
+  else if (!rule)
+    rc = fail(P, loc, "unknown schedule '%s' (expected constant, step or cosine)", name);
+  else rc = read_settings(P, f, rule, "schedule", loc, &t->schedule_attrs, &t->nschedule_attrs);
+  if (!rc) {
+    double warmup = setting_value(t->schedule_attrs, t->nschedule_attrs, "warmup", 0);
+    double total = setting_value(t->schedule_attrs, t->nschedule_attrs, "total", INFINITY);
+    if (total <= warmup)
+      rc = fail(P, f->kwloc[keyword_index(f, "total")],
+                "cosine's total (%g steps) must exceed its warmup (%g steps)", total, warmup);
+  }
+  int min_lr = keyword_index(f, "min_lr");
+  if (!rc && min_lr >= 0) P->min_lr_loc = f->kwloc[min_lr];
+  if (!rc) t->schedule = kl_arena_strdup(&P->g->arena, name);
+  frame_pop(P);
+  return rc;
+}
+
+int kl_p_clip(kl_parser *P, const kl_expr *e, kl_loc loc) {
+  kl_train *t = train_of(P);
+  if (t->clip) return fail(P, loc, "clip is already given");
+  if (!e->is_lit)
+    return fail(P, e->loc, "clip must be a number (the largest global gradient norm), "
+                           "e.g. clip = 1.0");
+  if (!in_range(RANGE_POSITIVE, e->lit))
+    return fail(P, e->loc, "clip must be %s, got %g", range_text(RANGE_POSITIVE), e->lit);
+  t->clip = e->lit;
+  return 0;
 }
 
 int kl_p_train_end(kl_parser *P, kl_loc loc) {
@@ -651,5 +819,11 @@ int kl_p_train_end(kl_parser *P, kl_loc loc) {
   kl_train *t = train_of(P);
   if (!t->loss) return fail(P, loc, "the train block needs `loss = ...`");
   if (!t->optimizer) return fail(P, loc, "the train block needs `optimizer = ...`");
+  /* cosine decays from lr to min_lr: the other way round is a mistake */
+  double lr = setting_value(t->attrs, t->nattrs, "lr", 0);
+  double min_lr = setting_value(t->schedule_attrs, t->nschedule_attrs, "min_lr", 0);
+  if (min_lr > lr)
+    return fail(P, P->min_lr_loc, "cosine's min_lr (%g) exceeds the optimizer's lr (%g)",
+                min_lr, lr);
   return 0;
 }

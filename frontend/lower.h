@@ -23,6 +23,8 @@ int kl_p_output_name(kl_parser *P, const char *name, kl_loc loc);
 int kl_p_output_expr(kl_parser *P, const char *name, kl_loc loc, const kl_expr *e);
 int kl_p_loss(kl_parser *P, const kl_expr *e, kl_loc loc);
 int kl_p_optimizer(kl_parser *P, const char *name, kl_loc loc);
+int kl_p_schedule(kl_parser *P, const char *name, kl_loc loc);
+int kl_p_clip(kl_parser *P, const kl_expr *e, kl_loc loc);
 int kl_p_train_end(kl_parser *P, kl_loc loc);
 int kl_p_binary(kl_parser *P, kl_op op, const kl_expr *a, const kl_expr *b,
                 kl_loc loc, kl_expr *out);

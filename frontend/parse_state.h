@@ -39,6 +39,7 @@ typedef struct kl_parser {
   bool failed;
   int line, col;
   bool in_train;
+  int depth;         /* open ( and [ at the current token */
   kl_arena tmp;      /* strings and lists of this parse */
 
   kl_symbol *syms; int nsyms, capsyms;
@@ -50,6 +51,7 @@ typedef struct kl_parser {
   kl_init pending_init; kl_attr pending_values; /* the declaration's initialiser */
   double *list; int nlist, caplist; bool list_float;
   bool seen_model, seen_train;
+  kl_loc min_lr_loc;  /* the schedule's min_lr, checked against lr at the end */
 } kl_parser;
 
 void kl_parser_fail(kl_parser *P, int line, int col, const char *fmt, ...)

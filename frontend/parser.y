@@ -34,6 +34,7 @@ static void kl_yyerror(KL_YYLTYPE *loc, yyscan_t scanner, kl_parser *P, const ch
 
 %token MODEL "'model'" DIM "'dim'" INPUT "'input'" PARAM "'param'" CONST "'const'"
 %token LET "'let'" OUTPUT "'output'" TRAIN "'train'" LOSS "'loss'" OPTIMIZER "'optimizer'"
+%token SCHEDULE "'schedule'" CLIP "'clip'"
 %token EQ "'=='" NE "'!='" LE "'<='" GE "'>='"
 %token <str> IDENT "name" STRING "string"
 %token <ival> INT "integer" BOOL "true or false" DTYPE "dtype"
@@ -125,6 +126,9 @@ train_item:
     LOSS '=' expr                     { CHECK(kl_p_loss(P, &$3, LOC(@1))); }
   | OPTIMIZER '=' IDENT '(' { kl_p_frame_begin(P); } initargs_opt ')'
                                       { CHECK(kl_p_optimizer(P, $3, LOC(@3))); }
+  | SCHEDULE '=' IDENT '(' { kl_p_frame_begin(P); } initargs_opt ')'
+                                      { CHECK(kl_p_schedule(P, $3, LOC(@3))); }
+  | CLIP '=' expr                     { CHECK(kl_p_clip(P, &$3, LOC(@1))); }
   ;
 
 expr:

@@ -117,6 +117,30 @@ static void print_init(FILE *f, const kl_value *v, const char *weights) {
   }
 }
 
+static void print_settings(FILE *f, const kl_attr *attrs, int n) {
+  fputc('(', f);
+  for (int k = 0; k < n; k++) {
+    if (k) fputs(", ", f);
+    print_attr(f, &attrs[k]);
+  }
+  fputs(")\n", f);
+}
+
+static void print_train(FILE *f, const kl_train *t) {
+  fprintf(f, "train {\n  loss = %s\n  optimizer = %s", t->loss, t->optimizer);
+  print_settings(f, t->attrs, t->nattrs);
+  if (t->schedule) {
+    fprintf(f, "  schedule = %s", t->schedule);
+    print_settings(f, t->schedule_attrs, t->nschedule_attrs);
+  }
+  if (t->clip) {
+    fputs("  clip = ", f);
+    print_number(f, t->clip);
+    fputc('\n', f);
+  }
+  fputs("}\n", f);
+}
+
 void kl_print_graph(FILE *f, const kl_graph *g) { kl_print_graph_weights(f, g, NULL); }
 
 void kl_print_graph_weights(FILE *f, const kl_graph *g, const char *weights) {
@@ -159,13 +183,5 @@ void kl_print_graph_weights(FILE *f, const kl_graph *g, const char *weights) {
   free(order);
   for (int i = 0; i < g->outputs.len; i++)
     fprintf(f, "output %s\n", g->outputs.items[i]->name);
-  if (g->train) {
-    fprintf(f, "train {\n  loss = %s\n  optimizer = %s(", g->train->loss,
-            g->train->optimizer);
-    for (int k = 0; k < g->train->nattrs; k++) {
-      if (k) fputs(", ", f);
-      print_attr(f, &g->train->attrs[k]);
-    }
-    fputs(")\n}\n", f);
-  }
+  if (g->train) print_train(f, g->train);
 }

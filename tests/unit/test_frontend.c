@@ -141,6 +141,93 @@ static void test_train_block_kept(void **state) {
   kl_graph_free(g);
 }
 
+static const kl_attr *setting(const kl_attr *attrs, int n, const char *name) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(attrs[i].name, name) == 0) return &attrs[i];
+  return NULL;
+}
+
+static void assert_setting(const kl_attr *attrs, int n, const char *name, double want) {
+  const kl_attr *a = setting(attrs, n, name);
+  if (!a) fprintf(stderr, "setting '%s' missing\n", name);
+  assert_non_null(a);
+  assert_int_equal(a->kind, KL_ATTR_FLOAT);
+  assert_true(a->f == want);
+}
+
+/* Every item of a train block lands in g->train, only the keywords given
+ * are stored, `schedule` and `clip` stay usable as value names outside the
+ * block's item keywords, and the printed block parses back the same. */
+static void test_train_block_full(void **state) {
+  (void)state;
+  const char *src =
+      "input x: f32[4, 3]\ninput t: i64[4]\n"
+      "param w: f32[3, 3] = randn(0.1, seed=3)\n"
+      "let clip = x @ w\nlet schedule = clip * 2.0\n"
+      "output p = softmax(schedule)\n"
+      "let max_norm = 0.25 * 2\n"
+      "train {\n"
+      "  clip = max_norm\n"
+      "  schedule = cosine(warmup=100, total=2000, min_lr=0)\n"
+      "  loss = cross_entropy(schedule, t)\n"
+      "  optimizer = adamw(lr=1e-3, weight_decay=0.05, eps=1e-6)\n"
+      "}\n";
+  kl_graph *g = parse(src);
+  assert_non_null(g);
+  const kl_train *tr = g->train;
+  assert_non_null(tr);
+  assert_string_equal(tr->loss, "loss");
+  assert_string_equal(tr->optimizer, "adamw");
+  assert_int_equal(tr->nattrs, 3);
+  assert_setting(tr->attrs, tr->nattrs, "lr", 1e-3);
+  assert_setting(tr->attrs, tr->nattrs, "weight_decay", 0.05);
+  assert_setting(tr->attrs, tr->nattrs, "eps", 1e-6);
+  assert_null(setting(tr->attrs, tr->nattrs, "beta1")); /* defaults are the consumer's */
+  assert_string_equal(tr->schedule, "cosine");
+  assert_int_equal(tr->nschedule_attrs, 3);
+  assert_setting(tr->schedule_attrs, tr->nschedule_attrs, "warmup", 100);
+  assert_setting(tr->schedule_attrs, tr->nschedule_attrs, "total", 2000);
+  assert_setting(tr->schedule_attrs, tr->nschedule_attrs, "min_lr", 0);
+  assert_true(tr->clip == 0.5);
+  assert_non_null(kl_graph_find_value(g, "clip"));
+  assert_non_null(kl_graph_find_value(g, "schedule"));
+
+  char *t1 = print_to_string(g);
+  kl_graph *g2 = parse(t1);
+  assert_non_null(g2);
+  char *t2 = print_to_string(g2);
+  assert_string_equal(t1, t2);
+  assert_true(g2->train->clip == 0.5);
+  assert_string_equal(g2->train->schedule, "cosine");
+  free(t1);
+  free(t2);
+  kl_graph_free(g2);
+  kl_graph_free(g);
+
+  /* sgd with momentum and a step schedule; no clip means 0 */
+  g = parse("input x: f32[2]\noutput y = reduce_sum(x * x)\n"
+            "train { loss = y optimizer = sgd(lr=0.5, momentum=0.9, nesterov=true)"
+            " schedule = step(step_size=30, gamma=0.5) }\n");
+  assert_non_null(g);
+  tr = g->train;
+  assert_string_equal(tr->optimizer, "sgd");
+  assert_setting(tr->attrs, tr->nattrs, "nesterov", 1);
+  assert_setting(tr->attrs, tr->nattrs, "momentum", 0.9);
+  assert_string_equal(tr->schedule, "step");
+  assert_setting(tr->schedule_attrs, tr->nschedule_attrs, "step_size", 30);
+  assert_setting(tr->schedule_attrs, tr->nschedule_attrs, "gamma", 0.5);
+  assert_true(tr->clip == 0);
+  kl_graph_free(g);
+
+  /* no schedule item: NULL (constant) */
+  g = parse("input x: f32[2]\noutput y = reduce_sum(x * x)\n"
+            "train { loss = y optimizer = adam(lr=0.01) }\n");
+  assert_non_null(g);
+  assert_null(g->train->schedule);
+  assert_int_equal(g->train->nschedule_attrs, 0);
+  kl_graph_free(g);
+}
+
 static void test_error_locations(void **state) {
   (void)state;
   const char *src = "input a: f32[2, 3]\ninput b: f32[4]\nlet c = a +\n  b\noutput c\n";
@@ -166,6 +253,7 @@ int main(void) {
       cmocka_unit_test(test_dim_override),
       cmocka_unit_test(test_let_alias_and_names),
       cmocka_unit_test(test_train_block_kept),
+      cmocka_unit_test(test_train_block_full),
       cmocka_unit_test(test_error_locations),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
