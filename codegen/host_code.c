@@ -185,8 +185,7 @@ static void write_train(FILE *mf, const kl_cg_ctx *c) {
     if (!strcmp(a->name, "total")) total = v;
     if (!strcmp(a->name, "min_lr")) min_lr = v;
   }
-  bool half = false; /* fp16 compute anywhere: dynamic loss scaling */
-  for (int i = 0; i < g->values.len; i++) half |= g->values.items[i]->dtype == KL_F16;
+  bool half = t->loss_scaling;
   io_table(mf, "states", (const kl_value *const *)t->states, t->nstates);
   fprintf(mf, "static const size_t state_offsets[] = {");
   for (int i = 0; i < t->nstates; i++) fprintf(mf, "%s%zu", i ? ", " : "", c->p->loc[t->states[i]->id].offset);

@@ -287,7 +287,7 @@ typedef struct {
    * labels.  The step's outputs are the model's own, then loss, ok and
    * grad_norm, then the update values (kl_value.updates), which are not
    * outputs of the compiled model's API. */
-  bool built;
+  bool built, loss_scaling;
   kl_value *in_x, *in_labels;           /* NULL when the loss reads none */
   kl_value *in_lr, *in_bias1, *in_bias2, *in_scale, *in_apply;
   kl_value *out_loss, *out_ok, *out_norm, *out_logits; /* logits: NULL if none */

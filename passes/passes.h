@@ -22,8 +22,9 @@ int kl_autodiff_seeded(kl_graph *g, kl_value *y, kl_value *seed, kl_value *const
 /* The training compile (train.c): appends to g, which has a train block,
  * the backward graph, the global norm (clip, finite check) and the
  * optimizer update (kl_train documents what it records); 0 or -1.  A
- * second call does nothing. */
-int kl_train_build(kl_graph *g, kl_error *err);
+ * second call does nothing.  loss_scaling: the step is seeded with the
+ * loss scale and skipped when its gradients are not finite (fp16). */
+int kl_train_build(kl_graph *g, bool loss_scaling, kl_error *err);
 
 /* ---- fusion: groups of nodes, each one kernel (fusion.c) ---------------
  * Groups are listed in an order that runs them correctly; the nodes of

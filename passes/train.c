@@ -79,7 +79,7 @@ static int mark_output(train_ctx *t, kl_value *v, const char *name) {
   return kl_graph_mark_output(t->g, v, t->c.err);
 }
 
-int kl_train_build(kl_graph *g, kl_error *err) {
+int kl_train_build(kl_graph *g, bool loss_scaling, kl_error *err) {
   kl_train *tr = g->train;
   if (!tr || tr->built) return 0;
   train_ctx t = {.g = g, .c = {.g = g, .err = err, .loc = tr->loc}};
@@ -139,7 +139,10 @@ int kl_train_build(kl_graph *g, kl_error *err) {
   kl_value *norm = kl_gb2(c, KL_OP_MUL, kl_gb1(c, KL_OP_SQRT, total), inv);
   kl_value *bad = kl_gb2(c, KL_OP_LOGICAL_OR, kl_gb1(c, KL_OP_ISNAN, norm), kl_gb1(c, KL_OP_ISINF, norm));
   kl_value *go = kl_gb2(c, KL_OP_GT, tr->in_apply, kl_gb_scalar(c, KL_F32, 0.5));
-  kl_value *ok = to_f32(&t, kl_gb2(c, KL_OP_LOGICAL_AND, kl_gb1(c, KL_OP_LOGICAL_NOT, bad), go));
+  /* only a loss-scaled (fp16) step is skipped when its gradients are not
+   * finite; fp32 and bf16 steps use them as computed (docs/DSL.md) */
+  kl_value *ok = to_f32(&t, loss_scaling ? kl_gb2(c, KL_OP_LOGICAL_AND, kl_gb1(c, KL_OP_LOGICAL_NOT, bad), go) : go);
+  tr->loss_scaling = loss_scaling;
   kl_value *mult = inv;
   if (tr->clip > 0) { /* min(1, clip / (norm + 1e-6)) */
     kl_value *f = kl_gb2(c, KL_OP_DIV, kl_gb_scalar(c, KL_F32, tr->clip),

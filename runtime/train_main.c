@@ -139,7 +139,7 @@ typedef struct {
   int64_t batch;          /* samples per step (the compiled batch) */
   size_t x_bytes, y_bytes; /* per batch */
   krt_loss_scaler scaler;
-  int64_t step, total;
+  int64_t step, total, updates; /* steps run, of the run, updates applied */
   char msg[1024];
 } trainer;
 
@@ -155,8 +155,9 @@ static void path_in(char *buf, size_t len, const char *dir, const char *file) {
 
 /* ---- checkpoints: one .safetensors with the state and where the run is */
 static const char *const META[] = {"kiln.step", "kiln.loss_scale", "kiln.good_steps",
-                                   "kiln.data_epoch", "kiln.data_batch", "kiln.seed"};
-enum { NMETA = 6 };
+                                   "kiln.data_epoch", "kiln.data_batch", "kiln.seed",
+                                   "kiln.updates"};
+enum { NMETA = 7 };
 
 static int save_checkpoint(trainer *tr, krt_loader *loader, const char *path) {
   const krt_train_info *t = tr->t;
@@ -176,7 +177,7 @@ static int save_checkpoint(trainer *tr, krt_loader *loader, const char *path) {
   int64_t epoch = 0, index = 0;
   krt_loader_position(loader, &epoch, &index);
   double meta[NMETA] = {(double)tr->step, tr->scaler.scale, (double)tr->scaler.good_steps,
-                        (double)epoch, (double)index, (double)tr->o->seed};
+                        (double)epoch, (double)index, (double)tr->o->seed, (double)tr->updates};
   for (int i = 0; i < NMETA; i++) {
     krt_named_tensor *nt = &set.items[set.count++];
     nt->name = strdup(META[i]);
@@ -226,6 +227,7 @@ static int load_checkpoint(trainer *tr, krt_loader *loader, const char *path) {
   tr->step = (int64_t)meta[0];
   tr->scaler.scale = meta[1];
   tr->scaler.good_steps = (int64_t)meta[2];
+  tr->updates = (int64_t)meta[6];
   rc = krt_loader_seek(loader, (int64_t)meta[3], (int64_t)meta[4], tr->msg, sizeof tr->msg);
 done:
   krt_tensor_set_free(&set);
@@ -238,8 +240,8 @@ static int run_step(trainer *tr, const void *x, const void *y, bool apply, bool 
   tr->in[t->in_x] = (void *)x;
   if (t->in_labels >= 0) tr->in[t->in_labels] = (void *)y;
   tr->scalars[0] = (float)krt_schedule_lr(t, tr->step, tr->total);
-  tr->scalars[1] = (float)krt_bias_correction(t->beta1, tr->step);
-  tr->scalars[2] = (float)krt_bias_correction(t->beta2, tr->step);
+  tr->scalars[1] = (float)krt_bias_correction(t->beta1, tr->updates);
+  tr->scalars[2] = (float)krt_bias_correction(t->beta2, tr->updates);
   tr->scalars[3] = inject_inf ? INFINITY : (float)tr->scaler.scale;
   tr->scalars[4] = apply ? 1.0f : 0.0f;
   return tr->api->run(tr->model, (const void *const *)tr->in, tr->out, tr->msg, sizeof tr->msg);
@@ -388,6 +390,7 @@ int krt_train_main(const krt_model_api *api, int argc, char **argv) {
     loss = out_scalar(&tr, t->out_loss);
     bool ok = out_scalar(&tr, t->out_ok) != 0;
     skipped += !ok;
+    tr.updates += ok;
     if (krt_loss_scaler_update(&tr.scaler, ok) || !ok)
       if (!tty && !ok)
         fprintf(stderr, "step %lld: gradients not finite: update skipped, loss scale now %g\n",

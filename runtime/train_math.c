@@ -23,8 +23,7 @@ int krt_loss_scaler_update(krt_loss_scaler *s, int finite) {
   }
   if (++s->good_steps < s->growth_interval) return 0;
   s->good_steps = 0;
-  /* at most 2^24: a larger scale overflows fp16 gradients at once */
-  if (s->scale >= 16777216.0) return 0;
+  if (s->scale > 1e300) return 0; /* (finite steps at such a scale cannot happen in fp16) */
   s->scale *= 2;
   return 1;
 }
@@ -40,10 +39,10 @@ double krt_schedule_lr(const krt_train_info *t, int64_t step, int64_t total_step
   double s = (double)step - (warmup >= 1 ? warmup : 0);
   if (!strcmp(t->schedule, "step") && t->step_size >= 1)
     return lr * pow(t->gamma, floor(s / t->step_size));
-  if (!strcmp(t->schedule, "cosine")) {
-    double total = t->total >= 1 ? t->total : (double)total_steps - (warmup >= 1 ? warmup : 0);
-    if (total < 1 || s >= total) return t->min_lr;
-    return t->min_lr + (lr - t->min_lr) * 0.5 * (1 + cos(3.14159265358979323846 * s / total));
+  if (!strcmp(t->schedule, "cosine")) { /* T counts the whole run, warmup included */
+    double T = t->total >= 1 ? t->total : (double)total_steps, w = warmup >= 1 ? warmup : 0;
+    if (T <= w || (double)step >= T) return t->min_lr;
+    return t->min_lr + (lr - t->min_lr) * 0.5 * (1 + cos(3.14159265358979323846 * s / (T - w)));
   }
   return lr;
 }
