@@ -205,5 +205,6 @@ int kiln_cmd_inspect(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
 int kiln_cmd_profile(int argc, char **argv);
 int kiln_cmd_check(int argc, char **argv);
+int kiln_cmd_train(int argc, char **argv);
 
 #endif

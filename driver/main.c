@@ -10,7 +10,9 @@ static const char main_help[] =
     "Kiln, an ahead-of-time graph compiler.\n"
     "commands:\n"
     "  run MODEL        evaluate a model (interpreter, or compiled: --device)\n"
-    "  compile MODEL    compile a model (--emit=ir|cu|exe|lib)\n"
+    "  compile MODEL    compile a model (--emit=ir|cu|exe|lib; --train: its\n"
+    "                   training step)\n"
+    "  train MODEL      compile the training step and train (--data DIR)\n"
     "  inspect MODEL    inputs, outputs, parameters and op counts\n"
     "  bench MODEL      compile fused and unfused, run both, compare\n"
     "  profile MODEL    time each kernel and GEMM, bandwidth against a copy\n"
@@ -49,6 +51,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "bench")) return kiln_cmd_bench(argc - 1, argv + 1);
   if (!strcmp(cmd, "profile")) return kiln_cmd_profile(argc - 1, argv + 1);
   if (!strcmp(cmd, "check")) return kiln_cmd_check(argc - 1, argv + 1);
+  if (!strcmp(cmd, "train")) return kiln_cmd_train(argc - 1, argv + 1);
   fprintf(stderr, "kiln: unknown command '%s'\n%s", cmd, main_help);
   return KILN_EXIT_USAGE;
 }
