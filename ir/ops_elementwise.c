@@ -404,8 +404,10 @@ int kl_grad_SIGMOID(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_va
   return 0;
 }
 
+/* y > 0 exactly where x > 0: the mask reads y, which the next layer keeps
+ * for its own gradient anyway, so x need not stay alive for backward */
 int kl_grad_RELU(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
-  dx[0] = kl_gb_mask(c, kl_gb2(c, KL_OP_GT, X, S(0)), dy[0]);
+  dx[0] = kl_gb_mask(c, kl_gb2(c, KL_OP_GT, Y, S(0)), dy[0]);
   return 0;
 }
 

@@ -554,7 +554,9 @@ static kl_value *as_type(prec_ctx *c, kl_value *v, kl_dtype t, kl_loc loc) {
   kl_value **memo = &c->cast_memo[v->id * 3 + memo_slot(t)];
   if (*memo) return *memo;
   kl_value *out = NULL;
-  if (is_weight(v) && v->dtype == KL_F32 && t == c->low) {
+  /* a training step's params change every step: cast at run time */
+  bool trained = v->kind == KL_VAL_PARAM && c->g->train && c->g->train->built;
+  if (is_weight(v) && !trained && v->dtype == KL_F32 && t == c->low) {
     if (v->kind == KL_VAL_NODE) { /* constant node: a twin of type t */
       int na;
       kl_attr *a = constant_attrs(c, v->producer, t, &na);
@@ -620,6 +622,12 @@ static int fix_output(prec_ctx *c, int i) {
   n->outputs[0]->is_output = true;
   n->outputs[0]->label = v->label; /* the name the model's user knows */
   c->g->outputs.items[i] = n->outputs[0];
+  kl_train *tr = c->g->train; /* the training step reads its outputs by value */
+  if (tr && tr->built) {
+    kl_value **outs[] = {&tr->out_loss, &tr->out_ok, &tr->out_norm, &tr->out_logits};
+    for (size_t k = 0; k < sizeof outs / sizeof outs[0]; k++)
+      if (*outs[k] == v) *outs[k] = n->outputs[0];
+  }
   return 0;
 }
 
