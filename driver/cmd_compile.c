@@ -31,11 +31,13 @@ static const char compile_help[] =
     "  --time                print the time of each phase on stderr, the rate at\n"
     "                        which weights.bin was written, and the peak memory\n"
     "  --mem-limit=SIZE      fail when the planned arena of intermediates exceeds SIZE\n"
-    "                        bytes (K, M, G: KiB, MiB, GiB)\n"
+    "                        bytes (K, M, G: KiB, MiB, GiB); a training step\n"
+    "                        (--train) recomputes forward values in the backward\n"
+    "                        pass first, until it fits (one line each on stderr)\n"
     "  --no-fuse             one kernel per node (the same pipeline, singleton groups)\n"
-    "  --dump-after=PASS     print what a pass did, on standard output: bnfold,\n"
-    "                        precision, schedule, fold, fuse, memory, or all (in\n"
-    "                        that order)\n"
+    "  --dump-after=PASS     print what a pass did, on standard output: train,\n"
+    "                        bnfold, precision, remat, schedule, fold, fuse,\n"
+    "                        memory, or all (in that order)\n"
     "  -o, --output OUT      the file (ir; default: standard output) or folder (cu)\n"
     KILN_MODEL_HELP
     "  -h, --help            show this help\n";
@@ -231,8 +233,8 @@ int kiln_cmd_compile(int argc, char **argv) {
     case OPT_NO_FUSE: no_fuse = true; break;
     case OPT_DUMP_AFTER:
       if (!kl_pipeline_has_pass(optarg)) {
-        fprintf(stderr, "kiln compile: --dump-after=%s: choose bnfold, precision, schedule, "
-                        "fold, fuse, memory or all\n", optarg);
+        fprintf(stderr, "kiln compile: --dump-after=%s: choose bnfold, precision, "
+                        "remat, schedule, fold, fuse, memory or all\n", optarg);
         return KILN_EXIT_USAGE;
       }
       dump_after = mo.dump_after = optarg;
@@ -266,6 +268,7 @@ int kiln_cmd_compile(int argc, char **argv) {
     return KILN_EXIT_USAGE;
   }
   double t0 = krt_now_ms();
+  mo.mem_limit = mem_limit, mo.no_fuse = no_fuse;
   kl_graph *g = kiln_load_model(argv[optind], &mo);
   if (timing && g) fprintf(stderr, "kiln: time: front end %.1f ms\n", krt_now_ms() - t0);
   int rc = KILN_EXIT_ERROR;

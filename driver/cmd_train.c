@@ -98,6 +98,7 @@ int kiln_cmd_train(int argc, char **argv) {
   }
   rest[nrest] = NULL;
   int rc = KILN_EXIT_ERROR;
+  mo.mem_limit = co.mem_limit, mo.no_fuse = co.no_fuse;
   kl_graph *g = kiln_load_model(model, &mo);
   kl_codegen_result cg;
   bool generated = false, made = false;

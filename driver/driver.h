@@ -29,6 +29,10 @@ typedef struct {
   const char *fp32_ops[64], *fp32_nodes[256];
   const char *dump_after; /* --dump-after=PASS|all (kiln compile) */
   bool train;             /* --train: compile the training step */
+  /* --mem-limit and --no-fuse of the compile to come: a training step
+   * over the limit recomputes values instead (passes/remat.c) */
+  size_t mem_limit;
+  bool no_fuse;
 } kiln_model_opts;
 
 /* getopt_long values for the shared options. */

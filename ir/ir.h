@@ -262,6 +262,12 @@ struct kl_node {
    * graph's arena), so that messages name what the user wrote; NULL for
    * .kl models (loc says where) and for nodes the compiler adds. */
   const char *onnx_name, *onnx_op;
+  /* An order without data: the node runs after this value is computed
+   * (NULL: no such constraint).  Rematerialization (passes/remat.c) sets
+   * it on the copies of forward nodes it makes for the backward pass, so
+   * that they run next to their readers and not right after their inputs;
+   * kl_topo_order, the scheduler and fusion respect it. */
+  struct kl_value *after;
 };
 
 /* A .kl train block (docs/DSL.md): what the training compile

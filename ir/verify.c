@@ -11,7 +11,7 @@ int kl_topo_order(const kl_graph *g, kl_node **order, kl_error *err) {
   /* readers[i]: nodes reading an output of node i, as a CSR list */
   int *start = calloc((size_t)n + 2, sizeof *start);
   int total = 0;
-  for (int i = 0; i < n; i++) total += g->nodes.items[i]->ninputs;
+  for (int i = 0; i < n; i++) total += g->nodes.items[i]->ninputs + 1;
   int *readers = calloc((size_t)total + 1, sizeof *readers);
   if (!pending || !queue || !start || !readers) abort();
   for (int i = 0; i < n; i++) {
@@ -23,6 +23,7 @@ int kl_topo_order(const kl_graph *g, kl_node **order, kl_error *err) {
         start[p->id + 1]++;
       }
     }
+    if (node->after && node->after->producer) pending[i]++, start[node->after->producer->id + 1]++;
   }
   for (int i = 0; i < n; i++) start[i + 1] += start[i];
   int *fill = calloc((size_t)n + 1, sizeof *fill);
@@ -34,6 +35,8 @@ int kl_topo_order(const kl_graph *g, kl_node **order, kl_error *err) {
       if (node->inputs[k]->kind == KL_VAL_NODE && p)
         readers[start[p->id] + fill[p->id]++] = i;
     }
+    kl_node *a = node->after ? node->after->producer : NULL;
+    if (a) readers[start[a->id] + fill[a->id]++] = i;
   }
   int head = 0, tail = 0;
   for (int i = 0; i < n; i++)

@@ -209,6 +209,13 @@ static int fits(const fuse_ctx *c, const kl_node *n, int g) {
   return NO;
 }
 
+/* The group of the value n waits for (kl_node.after), or -1: an edge
+ * like an input's, so that a recomputed node never joins a group that
+ * runs before the value it waits for. */
+static int after_group(const fuse_ctx *c, const kl_node *n) {
+  return n->after ? producer_group(c, n->after) : -1;
+}
+
 /* n may join group g when g's kind takes it and every input of n that
  * comes from elsewhere does not itself depend on g. */
 static int can_join(fuse_ctx *c, const kl_node *n, int g) {
@@ -219,6 +226,8 @@ static int can_join(fuse_ctx *c, const kl_node *n, int g) {
     if (p < 0 || p == g) continue;
     if (reaches(c, p, g)) return NO;
   }
+  int a = after_group(c, n);
+  if (a >= 0 && a != g && reaches(c, a, g)) return NO;
   return how;
 }
 
@@ -240,6 +249,7 @@ static void add_member(fuse_ctx *c, int g, kl_node *n) {
   c->group_of[n->id] = g;
   push_node(&c->members[g], &c->nmembers[g], &c->mcap[g], n);
   for (int i = 0; i < n->ninputs; i++) push_pred(c, g, producer_group(c, n->inputs[i]));
+  push_pred(c, g, after_group(c, n));
 }
 
 /* The group n joins, best first: a producer's group, then the group of a

@@ -357,8 +357,9 @@ void kl_plan_free(kl_plan *p);
 
 /* ---- the pipeline (pipeline.c) -------------------------------------------
  * The one ordered list of what the compiler does to a graph:
- *   [autodiff] -> bnfold -> precision -> schedule -> fold -> fuse -> memory
- * bnfold and precision rewrite the graph, once per model (kl_pipeline_rewrite); the
+ *   [train] -> bnfold -> precision -> [remat] -> schedule -> fold -> fuse -> memory
+ * train, bnfold, precision and remat rewrite the graph, once per model
+ * (kl_pipeline_rewrite; remat plans the graph to know what to rewrite); the
  * rest decide a plan and leave the graph as it is, once per compile (a
  * benchmark plans one graph fused and unfused).  fuse is attention,
  * direct GEMMs and epilogues, then the groups, then the views.  Each pass
@@ -370,8 +371,20 @@ typedef struct {
   bool no_fuse;
   size_t mem_limit;         /* bytes the arena may take; 0: no limit */
   FILE *dump;               /* where dumps go */
+  FILE *notes;              /* where remat says what it recomputes (the
+                               driver's stderr); NULL: nowhere */
   const char *dump_after;   /* a pass name, "all", or NULL */
 } kl_pipeline_options;
+
+/* Rematerialization (remat.c): when o->mem_limit is set and the planned
+ * arena of g, a built training step, is over it, copy cheap forward nodes
+ * into the backward pass (kl_node.after) instead of keeping their values
+ * alive across the peak, cheapest first, planning again after each (with
+ * o's target and fusion), until the plan fits.  One line per value on
+ * o->notes, and on `log` (--dump-after=remat) also what was undone.  0, or
+ * -1 when nothing more fits: the memory pass's error, plus what was
+ * recomputed. */
+int kl_remat(kl_graph *g, const kl_pipeline_options *o, FILE *log, kl_error *err);
 
 extern const char *const kl_pipeline_passes[]; /* NULL-terminated */
 /* The passes that rewrite g; 0 or -1. */

@@ -8,6 +8,8 @@
  *              them (bnfold.c)
  *   precision  f32 values take f16/bf16 where their ops and their numbers
  *              allow (precision.c)
+ *   remat      (--train with --mem-limit) forward values recomputed in the
+ *              backward pass until the step's plan fits the limit (remat.c)
  *   schedule   the order nodes run in, keeping few bytes alive (schedule.c)
  *   fold       nodes of weights alone computed now (fold.c)
  *   fuse       attention, direct GEMMs and GEMM epilogues (plan_gemm.c),
@@ -27,8 +29,8 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-const char *const kl_pipeline_passes[] = {"train", "bnfold", "precision", "schedule", "fold",
-                                          "fuse",   "memory",    NULL};
+const char *const kl_pipeline_passes[] = {"train", "bnfold", "precision", "remat", "schedule",
+                                          "fold",  "fuse",   "memory",    NULL};
 
 bool kl_pipeline_has_pass(const char *name) {
   if (!strcmp(name, "all")) return true;
@@ -75,6 +77,10 @@ int kl_pipeline_rewrite(kl_graph *g, const kl_pipeline_options *o, kl_error *err
   if (kl_fold_batch_norms(g, dump_bn ? o->dump : NULL, err)) return -1;
   if (o->precision && kl_assign_precision(g, o->precision, err)) return -1;
   if (dumps(o, "precision")) header(o->dump, "precision"), kl_print_graph(o->dump, g);
+  /* after precision: the copies are of the nodes that will run */
+  bool dump_remat = o->train && dumps(o, "remat");
+  if (dump_remat) header(o->dump, "remat");
+  if (kl_remat(g, o, dump_remat ? o->dump : NULL, err)) return -1;
   return 0;
 }
 

@@ -215,6 +215,7 @@ static void declare_uses(kl_plan *p) {
 }
 
 /* ---- in place ------------------------------------------------------------ */
+static bool is_scatter(const kl_node *n);
 /* Nodes whose one kernel reads element i of an input, then writes element
  * i of the output, and nothing else: the output may overwrite that input.
  * (Their kernels declare the pointers __restrict__; that stays sound since
@@ -222,8 +223,19 @@ static void declare_uses(kl_plan *p) {
 static bool runs_in_place(const kl_plan *p, const kl_node *n) {
   if (p->target->scalar(n)) return true;
   return n->op == KL_OP_RESHAPE || n->op == KL_OP_FLATTEN || n->op == KL_OP_SQUEEZE ||
-         n->op == KL_OP_UNSQUEEZE;
+         n->op == KL_OP_UNSQUEEZE || is_scatter(n);
 }
+
+/* A scatter copies its data input element for element, then writes its
+ * updates over the copy, reading only the indices and the updates: its
+ * output may take the data's buffer (a gradient's zeros), and no other
+ * input's. */
+static bool is_scatter(const kl_node *n) {
+  return n->op == KL_OP_SCATTER_ELEMENTS || n->op == KL_OP_SCATTER_ND;
+}
+
+/* May input k of a single node's step give its buffer to the output? */
+static bool in_place_input(const kl_node *n, int k) { return !is_scatter(n) || k == 0; }
 
 /* Does a convolution of the group read arena buffer b (under any name:
  * a reshape is the same buffer)?  Then no output may overwrite it. */
@@ -250,7 +262,8 @@ static void choose_in_place(kl_plan *p) {
       const kl_node *n = members[0];
       if (n->noutputs != 1 || !runs_in_place(p, n)) continue;
       io.nin = io.nout = 0;
-      for (int k = 0; k < n->ninputs && k < KL_MAX_GROUP_IO; k++) io.in[io.nin++] = n->inputs[k];
+      for (int k = 0; k < n->ninputs && k < KL_MAX_GROUP_IO; k++)
+        if (in_place_input(n, k)) io.in[io.nin++] = n->inputs[k];
       io.out[io.nout++] = n->outputs[0];
     } else {
       kl_group_io_of(members, gr->count, p->fusion.stored, &io);

@@ -57,6 +57,13 @@ static size_t peak_bytes(const sched_ctx *s, kl_node *const *order) {
   return peak;
 }
 
+/* A node that waits for a value it does not read (kl_node.after: a
+ * recomputed value runs next to its readers); such a value's readers
+ * list holds it too. */
+static bool waits_for(const sched_ctx *s, const kl_node *n) {
+  return n->after && n->after->producer && s->needed[n->after->producer->id];
+}
+
 /* The greedy search's state. */
 /* A ready node in the heap, under the growth it had when put there. */
 typedef struct {
@@ -141,12 +148,19 @@ static void push_ready(greedy_state *st, kl_node *n) {
   else heap_push(st, n);
 }
 
+static bool reads(const kl_node *n, const kl_value *v) {
+  for (int k = 0; k < n->ninputs; k++)
+    if (n->inputs[k] == v) return true;
+  return false;
+}
+
 /* v has one reader left to run: when that node is ready, its growth may
- * have dropped (it now reads v last). */
+ * have dropped (it now reads v last).  (The list also holds the nodes that
+ * only wait for v: kl_node.after.) */
 static void last_reader_left(greedy_state *st, const kl_value *v) {
   for (int r = st->start[v->id]; r < st->start[v->id + 1]; r++) {
     kl_node *n = st->readers[r];
-    if (st->done_node[n->id]) continue;
+    if (st->done_node[n->id] || !reads(n, v)) continue;
     if (!st->waiting[n->id] && n->op != KL_OP_CONSTANT && growth(st, n) != st->growth[n->id])
       heap_push(st, n);
     return;
@@ -205,6 +219,7 @@ static void greedy(const sched_ctx *s, kl_node *const *base, const int *pos, kl_
       if (n->inputs[k]->kind == KL_VAL_NODE) st.waiting[n->id]++, st.start[n->inputs[k]->id + 1]++;
       nreads++;
     }
+    if (waits_for(s, n)) st.waiting[n->id]++, st.start[n->after->id + 1]++, nreads++;
   }
   for (int v = 0; v < nv; v++) st.start[v + 1] += st.start[v];
   st.readers = malloc(((size_t)nreads + 1) * sizeof *st.readers);
@@ -216,6 +231,7 @@ static void greedy(const sched_ctx *s, kl_node *const *base, const int *pos, kl_
     if (!s->needed[n->id]) continue;
     for (int k = 0; k < n->ninputs; k++)
       if (n->inputs[k]->kind == KL_VAL_NODE) st.readers[fill[n->inputs[k]->id]++] = n;
+    if (waits_for(s, n)) st.readers[fill[n->after->id]++] = n;
     if (!st.waiting[n->id]) push_ready(&st, n);
   }
   free(fill);
