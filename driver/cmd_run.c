@@ -349,6 +349,7 @@ int kiln_cmd_run(int argc, char **argv) {
   if (output_dir && make_dir(output_dir)) return KILN_EXIT_ERROR;
   kl_tensor **in = NULL;
   kiln_input_opts io = {files, nfiles, inputs_dir, seed};
+  mo.mem_limit = copt.mem_limit, mo.no_fuse = copt.no_fuse;
   kl_graph *g = kiln_load_for_run(model, &mo, &io, &in);
   if (!g) return KILN_EXIT_ERROR;
   int rc = KILN_EXIT_ERROR;
