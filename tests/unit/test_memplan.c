@@ -200,6 +200,82 @@ static void test_schedule_lowers_the_peak(void **state) {
   kl_graph_free(g);
 }
 
+/* kl_node.after: a node waits for a value it does not read, in the
+ * graph's own order, the schedule and the steps. */
+static void test_after_orders_nodes(void **state) {
+  (void)state;
+  const char *src = "input x: f32[4096]\n"
+                    "let a = x * 2.0\n"
+                    "let sa = reduce_sum(a)\n"
+                    "let b = x * 3.0\n"
+                    "let sb = reduce_sum(b)\n"
+                    "output y = sa + sb\n";
+  kl_error err;
+  kl_graph *g = kl_parse_string(src, strlen(src), "t.kl", NULL, &err);
+  if (!g) fail_msg("%s", err.msg);
+  kl_value *sa = kl_graph_find_value(g, "sa"), *sb = kl_graph_find_value(g, "sb");
+  kl_value *a = kl_graph_find_value(g, "a");
+  a->producer->after = sb; /* a (and so sa) only once sb is there */
+  kl_node *order[64];
+  int pos[64] = {0}, n = g->nodes.len;
+  assert_int_equal(kl_topo_order(g, order, &err), 0);
+  for (int i = 0; i < n; i++) pos[order[i]->id] = i;
+  assert_true(pos[sb->producer->id] < pos[a->producer->id]);
+  assert_int_equal(kl_schedule(g, order, &err), 0);
+  for (int i = 0; i < n; i++) pos[order[i]->id] = i;
+  assert_true(pos[sb->producer->id] < pos[a->producer->id]);
+  /* fused: a may not join b's group (it would run before sb) */
+  kl_plan p;
+  kl_pipeline_options po = {.target = &kl_cg_target};
+  assert_int_equal(kl_pipeline(g, &po, &p, &err), 0);
+  assert_true(p.fusion.group_of[sb->producer->id] <= p.fusion.group_of[a->producer->id]);
+  assert_true(p.fusion.group_of[sb->producer->id] < p.fusion.group_of[sa->producer->id]);
+  kl_plan_free(&p);
+  kl_graph_free(g);
+}
+
+/* Rematerialization on the training example: under a limit below its
+ * arena the copies land after the values they wait for, each after the
+ * forward pass's steps, and the plan fits. */
+static void test_remat_train_cnn(void **state) {
+  (void)state;
+  char path[1024];
+  snprintf(path, sizeof path, "%s/examples/train_cnn.kl", KILN_SOURCE_ROOT);
+  kl_error err;
+  kl_graph *g = kl_parse_file(path, NULL, &err);
+  if (!g) fail_msg("%s", err.msg);
+  kl_pipeline_options po = {.target = &kl_cg_target, .train = true};
+  assert_int_equal(kl_pipeline_rewrite(g, &po, &err), 0);
+  kl_plan p;
+  assert_int_equal(kl_pipeline(g, &po, &p, &err), 0);
+  size_t arena = p.mem.arena;
+  kl_plan_free(&p);
+  int before = g->nodes.len;
+  po.mem_limit = arena * 82 / 100;
+  assert_int_equal(kl_remat(g, &po, NULL, &err), 0);
+  assert_true(g->nodes.len > before);
+  assert_int_equal(kl_verify(g, &err), 0);
+  if (kl_pipeline(g, &po, &p, &err)) fail_msg("%s", err.msg);
+  assert_true(p.mem.arena <= po.mem_limit);
+  const kl_node *loss = g->train->out_loss->producer;
+  int copies = 0;
+  for (int i = 0; i < g->nodes.len; i++) {
+    const kl_node *n = g->nodes.items[i];
+    if (!n->after || !p.live[n->id]) continue;
+    copies++;
+    int s = p.fusion.group_of[n->id];
+    assert_true(p.fusion.group_of[n->after->producer->id] <= s);
+    assert_true(p.fusion.group_of[loss->id] < s);
+  }
+  assert_true(copies > 0);
+  kl_plan_free(&p);
+  /* a second call under the same limit finds the plan fits: no more copies */
+  int after_first = g->nodes.len;
+  assert_int_equal(kl_remat(g, &po, NULL, &err), 0);
+  assert_int_equal(g->nodes.len, after_first);
+  kl_graph_free(g);
+}
+
 /* The examples: every plan checked, and close to the lower bound. */
 static void check_example(const char *file, const kl_dim_override *dims, int ndims) {
   char path[1024];
@@ -248,6 +324,8 @@ int main(void) {
       cmocka_unit_test(test_checker_small_cases),
       cmocka_unit_test(test_schedule_lowers_the_peak),
       cmocka_unit_test(test_examples),
+      cmocka_unit_test(test_after_orders_nodes),
+      cmocka_unit_test(test_remat_train_cnn),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
