@@ -2688,6 +2688,29 @@ def gen_ext_tensor():
     case("scatter_elements_f64_mul", [("x", x64), ("i", i64), ("u", u64)],
          "output y = scatter_elements(x, i, u, reduction=mul)",
          [scatter_elements_ref(x64, i64, u64, 0, "mul")])
+    # updates of the data's size, the result read on: it takes the data's
+    # buffer when the data is computed (passes/plan_memory.c), never the
+    # updates' (scatter_nd: the data is an input, the updates computed)
+    xc = randn(r, (3, 4))
+    ic = np.array([[0, 3, 3, -1], [1, 1, 0, 2], [2, -4, 2, 0]], np.int64)
+    uc = randn(r, (3, 4))
+    case("scatter_elements_in_place",
+         [("x", xc), ("i", ic), ("u", uc)],
+         "let d = x * 2.0\nlet v = u + 1.0\n"
+         "let s = scatter_elements(d, i, v, axis=1, reduction=\"add\")\n"
+         "output y = s * 3.0",
+         [f32(3 * f32(scatter_elements_ref((xc * 2).astype(np.float64), ic,
+                                           (uc + 1).astype(np.float64), 1,
+                                           "add")))])
+    ir = np.array([[2], [0], [2]], np.int64)
+    ur = randn(r, (3, 4))
+    case("scatter_nd_in_place",
+         [("x", xc), ("i", ir), ("u", ur)],
+         "let v = u + 1.0\n"
+         "let s = scatter_nd(x, i, v, reduction=\"add\")\n"
+         "output y = s * 3.0",
+         [f32(3 * f32(scatter_nd_ref(xc.astype(np.float64), ir,
+                                     (ur + 1).astype(np.float64), "add")))])
     case("scatter_elements_oob", [("x", x64), ("i", i64 * 0 + 4),
                                   ("u", u64)],
          "output y = scatter_elements(x, i, u)", [], error="out of range")
