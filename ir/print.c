@@ -178,6 +178,7 @@ void kl_print_graph_weights(FILE *f, const kl_graph *g, const char *weights) {
       if (k) fputs(", ", f);
       print_type(f, n->outputs[k]);
     }
+    if (n->after) fprintf(f, "; recomputed after %s", n->after->name); /* (text only) */
     fputc('\n', f);
   }
   free(order);
