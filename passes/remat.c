@@ -37,9 +37,10 @@ typedef struct {
   int nbwd;                  /* values bwd[] covers */
   bool *rejected;            /* per value id: tried, did not help */
   int nrejected;
-  int chosen;                /* values recomputed */
+  int chosen, undone;        /* values recomputed; tried and undone */
   char names[300];           /* the first of them, for the error */
-  size_t names_len;
+  char undone_names[200];
+  size_t names_len, undone_len;
 } remat_ctx;
 
 static size_t value_bytes(const kl_value *v) {
@@ -325,6 +326,14 @@ static void reject(remat_ctx *c, const kl_value *v) {
   c->rejected[v->id] = true;
 }
 
+/* "'a', 'b'" in buf, the nth name added while it fits. */
+static void list_name(char *buf, size_t size, size_t *len, int nth, const char *name) {
+  if (*len + strlen(name) + 16 < size)
+    *len += (size_t)snprintf(buf + *len, size - *len, "%s'%s'", nth > 1 ? ", " : "", name);
+  else if (*len >= 3 && *len + 6 < size && strcmp(buf + *len - 3, "...") != 0)
+    *len += (size_t)snprintf(buf + *len, size - *len, ", ...");
+}
+
 static void note(remat_ctx *c, const candidate *cd, size_t before, size_t after, bool kept) {
   char line[900];
   size_t used = (size_t)snprintf(line, sizeof line, "'%s' (%zu bytes, %s) recomputed before '%s' by",
@@ -336,11 +345,13 @@ static void note(remat_ctx *c, const candidate *cd, size_t before, size_t after,
            before, after, kept ? "" : ", undone");
   if (kept && c->o->notes) fprintf(c->o->notes, "kiln: remat: %s\n", line);
   if (c->log) fprintf(c->log, "  %s\n", line);
-  if (!kept) return;
+  if (!kept) {
+    c->undone++;
+    list_name(c->undone_names, sizeof c->undone_names, &c->undone_len, c->undone, cd->v->name);
+    return;
+  }
   c->chosen++;
-  if (c->names_len < sizeof c->names - 80)
-    c->names_len += (size_t)snprintf(c->names + c->names_len, sizeof c->names - c->names_len,
-                                     "%s'%s'", c->chosen > 1 ? ", " : "", cd->v->name);
+  list_name(c->names, sizeof c->names, &c->names_len, c->chosen, cd->v->name);
 }
 
 /* Still over the limit: the memory pass's error (what is alive at the
@@ -352,14 +363,19 @@ static int give_up(remat_ctx *c, kl_error *err) {
   int rc = kl_pipeline(c->g, &o, &p, err);
   kl_plan_free(&p);
   if (!rc) return 0; /* (cannot happen: the trial plan was over) */
-  char msg[sizeof err->msg];
+  char msg[sizeof err->msg], done[400] = "", undone[300] = "";
   memcpy(msg, err->msg, sizeof msg);
   if (c->chosen)
-    return kl_fail(err, err->loc, "%.700s; rematerialization recomputed %d value%s in the backward "
-                   "pass (%s) and found nothing more to recompute", msg, c->chosen,
-                   c->chosen > 1 ? "s" : "", c->names);
-  return kl_fail(err, err->loc, "%.700s; rematerialization found no forward value alive at the "
-                 "peak that it could recompute", msg);
+    snprintf(done, sizeof done, " recomputed %d value%s in the backward pass (%s),", c->chosen,
+             c->chosen > 1 ? "s" : "", c->names);
+  if (c->undone)
+    snprintf(undone, sizeof undone, " undid %d that left the plan no tighter (%s),", c->undone,
+             c->undone_names);
+  if (!c->chosen && !c->undone)
+    return kl_fail(err, err->loc, "%.700s; rematerialization found no forward value alive at "
+                   "the peak that it could recompute", msg);
+  return kl_fail(err, err->loc, "%.600s; rematerialization%s%s and found nothing more to "
+                 "recompute", msg, done, undone);
 }
 
 int kl_remat(kl_graph *g, const kl_pipeline_options *o, FILE *log, kl_error *err) {

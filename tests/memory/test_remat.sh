@@ -76,7 +76,7 @@ expect dump_after_remat_total 0 "[0-9]+ values? recomputed: arena [0-9]+ -> [0-9
   "$kiln" compile "$model" --train --emit=cu -o cu_dump --no-nvrtc --mem-limit=290K --dump-after=remat
 
 # impossible: the memory pass's error, and what remat did
-expect impossible_limit 1 "memory limit exceeded: the planned arena takes [0-9]+ bytes.*the limit is 1024 bytes.*at the peak, step [0-9]+ \(node '[^']+'\).*the largest: '[^']+' \([0-9]+ bytes\).*; rematerialization recomputed [0-9]+ values? in the backward pass \('[^']+'.*\) and found nothing more to recompute" -- \
+expect impossible_limit 1 "memory limit exceeded: the planned arena takes [0-9]+ bytes.*the limit is 1024 bytes.*at the peak, step [0-9]+ \(node '[^']+'\).*the largest: '[^']+' \([0-9]+ bytes\).*; rematerialization recomputed [0-9]+ values? in the backward pass \('[^']+'.*\),.* and found nothing more to recompute" -- \
   "$kiln" compile "$model" --train --emit=cu -o cu_small --no-nvrtc --mem-limit=1K
 expect impossible_limit_train 1 "memory limit exceeded.*rematerialization" -- \
   "$kiln" train "$model" --data data --epochs 1 --device host --mem-limit=1K
