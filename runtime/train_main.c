@@ -15,11 +15,11 @@
 
 enum { EXIT_USAGE = 2 };
 enum { OPT_DATA = 1000, OPT_EPOCHS, OPT_STEPS, OPT_BATCH, OPT_CHECKPOINT, OPT_CHECKPOINT_EVERY,
-       OPT_RESUME, OPT_DEVICE, OPT_SEED, OPT_LOG_EVERY, OPT_INJECT_INF, OPT_LOSSES };
+       OPT_RESUME, OPT_DEVICE, OPT_SEED, OPT_LOG_EVERY, OPT_INJECT_INF, OPT_LOSSES, OPT_STOP_AFTER };
 
 typedef struct {
   const char *prog, *data, *checkpoint, *resume, *losses;
-  long epochs, steps, batch, checkpoint_every, log_every, inject_inf;
+  long epochs, steps, batch, checkpoint_every, log_every, inject_inf, stop_after;
   unsigned long long seed;
   krt_device_kind device;
 } train_opts;
@@ -46,6 +46,8 @@ static void usage(FILE *f, const char *prog, const krt_model_api *api) {
              "                        terminal (default: 10 per run)\n"
              "  --losses FILE         write every step's loss, one per line (%%.9g)\n"
              "  --inject-inf STEP     test hook: make step STEP's gradients infinite\n"
+             "  --stop-after N        test hook: stop after step N as if killed there\n"
+             "                        (after its checkpoint, without the end's)\n"
              "  --device DEV          auto (default), host or cuda\n",
           prog, api->model_name, api->train ? api->train->optimizer : "?");
 }
@@ -75,6 +77,7 @@ static int parse_args(train_opts *o, const krt_model_api *api, int argc, char **
       {"log-every", required_argument, NULL, OPT_LOG_EVERY},
       {"inject-inf", required_argument, NULL, OPT_INJECT_INF},
       {"losses", required_argument, NULL, OPT_LOSSES},
+      {"stop-after", required_argument, NULL, OPT_STOP_AFTER},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   optind = 1;
@@ -98,6 +101,7 @@ static int parse_args(train_opts *o, const krt_model_api *api, int argc, char **
       o->seed = (unsigned long long)v;
       break;
     case OPT_LOG_EVERY: if (parse_long(o->prog, "--log-every", optarg, 1, &o->log_every)) return -1; break;
+    case OPT_STOP_AFTER: if (parse_long(o->prog, "--stop-after", optarg, 1, &o->stop_after)) return -1; break;
     case OPT_INJECT_INF: if (parse_long(o->prog, "--inject-inf", optarg, 0, &o->inject_inf)) return -1; break;
     case OPT_DEVICE:
       if (krt_device_kind_parse(optarg, &o->device)) {
@@ -408,6 +412,11 @@ int krt_train_main(const krt_model_api *api, int argc, char **argv) {
     if (o.checkpoint && o.checkpoint_every && tr.step % o.checkpoint_every == 0 && !last &&
         save_checkpoint(&tr, loader, o.checkpoint))
       goto fail;
+    if (o.stop_after && tr.step == o.stop_after && !last) {
+      fprintf(stderr, "stopped after step %lld (--stop-after)\n", (long long)tr.step);
+      rc = 0;
+      goto done;
+    }
   }
   if (o.checkpoint && save_checkpoint(&tr, loader, o.checkpoint)) goto fail;
   double secs = (krt_now_ms() - t0) / 1e3;
