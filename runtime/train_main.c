@@ -420,7 +420,9 @@ int krt_train_main(const krt_model_api *api, int argc, char **argv) {
   }
   if (o.checkpoint && save_checkpoint(&tr, loader, o.checkpoint)) goto fail;
   double secs = (krt_now_ms() - t0) / 1e3;
-  fprintf(stderr, "%.2f s, input wait %.1f ms in all, %lld step%s skipped\n", secs, wait_total,
+  /* the split of the steps' time: waiting for input, and the rest */
+  fprintf(stderr, "%.2f s: compute %.2f s, input wait %.1f ms (%.2f%%); %lld step%s skipped\n", secs,
+          secs - wait_total / 1e3, wait_total, secs > 0 ? wait_total / 10 / secs : 0,
           (long long)skipped, skipped == 1 ? "" : "s");
   double accuracy;
   int ev = evaluate(&tr, &accuracy);
