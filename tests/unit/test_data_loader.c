@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -57,7 +58,7 @@ static const char *tpath(const char *name) {
 static const char *write_npy(const char *name, krt_dtype dt, int rank,
                              const int64_t *dims, void *data) {
   krt_tensor t = {.dtype = dt, .rank = rank, .data = data};
-  memcpy(t.dims, dims, (size_t)rank * sizeof *dims);
+  if (rank) memcpy(t.dims, dims, (size_t)rank * sizeof *dims);
   const char *path = tpath(name);
   char err[512];
   if (krt_npy_write(path, &t, err, sizeof err)) fail_msg("%s", err);
@@ -232,6 +233,32 @@ static void test_one_batch_epochs(void **state) {
   }
   free(four);
   free(one);
+}
+
+/* A batch stays as handed out until the next call, however far ahead the
+ * workers get meanwhile. */
+static void test_batch_stays_valid_until_next_call(void **state) {
+  (void)state;
+  write_indexed("x.npy", "y.npy", 40);
+  krt_loader_config c = indexed_config(4, 1, 0, 4);
+  int64_t len;
+  int64_t *all = collect(&c, 3, &len);
+  krt_loader *l = open_ok(&c);
+  for (int b = 0; b < 30; b++) {
+    const void *xv, *yv;
+    int count;
+    char err[512];
+    assert_int_equal(krt_loader_next(l, &xv, &yv, &count, NULL, err, sizeof err), 0);
+    nanosleep(&(struct timespec){.tv_nsec = 2000000}, NULL);  /* workers run ahead */
+    const int64_t *y = yv;
+    const float *x = xv;
+    for (int k = 0; k < count; k++) {
+      assert_int_equal(y[k], all[4 * b + k]);
+      assert_true(x[2 * k] == (float)y[k]);
+    }
+  }
+  krt_loader_close(l);
+  free(all);
 }
 
 /* ---- batch sizes -------------------------------------------------------- */
@@ -613,6 +640,7 @@ int main(void) {
       cmocka_unit_test(test_epochs_differ_and_seed_repeats),
       cmocka_unit_test(test_threads_give_identical_batches),
       cmocka_unit_test(test_one_batch_epochs),
+      cmocka_unit_test(test_batch_stays_valid_until_next_call),
       cmocka_unit_test(test_drop_last),
       cmocka_unit_test(test_short_last_batch_is_zero_padded),
       cmocka_unit_test(test_batch_larger_than_n),
