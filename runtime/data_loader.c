@@ -421,7 +421,44 @@ static const char *conversion_help =
     "(checked), those of up to 32 bits to floats too, and floats holding "
     "integers to i32/i64";
 
-/* Maps `path` and checks it holds N samples that convert to `dtype`. */
+/* f's samples from the header h: N, the sample shape and sizes, checked
+ * against the file's size and the dtype asked for. */
+static int read_samples(loader_file *f, const krt_npy_header *h, int64_t size,
+                        krt_dtype dtype, char *err, size_t errlen) {
+  if (h->rank == 0)
+    return krt_fail(err, errlen, f->path, "holds a scalar, not an array of samples");
+  f->n = h->dims[0];
+  f->file_dtype = h->dtype;
+  f->dtype = dtype;
+  f->rank = h->rank - 1;
+  memcpy(f->dims, h->dims + 1, (size_t)f->rank * sizeof f->dims[0]);
+  krt_tensor sample = {.dtype = h->dtype, .rank = f->rank};
+  memcpy(sample.dims, f->dims, sizeof sample.dims);
+  f->numel = krt_tensor_numel(&sample);
+  if (f->n == 0)
+    return krt_fail(err, errlen, f->path, "has no samples (its first dim is 0)");
+  if (f->numel == 0)
+    return krt_fail(err, errlen, f->path, "has empty samples (a dim is 0)");
+  if (f->numel < 0)
+    return krt_fail(err, errlen, f->path, "a sample has more than %lld elements",
+                    (long long)KRT_MAX_NUMEL);
+  f->in_bytes = (size_t)f->numel * krt_dtype_size(h->dtype);
+  f->out_bytes = (size_t)f->numel * krt_dtype_size(dtype);
+  /* N < 2^31 and a sample < 2^34 bytes: the product may pass 2^63. */
+  if ((uint64_t)f->n > (uint64_t)INT64_MAX / f->in_bytes)
+    return krt_fail(err, errlen, f->path, "%lld samples of %zu bytes overflow",
+                    (long long)f->n, f->in_bytes);
+  if (krt_npy_check_data_size(h, size, f->n * (int64_t)f->in_bytes, f->path, err,
+                              errlen))
+    return -1;
+  if (!conversion_supported(h->dtype, dtype))
+    return krt_fail(err, errlen, f->path, "cannot convert the file's %s to %s (%s)",
+                    krt_dtype_name(h->dtype), krt_dtype_name(dtype), conversion_help);
+  return 0;
+}
+
+/* Opens `path`, checks it holds samples that convert to `dtype`, and maps
+ * it (read-only; the file must not shrink while the loader is open). */
 static int map_file(loader_file *f, const char *path, krt_dtype dtype, bool shuffle,
                     char *err, size_t errlen) {
   f->path = strdup(path);
@@ -431,53 +468,20 @@ static int map_file(loader_file *f, const char *path, krt_dtype dtype, bool shuf
   if (!fp) return -1;
   krt_npy_header h;
   int rc = krt_npy_read_header(fp, size, path, &h, err, errlen);
-  if (rc == 0 && h.rank == 0)
-    rc = krt_fail(err, errlen, path, "holds a scalar, not an array of samples");
+  if (rc == 0) rc = read_samples(f, &h, size, dtype, err, errlen);
   if (rc == 0) {
-    krt_tensor sample = {.dtype = h.dtype, .rank = h.rank - 1};
-    memcpy(sample.dims, h.dims + 1, sizeof h.dims - sizeof h.dims[0]);
-    f->numel = krt_tensor_numel(&sample);
-    if (h.dims[0] == 0)
-      rc = krt_fail(err, errlen, path, "has no samples (its first dim is 0)");
-    else if (f->numel == 0)
-      rc = krt_fail(err, errlen, path, "has empty samples (a dim is 0)");
-    else if (f->numel < 0)
-      rc = krt_fail(err, errlen, path, "a sample has more than %lld elements",
-                    (long long)KRT_MAX_NUMEL);
-  }
-  if (rc == 0) {
-    f->n = h.dims[0];
-    f->file_dtype = h.dtype;
-    f->dtype = dtype;
-    f->rank = h.rank - 1;
-    memcpy(f->dims, h.dims + 1, sizeof h.dims - sizeof h.dims[0]);
-    f->in_bytes = (size_t)f->numel * krt_dtype_size(h.dtype);
-    f->out_bytes = (size_t)f->numel * krt_dtype_size(dtype);
-    /* N < 2^31 and a sample < 2^34 bytes: the product may pass 2^63. */
-    if ((size_t)h.dims[0] > (size_t)INT64_MAX / f->in_bytes)
-      rc = krt_fail(err, errlen, path, "%lld samples of %zu bytes overflow",
-                    (long long)h.dims[0], f->in_bytes);
-    else
-      rc = krt_npy_check_data_size(&h, size, f->n * (int64_t)f->in_bytes,
-                                   path, err, errlen);
-  }
-  if (rc == 0 && !conversion_supported(h.dtype, dtype))
-    rc = krt_fail(err, errlen, path, "cannot convert the file's %s to %s (%s)",
-                  krt_dtype_name(h.dtype), krt_dtype_name(dtype), conversion_help);
-  if (rc == 0) {
-    f->map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fileno(fp), 0);
-    if (f->map == MAP_FAILED) {
-      f->map = NULL;
+    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fileno(fp), 0);
+    if (map == MAP_FAILED) {
       rc = krt_fail(err, errlen, path, "mmap of %lld bytes failed", (long long)size);
     } else {
+      f->map = map;
       f->map_len = (size_t)size;
-      f->data = (const unsigned char *)f->map + h.data_offset;
+      f->data = (const unsigned char *)map + h.data_offset;
       /* A shuffled epoch reads rows anywhere: read-ahead would be waste. */
-      posix_madvise(f->map, f->map_len,
-                    shuffle ? POSIX_MADV_RANDOM : POSIX_MADV_SEQUENTIAL);
+      posix_madvise(map, f->map_len, shuffle ? POSIX_MADV_RANDOM : POSIX_MADV_SEQUENTIAL);
     }
   }
-  fclose(fp);   /* the mapping stays */
+  fclose(fp);  /* the mapping stays */
   return rc;
 }
 
@@ -602,8 +606,9 @@ static void describe(const loader_file *f, krt_io_desc *d) {
 }
 
 void krt_loader_sample_desc(const krt_loader *l, krt_io_desc *x, krt_io_desc *y) {
-  if (x) describe(&l->x, x);
-  if (y) describe(&l->y, y);
+  static const loader_file none;
+  if (x) describe(l ? &l->x : &none, x);
+  if (y) describe(l ? &l->y : &none, y);
 }
 
 int krt_loader_next(krt_loader *l, const void **x, const void **y, int *count,
