@@ -324,7 +324,8 @@ int krt_loader_open(const krt_loader_config *cfg, krt_loader **out, char *err,
 int64_t krt_loader_samples(const krt_loader *l);            /* N */
 int64_t krt_loader_batches_per_epoch(const krt_loader *l);
 /* One sample of x and of y: the files' dims after the first, in the
- * configured dtypes; name is the file's path.  A batch is [batch, dims..]. */
+ * configured dtypes; name is the file's path (valid while the loader is
+ * open).  A batch is [batch, dims..]. */
 void krt_loader_sample_desc(const krt_loader *l, krt_io_desc *x, krt_io_desc *y);
 /* The next batch: host buffers of `batch` samples in x_dtype and y_dtype,
  * valid until the next call to krt_loader_next or krt_loader_seek; *count
