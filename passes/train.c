@@ -103,8 +103,12 @@ int kl_train_build(kl_graph *g, bool loss_scaling, kl_error *err) {
     kl_value *p = g->params.items[i];
     if (p->kind == KL_VAL_PARAM && dep[p->id] && kl_dtype_is_float(p->dtype)) params[nparams++] = p;
   }
+  /* the samples: the first input the loss reads; the labels, unless a
+   * cross entropy said, the next one (an mse's targets) */
   for (int i = 0; i < g->inputs.len && !tr->in_x; i++)
     if (g->inputs.items[i] != tr->in_labels && dep[g->inputs.items[i]->id]) tr->in_x = g->inputs.items[i];
+  for (int i = 0; i < g->inputs.len && !tr->in_labels; i++)
+    if (g->inputs.items[i] != tr->in_x && dep[g->inputs.items[i]->id]) tr->in_labels = g->inputs.items[i];
   free(dep);
   int rc = -1;
   if (!nparams) {

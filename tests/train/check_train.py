@@ -22,6 +22,10 @@ CHECK is one of
   resume MODEL PRECISION
       A run stopped right after a checkpoint (--stop-after) and resumed
       (--resume) gives the uninterrupted run's losses bit for bit.
+  onnx
+      An ONNX MLP (built with onnx.helper, symbolic batch) trained with
+      --loss=cross_entropy --logits --labels on digits reaches >= 0.93; an
+      mse loss lowers; bad flags are clear errors.
 
 Prints PASS/FAIL per check and `N passed, N failed`; exit 1 on failure.
 """
@@ -290,6 +294,63 @@ def check_resume(kiln, model, precision):
                % (model, precision), "uninterrupted %s\nresumed       %s" % (la.split()[24:28], lb.split()[24:28]))
 
 
+# ---- ONNX models ----------------------------------------------------------------------
+def onnx_mlp(path):
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * sd).astype(np.float32), n)
+             for n, s, sd in (("w1", (64, 64), 0.125), ("w2", (64, 10), 0.125))]
+    inits += [numpy_helper.from_array(np.zeros(n, np.float32), b) for b, n in (("b1", 64), ("b2", 10))]
+    nodes = [helper.make_node("MatMul", ["pixels", "w1"], ["m1"], name="fc1"),
+             helper.make_node("Add", ["m1", "b1"], ["a1"], name="bias1"),
+             helper.make_node("Relu", ["a1"], ["h1"], name="act1"),
+             helper.make_node("MatMul", ["h1", "w2"], ["m2"], name="fc2"),
+             helper.make_node("Add", ["m2", "b2"], ["scores"], name="bias2")]
+    graph = helper.make_graph(nodes, "onnx_mlp",
+                              [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["batch", 64])],
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 10])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString())
+
+
+def check_onnx(kiln):
+    with tempfile.TemporaryDirectory() as tmp:
+        data = digits(tmp)
+        model = os.path.join(tmp, "mlp.onnx")
+        onnx_mlp(model)
+        base = [kiln, "train", model, "--dim", "batch=32", "--data", data, "--device", "host", "--train"]
+        p = run(base + ["--epochs", "25", "--loss=cross_entropy", "--logits", "scores", "--labels", "digit",
+                        "--optimizer", "adamw(lr=3e-3, weight_decay=0.01)", "--schedule", "cosine(warmup=20)"])
+        m = re.search(r"accuracy=(\S+)", p.stdout)
+        acc = float(m.group(1)) if m else 0
+        report(acc >= 0.93, "onnx mlp, cross_entropy: test accuracy %.4f >= 0.93" % acc, p.stdout + p.stderr[-1500:])
+        # mse against one-hot targets: the loss falls
+        np.save(os.path.join(tmp, "onehot_y.npy"), np.eye(10, dtype=np.float32)[np.load(os.path.join(data, "train_y.npy"))])
+        os.makedirs(os.path.join(tmp, "mse"))
+        os.symlink(os.path.join(data, "train_x.npy"), os.path.join(tmp, "mse", "train_x.npy"))
+        os.rename(os.path.join(tmp, "onehot_y.npy"), os.path.join(tmp, "mse", "train_y.npy"))
+        lf = os.path.join(tmp, "mse.txt")
+        run([kiln, "train", model, "--dim", "batch=32", "--data", os.path.join(tmp, "mse"), "--device", "host",
+             "--steps", "200", "--loss=mse", "--logits", "scores", "--labels", "target", "--losses", lf,
+             "--optimizer", "sgd(lr=0.5, momentum=0.9)"])
+        losses = [float(v) for v in open(lf).read().split()]
+        report(len(losses) == 200 and np.mean(losses[-20:]) < 0.5 * np.mean(losses[:20]),
+               "onnx mlp, mse: the loss falls (%.4f -> %.4f)" % (np.mean(losses[:20]), np.mean(losses[-20:])))
+        for flags, want in ((["--loss=hinge", "--logits", "scores", "--labels", "y"], "expected cross_entropy or mse"),
+                            (["--loss=mse", "--logits", "nope", "--labels", "y"], "--logits nope: no value"),
+                            (["--loss=mse"], "needs --loss=cross_entropy|mse, --logits NAME"),
+                            (["--loss=mse", "--logits", "scores", "--labels", "y", "--optimizer", "adam(beta9=1)"],
+                             "adam has no setting 'beta9'"),
+                            (["--loss=mse", "--logits", "scores", "--labels", "y", "--optimizer", "adam()"],
+                             "needs lr > 0")):
+            q = subprocess.run(base + ["--steps", "1"] + flags, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+            report(q.returncode == 1 and want in q.stderr, "onnx: %s is refused: %s" % (" ".join(flags), want),
+                   "exit %d: %s" % (q.returncode, q.stderr[-500:]))
+
+
 def main():
     kiln, check, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     try:
@@ -299,6 +360,8 @@ def main():
             check_optimizers(kiln)
         elif check == "scaler":
             check_scaler(kiln)
+        elif check == "onnx":
+            check_onnx(kiln)
         elif check == "resume":
             check_resume(kiln, args[0], args[1])
         else:
