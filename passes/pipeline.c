@@ -69,7 +69,7 @@ int kl_pipeline_rewrite(kl_graph *g, const kl_pipeline_options *o, kl_error *err
   /* before precision: the folded weights are rounded once, from float64,
    * and no batch norm statistics reach a low type */
   if (o->train && kl_train_build(g, o->precision && o->precision->low == KL_F16, err)) return -1;
-  if (dumps(o, "train")) header(o->dump, "train"), kl_print_graph(o->dump, g);
+  if (o->train && dumps(o, "train")) header(o->dump, "train"), kl_print_graph(o->dump, g);
   bool dump_bn = dumps(o, "bnfold");
   if (dump_bn) header(o->dump, "bnfold");
   if (kl_fold_batch_norms(g, dump_bn ? o->dump : NULL, err)) return -1;
