@@ -10,6 +10,16 @@ enum { STEP_SCALARS = 5 };
 
 static bool handles_optim_step(const kl_node *n) { return n->op == KL_OP_OPTIM_STEP; }
 
+/* These kernels read every operand whole and contiguous: one that the plan
+ * made a strided view (no buffer of its own) is an internal error. */
+static int check_buffers(kl_cg_emitter *e, const kl_node *n, const char **args, int na) {
+  for (int i = 0; i < na; i++)
+    if (!strcmp(args[i], "NULL"))
+      return kl_cg_fail(e, n, "internal error: operand %d of %s has no buffer of its own", i,
+                        kl_ops[n->op].name);
+  return 0;
+}
+
 /* A float literal for kernel text. */
 static const char *flit(double v, char *buf, size_t len) {
   snprintf(buf, len, "%.9gf", v);
@@ -91,11 +101,12 @@ static int emit_optim_step(kl_cg_emitter *e, const kl_node *n) {
   for (int i = 0; i < n->ninputs; i++) args[i] = kl_cg_ptr(e, n->inputs[i], bufs[i], sizeof bufs[i]);
   for (int o = 0; o < n->noutputs; o++)
     args[n->ninputs + o] = kl_cg_ptr(e, n->outputs[o], bufs[n->ninputs + o], sizeof bufs[0]);
+  int rc = check_buffers(e, n, args, na);
   fprintf(kl_cg_host(e), "  /* %s: optim_step (%s), %d tensors in one kernel */\n", n->name, algo, count);
-  kl_cg_launch(e, k, total, args, na);
+  if (!rc) kl_cg_launch(e, k, total, args, na);
   free(bufs);
   free(args);
-  return 0;
+  return rc;
 }
 
 /* ---- sum_squares: two kernels whatever the number of tensors ----------- */
@@ -173,13 +184,17 @@ static int emit_sum_squares(kl_cg_emitter *e, const kl_node *n) {
   for (int i = 0; i < n->ninputs; i++) args[i] = kl_cg_ptr(e, n->inputs[i], bufs[i], sizeof bufs[i]);
   args[n->ninputs] = kl_cg_scratch(e, (size_t)blocks * (out->dtype == KL_F64 ? 8 : 4),
                                    bufs[n->ninputs], sizeof bufs[0]);
+  int rc = check_buffers(e, n, args, na);
   fprintf(kl_cg_host(e), "  /* %s: sum_squares of %d tensors in two kernels */\n", n->name, n->ninputs);
-  kl_cg_launch_grid(e, i1, blocks, SUMSQ_THREADS, args, na);
-  const char *args2[2] = {args[n->ninputs], kl_cg_ptr(e, out, bufs[0], sizeof bufs[0])};
-  kl_cg_launch_grid(e, i2, 1, SUMSQ_THREADS, args2, 2);
+  char out_buf[160];
+  const char *args2[2] = {args[n->ninputs], kl_cg_ptr(e, out, out_buf, sizeof out_buf)};
+  if (!rc) {
+    kl_cg_launch_grid(e, i1, blocks, SUMSQ_THREADS, args, na);
+    kl_cg_launch_grid(e, i2, 1, SUMSQ_THREADS, args2, 2);
+  }
   free(bufs);
   free(args);
-  return 0;
+  return rc;
 }
 
 const kl_cg_template kl_cg_templates_train[] = {
