@@ -141,6 +141,31 @@ static void path_in(char *buf, size_t len, const char *dir, const char *file) {
   snprintf(buf, len, "%s/%s", dir, file);
 }
 
+/* The files' samples must be what the step takes: a batch input is
+ * [batch, sample dims..]; -1 with a message naming the file otherwise. */
+static int check_samples(const krt_loader *l, const krt_io_desc *x, const krt_io_desc *y,
+                         char *msg, size_t msglen) {
+  krt_io_desc fx, fy;
+  krt_loader_sample_desc(l, &fx, &fy);
+  const krt_io_desc *want[2] = {x, y}, *got[2] = {&fx, &fy};
+  for (int k = 0; k < 2; k++) {
+    const krt_io_desc *w = want[k], *f = got[k];
+    if (!w) continue;
+    bool same = w->rank == f->rank + 1;
+    for (int d = 0; same && d < f->rank; d++) same = w->dims[d + 1] == f->dims[d];
+    if (same) continue;
+    size_t n = (size_t)snprintf(msg, msglen, "%.900s holds samples of shape [", f->name);
+    for (int d = 0; d < f->rank && n < msglen; d++)
+      n += (size_t)snprintf(msg + n, msglen - n, "%s%lld", d ? ", " : "", (long long)f->dims[d]);
+    if (n < msglen) n += (size_t)snprintf(msg + n, msglen - n, "], but input '%s' takes [", w->name);
+    for (int d = 1; d < w->rank && n < msglen; d++)
+      n += (size_t)snprintf(msg + n, msglen - n, "%s%lld", d > 1 ? ", " : "", (long long)w->dims[d]);
+    if (n < msglen) snprintf(msg + n, msglen - n, "] per sample");
+    return -1;
+  }
+  return 0;
+}
+
 /* Test accuracy: every test batch evaluated (nothing updated); a short
  * last batch is padded and only its samples count.  1 when there is no
  * test set (or nothing to take an argmax of). */
@@ -158,6 +183,10 @@ static int evaluate(const train_opts *o, const krt_model_api *api, krt_trainer *
                            .drop_last = 0, .x_dtype = xd->dtype, .y_dtype = yd->dtype};
   krt_loader *l = NULL;
   if (krt_loader_open(&cfg, &l, msg, msglen)) return -1;
+  if (check_samples(l, xd, yd, msg, msglen)) {
+    krt_loader_close(l);
+    return -1;
+  }
   int64_t n = krt_loader_samples(l), seen = 0, correct = 0;
   int64_t classes = ld->dims[ld->rank - 1];
   size_t xb_bytes = io_bytes(xd), yb_bytes = io_bytes(yd);
@@ -237,7 +266,9 @@ int krt_train_main(const krt_model_api *api, int argc, char **argv) {
   krt_loader_config cfg = {.x_path = xp, .y_path = yp, .batch = (int)batch, .seed = o.seed,
                            .shuffle = 1, .drop_last = 1, .x_dtype = xd->dtype,
                            .y_dtype = t->in_labels >= 0 ? api->inputs[t->in_labels].dtype : KRT_I64};
-  if (krt_loader_open(&cfg, &loader, msg, sizeof msg)) goto fail;
+  if (krt_loader_open(&cfg, &loader, msg, sizeof msg) ||
+      check_samples(loader, xd, t->in_labels >= 0 ? &api->inputs[t->in_labels] : NULL, msg, sizeof msg))
+    goto fail;
   int64_t per_epoch = krt_loader_samples(loader) / batch;
   if (per_epoch < 1) {
     snprintf(msg, sizeof msg, "%.900s holds %lld samples, fewer than one batch of %lld", xp,

@@ -173,7 +173,16 @@ int krt_trainer_save(krt_trainer *t, const char *path, int64_t data_epoch, int64
     }
     memcpy(nt->tensor.data, &meta[i], sizeof(double));
   }
-  rc = krt_safetensors_write(path, &set, err, errlen);
+  /* written beside and renamed over: a run killed while saving leaves the
+   * last checkpoint whole */
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.partial", path);
+  rc = krt_safetensors_write(tmp, &set, err, errlen);
+  if (!rc && rename(tmp, path)) {
+    if (err && errlen) snprintf(err, errlen, "cannot rename %s to %s", tmp, path);
+    remove(tmp);
+    rc = -1;
+  }
 done:
   krt_tensor_set_free(&set);
   return rc;

@@ -22,6 +22,10 @@ CHECK is one of
   resume MODEL PRECISION
       A run stopped right after a checkpoint (--stop-after) and resumed
       (--resume) gives the uninterrupted run's losses bit for bit.
+  errors
+      Bad training runs are exit 1 or 2 with a message naming the cause:
+      data that does not fit the step, a wrong --batch, a model without a
+      train block, a file that is no checkpoint, a missing data folder.
   onnx
       An ONNX MLP (built with onnx.helper, symbolic batch) trained with
       --loss=cross_entropy --logits --labels on digits reaches >= 0.93; an
@@ -351,6 +355,47 @@ def check_onnx(kiln):
                    "exit %d: %s" % (q.returncode, q.stderr[-500:]))
 
 
+# ---- errors -------------------------------------------------------------------------
+def write_safetensors(path, tensors):
+    header, blobs, at = {}, b"", 0
+    for name, a in tensors.items():
+        raw = np.ascontiguousarray(a, np.float32).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [at, at + len(raw)]}
+        blobs += raw
+        at += len(raw)
+    h = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + blobs)
+
+
+def check_errors(kiln):
+    with tempfile.TemporaryDirectory() as tmp:
+        data = digits(tmp)
+        mlp = os.path.join(ROOT, "examples/train_mlp.kl")
+        plain = os.path.join(tmp, "plain.kl")
+        with open(plain, "w") as f:
+            f.write("model plain\ninput x: f32[2, 3]\nparam w: f32[3, 2] = zeros\noutput y = x @ w\n")
+        notck = os.path.join(tmp, "w.safetensors")
+        write_safetensors(notck, {"w1": np.zeros((64, 128))})
+        cases = [
+            ([os.path.join(ROOT, "examples/mlp.kl"), "--data", data, "--steps", "3"], 1,
+             "holds samples of shape [64], but input 'x' takes [784] per sample"),
+            ([mlp, "--data", data, "--steps", "3", "--batch", "64"], 2,
+             "compiled for batches of 32 (recompile with --dim B=64)"),
+            ([mlp, "--data", data], 2, "give one of --epochs N and --steps N"),
+            ([mlp, "--data", os.path.join(tmp, "nowhere"), "--steps", "3"], 1, "nowhere/train_x.npy"),
+            ([mlp, "--data", data, "--steps", "30", "--resume", notck], 1, "not a kiln training checkpoint"),
+            ([plain, "--data", data, "--steps", "3"], 1, "has no train block"),
+            ([mlp, "--steps", "3"], 2, "--data DIR is required"),
+        ]
+        for args, code, want in cases:
+            p = subprocess.run([kiln, "train"] + args + ["--device", "host"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+            report(p.returncode == code and want in p.stderr,
+                   "kiln train %s: exit %d, '%s'" % (" ".join(os.path.basename(a) for a in args), code, want),
+                   "exit %d: %s" % (p.returncode, p.stderr[-600:]))
+
+
 def main():
     kiln, check, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     try:
@@ -360,6 +405,8 @@ def main():
             check_optimizers(kiln)
         elif check == "scaler":
             check_scaler(kiln)
+        elif check == "errors":
+            check_errors(kiln)
         elif check == "onnx":
             check_onnx(kiln)
         elif check == "resume":
