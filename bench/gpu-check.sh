@@ -138,6 +138,28 @@ if [ "$dev" = cuda ]; then
   summary+=("bench transformer B=8 T=128: $(grep -E '^(kernels|dram|run ms)' "$out/bench-transformer-8x128.txt" | tr -s ' ' | tr '\n' ';')")
 fi
 
+echo "== training: a step on $dev against the host device, then fp32 vs fp16"
+# the same 40 steps on both devices (same seed, same data order): the losses
+# agree to f32 rounding; then the step's time and arena, fp32 against fp16
+.venv/bin/python examples/data/digits.py "$out/digits" >/dev/null 2>&1 || true
+if [ -f "$out/digits/train_x.npy" ]; then
+  for d in host "$dev"; do
+    t 300 "$kiln" train examples/train_cnn.kl --data "$out/digits" --steps 40 --device "$d" \
+      --losses "$out/train-losses-$d.txt" >"$out/train-$d.txt" 2>&1
+  done
+  agree=$(paste "$out/train-losses-host.txt" "$out/train-losses-$dev.txt" 2>/dev/null |
+    awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / (($1 < 0 ? -$1 : $1) + 1e-3); if (r > m) m = r } END { printf "%.2e", m }')
+  summary+=("train_cnn 40 steps, $dev vs host: largest relative loss difference $agree")
+  for p in fp32 fp16; do
+    t 300 "$kiln" bench examples/train_cnn.kl --train --device "$dev" --precision=$p --dim B=256 \
+      --iters 50 >"$out/bench-train-$p.txt" 2>&1
+    summary+=("train_cnn B=256 $p: $(grep -E '^(kernels|arena bytes|run ms)' "$out/bench-train-$p.txt" | tr -s ' ' | tr '\n' ';')")
+  done
+  f32=$(awk '/^run ms/ { print $3 }' "$out/bench-train-fp32.txt"); f16=$(awk '/^run ms/ { print $3 }' "$out/bench-train-fp16.txt")
+  a32=$(awk '/^arena bytes/ { print $3 }' "$out/bench-train-fp32.txt"); a16=$(awk '/^arena bytes/ { print $3 }' "$out/bench-train-fp16.txt")
+  summary+=("train_cnn B=256 fp16 vs fp32: speedup $(awk -v a="$f32" -v b="$f16" 'BEGIN { if (b > 0) printf "%.2f", a / b }'), arena saved $(awk -v a="$a32" -v b="$a16" 'BEGIN { if (a > 0) printf "%.0f%%", 100 * (a - b) / a }')")
+fi
+
 echo "== compile time (NVRTC included)"
 PYTHON=${PYTHON:-.venv/bin/python} t 300 bench/compile_time.sh "$kiln" | tee "$out/compile.md"
 

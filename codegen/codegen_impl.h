@@ -239,7 +239,7 @@ int kl_cg_list_weights(kl_cg_ctx *c);
 /* Free a list of weight pieces and the bytes they own (weights.c). */
 void kl_cg_free_pieces(kl_weight_piece *pieces, int n);
 /* model.h into hf; model.c into mf around run()'s body (run_text). */
-int kl_cg_api_outputs(const kl_graph *g);
+int kl_cg_api_outputs(const kl_graph *g, const kl_value **out);
 void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, size_t run_len,
                       FILE *mf, FILE *hf, int nkernels);
 

@@ -10,6 +10,16 @@ enum { STEP_SCALARS = 5 };
 
 static bool handles_optim_step(const kl_node *n) { return n->op == KL_OP_OPTIM_STEP; }
 
+/* These kernels read every operand whole and contiguous: one that the plan
+ * made a strided view (no buffer of its own) is an internal error. */
+static int check_buffers(kl_cg_emitter *e, const kl_node *n, const char **args, int na) {
+  for (int i = 0; i < na; i++)
+    if (!strcmp(args[i], "NULL"))
+      return kl_cg_fail(e, n, "internal error: operand %d of %s has no buffer of its own", i,
+                        kl_ops[n->op].name);
+  return 0;
+}
+
 /* A float literal for kernel text. */
 static const char *flit(double v, char *buf, size_t len) {
   snprintf(buf, len, "%.9gf", v);
@@ -91,14 +101,104 @@ static int emit_optim_step(kl_cg_emitter *e, const kl_node *n) {
   for (int i = 0; i < n->ninputs; i++) args[i] = kl_cg_ptr(e, n->inputs[i], bufs[i], sizeof bufs[i]);
   for (int o = 0; o < n->noutputs; o++)
     args[n->ninputs + o] = kl_cg_ptr(e, n->outputs[o], bufs[n->ninputs + o], sizeof bufs[0]);
+  int rc = check_buffers(e, n, args, na);
   fprintf(kl_cg_host(e), "  /* %s: optim_step (%s), %d tensors in one kernel */\n", n->name, algo, count);
-  kl_cg_launch(e, k, total, args, na);
+  if (!rc) kl_cg_launch(e, k, total, args, na);
   free(bufs);
   free(args);
-  return 0;
+  return rc;
+}
+
+/* ---- sum_squares: two kernels whatever the number of tensors ----------- */
+enum { SUMSQ_THREADS = 256, SUMSQ_BLOCKS = 256 };
+
+static bool handles_sum_squares(const kl_node *n) { return n->op == KL_OP_SUM_SQUARES; }
+
+static int64_t sumsq_total(const kl_node *n) {
+  int64_t total = 0;
+  for (int i = 0; i < n->ninputs; i++) total += kl_shape_numel(&n->inputs[i]->shape);
+  return total;
+}
+
+/* at least 64 elements a thread: enough blocks to fill a GPU only when
+ * there is work for them (each block ends in a barrier-bound reduction) */
+static int64_t sumsq_blocks(const kl_node *n) {
+  int64_t b = (sumsq_total(n) + 64 * SUMSQ_THREADS - 1) / (64 * SUMSQ_THREADS);
+  return b < 1 ? 1 : b > SUMSQ_BLOCKS ? SUMSQ_BLOCKS : b;
+}
+
+/* the first kernel's partial sums, one per block */
+static int scratch_sum_squares(const kl_node *n, size_t *bytes) {
+  bytes[0] = (size_t)sumsq_blocks(n) * (n->outputs[0]->dtype == KL_F64 ? 8 : 4);
+  return 1;
+}
+
+/* A block reduction of acc[] in shared memory, in a fixed order. */
+static void block_sum(FILE *f) {
+  fprintf(f, "  __syncthreads();\n  for (int w = %d; w > 0; w >>= 1) {\n"
+             "    if ((int)threadIdx.x < w) acc[threadIdx.x] += acc[threadIdx.x + w];\n"
+             "    __syncthreads();\n  }\n", SUMSQ_THREADS / 2);
+}
+
+/* Pass 1: each thread walks its grid-stride share of every tensor in turn
+ * (no per-element search), a block sums its threads; pass 2: one block
+ * sums the blocks.  The order is fixed by the grid: reproducible. */
+static int emit_sum_squares(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *out = n->outputs[0];
+  const char *at = out->dtype == KL_F64 ? "double" : "float";
+  int64_t blocks = sumsq_blocks(n);
+  char k1[32], k2[32], buf[256], src[64];
+  int i1 = kl_cg_new_kernel(e, k1, sizeof k1);
+  FILE *f = kl_cg_kernels(e);
+  fprintf(f, "/* %s: sum_squares over %d tensors, %lld elements: partial sums */\nKL_KERNEL void %s(",
+          n->name, n->ninputs, (long long)sumsq_total(n), k1);
+  for (int i = 0; i < n->ninputs; i++)
+    fprintf(f, "const %s *__restrict__ in%d, ", kl_cg_storage(n->inputs[i]->dtype), i);
+  fprintf(f, "%s *__restrict__ part) {\n  KL_SHARED(%s, acc, [%d]);\n  %s s = 0;\n"
+             "  const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, "
+             "stride = (int64_t)blockDim.x * gridDim.x;\n", at, at, SUMSQ_THREADS, at);
+  for (int i = 0; i < n->ninputs; i++) {
+    snprintf(src, sizeof src, "in%d[i]", i);
+    fprintf(f, "  for (int64_t i = first; i < %lldLL; i += stride) {\n    const %s v = %s;\n"
+               "    s += v * v;\n  }\n", (long long)kl_shape_numel(&n->inputs[i]->shape), at,
+            kl_cg_load(buf, sizeof buf, n->inputs[i]->dtype, at, src));
+  }
+  fprintf(f, "  acc[threadIdx.x] = s;\n");
+  block_sum(f);
+  fprintf(f, "  if (threadIdx.x == 0) part[blockIdx.x] = acc[0];\n}\nKL_EMU_ENTRY(%s", k1);
+  for (int i = 0; i < n->ninputs; i++)
+    fprintf(f, ", KL_ARG(const %s *, %d)", kl_cg_storage(n->inputs[i]->dtype), i);
+  fprintf(f, ", KL_ARG(%s *, %d));\n\n", at, n->ninputs);
+  int i2 = kl_cg_new_kernel(e, k2, sizeof k2);
+  fprintf(f, "/* %s: sum_squares, the blocks' sum */\nKL_KERNEL void %s(const %s *__restrict__ part, "
+             "%s *__restrict__ out) {\n  KL_SHARED(%s, acc, [%d]);\n"
+             "  acc[threadIdx.x] = (int)threadIdx.x < %lld ? part[threadIdx.x] : 0;\n",
+          n->name, k2, at, at, at, SUMSQ_THREADS, (long long)blocks);
+  block_sum(f);
+  fprintf(f, "  if (threadIdx.x == 0) out[0] = acc[0];\n}\nKL_EMU_ENTRY(%s, KL_ARG(const %s *, 0), "
+             "KL_ARG(%s *, 1));\n\n", k2, at, at);
+  int na = n->ninputs + 1;
+  char(*bufs)[160] = calloc((size_t)na + 1, sizeof *bufs);
+  const char **args = calloc((size_t)na + 1, sizeof *args);
+  if (!bufs || !args) abort();
+  for (int i = 0; i < n->ninputs; i++) args[i] = kl_cg_ptr(e, n->inputs[i], bufs[i], sizeof bufs[i]);
+  args[n->ninputs] = kl_cg_scratch(e, (size_t)blocks * (out->dtype == KL_F64 ? 8 : 4),
+                                   bufs[n->ninputs], sizeof bufs[0]);
+  int rc = check_buffers(e, n, args, na);
+  fprintf(kl_cg_host(e), "  /* %s: sum_squares of %d tensors in two kernels */\n", n->name, n->ninputs);
+  char out_buf[160];
+  const char *args2[2] = {args[n->ninputs], kl_cg_ptr(e, out, out_buf, sizeof out_buf)};
+  if (!rc) {
+    kl_cg_launch_grid(e, i1, blocks, SUMSQ_THREADS, args, na);
+    kl_cg_launch_grid(e, i2, 1, SUMSQ_THREADS, args2, 2);
+  }
+  free(bufs);
+  free(args);
+  return rc;
 }
 
 const kl_cg_template kl_cg_templates_train[] = {
     {handles_optim_step, emit_optim_step, NULL},
+    {handles_sum_squares, emit_sum_squares, scratch_sum_squares},
     {NULL, NULL, NULL},
 };

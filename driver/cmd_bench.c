@@ -18,12 +18,15 @@ static const char bench_help[] =
     "  --device=DEVICE       host, cuda or auto (default; KILN_DEVICE overrides)\n"
     "  --iters N             timed runs per side after one warm-up (default 10)\n"
     "  --json                print one JSON object instead of the table\n"
+    "  --data DIR            with --train: also train the fused step on DIR for\n"
+    "                        --iters steps (at least 50) and print the split of\n"
+    "                        its time into compute and input wait\n"
     KILN_MODEL_HELP
     "  -h, --help            show this help\n"
     "Inputs are seeded random values; times are medians on a possibly shared\n"
     "machine, so read the ratios, not the absolute numbers.\n";
 
-enum { OPT_DEVICE = 2300, OPT_ITERS, OPT_JSON, OPT_NO_FUSE };
+enum { OPT_DEVICE = 2300, OPT_ITERS, OPT_JSON, OPT_NO_FUSE, OPT_DATA };
 
 typedef struct {
   int kernels, launches;
@@ -215,6 +218,52 @@ static const char profile_help[] =
 
 static int bench_or_profile(int argc, char **argv, bool profile);
 
+/* A training step timed on random data still needs a sane step: a small
+ * learning rate, no bias correction, no loss scale, the update applied. */
+static void train_scalars(const kl_graph *g, void **in) {
+  const kl_train *t = g->train;
+  if (!t || !t->built) return;
+  const kl_value *vals[5] = {t->in_lr, t->in_bias1, t->in_bias2, t->in_scale, t->in_apply};
+  const float v[5] = {1e-4f, 1, 1, 1, 1};
+  for (int i = 0; i < g->inputs.len; i++)
+    for (int k = 0; k < 5; k++)
+      if (g->inputs.items[i] == vals[k]) memcpy(in[i], &v[k], sizeof v[k]);
+}
+
+/* kiln bench --train --data DIR: the fused step trained for real, through
+ * the training program, which prints where its time went. */
+static int train_split(const kl_graph *g, krt_device_kind kind, const char *data, long iters) {
+  if (!g->train || !g->train->built) {
+    fprintf(stderr, "kiln bench: --data needs --train\n");
+    return KILN_EXIT_USAGE;
+  }
+  kiln_compile_opts co = {.prefix = "model"};
+  kl_codegen_result cg;
+  if (kiln_generate(g, &co, &cg)) return KILN_EXIT_ERROR;
+  char dir[4096], steps[32], msg[256];
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/kiln-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  snprintf(steps, sizeof steps, "%ld", iters < 50 ? 50 : iters);
+  int rc = KILN_EXIT_ERROR;
+  bool made = mkdtemp(dir) != NULL, gpu = false;
+  krt_device *probe = NULL;
+  if (!krt_device_open(kind, &probe, msg, sizeof msg)) gpu = krt_device_kind_of(probe) == KRT_DEVICE_CUDA;
+  krt_device_close(probe);
+  const krt_model_api *api;
+  void *handle = made ? kiln_build_host(&cg, dir, gpu, &api) : NULL;
+  if (handle) {
+    char *argv[] = {"kiln bench --data", "--data", (char *)data, "--steps", steps, "--device",
+                    gpu ? "cuda" : "host", NULL};
+    printf("training the fused step on %s (%s steps):\n", data, steps);
+    fflush(stdout);
+    rc = krt_train_main(api, 7, argv);
+    dlclose(handle);
+  }
+  if (made) kiln_remove_build_dir(dir);
+  kl_codegen_result_free(&cg);
+  return rc;
+}
+
 int kiln_cmd_bench(int argc, char **argv) { return bench_or_profile(argc, argv, false); }
 int kiln_cmd_profile(int argc, char **argv) { return bench_or_profile(argc, argv, true); }
 
@@ -226,6 +275,7 @@ static int bench_or_profile(int argc, char **argv, bool profile) {
       {"iters", required_argument, NULL, OPT_ITERS},
       {"json", no_argument, NULL, OPT_JSON},
       {"no-fuse", no_argument, NULL, OPT_NO_FUSE},
+      {"data", required_argument, NULL, OPT_DATA},
       {"help", no_argument, NULL, 'h'},
       KILN_MODEL_LONGOPTS,
       {0}};
@@ -233,6 +283,7 @@ static int bench_or_profile(int argc, char **argv, bool profile) {
   krt_device_kind kind = KRT_DEVICE_AUTO;
   long iters = 10;
   bool json = false;
+  const char *data = NULL;
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
@@ -255,6 +306,7 @@ static int bench_or_profile(int argc, char **argv, bool profile) {
       break;
     }
     case OPT_JSON: json = true; break;
+    case OPT_DATA: data = optarg; break;
     case OPT_NO_FUSE:
       if (!profile) {
         fprintf(stderr, "kiln bench: --no-fuse: bench compiles both ways already\n");
@@ -285,6 +337,7 @@ static int bench_or_profile(int argc, char **argv, bool profile) {
     kl_tensor_to_raw(t, in[i]);
     kl_tensor_free(t);
   }
+  train_scalars(g, in);
   side fused = {0}, unfused = {0};
   profile_opts po = {.on = profile, .json = json}, off = {0};
   if (krt_device_open(kind, &dev, msg, sizeof msg)) {
@@ -318,6 +371,7 @@ static int bench_or_profile(int argc, char **argv, bool profile) {
     }
     rc = KILN_EXIT_OK;
   }
+  if (rc == KILN_EXIT_OK && data && !profile) rc = train_split(g, kind, data, iters);
   krt_device_close(dev);
   for (int i = 0; i < g->inputs.len; i++) free(in[i]);
   free(in);

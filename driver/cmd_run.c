@@ -112,6 +112,22 @@ static kl_tensor *random_input(const kl_value *decl, uint64_t seed) {
   return kiln_random_tensor(decl, seed);
 }
 
+/* A training step's scalar inputs are not random when not given: a step
+ * that takes its update (learning rate 1e-2, no bias correction, no loss
+ * scale), so that kiln run and kiln check see the params change. */
+static bool train_scalar(const kl_graph *g, const kl_value *decl, double *value) {
+  const kl_train *t = g->train;
+  if (!t || !t->built) return false;
+  const kl_value *vals[5] = {t->in_lr, t->in_bias1, t->in_bias2, t->in_scale, t->in_apply};
+  const double v[5] = {1e-2, 1, 1, 1, 1};
+  for (int k = 0; k < 5; k++)
+    if (decl == vals[k]) {
+      *value = v[k];
+      return true;
+    }
+  return false;
+}
+
 static int gather_inputs(const kl_graph *g, const named_file *files, int nfiles,
                          const char *dir, uint64_t seed, kl_tensor **in) {
   const char **names = calloc((size_t)g->inputs.len + 1, sizeof *names);
@@ -123,7 +139,11 @@ static int gather_inputs(const kl_graph *g, const named_file *files, int nfiles,
     const kl_value *decl = g->inputs.items[i];
     char buf[4096];
     const char *path = input_path(files, nfiles, dir, kl_value_label(decl), i, buf, sizeof buf);
-    if (!path) in[i] = random_input(decl, seed + (uint64_t)i);
+    double scalar;
+    if (!path && train_scalar(g, decl, &scalar)) {
+      in[i] = kl_tensor_new(decl->dtype, &decl->shape);
+      in[i]->data[0] = scalar;
+    } else if (!path) in[i] = random_input(decl, seed + (uint64_t)i);
     else if (!(in[i] = kiln_read_tensor(path)) || check_value(decl, in[i], path)) rc = -1;
   }
   return rc;
@@ -267,7 +287,21 @@ int kiln_run_compiled(const kl_graph *g, krt_device_kind kind, const kiln_compil
     raw_out[i] = malloc((size_t)out[i]->numel * kl_dtype_size(out[i]->dtype) + 1);
     if (!raw_out[i]) abort();
   }
-  if (api->run(model, (const void *const *)raw_in, raw_out, msg, sizeof msg)) {
+  /* the API's outputs are the graph's but a training step's update
+   * values, which are read back from the state they overwrote */
+  void **api_out = calloc((size_t)g->outputs.len + 1, sizeof *api_out);
+  if (!api_out) abort();
+  for (int i = 0, k = 0; i < g->outputs.len; i++)
+    if (!g->outputs.items[i]->updates) api_out[k++] = raw_out[i];
+  int run_rc = api->run(model, (const void *const *)raw_in, api_out, msg, sizeof msg);
+  free(api_out);
+  for (int i = 0; !run_rc && i < g->outputs.len; i++) {
+    const kl_value *v = g->outputs.items[i];
+    for (int s = 0; v->updates && api->train && s < api->train->nstates; s++)
+      if (!strcmp(api->train->states[s].name, kl_value_label(v->updates)))
+        run_rc = api->read_state(model, s, raw_out[i], msg, sizeof msg);
+  }
+  if (run_rc) {
     fprintf(stderr, "kiln: error: %s\n", msg);
     goto done;
   }

@@ -32,7 +32,9 @@ static int compile_option(const char *arg, bool *takes_value) {
   } opts[] = {{"--mem-limit", true},    {"--no-fuse", false},     {"--dim", true},
               {"--weights", true},      {"--shape", true},        {"--precision", true},
               {"--io-precision", true}, {"--fp32-ops", true},     {"--fp32-nodes", true},
-              {"--train", false}};
+              {"--train", false},       {"--loss", true},         {"--logits", true},
+              {"--labels", true},       {"--optimizer", true},    {"--schedule", true},
+              {"--clip", true}};
   for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
     size_t n = strlen(opts[i].name);
     if (!strncmp(arg, opts[i].name, n) && (arg[n] == 0 || (arg[n] == '=' && opts[i].value))) {
@@ -82,8 +84,10 @@ int kiln_cmd_train(int argc, char **argv) {
     if (!strncmp(arg, "--mem-limit", 11)) rc = kiln_parse_mem_limit("train", value, &co.mem_limit);
     else if (!strcmp(arg, "--no-fuse")) co.no_fuse = true;
     else if (strcmp(arg, "--train")) {
-      static const int ids[] = {OPT_DIM, OPT_WEIGHTS, OPT_SHAPE, OPT_PRECISION, OPT_IO_PRECISION,
-                                OPT_FP32_OPS, OPT_FP32_NODES};
+      static const int ids[] = {OPT_DIM,        OPT_WEIGHTS,  OPT_SHAPE,     OPT_PRECISION,
+                                OPT_IO_PRECISION, OPT_FP32_OPS, OPT_FP32_NODES, 0,
+                                OPT_LOSS,       OPT_LOGITS,   OPT_LABELS,    OPT_OPTIMIZER,
+                                OPT_SCHEDULE,   OPT_CLIP};
       rc = kiln_model_opt(&mo, ids[which - 2], value);
     }
     if (rc) {

@@ -33,11 +33,15 @@ typedef struct {
    * over the limit recomputes values instead (passes/remat.c) */
   size_t mem_limit;
   bool no_fuse;
+  /* an ONNX model's train block (driver/train_onnx.c) */
+  const char *loss, *logits, *labels, *optimizer, *schedule;
+  double clip;
 } kiln_model_opts;
 
 /* getopt_long values for the shared options. */
 enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE, OPT_PRECISION, OPT_IO_PRECISION, OPT_FP32_OPS,
-       OPT_FP32_NODES, OPT_TRAIN };
+       OPT_FP32_NODES, OPT_TRAIN, OPT_LOSS, OPT_LOGITS, OPT_LABELS, OPT_OPTIMIZER, OPT_SCHEDULE,
+       OPT_CLIP };
 #define KILN_MODEL_LONGOPTS                                                    \
   {"dim", required_argument, NULL, OPT_DIM},                                   \
   {"weights", required_argument, NULL, OPT_WEIGHTS},                           \
@@ -46,7 +50,13 @@ enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE, OPT_PRECISION, OPT_IO_PRECISION, 
   {"io-precision", required_argument, NULL, OPT_IO_PRECISION},                 \
   {"fp32-ops", required_argument, NULL, OPT_FP32_OPS},                         \
   {"fp32-nodes", required_argument, NULL, OPT_FP32_NODES},                     \
-  {"train", no_argument, NULL, OPT_TRAIN}
+  {"train", no_argument, NULL, OPT_TRAIN},                                     \
+  {"loss", required_argument, NULL, OPT_LOSS},                                 \
+  {"logits", required_argument, NULL, OPT_LOGITS},                             \
+  {"labels", required_argument, NULL, OPT_LABELS},                             \
+  {"optimizer", required_argument, NULL, OPT_OPTIMIZER},                       \
+  {"schedule", required_argument, NULL, OPT_SCHEDULE},                         \
+  {"clip", required_argument, NULL, OPT_CLIP}
 #define KILN_MODEL_HELP                                                        \
   "  --dim NAME=V          set a `dim` of a .kl model, or bind the symbolic dim\n" \
   "                        NAME of an ONNX model's inputs (repeatable)\n"     \
@@ -72,7 +82,12 @@ enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE, OPT_PRECISION, OPT_IO_PRECISION, 
   "  --fp32-nodes NAME,... keep these nodes in fp32 (repeatable)\n"             \
   "  --train               the training step of the model's train block:\n"   \
   "                        forward, backward and optimizer update in one\n"   \
-  "                        compiled step (docs/DSL.md, Training)\n"
+  "                        compiled step (docs/DSL.md, Training)\n"          \
+  "  --loss=L --logits NAME --labels NAME   an ONNX model's loss: L is\n"    \
+  "                        cross_entropy (labels: class indices) or mse\n"     \
+  "  --optimizer SPEC      ONNX: adam(lr=1e-3) (default), adamw(...), sgd(...)\n" \
+  "  --schedule SPEC       ONNX: constant(), step(step_size=N), cosine(...)\n"  \
+  "  --clip X              ONNX: global-norm gradient clipping\n"
 
 /* Handle a shared option; -1 (message printed) on a bad value. */
 /* Names are cut out of `arg` in place (argv outlives the options). */
@@ -94,6 +109,10 @@ kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o);
  * precision when the options ask for it); kiln_load_model calls them.  -1 after printing
  * the error. */
 int kiln_apply_precision(kl_graph *g, const kiln_model_opts *o);
+/* An ONNX model's train block from --loss, --logits, --labels,
+ * --optimizer, --schedule, --clip (driver/train_onnx.c); -1 after printing
+ * the error. */
+int kiln_onnx_train_block(kl_graph *g, const kiln_model_opts *o);
 
 /* How to compile a loaded graph. */
 typedef struct {

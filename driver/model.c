@@ -91,6 +91,21 @@ int kiln_model_opt(kiln_model_opts *o, int opt, char *arg) {
     o->train = true;
     return 0;
   }
+  if (opt == OPT_LOSS || opt == OPT_LOGITS || opt == OPT_LABELS || opt == OPT_OPTIMIZER ||
+      opt == OPT_SCHEDULE) {
+    const char **slot[] = {&o->loss, &o->logits, &o->labels, &o->optimizer, &o->schedule};
+    *slot[opt - OPT_LOSS] = arg;
+    return 0;
+  }
+  if (opt == OPT_CLIP) {
+    char *end;
+    o->clip = strtod(arg, &end);
+    if (*end || end == arg || !(o->clip > 0) || o->clip > 1e30) {
+      fprintf(stderr, "kiln: --clip takes a number > 0, got '%s'\n", arg);
+      return -1;
+    }
+    return 0;
+  }
   if (opt == OPT_PRECISION || opt == OPT_IO_PRECISION || opt == OPT_FP32_OPS ||
       opt == OPT_FP32_NODES)
     return precision_opt(o, opt, arg);
@@ -156,7 +171,7 @@ int kiln_apply_weights(kl_graph *g, const char *path) {
 }
 
 int kiln_model_opt_or_usage(kiln_model_opts *o, int opt, char *arg, const char *help) {
-  if (opt < OPT_DIM || opt > OPT_TRAIN) {
+  if (opt < OPT_DIM || opt > OPT_CLIP) {
     fputs(help, stderr);
     return -1;
   }
@@ -197,6 +212,10 @@ kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o) {
     kl_onnx_options oopt = {.shapes = o->shapes, .nshapes = o->nshapes, .dims = o->dims,
                             .ndims = o->ndims};
     g = kl_onnx_load(path, &oopt, &err);
+    if (g && o->train && kiln_onnx_train_block(g, o)) {
+      kl_graph_free(g);
+      return NULL;
+    }
   } else {
     if (o->nshapes) {
       fprintf(stderr, "kiln: error: --shape is for ONNX models; .kl models take --dim\n");

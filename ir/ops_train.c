@@ -116,3 +116,25 @@ int kl_eval_OPTIM_STEP(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_err
   }
   return 0;
 }
+
+int kl_infer_SUM_SQUARES(kl_node *n, kl_error *err) {
+  char sv[300];
+  kl_dtype t = n->inputs[0]->dtype;
+  for (int i = 0; i < n->ninputs; i++)
+    if (!kl_dtype_is_float(n->inputs[i]->dtype) || kl_dtype_size(n->inputs[i]->dtype) > 8 ||
+        (n->inputs[i]->dtype == KL_F64) != (t == KL_F64))
+      return KL_NODE_FAIL(n, err, "input %d must be a float tensor like input 0 (f64 with f64), got %s",
+                          i, kl_value_str(n->inputs[i], sv, sizeof sv));
+  kl_shape scalar = {0, {0}};
+  kl_set_output(n, 0, t == KL_F64 ? KL_F64 : KL_F32, &scalar);
+  return 0;
+}
+
+int kl_eval_SUM_SQUARES(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  (void)err;
+  double s = 0;
+  for (int i = 0; i < n->ninputs; i++)
+    for (int64_t k = 0; k < in[i]->numel; k++) s += in[i]->data[k] * in[i]->data[k];
+  out[0]->data[0] = s;
+  return 0;
+}

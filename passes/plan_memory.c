@@ -106,10 +106,13 @@ static void place_values(kl_plan *p) {
     p->loc[g->inputs.items[i]->id] = (kl_location){KL_LOC_INPUT, 0, i};
   /* A computed output is written straight into its buffer; one that is an
    * input, a weight or a constant is read back from where it lives. */
-  for (int i = 0; i < g->outputs.len; i++) {
+  /* (numbered as the compiled API's outputs: update values are none) */
+  for (int i = 0, api = 0; i < g->outputs.len; i++) {
     const kl_value *v = g->outputs.items[i];
-    if (v->kind == KL_VAL_NODE && !p->folded[v->producer->id] && !v->updates)
-      p->loc[v->id] = (kl_location){KL_LOC_OUTPUT, 0, i};
+    if (v->updates) continue;
+    if (v->kind == KL_VAL_NODE && !p->folded[v->producer->id])
+      p->loc[v->id] = (kl_location){KL_LOC_OUTPUT, 0, api};
+    api++;
   }
   for (int i = 0; i < g->params.len; i++) add_param(p, g->params.items[i]);
   /* a training step's new params and optimizer state overwrite the old

@@ -4,8 +4,8 @@
  *
  *   loss            the train block's (or --loss for ONNX), on the forward
  *   backward        kl_autodiff_seeded from the loss scale (autodiff.c)
- *   global norm     sum of every gradient's squares, unscaled: the clip
- *                   factor and the one finite flag of the step
+ *   global norm     sum_squares of all gradients (two kernels), unscaled:
+ *                   the clip factor and the one finite flag of the step
  *   update          optim_step nodes (ir/ops_train.c), up to
  *                   KL_OPTIM_TENSORS params each: one kernel apiece
  *
@@ -21,7 +21,9 @@
 
 #include "passes.h"
 
-enum { KL_OPTIM_TENSORS = 32 }; /* per optim_step: its kernel's pointer arguments stay few */
+/* tensors per optim_step and sum_squares node: their kernels' pointer
+ * arguments stay within CUDA's 4 KB of parameters */
+enum { KL_OPTIM_TENSORS = 32, KL_SUMSQ_TENSORS = 256 };
 
 typedef struct {
   kl_graph *g;
@@ -101,8 +103,12 @@ int kl_train_build(kl_graph *g, bool loss_scaling, kl_error *err) {
     kl_value *p = g->params.items[i];
     if (p->kind == KL_VAL_PARAM && dep[p->id] && kl_dtype_is_float(p->dtype)) params[nparams++] = p;
   }
+  /* the samples: the first input the loss reads; the labels, unless a
+   * cross entropy said, the next one (an mse's targets) */
   for (int i = 0; i < g->inputs.len && !tr->in_x; i++)
     if (g->inputs.items[i] != tr->in_labels && dep[g->inputs.items[i]->id]) tr->in_x = g->inputs.items[i];
+  for (int i = 0; i < g->inputs.len && !tr->in_labels; i++)
+    if (g->inputs.items[i] != tr->in_x && dep[g->inputs.items[i]->id]) tr->in_labels = g->inputs.items[i];
   free(dep);
   int rc = -1;
   if (!nparams) {
@@ -130,11 +136,12 @@ int kl_train_build(kl_graph *g, bool loss_scaling, kl_error *err) {
   /* global norm of the unscaled gradients: sqrt(sum g^2) / scale */
   kl_grad_ctx *c = &t.c;
   kl_value *total = NULL;
-  for (int i = 0; i < nparams; i++) {
-    kl_value *gi = to_f32(&t, grads[i]);
-    kl_value *sq = kl_gb_node(c, KL_OP_REDUCE_SUM, (kl_value *[]){kl_gb2(c, KL_OP_MUL, gi, gi)}, 1, NULL, 0);
-    total = total ? kl_gb2(c, KL_OP_ADD, total, sq) : sq;
+  for (int first = 0; first < nparams; first += KL_SUMSQ_TENSORS) {
+    int count = nparams - first < KL_SUMSQ_TENSORS ? nparams - first : KL_SUMSQ_TENSORS;
+    kl_value *part = kl_gb_node(c, KL_OP_SUM_SQUARES, grads + first, count, NULL, 0);
+    total = total ? kl_gb2(c, KL_OP_ADD, total, part) : part;
   }
+  total = to_f32(&t, total);
   kl_value *inv = kl_gb1(c, KL_OP_RECIPROCAL, tr->in_scale);
   kl_value *norm = kl_gb2(c, KL_OP_MUL, kl_gb1(c, KL_OP_SQRT, total), inv);
   kl_value *bad = kl_gb2(c, KL_OP_LOGICAL_OR, kl_gb1(c, KL_OP_ISNAN, norm), kl_gb1(c, KL_OP_ISINF, norm));

@@ -198,20 +198,32 @@ static bool conversion_supported(krt_dtype from, krt_dtype to) {
   return false;
 }
 
-/* Element i of a row in the file's dtype, as a double (exact_in_double). */
-static double load_double(krt_dtype t, const unsigned char *p, int64_t i) {
+/* Rows convert in chunks through doubles: one switch per chunk, and loops
+ * the compiler can vectorize. */
+#define CHUNK 1024
+
+#define LOAD_LOOP(type, expr)                                                   \
+  for (int64_t i = 0; i < n; i++) {                                             \
+    type v;                                                                     \
+    memcpy(&v, p + i * (int64_t)sizeof v, sizeof v);                            \
+    out[i] = (expr);                                                            \
+  }                                                                             \
+  break
+
+/* n elements from p in the file's dtype as doubles (exact_in_double). */
+static void load_doubles(krt_dtype t, const unsigned char *p, int64_t n, double *out) {
   switch (t) {
-  case KRT_F16: { uint16_t v; memcpy(&v, p + 2 * i, 2); return krt_f16_to_f32(v); }
-  case KRT_F32: { float v; memcpy(&v, p + 4 * i, 4); return v; }
-  case KRT_F64: { double v; memcpy(&v, p + 8 * i, 8); return v; }
-  case KRT_I8: return (int8_t)p[i];
-  case KRT_U8: return p[i];
-  case KRT_BOOL: return p[i] != 0;
-  case KRT_I16: { int16_t v; memcpy(&v, p + 2 * i, 2); return v; }
-  case KRT_U16: { uint16_t v; memcpy(&v, p + 2 * i, 2); return v; }
-  case KRT_I32: { int32_t v; memcpy(&v, p + 4 * i, 4); return v; }
-  case KRT_U32: { uint32_t v; memcpy(&v, p + 4 * i, 4); return v; }
-  default: return 0; /* not reached: the open checks the pair */
+  case KRT_F16: LOAD_LOOP(uint16_t, krt_f16_to_f32(v));
+  case KRT_F32: LOAD_LOOP(float, v);
+  case KRT_F64: LOAD_LOOP(double, v);
+  case KRT_I8: LOAD_LOOP(int8_t, v);
+  case KRT_U8: LOAD_LOOP(uint8_t, v);
+  case KRT_BOOL: LOAD_LOOP(uint8_t, v != 0);
+  case KRT_I16: LOAD_LOOP(int16_t, v);
+  case KRT_U16: LOAD_LOOP(uint16_t, v);
+  case KRT_I32: LOAD_LOOP(int32_t, v);
+  case KRT_U32: LOAD_LOOP(uint32_t, v);
+  default: break; /* not reached: the open checks the pair */
   }
 }
 
@@ -227,21 +239,19 @@ static float f64_to_f32_odd(double d) {
   return nextafterf(f, d > f ? INFINITY : -INFINITY);
 }
 
-static void store_float(krt_dtype t, unsigned char *p, int64_t i, double d) {
-  switch (t) {
-  case KRT_F16: { uint16_t v = krt_f32_to_f16(f64_to_f32_odd(d)); memcpy(p + 2 * i, &v, 2); break; }
-  case KRT_BF16: { uint16_t v = krt_f32_to_bf16(f64_to_f32_odd(d)); memcpy(p + 2 * i, &v, 2); break; }
-  case KRT_F32: { float v = (float)d; memcpy(p + 4 * i, &v, 4); break; }
-  default: memcpy(p + 8 * i, &d, 8); break;
-  }
-}
+#define STORE_LOOP(type, expr)                                                  \
+  for (int64_t i = 0; i < n; i++) {                                             \
+    type v = (expr);                                                            \
+    memcpy(p + i * (int64_t)sizeof v, &v, sizeof v);                            \
+  }                                                                             \
+  break
 
-static void store_int(krt_dtype t, unsigned char *p, int64_t i, int64_t v) {
-  if (t == KRT_I32) {
-    int32_t w = (int32_t)v;
-    memcpy(p + 4 * i, &w, 4);
-  } else {
-    memcpy(p + 8 * i, &v, 8);
+static void store_floats(krt_dtype t, unsigned char *p, int64_t n, const double *in) {
+  switch (t) {
+  case KRT_F16: STORE_LOOP(uint16_t, krt_f32_to_f16(f64_to_f32_odd(in[i])));
+  case KRT_BF16: STORE_LOOP(uint16_t, krt_f32_to_bf16(f64_to_f32_odd(in[i])));
+  case KRT_F32: STORE_LOOP(float, (float)in[i]);
+  default: STORE_LOOP(double, in[i]);
   }
 }
 
@@ -253,54 +263,90 @@ static int fail_row(const loader_file *f, int64_t row, int64_t i, char *err,
                   (long long)row, (long long)i, what);
 }
 
+/* Doubles to i32 or i64, each checked to be an integer in range; element
+ * `base` + i of `row` in messages. */
+static int store_checked_ints(const loader_file *f, int64_t row, int64_t base,
+                              const double *in, int64_t n, unsigned char *p,
+                              char *err, size_t errlen) {
+  bool to32 = f->dtype == KRT_I32;
+  double lo = to32 ? -2147483648.0 : -9223372036854775808.0;
+  double hi = to32 ? 2147483648.0 : 9223372036854775808.0;
+  char what[160];
+  for (int64_t i = 0; i < n; i++) {
+    double d = in[i];
+    if (d != floor(d) || isinf(d)) {   /* NaN too */
+      snprintf(what, sizeof what, "%.17g is not an integer (converting %s to %s)",
+               d, krt_dtype_name(f->file_dtype), krt_dtype_name(f->dtype));
+      return fail_row(f, row, base + i, err, errlen, what);
+    }
+    if (d < lo || d >= hi) {
+      snprintf(what, sizeof what, "%.17g is out of range for %s", d,
+               krt_dtype_name(f->dtype));
+      return fail_row(f, row, base + i, err, errlen, what);
+    }
+    if (to32) {
+      int32_t v = (int32_t)d;
+      memcpy(p + 4 * i, &v, 4);
+    } else {
+      int64_t v = (int64_t)d;
+      memcpy(p + 8 * i, &v, 8);
+    }
+  }
+  return 0;
+}
+
+/* i64 or u64 to i32 or i64, checked. */
+static int convert_wide_ints(const loader_file *f, int64_t row, const unsigned char *src,
+                             unsigned char *dst, char *err, size_t errlen) {
+  char what[160];
+  for (int64_t i = 0; i < f->numel; i++) {
+    uint64_t u;
+    memcpy(&u, src + 8 * i, 8);
+    bool neg = f->file_dtype == KRT_I64 && (int64_t)u < 0;
+    bool fits = f->dtype == KRT_I64 ? neg || u <= (uint64_t)INT64_MAX
+                : neg ? (int64_t)u >= INT32_MIN : u <= (uint64_t)INT32_MAX;
+    if (!fits) {
+      if (neg) snprintf(what, sizeof what, "%lld is out of range for %s",
+                        (long long)(int64_t)u, krt_dtype_name(f->dtype));
+      else snprintf(what, sizeof what, "%llu is out of range for %s",
+                    (unsigned long long)u, krt_dtype_name(f->dtype));
+      return fail_row(f, row, i, err, errlen, what);
+    }
+    if (f->dtype == KRT_I32) {
+      int32_t v = (int32_t)(int64_t)u;
+      memcpy(dst + 4 * i, &v, 4);
+    } else {
+      memcpy(dst + 8 * i, &u, 8);
+    }
+  }
+  return 0;
+}
+
 /* Sample `row` of f into dst in f->dtype. */
 static int convert_row(const loader_file *f, int64_t row, unsigned char *dst,
                        char *err, size_t errlen) {
   const unsigned char *src = f->data + (size_t)row * f->in_bytes;
   krt_dtype from = f->file_dtype, to = f->dtype;
-  char what[160];
   if (from == to && from != KRT_BOOL) {
     memcpy(dst, src, f->in_bytes);
     return 0;
   }
+  if (from == KRT_BOOL && to == KRT_BOOL) {   /* any nonzero byte is true */
+    for (int64_t i = 0; i < f->numel; i++) dst[i] = src[i] != 0;
+    return 0;
+  }
+  if (!exact_in_double(from)) return convert_wide_ints(f, row, src, dst, err, errlen);
   bool to_int = to == KRT_I32 || to == KRT_I64;
-  for (int64_t i = 0; i < f->numel; i++) {
-    if (to == KRT_BOOL) {                 /* bool to bool: 0 or 1 */
-      dst[i] = src[i] != 0;
-    } else if (exact_in_double(from)) {
-      double d = load_double(from, src, i);
-      if (!to_int) {
-        store_float(to, dst, i, d);
-        continue;
-      }
-      double lo = to == KRT_I32 ? -2147483648.0 : -9223372036854775808.0;
-      double hi = to == KRT_I32 ? 2147483648.0 : 9223372036854775808.0;
-      if (!(d == floor(d)) || isinf(d)) {
-        snprintf(what, sizeof what, "%.17g is not an integer (converting %s to %s)",
-                 d, krt_dtype_name(from), krt_dtype_name(to));
-        return fail_row(f, row, i, err, errlen, what);
-      }
-      if (d < lo || d >= hi) {
-        snprintf(what, sizeof what, "%.17g is out of range for %s", d,
-                 krt_dtype_name(to));
-        return fail_row(f, row, i, err, errlen, what);
-      }
-      store_int(to, dst, i, (int64_t)d);
-    } else {                              /* i64 or u64 to i32 or i64 */
-      uint64_t u;
-      memcpy(&u, src + 8 * i, 8);
-      bool neg = from == KRT_I64 && (int64_t)u < 0;
-      bool fits = to == KRT_I64 ? neg || u <= (uint64_t)INT64_MAX
-                  : neg ? (int64_t)u >= INT32_MIN : u <= (uint64_t)INT32_MAX;
-      if (!fits) {
-        if (neg) snprintf(what, sizeof what, "%lld is out of range for %s",
-                          (long long)(int64_t)u, krt_dtype_name(to));
-        else snprintf(what, sizeof what, "%llu is out of range for %s",
-                      (unsigned long long)u, krt_dtype_name(to));
-        return fail_row(f, row, i, err, errlen, what);
-      }
-      store_int(to, dst, i, (int64_t)u);
-    }
+  size_t in_size = krt_dtype_size(from), out_size = krt_dtype_size(to);
+  double buf[CHUNK];
+  for (int64_t base = 0; base < f->numel; base += CHUNK) {
+    int64_t n = f->numel - base < CHUNK ? f->numel - base : CHUNK;
+    load_doubles(from, src + base * (int64_t)in_size, n, buf);
+    unsigned char *out = dst + base * (int64_t)out_size;
+    if (!to_int)
+      store_floats(to, out, n, buf);
+    else if (store_checked_ints(f, row, base, buf, n, out, err, errlen))
+      return -1;
   }
   return 0;
 }
@@ -375,7 +421,44 @@ static const char *conversion_help =
     "(checked), those of up to 32 bits to floats too, and floats holding "
     "integers to i32/i64";
 
-/* Maps `path` and checks it holds N samples that convert to `dtype`. */
+/* f's samples from the header h: N, the sample shape and sizes, checked
+ * against the file's size and the dtype asked for. */
+static int read_samples(loader_file *f, const krt_npy_header *h, int64_t size,
+                        krt_dtype dtype, char *err, size_t errlen) {
+  if (h->rank == 0)
+    return krt_fail(err, errlen, f->path, "holds a scalar, not an array of samples");
+  f->n = h->dims[0];
+  f->file_dtype = h->dtype;
+  f->dtype = dtype;
+  f->rank = h->rank - 1;
+  memcpy(f->dims, h->dims + 1, (size_t)f->rank * sizeof f->dims[0]);
+  krt_tensor sample = {.dtype = h->dtype, .rank = f->rank};
+  memcpy(sample.dims, f->dims, sizeof sample.dims);
+  f->numel = krt_tensor_numel(&sample);
+  if (f->n == 0)
+    return krt_fail(err, errlen, f->path, "has no samples (its first dim is 0)");
+  if (f->numel == 0)
+    return krt_fail(err, errlen, f->path, "has empty samples (a dim is 0)");
+  if (f->numel < 0)
+    return krt_fail(err, errlen, f->path, "a sample has more than %lld elements",
+                    (long long)KRT_MAX_NUMEL);
+  f->in_bytes = (size_t)f->numel * krt_dtype_size(h->dtype);
+  f->out_bytes = (size_t)f->numel * krt_dtype_size(dtype);
+  /* N < 2^31 and a sample < 2^34 bytes: the product may pass 2^63. */
+  if ((uint64_t)f->n > (uint64_t)INT64_MAX / f->in_bytes)
+    return krt_fail(err, errlen, f->path, "%lld samples of %zu bytes overflow",
+                    (long long)f->n, f->in_bytes);
+  if (krt_npy_check_data_size(h, size, f->n * (int64_t)f->in_bytes, f->path, err,
+                              errlen))
+    return -1;
+  if (!conversion_supported(h->dtype, dtype))
+    return krt_fail(err, errlen, f->path, "cannot convert the file's %s to %s (%s)",
+                    krt_dtype_name(h->dtype), krt_dtype_name(dtype), conversion_help);
+  return 0;
+}
+
+/* Opens `path`, checks it holds samples that convert to `dtype`, and maps
+ * it (read-only; the file must not shrink while the loader is open). */
 static int map_file(loader_file *f, const char *path, krt_dtype dtype, bool shuffle,
                     char *err, size_t errlen) {
   f->path = strdup(path);
@@ -385,53 +468,20 @@ static int map_file(loader_file *f, const char *path, krt_dtype dtype, bool shuf
   if (!fp) return -1;
   krt_npy_header h;
   int rc = krt_npy_read_header(fp, size, path, &h, err, errlen);
-  if (rc == 0 && h.rank == 0)
-    rc = krt_fail(err, errlen, path, "holds a scalar, not an array of samples");
+  if (rc == 0) rc = read_samples(f, &h, size, dtype, err, errlen);
   if (rc == 0) {
-    krt_tensor sample = {.dtype = h.dtype, .rank = h.rank - 1};
-    memcpy(sample.dims, h.dims + 1, sizeof h.dims - sizeof h.dims[0]);
-    f->numel = krt_tensor_numel(&sample);
-    if (h.dims[0] == 0)
-      rc = krt_fail(err, errlen, path, "has no samples (its first dim is 0)");
-    else if (f->numel == 0)
-      rc = krt_fail(err, errlen, path, "has empty samples (a dim is 0)");
-    else if (f->numel < 0)
-      rc = krt_fail(err, errlen, path, "a sample has more than %lld elements",
-                    (long long)KRT_MAX_NUMEL);
-  }
-  if (rc == 0) {
-    f->n = h.dims[0];
-    f->file_dtype = h.dtype;
-    f->dtype = dtype;
-    f->rank = h.rank - 1;
-    memcpy(f->dims, h.dims + 1, sizeof h.dims - sizeof h.dims[0]);
-    f->in_bytes = (size_t)f->numel * krt_dtype_size(h.dtype);
-    f->out_bytes = (size_t)f->numel * krt_dtype_size(dtype);
-    /* N < 2^31 and a sample < 2^34 bytes: the product may pass 2^63. */
-    if ((size_t)h.dims[0] > (size_t)INT64_MAX / f->in_bytes)
-      rc = krt_fail(err, errlen, path, "%lld samples of %zu bytes overflow",
-                    (long long)h.dims[0], f->in_bytes);
-    else
-      rc = krt_npy_check_data_size(&h, size, f->n * (int64_t)f->in_bytes,
-                                   path, err, errlen);
-  }
-  if (rc == 0 && !conversion_supported(h.dtype, dtype))
-    rc = krt_fail(err, errlen, path, "cannot convert the file's %s to %s (%s)",
-                  krt_dtype_name(h.dtype), krt_dtype_name(dtype), conversion_help);
-  if (rc == 0) {
-    f->map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fileno(fp), 0);
-    if (f->map == MAP_FAILED) {
-      f->map = NULL;
+    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fileno(fp), 0);
+    if (map == MAP_FAILED) {
       rc = krt_fail(err, errlen, path, "mmap of %lld bytes failed", (long long)size);
     } else {
+      f->map = map;
       f->map_len = (size_t)size;
-      f->data = (const unsigned char *)f->map + h.data_offset;
+      f->data = (const unsigned char *)map + h.data_offset;
       /* A shuffled epoch reads rows anywhere: read-ahead would be waste. */
-      posix_madvise(f->map, f->map_len,
-                    shuffle ? POSIX_MADV_RANDOM : POSIX_MADV_SEQUENTIAL);
+      posix_madvise(map, f->map_len, shuffle ? POSIX_MADV_RANDOM : POSIX_MADV_SEQUENTIAL);
     }
   }
-  fclose(fp);   /* the mapping stays */
+  fclose(fp);  /* the mapping stays */
   return rc;
 }
 
@@ -556,8 +606,9 @@ static void describe(const loader_file *f, krt_io_desc *d) {
 }
 
 void krt_loader_sample_desc(const krt_loader *l, krt_io_desc *x, krt_io_desc *y) {
-  if (x) describe(&l->x, x);
-  if (y) describe(&l->y, y);
+  static const loader_file none;
+  if (x) describe(l ? &l->x : &none, x);
+  if (y) describe(l ? &l->y : &none, y);
 }
 
 int krt_loader_next(krt_loader *l, const void **x, const void **y, int *count,

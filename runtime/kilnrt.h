@@ -324,7 +324,8 @@ int krt_loader_open(const krt_loader_config *cfg, krt_loader **out, char *err,
 int64_t krt_loader_samples(const krt_loader *l);            /* N */
 int64_t krt_loader_batches_per_epoch(const krt_loader *l);
 /* One sample of x and of y: the files' dims after the first, in the
- * configured dtypes; name is the file's path.  A batch is [batch, dims..]. */
+ * configured dtypes; name is the file's path (valid while the loader is
+ * open).  A batch is [batch, dims..]. */
 void krt_loader_sample_desc(const krt_loader *l, krt_io_desc *x, krt_io_desc *y);
 /* The next batch: host buffers of `batch` samples in x_dtype and y_dtype,
  * valid until the next call to krt_loader_next or krt_loader_seek; *count
@@ -365,6 +366,42 @@ int krt_loss_scaler_update(krt_loss_scaler *s, int finite);
  * Adam's bias corrections 1 / (1 - beta^(step + 1)). */
 double krt_schedule_lr(const krt_train_info *t, int64_t step, int64_t total_steps);
 double krt_bias_correction(double beta, int64_t step);
+
+/* A compiled training step driven from C (kiln compile --train --emit=lib:
+ * kiln_model_NAME() is the step; see docs/DSL.md, Training).  The trainer
+ * owns the model on `dev`, computes each step's learning rate, Adam's bias
+ * corrections and the loss scale on the host, and counts the steps.
+ * total_steps: the run's length, for a cosine schedule without `total`
+ * (0: none).  Every fallible call returns 0, or -1 with a message. */
+typedef struct krt_trainer krt_trainer;
+int krt_trainer_create(const krt_model_api *api, krt_device *dev, int64_t total_steps,
+                       krt_trainer **out, char *err, size_t errlen);
+void krt_trainer_destroy(krt_trainer *t);                 /* NULL-safe */
+/* One step on a batch (host buffers in the step's input dtypes and shapes:
+ * api->inputs[train->in_x], [train->in_labels]): *loss is the batch's loss
+ * before the update, *applied 0 when the update was skipped (fp16: a
+ * gradient was not finite; the loss scale then halved).  Either may be
+ * NULL.  inject_inf: a test hook, the step's loss scale made infinite. */
+int krt_trainer_step(krt_trainer *t, const void *x, const void *labels, int inject_inf,
+                     float *loss, int *applied, char *err, size_t errlen);
+/* The loss and the logits (when the step has them: float
+ * api->outputs[train->out_logits]) of a batch, nothing updated. */
+int krt_trainer_eval(krt_trainer *t, const void *x, const void *labels, float *loss,
+                     void *logits, char *err, size_t errlen);
+int64_t krt_trainer_step_count(const krt_trainer *t);     /* steps taken */
+double krt_trainer_loss_scale(const krt_trainer *t);      /* 1 unless fp16 */
+/* A param or optimizer state tensor by name (api->train->states), copied
+ * whole to or from a host buffer of its dtype and shape. */
+int krt_trainer_read(krt_trainer *t, const char *name, void *host, char *err, size_t errlen);
+int krt_trainer_write(krt_trainer *t, const char *name, const void *host, char *err,
+                      size_t errlen);
+/* Checkpoints: one .safetensors with every state tensor, the step, the
+ * loss scale and the data order's position (epoch, batch) and seed, which
+ * load gives back for the caller's data loader. */
+int krt_trainer_save(krt_trainer *t, const char *path, int64_t data_epoch, int64_t data_batch,
+                     uint64_t seed, char *err, size_t errlen);
+int krt_trainer_load(krt_trainer *t, const char *path, int64_t *data_epoch,
+                     int64_t *data_batch, uint64_t *seed, char *err, size_t errlen);
 
 /* The training program (kiln compile --train --emit=exe, kiln train):
  * `--data DIR` with train_x.npy, train_y.npy (and test_x.npy, test_y.npy

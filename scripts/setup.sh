@@ -31,9 +31,11 @@ fi
 # test cases this release defines (tests/conformance/gen_node_suite.py), and
 # its expected-pass list is for them.
 onnx_version=1.23.2
-if ! .venv/bin/python -c "import numpy, onnxruntime, onnx; assert onnx.__version__ == '$onnx_version'" 2>/dev/null; then
-  echo "setup: installing numpy, onnx $onnx_version and onnxruntime into .venv"
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check numpy "onnx==$onnx_version" onnxruntime
+# scikit-learn: its bundled digits data set, for the training examples
+# (examples/data/digits.py)
+if ! .venv/bin/python -c "import numpy, onnxruntime, onnx, sklearn; assert onnx.__version__ == '$onnx_version'" 2>/dev/null; then
+  echo "setup: installing numpy, onnx $onnx_version, onnxruntime and scikit-learn into .venv"
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check numpy "onnx==$onnx_version" onnxruntime scikit-learn
 fi
 export PATH="$PWD/.venv/bin:$PATH"
 

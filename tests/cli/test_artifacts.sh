@@ -237,5 +237,66 @@ expect lib_pb_reads 0 "f32\[2\]: 1.5 -2" -- ./use_pb pair.pb
 expect lib_pb_garbage 0 "error: garbage.pb: not an ONNX TensorProto" -- ./use_pb garbage.pb
 needs_protobuf lib_pb_links_protobuf use_pb yes
 
+# ---- a training step as a library -------------------------------------------
+# krt_trainer over kiln_model_train_mlp(): steps on a fixed batch lower its
+# loss, a checkpoint loaded into a second trainer gives back the params and
+# the step count, and that trainer's next step equals the first's.
+expect lib_train_builds 0 "wrote lib_train/" -- \
+  "$kiln" compile "$root/examples/train_mlp.kl" --train --emit=lib -o lib_train --no-nvrtc
+cat >train.c <<'C'
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "model.h"
+
+int main(void) {
+  char err[1024];
+  krt_device *dev;
+  krt_trainer *a, *b;
+  const krt_model_api *api = kiln_model_train_mlp();
+  float x[32 * 64], loss0 = 0, loss = 0, la, lb;
+  int64_t y[32];
+  for (int i = 0; i < 32 * 64; i++) x[i] = (float)((i * 37) % 101) / 101.0f;
+  for (int i = 0; i < 32; i++) y[i] = i % 10;
+  if (krt_device_open(KRT_DEVICE_HOST, &dev, err, sizeof err) ||
+      krt_trainer_create(api, dev, 100, &a, err, sizeof err)) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  for (int s = 0; s < 30; s++) {
+    int applied;
+    if (krt_trainer_step(a, x, y, 0, &loss, &applied, err, sizeof err)) {
+      fprintf(stderr, "%s\n", err);
+      return 1;
+    }
+    if (s == 0) loss0 = loss;
+  }
+  float w1[64 * 128], w1b[64 * 128];
+  if (krt_trainer_save(a, "lib_ck.safetensors", 0, 0, 7, err, sizeof err) ||
+      krt_trainer_create(api, dev, 100, &b, err, sizeof err) ||
+      krt_trainer_load(b, "lib_ck.safetensors", NULL, NULL, NULL, err, sizeof err) ||
+      krt_trainer_read(a, "w1", w1, err, sizeof err) || krt_trainer_read(b, "w1", w1b, err, sizeof err) ||
+      krt_trainer_step(a, x, y, 0, &la, NULL, err, sizeof err) ||
+      krt_trainer_step(b, x, y, 0, &lb, NULL, err, sizeof err)) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  int same = !memcmp(w1, w1b, sizeof w1) && la == lb &&
+             krt_trainer_step_count(a) == 31 && krt_trainer_step_count(b) == 31;
+  printf("loss %.4f -> %.4f, restored %s\n", loss0, loss, same ? "exactly" : "WRONG");
+  if (krt_trainer_read(a, "nope", w1, err, sizeof err) == 0) return 1;
+  printf("%s\n", err);
+  krt_trainer_destroy(a);
+  krt_trainer_destroy(b);
+  krt_device_close(dev);
+  return !(same && loss < loss0 * 0.75f);
+}
+C
+export PKG_CONFIG_PATH=$tmp/lib_train:$PKG_CONFIG_PATH
+expect lib_train_links 0 "" -- bash -c \
+  "cc -std=c11 -Wall -Werror train.c \$(pkg-config --cflags --libs kiln_train_mlp) -o train_lib"
+expect lib_train_runs 0 "restored exactly" -- ./train_lib
+expect lib_train_names_missing 0 "no param or state 'nope'" -- ./train_lib
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -85,5 +85,12 @@ run_all kl_broken 1 env KILN_TEST_BREAK_OP=relu "$broken" check chain.kl --devic
   "^bisect round 2:" "^first divergent node: 'h40' \(relu at chain.kl:$line40:[0-9]+\)" \
   "^  its inputs agree:"
 
+# A whole training step (forward, backward, the update written over the
+# params in place): every output, the new params and the optimizer state
+# too, agrees with the interpreter.
+root=$(cd "$(dirname "$0")/../.." && pwd)
+expect training_step_agrees 0 "all outputs within tolerance" -- \
+  "$kiln" check "$root/examples/train_mlp.kl" --train --device host
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -57,7 +58,7 @@ static const char *tpath(const char *name) {
 static const char *write_npy(const char *name, krt_dtype dt, int rank,
                              const int64_t *dims, void *data) {
   krt_tensor t = {.dtype = dt, .rank = rank, .data = data};
-  memcpy(t.dims, dims, (size_t)rank * sizeof *dims);
+  if (rank) memcpy(t.dims, dims, (size_t)rank * sizeof *dims);
   const char *path = tpath(name);
   char err[512];
   if (krt_npy_write(path, &t, err, sizeof err)) fail_msg("%s", err);
@@ -232,6 +233,65 @@ static void test_one_batch_epochs(void **state) {
   }
   free(four);
   free(one);
+}
+
+/* A batch stays as handed out until the next call, however far ahead the
+ * workers get meanwhile. */
+static void test_batch_stays_valid_until_next_call(void **state) {
+  (void)state;
+  write_indexed("x.npy", "y.npy", 40);
+  krt_loader_config c = indexed_config(4, 1, 0, 4);
+  int64_t len;
+  int64_t *all = collect(&c, 3, &len);
+  krt_loader *l = open_ok(&c);
+  for (int b = 0; b < 30; b++) {
+    const void *xv, *yv;
+    int count;
+    char err[512];
+    assert_int_equal(krt_loader_next(l, &xv, &yv, &count, NULL, err, sizeof err), 0);
+    nanosleep(&(struct timespec){.tv_nsec = 2000000}, NULL);  /* workers run ahead */
+    const int64_t *y = yv;
+    const float *x = xv;
+    for (int k = 0; k < count; k++) {
+      assert_int_equal(y[k], all[4 * b + k]);
+      assert_true(x[2 * k] == (float)y[k]);
+    }
+  }
+  krt_loader_close(l);
+  free(all);
+}
+
+/* The order recipe is part of the checkpoint format: a resumed run must
+ * see the order the interrupted one saw, whatever libkilnrt it runs on.
+ * These orders come from a separate Python implementation of the recipe
+ * in data_loader.c's comment (splitmix64 and xoshiro256** from their
+ * published definitions):
+ *   def order(n, seed, epoch):
+ *       sm = seed ^ mix(epoch); s = [mix(sm := sm + GOLDEN) for 4 draws]
+ *       p = list(range(n))
+ *       for i in range(n - 1, 0, -1):
+ *           j = below(i + 1); p[i], p[j] = p[j], p[i]
+ * with below(b) rejecting draws under 2^64 % b, then taking draw % b. */
+static void test_order_recipe(void **state) {
+  (void)state;
+  write_indexed("x.npy", "y.npy", 12);
+  static const int64_t want[3][12] = {
+      {1, 4, 6, 2, 8, 3, 9, 0, 10, 5, 7, 11},     /* epoch 0, seed 1234 */
+      {4, 6, 9, 10, 3, 8, 0, 5, 2, 11, 1, 7},     /* epoch 1 */
+      {2, 9, 7, 11, 8, 6, 10, 1, 4, 3, 0, 5},     /* epoch 7 */
+  };
+  krt_loader_config c = indexed_config(5, 1, 0, 2);  /* batches 5, 5, 2 */
+  krt_loader *l = open_ok(&c);
+  int64_t rows[12];
+  for (int e = 0; e < 3; e++) {
+    char err[512];
+    if (e == 2 && krt_loader_seek(l, 7, 0, err, sizeof err)) fail_msg("%s", err);
+    int got = 0;
+    for (int b = 0; b < 3; b++) got += next_rows(l, rows + got);
+    assert_int_equal(got, 12);
+    assert_memory_equal(rows, want[e], sizeof want[e]);
+  }
+  krt_loader_close(l);
 }
 
 /* ---- batch sizes -------------------------------------------------------- */
@@ -519,6 +579,58 @@ static void test_sample_shapes(void **state) {
   krt_loader_close(l);
 }
 
+/* x larger than krt_npy_read's limit of 2^31 - 1 elements: 50000 x 50000
+ * bytes, a sparse file (zeros) with two bytes set, at offsets beyond 2^31. */
+static void test_file_beyond_numel_limit(void **state) {
+  (void)state;
+  const int64_t n = 50000;
+  char hdr[128];
+  int len = snprintf(hdr, sizeof hdr, "{'descr': '|u1', 'fortran_order': False, "
+                     "'shape': (%lld, %lld), }", (long long)n, (long long)n);
+  int64_t data_at = 128;  /* 10 + header padded with spaces and '\n' */
+  memset(hdr + len, ' ', sizeof hdr - (size_t)len);
+  hdr[data_at - 10 - 1] = '\n';
+  unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+                           (unsigned char)(data_at - 10), 0};
+  FILE *f = fopen(tpath("big.npy"), "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(pre, 1, 10, f), 10);
+  assert_int_equal(fwrite(hdr, 1, (size_t)(data_at - 10), f), (size_t)(data_at - 10));
+  const int64_t marks[2][2] = {{43000, 1}, {n - 1, n - 1}};  /* row, column */
+  for (int m = 0; m < 2; m++) {
+    assert_int_equal(fseeko(f, data_at + marks[m][0] * n + marks[m][1], SEEK_SET), 0);
+    assert_int_equal(fputc(7 + m, f), 7 + m);
+  }
+  assert_int_equal(fclose(f), 0);
+  int64_t *y = malloc((size_t)n * sizeof *y);
+  for (int64_t i = 0; i < n; i++) y[i] = i;
+  write_npy("bigy.npy", KRT_I64, 1, (int64_t[]){n}, y);
+  free(y);
+
+  char err[512];
+  krt_tensor t;
+  assert_int_equal(krt_npy_read(tpath("big.npy"), &t, err, sizeof err), -1);
+  assert_non_null(strstr(err, "more than 2147483647 elements"));
+
+  krt_loader_config c = {.x_path = tpath("big.npy"), .y_path = tpath("bigy.npy"),
+                         .batch = 1, .x_dtype = KRT_F32, .y_dtype = KRT_I64};
+  krt_loader *l = open_ok(&c);
+  assert_int_equal(krt_loader_samples(l), n);
+  for (int m = 0; m < 2; m++) {
+    if (krt_loader_seek(l, 0, marks[m][0], err, sizeof err)) fail_msg("%s", err);
+    const void *xv, *yv;
+    int count;
+    assert_int_equal(krt_loader_next(l, &xv, &yv, &count, NULL, err, sizeof err), 0);
+    const float *x = xv;
+    assert_int_equal(*(const int64_t *)yv, marks[m][0]);
+    for (int64_t j = 0; j < n; j++)
+      if (x[j] != (j == marks[m][1] ? 7.0f + (float)m : 0.0f))
+        fail_msg("row %lld, column %lld: %g", (long long)marks[m][0], (long long)j, x[j]);
+  }
+  krt_loader_close(l);
+  unlink(tpath("big.npy"));
+}
+
 /* ---- bad input ----------------------------------------------------------- */
 static void test_mismatched_n(void **state) {
   (void)state;
@@ -611,8 +723,10 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_epoch_covers_each_sample_once),
       cmocka_unit_test(test_epochs_differ_and_seed_repeats),
+      cmocka_unit_test(test_order_recipe),
       cmocka_unit_test(test_threads_give_identical_batches),
       cmocka_unit_test(test_one_batch_epochs),
+      cmocka_unit_test(test_batch_stays_valid_until_next_call),
       cmocka_unit_test(test_drop_last),
       cmocka_unit_test(test_short_last_batch_is_zero_padded),
       cmocka_unit_test(test_batch_larger_than_n),
@@ -622,6 +736,7 @@ int main(void) {
       cmocka_unit_test(test_float_labels),
       cmocka_unit_test(test_conversion_errors_at_open),
       cmocka_unit_test(test_sample_shapes),
+      cmocka_unit_test(test_file_beyond_numel_limit),
       cmocka_unit_test(test_mismatched_n),
       cmocka_unit_test(test_missing_file),
       cmocka_unit_test(test_fortran_order_and_scalars),
