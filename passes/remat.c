@@ -26,7 +26,7 @@
 
 #include "passes.h"
 
-enum { MAX_CHAIN = 12 };
+enum { MAX_CHAIN = 12, LOOKAHEAD = 2 };
 
 typedef struct {
   kl_graph *g;
@@ -217,6 +217,19 @@ static kl_value *last_backward_input(const remat_ctx *c, const kl_plan *p, const
   return last;
 }
 
+/* What the copies for reader n wait for: the backward value of the last
+ * step the plan runs before n's (so they run where the value is needed,
+ * not where their inputs allow: another value's peak may be there; a
+ * forward value, zeros say, may run anywhere), else n's backward input
+ * computed last. */
+static kl_value *wait_point(const remat_ctx *c, const kl_plan *p, const kl_node *n) {
+  for (int s = step_of(p, n) - 1; s > p->mem.peak_step; s--) {
+    const kl_node *prev = kl_plan_step_node(p, s);
+    if (is_backward(c, prev)) return prev->outputs[0];
+  }
+  return last_backward_input(c, p, n);
+}
+
 static kl_value *copy_of(kl_node *const *chain, kl_node *const *copies, int n, kl_value *v) {
   for (int i = 0; i < n; i++)
     if (v->producer == chain[i]) return copies[i]->outputs[v->producer_output];
@@ -389,26 +402,38 @@ int kl_remat(kl_graph *g, const kl_pipeline_options *o, FILE *log, kl_error *err
   int rc = plan(&c, &p, err);
   size_t start = p.mem.arena;
   while (!rc && p.mem.arena > o->mem_limit) {
-    mark_backward(&c);
-    candidate cd;
-    if (!best_candidate(&c, &p, &cd)) {
+    /* a copy may move the schedule so that another forward value (zeros,
+     * say) now sits at the peak: up to LOOKAHEAD copies are tried together
+     * before the first is undone */
+    pressure before = pressure_of(&p);
+    candidate tried[LOOKAHEAD];
+    rewrite rw[LOOKAHEAD];
+    size_t arena[LOOKAHEAD + 1] = {before.arena};
+    int n = 0;
+    bool better = false, failed = false;
+    while (n < LOOKAHEAD && !better && !failed) {
+      mark_backward(&c);
+      if (!best_candidate(&c, &p, &tried[n])) break;
+      kl_value *after = wait_point(&c, &p, tried[n].first_reader);
+      kl_plan_free(&p); /* (sized by the graph, which grows now) */
+      rw[n] = (rewrite){g->nodes.len, g->values.len, {0}, {0}, 0};
+      failed = !after || !apply(&c, &tried[n], after, &rw[n]);
+      n++;
+      if (failed || (rc = plan(&c, &p, err))) break;
+      arena[n] = p.mem.arena;
+      better = lower(pressure_of(&p), before);
+    }
+    if (rc) break;
+    if (!n) {
       rc = give_up(&c, err);
       break;
     }
-    rewrite rw = {g->nodes.len, g->values.len, {0}, {0}, 0};
-    pressure before = pressure_of(&p);
-    kl_value *after = last_backward_input(&c, &p, cd.first_reader);
-    kl_plan_free(&p); /* (sized by the graph, which grows now) */
-    bool applied = after && apply(&c, &cd, after, &rw);
-    if (applied && !(rc = plan(&c, &p, err)) && lower(pressure_of(&p), before)) {
-      note(&c, &cd, before.arena, p.mem.arena, true);
-      continue;
-    }
-    if (!rc) note(&c, &cd, before.arena, applied ? p.mem.arena : before.arena, false);
+    for (int i = 0; i < n; i++) note(&c, &tried[i], arena[i], failed && i == n - 1 ? arena[i] : arena[i + 1], better);
+    if (better) continue;
     kl_plan_free(&p);
-    undo(&c, &rw, cd.v);
-    reject(&c, cd.v);
-    if (!rc) rc = plan(&c, &p, err);
+    for (int i = n - 1; i >= 0; i--) undo(&c, &rw[i], tried[i].v);
+    reject(&c, tried[0].v);
+    rc = plan(&c, &p, err);
   }
   if (!rc && log)
     fprintf(log, "  %d value%s recomputed: arena %zu -> %zu bytes (limit %zu)\n", c.chosen,
