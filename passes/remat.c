@@ -158,8 +158,9 @@ static const kl_node *first_backward_reader(const remat_ctx *c, const kl_plan *p
 }
 
 /* A forward value alive at the peak in an arena buffer, made before it
- * and first read by the backward pass after it, and what recomputing it
- * takes; false when it is no candidate. */
+ * and first read by the backward pass at it (the copy may fuse into the
+ * reader's kernel) or after it, and what recomputing it takes; false when
+ * it is no candidate. */
 static bool consider(const remat_ctx *c, const kl_plan *p, kl_value *v, candidate *out) {
   int peak = p->mem.peak_step;
   if (v->kind != KL_VAL_NODE || v->is_output || v->id >= c->nbwd || c->bwd[v->id] ||
@@ -167,7 +168,7 @@ static bool consider(const remat_ctx *c, const kl_plan *p, kl_value *v, candidat
     return false;
   const kl_membuf *b = &p->bufs[p->loc[v->id].index];
   const kl_node *first = first_backward_reader(c, p, v);
-  if (!b->bytes || b->first >= peak || b->last < peak || !first || step_of(p, first) <= peak)
+  if (!b->bytes || b->first >= peak || b->last < peak || !first || step_of(p, first) < peak)
     return false;
   out->v = v;
   out->first_reader = first;
