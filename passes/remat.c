@@ -26,7 +26,9 @@
 
 #include "passes.h"
 
-enum { MAX_CHAIN = 12, LOOKAHEAD = 2 };
+/* nodes copied for one value; copies tried together; plans made in all
+ * (compile time stays bounded on a deep network) */
+enum { MAX_CHAIN = 12, LOOKAHEAD = 2, MAX_PLANS = 400 };
 
 typedef struct {
   kl_graph *g;
@@ -38,6 +40,7 @@ typedef struct {
   bool *rejected;            /* per value id: tried, did not help */
   int nrejected;
   int chosen, undone;        /* values recomputed; tried and undone */
+  int plans;                 /* made so far */
   char names[300];           /* the first of them, for the error */
   char undone_names[200];
   size_t names_len, undone_len;
@@ -326,6 +329,7 @@ static bool lower(pressure a, pressure b) {
 
 static int plan(remat_ctx *c, kl_plan *p, kl_error *err) {
   kl_plan_free(p);
+  c->plans++;
   return kl_pipeline(c->g, &c->trial, p, err);
 }
 
@@ -385,9 +389,12 @@ static int give_up(remat_ctx *c, kl_error *err) {
   if (c->undone)
     snprintf(undone, sizeof undone, " undid %d that left the plan no tighter (%s),", c->undone,
              c->undone_names);
-  if (!c->chosen && !c->undone)
+  if (!c->chosen && !c->undone && c->plans < MAX_PLANS)
     return kl_fail(err, err->loc, "%.700s; rematerialization found no forward value alive at "
                    "the peak that it could recompute", msg);
+  if (c->plans >= MAX_PLANS)
+    return kl_fail(err, err->loc, "%.600s; rematerialization%s%s and stopped after %d plans", msg,
+                   done, undone, c->plans);
   return kl_fail(err, err->loc, "%.600s; rematerialization%s%s and found nothing more to "
                  "recompute", msg, done, undone);
 }
@@ -414,7 +421,7 @@ int kl_remat(kl_graph *g, const kl_pipeline_options *o, FILE *log, kl_error *err
     bool better = false, failed = false;
     while (n < LOOKAHEAD && !better && !failed) {
       mark_backward(&c);
-      if (!best_candidate(&c, &p, &tried[n])) break;
+      if (c.plans >= MAX_PLANS || !best_candidate(&c, &p, &tried[n])) break;
       kl_value *after = wait_point(&c, &p, tried[n].first_reader);
       kl_plan_free(&p); /* (sized by the graph, which grows now) */
       rw[n] = (rewrite){g->nodes.len, g->values.len, {0}, {0}, 0};
