@@ -10,10 +10,11 @@
  * recomputed), copies the nodes that compute such a value from values at
  * hand (inputs, params, constants, values backward reads at that point
  * anyway) and points the backward readers at the copy.  The copies wait
- * (kl_node.after) for the last backward input of their first reader, so
- * the scheduler and fusion put them next to it.  Then it plans again (the
- * planning passes, as the compile will run them): a copy is kept when the
- * arena shrank and undone when it did not.
+ * (kl_node.after) for the last backward step before their first reader,
+ * so the scheduler and fusion put them next to it.  Then it plans again
+ * (the planning passes, as the compile will run them): a copy is kept
+ * when the plan got tighter, else the next candidate is tried on top of
+ * it, and both are undone when that did not help either.
  *
  * A copy runs the same kernels on the same inputs, so its values are the
  * originals' bit for bit, and so are the step's results.  Copied nodes are
@@ -436,7 +437,8 @@ int kl_remat(kl_graph *g, const kl_pipeline_options *o, FILE *log, kl_error *err
       rc = give_up(&c, err);
       break;
     }
-    for (int i = 0; i < n; i++) note(&c, &tried[i], arena[i], failed && i == n - 1 ? arena[i] : arena[i + 1], better);
+    for (int i = 0; i < n; i++)
+      note(&c, &tried[i], arena[i], failed && i == n - 1 ? arena[i] : arena[i + 1], better);
     if (better) continue;
     kl_plan_free(&p);
     for (int i = n - 1; i >= 0; i--) undo(&c, &rw[i], tried[i].v);
