@@ -399,3 +399,80 @@ int kl_eval_DET(const kl_node *n, kl_tensor **in, kl_tensor **out,
   free(work);
   return 0;
 }
+
+/* ---- gradient rules (ir.h, kl_grad_fn) --------------------------------
+ * Each is dy times the function's slope, written over x or the output y. */
+#define X (n->inputs[0])
+#define Y (n->outputs[0])
+#define S(v) kl_gb_scalar(c, Y->dtype, (v))
+#define ADD(a, b) kl_gb2(c, KL_OP_ADD, (a), (b))
+#define SUB(a, b) kl_gb2(c, KL_OP_SUB, (a), (b))
+#define MUL(a, b) kl_gb2(c, KL_OP_MUL, (a), (b))
+#define DIV(a, b) kl_gb2(c, KL_OP_DIV, (a), (b))
+#define UN(op, a) kl_gb1(c, KL_OP_##op, (a))
+
+#define SLOPE_RULE(ID, SLOPE)                                                            \
+  int kl_grad_##ID(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) { \
+    dx[0] = MUL(dy[0], (SLOPE));                                                         \
+    return 0;                                                                            \
+  }
+/* dy / f(x) for slopes that are a reciprocal */
+#define RECIP_RULE(ID, DENOM)                                                            \
+  int kl_grad_##ID(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) { \
+    dx[0] = DIV(dy[0], (DENOM));                                                         \
+    return 0;                                                                            \
+  }
+
+SLOPE_RULE(SIN, UN(COS, X))
+SLOPE_RULE(COS, UN(NEG, UN(SIN, X)))
+SLOPE_RULE(TAN, ADD(S(1), MUL(Y, Y)))
+RECIP_RULE(ASIN, UN(SQRT, SUB(S(1), MUL(X, X))))
+RECIP_RULE(ACOS, UN(NEG, UN(SQRT, SUB(S(1), MUL(X, X)))))
+RECIP_RULE(ATAN, ADD(S(1), MUL(X, X)))
+SLOPE_RULE(SINH, UN(COSH, X))
+SLOPE_RULE(COSH, UN(SINH, X))
+RECIP_RULE(ASINH, UN(SQRT, ADD(MUL(X, X), S(1))))
+RECIP_RULE(ACOSH, UN(SQRT, SUB(MUL(X, X), S(1))))
+RECIP_RULE(ATANH, SUB(S(1), MUL(X, X)))
+SLOPE_RULE(SOFTPLUS, UN(SIGMOID, X))
+
+/* Piecewise constant: no gradient reaches x (0 almost everywhere). */
+#define ZERO_RULE(ID)                                                                    \
+  int kl_grad_##ID(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) { \
+    (void)c, (void)n, (void)dy;                                                          \
+    dx[0] = NULL;                                                                        \
+    return 0;                                                                            \
+  }
+ZERO_RULE(FLOOR)
+ZERO_RULE(CEIL)
+ZERO_RULE(ROUND)
+ZERO_RULE(SIGN)
+
+/* x < 0: alpha exp(x) = y + alpha; else 1 (as the eval's `x < 0`). */
+int kl_grad_ELU(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  double alpha = kl_attr_float(n, "alpha", 1.0);
+  kl_value *neg = kl_gb2(c, KL_OP_LT, X, S(0));
+  dx[0] = kl_gb3(c, KL_OP_WHERE, neg, MUL(dy[0], ADD(Y, S(alpha))), dy[0]);
+  return 0;
+}
+
+/* y = a - b q with q an integer (floor or truncation of a / b, by fmod):
+ * da = dy, db = -q dy, q recovered exactly as round((a - y) / b). */
+int kl_grad_MOD(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *q = UN(ROUND, DIV(SUB(X, Y), n->inputs[1]));
+  dx[0] = dy[0];
+  dx[1] = UN(NEG, MUL(dy[0], q));
+  return 0;
+}
+
+#undef X
+#undef Y
+#undef S
+#undef ADD
+#undef SUB
+#undef MUL
+#undef DIV
+#undef UN
+#undef SLOPE_RULE
+#undef RECIP_RULE
+#undef ZERO_RULE
