@@ -1356,34 +1356,77 @@ static kl_value *window_back(kl_grad_ctx *c, const window *w, kl_value *g, kl_va
   return kl_gb_node(c, KL_OP_CONV_TRANSPOSE2D, ins, 2, at, 5);
 }
 
-/* dx: conv_transpose2d(dy, w); dw: a convolution of x (channels as batch)
- * with dy (batch as channels), strides and dilations swapped; db: dy
+/* The weight gradient of a convolution reading `in` [N, Ci, H, W] into an
+ * output whose adjoint is `out` [N, Co, oH, oW], weights [Co, Ci/groups,
+ * k0, k1]: per group, the correlation of in with out summed over N.  One
+ * grouped conv2d computes it with the batch as channels: input
+ * [Ci/groups, groups * N, H, W], weights [Co, N, oH, oW], strides and
+ * dilations swapped; its output [Ci/groups, Co, >= k0, >= k1] is cut to
+ * the kernel and transposed. */
+static kl_value *weight_grad(kl_grad_ctx *c, kl_value *in, kl_value *out, const int64_t *k,
+                             const int64_t *stride, const int64_t *pad, const int64_t *dil,
+                             int64_t groups) {
+  if (!in || !out) return NULL;
+  const int64_t *d = in->shape.dims;
+  int64_t cg = d[1] / groups;
+  kl_shape split = {5, {d[0], groups, cg, d[2], d[3]}}, flat = {4, {cg, groups * d[0], d[2], d[3]}};
+  int64_t p5[5] = {2, 1, 0, 3, 4}, swap[4] = {1, 0, 2, 3};
+  kl_value *ins[2] = {kl_gb_reshape(c, kl_gb_transpose(c, kl_gb_reshape(c, in, &split), p5), &flat),
+                      kl_gb_transpose(c, out, swap)};
+  kl_attr at[4] = {ints_of("strides", (int64_t *)dil, 2), ints_of("pads", (int64_t *)pad, 4),
+                   ints_of("dilations", (int64_t *)stride, 2),
+                   {.name = "groups", .kind = KL_ATTR_INT, .i = groups}};
+  kl_value *full = kl_gb_node(c, KL_OP_CONV2D, ins, 2, at, 4);
+  if (full && (full->shape.dims[2] != k[0] || full->shape.dims[3] != k[1])) {
+    int64_t st[2] = {0, 0}, en[2] = {k[0], k[1]}, ax[2] = {2, 3};
+    kl_attr sl[3] = {ints_of("starts", st, 2), ints_of("ends", en, 2), ints_of("axes", ax, 2)};
+    full = kl_gb_node(c, KL_OP_SLICE, &full, 1, sl, 3);
+  }
+  return kl_gb_transpose(c, full, swap);
+}
+
+static kl_value *bias_grad(kl_grad_ctx *c, const kl_node *n, kl_value *g) {
+  int64_t axes[3] = {0, 2, 3};
+  return kl_gb_reshape(c, kl_gb_sum(c, g, axes, 3), &n->inputs[2]->shape);
+}
+
+/* dx: conv_transpose2d(dy, w) in the same groups; dw: weight_grad; db: dy
  * summed over N, H, W. */
 int kl_grad_CONV2D(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
   window w;
   int64_t groups;
   if (conv_setup(n, c->err, &w, &groups)) return -1;
   kl_value *x = n->inputs[0], *wt = n->inputs[1], *g = dy[0];
-  if (groups != 1)
-    return KL_NODE_FAIL(n, c->err, "no gradient for conv2d with groups = %lld (node '%s'); "
-                        "groups = 1 only for now", (long long)groups, n->name);
-  dx[0] = window_back(c, &w, g, wt, &x->shape, 1);
-  int64_t swap[4] = {1, 0, 2, 3};
-  kl_attr at[3] = {ints_of("strides", w.dil, 2), ints_of("pads", w.pad, 4),
-                   ints_of("dilations", w.stride, 2)};
-  kl_value *ins[2] = {kl_gb_transpose(c, x, swap), kl_gb_transpose(c, g, swap)};
-  kl_value *full = kl_gb_node(c, KL_OP_CONV2D, ins, 2, at, 3); /* [C, M, >= kH, >= kW] */
-  if (full && (full->shape.dims[2] != w.k[0] || full->shape.dims[3] != w.k[1])) {
-    int64_t st[2] = {0, 0}, en[2] = {w.k[0], w.k[1]}, ax[2] = {2, 3};
+  dx[0] = window_back(c, &w, g, wt, &x->shape, groups);
+  dx[1] = weight_grad(c, x, g, w.k, w.stride, w.pad, w.dil, groups);
+  if (n->ninputs > 2) dx[2] = bias_grad(c, n, g);
+  return 0;
+}
+
+/* conv_transpose2d is the adjoint of conv2d(y, w) (same strides, pads,
+ * dilations, groups) read from its output back to its input, so dx is
+ * that conv2d of dy (cut to x's size when output_padding reaches a whole
+ * stride) and dw the weight gradient of it, with x as the output adjoint. */
+int kl_grad_CONV_TRANSPOSE2D(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  tconv t;
+  if (tconv_setup(n, c->err, &t)) return -1;
+  kl_value *x = n->inputs[0], *g = dy[0];
+  for (int i = 0; i < 4; i++)
+    if (t.pad[i] < 0)
+      return KL_NODE_FAIL(n, c->err, "no gradient for conv_transpose2d with negative pads "
+                          "(node '%s')", n->name);
+  kl_attr at[4] = {ints_of("strides", t.stride, 2), ints_of("pads", t.pad, 4),
+                   ints_of("dilations", t.dil, 2), {.name = "groups", .kind = KL_ATTR_INT, .i = t.groups}};
+  kl_value *ins[2] = {g, n->inputs[1]};
+  kl_value *back = kl_gb_node(c, KL_OP_CONV2D, ins, 2, at, 4);
+  if (back && (back->shape.dims[2] != x->shape.dims[2] || back->shape.dims[3] != x->shape.dims[3])) {
+    int64_t st[2] = {0, 0}, en[2] = {x->shape.dims[2], x->shape.dims[3]}, ax[2] = {2, 3};
     kl_attr sl[3] = {ints_of("starts", st, 2), ints_of("ends", en, 2), ints_of("axes", ax, 2)};
-    full = kl_gb_node(c, KL_OP_SLICE, &full, 1, sl, 3);
+    back = kl_gb_node(c, KL_OP_SLICE, &back, 1, sl, 3);
   }
-  dx[1] = kl_gb_transpose(c, full, swap);
-  if (n->ninputs > 2) {
-    int64_t axes[3] = {0, 2, 3};
-    kl_shape bs = n->inputs[2]->shape;
-    dx[2] = kl_gb_reshape(c, kl_gb_sum(c, g, axes, 3), &bs);
-  }
+  dx[0] = back;
+  dx[1] = weight_grad(c, g, x, t.k, t.stride, t.pad, t.dil, t.groups);
+  if (n->ninputs > 2) dx[2] = bias_grad(c, n, g);
   return 0;
 }
 
