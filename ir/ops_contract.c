@@ -1484,3 +1484,71 @@ int kl_grad_GLOBAL_AVG_POOL(kl_grad_ctx *c, const kl_node *n, kl_value *const *d
   dx[0] = kl_gb_expand(c, s, &x->shape);
   return 0;
 }
+
+/* ---- attention ---------------------------------------------------------- */
+/* kv [B, Hkv, S, D] repeated for the query heads that read it: [B, Hq, S, D]. */
+static kl_value *kv_heads(kl_grad_ctx *c, kl_value *kv, int64_t hq) {
+  if (!kv || kv->shape.dims[1] == hq) return kv;
+  const int64_t *d = kv->shape.dims;
+  kl_shape one = {5, {d[0], d[1], 1, d[2], d[3]}}, all = {5, {d[0], d[1], hq / d[1], d[2], d[3]}},
+           flat = {4, {d[0], hq, d[2], d[3]}};
+  return kl_gb_reshape(c, kl_gb_expand(c, kl_gb_reshape(c, kv, &one), &all), &flat);
+}
+
+/* The adjoint of kv_heads: [B, Hq, S, D] summed over each kv head's group. */
+static kl_value *group_sum(kl_grad_ctx *c, kl_value *g, int64_t hkv) {
+  if (!g || g->shape.dims[1] == hkv) return g;
+  const int64_t *d = g->shape.dims;
+  kl_shape five = {5, {d[0], hkv, d[1] / hkv, d[2], d[3]}}, kv = {4, {d[0], hkv, d[2], d[3]}};
+  int64_t axis = 2;
+  return kl_gb_reshape(c, kl_gb_sum(c, kl_gb_reshape(c, g, &five), &axis, 1), &kv);
+}
+
+/* The same attention node giving its scores (mode 1: after scale and
+ * softcap; 3: the probabilities, every mask applied). */
+static kl_value *attention_scores(kl_grad_ctx *c, const kl_node *n, int mode) {
+  kl_attr at[16];
+  int na = 0;
+  for (int i = 0; i < n->nattrs && na < 15; i++)
+    if (strcmp(n->attrs[i].name, "scores") != 0) at[na++] = n->attrs[i];
+  at[na++] = (kl_attr){.name = "scores", .kind = KL_ATTR_INT, .i = mode};
+  return kl_gb_node(c, KL_OP_ATTENTION, n->inputs, n->ninputs, at, na);
+}
+
+/* With P the probabilities (recomputed, masks and all), S the scores:
+ * dv = P^T dy, dS = P (dP - sum(dP P)) with dP = dy v^T, through the
+ * softcap (1 - tanh^2), then dq = scale dS k and dk = scale dS^T q, the
+ * kv heads' gradients summed over the query heads that read them.  A float
+ * mask is added after the softcap: its gradient is dS on its keys. */
+int kl_grad_ATTENTION(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *q = n->inputs[0], *k = n->inputs[1], *v = n->inputs[2], *g = dy[0];
+  int64_t scores = kl_attr_int(n, "scores", -1);
+  if (scores != -1)
+    return KL_NODE_FAIL(n, c->err, "no gradient for attention giving its scores (scores = %lld, "
+                        "node '%s'); the output (scores = -1) has one", (long long)scores, n->name);
+  int64_t hq = q->shape.dims[1], hkv = k->shape.dims[1];
+  double scale = kl_attr_float(n, "scale", 0), cap = kl_attr_float(n, "softcap", 0);
+  if (scale == 0) scale = 1 / sqrt((double)q->shape.dims[3]);
+  kl_value *p = attention_scores(c, n, 3);
+  kl_value *ke = kv_heads(c, k, hq), *ve = kv_heads(c, v, hq);
+  dx[2] = group_sum(c, mm(c, swap_last2(c, p), g), hkv);
+  kl_value *dp = mm(c, g, swap_last2(c, ve));
+  int64_t last = 3;
+  kl_value *ds = kl_gb2(c, KL_OP_MUL, p,
+                        kl_gb2(c, KL_OP_SUB, dp, kl_gb_sum(c, kl_gb2(c, KL_OP_MUL, dp, p), &last, 1)));
+  attn_inputs ai = attention_inputs(n);
+  if (ai.mask > 0 && n->inputs[ai.mask]->dtype != KL_BOOL) {
+    const kl_value *m = n->inputs[ai.mask];
+    int64_t st = 0, en = m->shape.dims[m->shape.rank - 1];
+    kl_attr sl[3] = {ints_of("starts", &st, 1), ints_of("ends", &en, 1), ints_of("axes", &last, 1)};
+    dx[ai.mask] = en == k->shape.dims[2] ? ds : kl_gb_node(c, KL_OP_SLICE, &ds, 1, sl, 3);
+  }
+  if (cap > 0) {
+    kl_value *t = kl_gb2(c, KL_OP_MUL, attention_scores(c, n, 1), kl_gb_scalar(c, q->dtype, 1 / cap));
+    ds = kl_gb2(c, KL_OP_MUL, ds, kl_gb2(c, KL_OP_SUB, kl_gb_scalar(c, q->dtype, 1), kl_gb2(c, KL_OP_MUL, t, t)));
+  }
+  ds = kl_gb2(c, KL_OP_MUL, ds, kl_gb_scalar(c, q->dtype, scale));
+  dx[0] = mm(c, ds, ke);
+  dx[1] = group_sum(c, mm(c, swap_last2(c, ds), q), hkv);
+  return 0;
+}

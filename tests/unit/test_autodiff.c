@@ -194,6 +194,14 @@ static const grad_case cases[] = {
                          " output_padding=[1, 0])\n", 0, 0},
     {"conv_transpose2d_groups", "input x: f64[1, 4, 3, 3]\ninput w: f64[4, 1, 2, 2]\n"
                                 "output y = conv_transpose2d(x, w, groups=2, dilations=[2, 1])\n", 0, 0},
+    {"attention", "input q: f64[2, 4, 3, 2]\ninput k: f64[2, 2, 5, 2]\ninput v: f64[2, 2, 5, 3]\n"
+                  "input m: f64[3, 4]\n"
+                  "output y = attention(q, k * 2.0, v, m, scale=0.7, softcap=1.5)\n", -1, 1},
+    {"attention_causal", "input q: f64[2, 2, 3, 2]\ninput k: f64[2, 1, 4, 2]\ninput v: f64[2, 1, 4, 2]\n"
+                         "const m: bool[2, 1, 1, 4] = values([1, 1, 0, 1, 1, 1, 1, 1])\n"
+                         "const l: i64[2] = values([4, 3])\n"
+                         "output y = attention(q, k, v, m, l, causal=1) + attention(q, k, v, past=1,"
+                         " window_left=1, causal=1)\n", -1, 1},
     {"pools", "input x: f64[1, 2, 5, 5]\n"
               "output y = max_pool2d(x, kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])"
               " + avg_pool2d(x, kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)"
