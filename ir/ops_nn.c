@@ -462,6 +462,13 @@ int kl_infer_ROTARY(kl_node *n, kl_error *err) {
                           k == 1 ? "cos" : "sin", kl_value_str(c, bc, sizeof bc),
                           (long long)rd.b, (long long)rd.s, (long long)(rd.r / 2));
   }
+  /* one batch stride serves both (here and in the kernel) */
+  if (!kl_shape_equal(&n->inputs[1]->shape, &n->inputs[2]->shape)) {
+    char bc[256], bs[256];
+    return KL_NODE_FAIL(n, err, "cos %s and sin %s must have the same shape",
+                        kl_value_str(n->inputs[1], bc, sizeof bc),
+                        kl_value_str(n->inputs[2], bs, sizeof bs));
+  }
   kl_set_output(n, 0, x->dtype, &x->shape);
   return 0;
 }
@@ -701,5 +708,49 @@ int kl_grad_NLL_LOSS(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_v
     if (red == 0) v = kl_gb2(c, KL_OP_SUB, v, n->outputs[0]);
     dx[2] = channel_sum(c, kl_gb2(c, KL_OP_MUL, hg, v));
   }
+  return 0;
+}
+
+/* v [B,H,S,D] or [B,S,H*D] (x's layout) reduced to [B,S,R/2]: the two
+ * entries of each rotated pair added, then the heads. */
+static kl_value *pair_head_sum(kl_grad_ctx *c, kl_value *v, const rotary_dims *rd, bool inter) {
+  kl_shape four = {4, {rd->b, rd->h, rd->s, rd->d}};
+  int head_axis = 1;
+  if (v && v->shape.rank == 3) four = (kl_shape){4, {rd->b, rd->s, rd->h, rd->d}}, head_axis = 2;
+  v = kl_gb_reshape(c, v, &four);
+  if (rd->r != rd->d) {
+    int64_t st = 0, en = rd->r, ax = 3;
+    kl_attr sl[3] = {{.name = "starts", .kind = KL_ATTR_INTS, .ints = &st, .n = 1},
+                     {.name = "ends", .kind = KL_ATTR_INTS, .ints = &en, .n = 1},
+                     {.name = "axes", .kind = KL_ATTR_INTS, .ints = &ax, .n = 1}};
+    v = kl_gb_node(c, KL_OP_SLICE, &v, 1, sl, 3);
+  }
+  kl_shape five = four;
+  five.rank = 5;
+  five.dims[3] = inter ? rd->r / 2 : 2;
+  five.dims[4] = inter ? 2 : rd->r / 2;
+  int64_t axes[2] = {head_axis, inter ? 4 : 3};
+  kl_shape out = {3, {rd->b, rd->s, rd->r / 2}};
+  return kl_gb_reshape(c, kl_gb_sum(c, kl_gb_reshape(c, v, &five), axes, 2), &out);
+}
+
+/* Each pair turns by the angle whose cos and sin are given: dx turns dy
+ * back (sin negated); with u = x turned by a right angle (cos 0, sin 1),
+ * dcos and dsin are the pair sums of x dy and u dy, over the heads. */
+int kl_grad_ROTARY(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x = n->inputs[0], *cs = n->inputs[1], *sn = n->inputs[2];
+  rotary_dims rd;
+  if (rotary_layout(n, c->err, &x->shape, &rd)) {
+    c->failed = true;
+    return -1;
+  }
+  bool inter = kl_attr_int(n, "interleaved", 0) != 0;
+  kl_value *back[3] = {dy[0], cs, kl_gb1(c, KL_OP_NEG, sn)};
+  dx[0] = kl_gb_node(c, KL_OP_ROTARY, back, 3, n->attrs, n->nattrs);
+  kl_value *turn[3] = {x, kl_gb_expand(c, kl_gb_scalar(c, x->dtype, 0), &cs->shape),
+                       kl_gb_expand(c, kl_gb_scalar(c, x->dtype, 1), &sn->shape)};
+  kl_value *u = kl_gb_node(c, KL_OP_ROTARY, turn, 3, n->attrs, n->nattrs);
+  dx[1] = pair_head_sum(c, kl_gb2(c, KL_OP_MUL, x, dy[0]), &rd, inter);
+  dx[2] = pair_head_sum(c, kl_gb2(c, KL_OP_MUL, u, dy[0]), &rd, inter);
   return 0;
 }

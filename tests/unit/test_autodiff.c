@@ -175,6 +175,12 @@ static const grad_case cases[] = {
                      " + nll_loss(x, t, reduction=\"sum\")\n", 0, 0},
     {"nll_loss_none", "input x: f64[2, 3, 2]\ninput w: f64[3]\nconst t: i64[2, 2] = values([0, 2, 1, 2])\n"
                       "output y = nll_loss(x, t, w, reduction=\"none\", ignore_index=1)\n", 0, 0},
+    {"rotary", "input x: f64[2, 2, 3, 6]\ninput c: f64[2, 3, 2]\ninput s: f64[2, 3, 2]\n"
+               "output y = rotary(x, c, s, rotary_dim=4) + rotary(x, c, s, interleaved=1, rotary_dim=4)\n",
+     -1, 1},
+    {"rotary_packed", "input x: f64[2, 3, 8]\ninput c: f64[3, 2]\ninput s: f64[3, 2]\n"
+                      "output y = rotary(x, c, s, num_heads=2) * rotary(x, c * c, s, num_heads=2, interleaved=1)\n",
+     -1, 1},
     /* contractions and windows (ir/ops_contract.c) */
     {"matmul", "input a: f64[2, 3]\ninput w: f64[3, 4]\ninput v: f64[4]\n"
                "output y = reduce_sum(reshape(relu(a @ w + v), shape=[8]) * 2.0, axes=[0])\n", 0, 0},
