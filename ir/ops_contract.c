@@ -1345,11 +1345,17 @@ static kl_attr ints_of(const char *name, int64_t *v, int n) {
  * over the same window, its output padded out to x's size. */
 static kl_value *window_back(kl_grad_ctx *c, const window *w, kl_value *g, kl_value *wt,
                              const kl_shape *xs, int64_t groups) {
-  int64_t op[2];
-  for (int i = 0; i < 2; i++)
-    op[i] = xs->dims[2 + i] - (w->stride[i] * (w->out[i] - 1) + w->dil[i] * (w->k[i] - 1) + 1 -
-                               w->pad[i] - w->pad[i + 2]);
-  kl_attr at[5] = {ints_of("strides", (int64_t *)w->stride, 2), ints_of("pads", (int64_t *)w->pad, 4),
+  /* The transposed convolution's full output starts pads[top] rows above
+   * x; its end is cropped (windows past x's end: the padding, ceil mode's
+   * overhang) or extended (rows no window reached) to x's size. */
+  int64_t op[2], pad[4] = {w->pad[0], w->pad[1], 0, 0};
+  for (int i = 0; i < 2; i++) {
+    int64_t full = w->stride[i] * (w->out[i] - 1) + w->dil[i] * (w->k[i] - 1) + 1;
+    int64_t past = full - w->pad[i] - xs->dims[2 + i];
+    pad[i + 2] = past > 0 ? past : 0;
+    op[i] = past < 0 ? -past : 0;
+  }
+  kl_attr at[5] = {ints_of("strides", (int64_t *)w->stride, 2), ints_of("pads", pad, 4),
                    ints_of("dilations", (int64_t *)w->dil, 2), ints_of("output_padding", op, 2),
                    {.name = "groups", .kind = KL_ATTR_INT, .i = groups}};
   kl_value *ins[2] = {g, wt};
@@ -1449,31 +1455,50 @@ int kl_grad_MAX_POOL2D(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl
   return 0;
 }
 
-/* Every window divides by the same count (no padding left out of it, no
- * ceil-mode overhang): a transposed convolution, plane by plane, with a
- * kernel of 1 / count. */
+/* 1 / the count each window divides by, per axis (a window's count is the
+ * product of its axes' counts): its taps inside x, or inside the padded x
+ * with count_include_pad, as pool_eval; 0 for an empty window. */
+static void window_inverse_counts(const pool_cfg *p, int i, int64_t len, double *inv) {
+  const window *w = &p->w;
+  for (int64_t o = 0; o < w->out[i]; o++) {
+    int64_t start = o * w->stride[i] - w->pad[i], cnt;
+    if (p->include_pad) {
+      cnt = taps_before(start, w->k[i], w->dil[i], len + w->pad[i + 2]);
+    } else {
+      int64_t first = start < 0 ? (-start + w->dil[i] - 1) / w->dil[i] : 0; /* first tap at >= 0 */
+      cnt = first < w->k[i] ? taps_before(start + first * w->dil[i], w->k[i] - first, w->dil[i], len) : 0;
+    }
+    inv[o] = cnt > 0 ? 1.0 / (double)cnt : 0.0;
+  }
+}
+
+/* Each window spreads dy / its count over its taps: dy scaled per window,
+ * then a transposed convolution, plane by plane, with a kernel of ones
+ * (taps in the padding or the ceil-mode overhang fall off its ends). */
 int kl_grad_AVG_POOL2D(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
   pool_cfg p;
   if (pool_setup(n, c->err, false, &p)) return -1;
   kl_value *x = n->inputs[0];
-  const int64_t *d = x->shape.dims;
-  bool padded = p.w.pad[0] || p.w.pad[1] || p.w.pad[2] || p.w.pad[3];
-  for (int i = 0; i < 2; i++)
-    if ((p.w.out[i] - 1) * p.w.stride[i] + (p.w.k[i] - 1) * p.w.dil[i] + 1 >
-        d[2 + i] + p.w.pad[i] + p.w.pad[i + 2])
-      return KL_NODE_FAIL(n, c->err, "no gradient for avg_pool2d whose ceil_mode windows run "
-                          "past the input (node '%s')", n->name);
-  if (padded && !p.include_pad)
-    return KL_NODE_FAIL(n, c->err, "no gradient for avg_pool2d with padding left out of the "
-                        "count (node '%s'); count_include_pad = 1 has one", n->name);
-  double inv = 1.0 / (double)(p.w.k[0] * p.w.k[1]);
-  int64_t ks[4] = {1, 1, p.w.k[0], p.w.k[1]};
-  kl_attr k[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = &inv, .n = 1},
+  const int64_t *d = x->shape.dims, *o = n->outputs[0]->shape.dims;
+  double *inv = malloc(sizeof(double) * (size_t)(o[2] + o[3] + o[2] * o[3]));
+  if (!inv) abort();
+  double *iy = inv + o[2] * o[3], *ix = iy + o[2];
+  window_inverse_counts(&p, 0, d[2], iy);
+  window_inverse_counts(&p, 1, d[3], ix);
+  for (int64_t r = 0; r < o[2]; r++)
+    for (int64_t q = 0; q < o[3]; q++) inv[r * o[3] + q] = iy[r] * ix[q];
+  int64_t os[2] = {o[2], o[3]}, ks[4] = {1, 1, p.w.k[0], p.w.k[1]};
+  double one = 1;
+  kl_attr w[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = inv, .n = (int)(o[2] * o[3])},
+                  {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = x->dtype}, ints_of("shape", os, 2)};
+  kl_value *scale = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, w, 3);
+  free(inv);
+  kl_attr k[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = &one, .n = 1},
                   {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = x->dtype}, ints_of("shape", ks, 4)};
   kl_value *ones = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, k, 3);
-  const int64_t *o = n->outputs[0]->shape.dims;
   kl_shape gs = {4, {d[0] * d[1], 1, o[2], o[3]}}, xs = {4, {d[0] * d[1], 1, d[2], d[3]}};
-  dx[0] = kl_gb_reshape(c, window_back(c, &p.w, kl_gb_reshape(c, dy[0], &gs), ones, &xs, 1), &x->shape);
+  kl_value *g = kl_gb_reshape(c, kl_gb2(c, KL_OP_MUL, dy[0], scale), &gs);
+  dx[0] = kl_gb_reshape(c, window_back(c, &p.w, g, ones, &xs, 1), &x->shape);
   return 0;
 }
 

@@ -212,6 +212,16 @@ static const grad_case cases[] = {
               "output y = max_pool2d(x, kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])"
               " + avg_pool2d(x, kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)"
               " * global_avg_pool(x)\n", 0, 0},
+    {"avg_pool_excluding_pad", "input x: f64[2, 1, 5, 6]\n"
+                               "output y = avg_pool2d(x, kernel=[3, 2], strides=[2, 3], pads=[1, 1, 2, 0])\n", 0, 0},
+    {"pools_ceil_mode", "input x: f64[1, 2, 5, 5]\n"
+                        "output y = concat(reshape(avg_pool2d(x, kernel=[2, 3], strides=[2, 2], ceil_mode=1),"
+                        " shape=[-1]), reshape(avg_pool2d(x, kernel=[3, 2], strides=[3, 2], pads=[1, 0, 0, 1],"
+                        " ceil_mode=1, count_include_pad=1), shape=[-1]),"
+                        " reshape(max_pool2d(x, kernel=[2, 2], ceil_mode=1), shape=[-1]), axis=0)\n", 0, 0},
+    {"avg_pool_dilated", "input x: f64[1, 1, 6, 6]\n"
+                         "output y = avg_pool2d(x, kernel=[2, 2], strides=[1, 2], dilations=[2, 2],"
+                         " pads=[1, 1, 1, 1])\n", 0, 0},
     /* data movement (ir/ops_movement.c) */
     {"shapes", "input a: f64[2, 3]\ninput b: f64[2, 1]\n"
                "output y = transpose(reshape(a, shape=[3, 2]), perm=[1, 0]) * flatten(a, axis=1)"
