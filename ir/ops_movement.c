@@ -1077,6 +1077,27 @@ static kl_value *gather_back(kl_grad_ctx *c, kl_op op, kl_value *x, kl_value *ix
   return kl_gb_node(c, op, ins, 2, &a, op == KL_OP_GATHER_ELEMENTS ? 1 : 0);
 }
 
+/* g's elements along `axis` sent to the positions pos[0..len) of an axis
+ * of size `size` (zeros elsewhere): a scatter along the axis, "none" when
+ * the positions are distinct, "add" when several land on one. */
+static kl_value *place_along(kl_grad_ctx *c, kl_value *g, int axis, const int64_t *pos,
+                             int64_t size, const char *reduction) {
+  if (!g) return NULL;
+  int64_t len = g->shape.dims[axis];
+  kl_shape is = {g->shape.rank, {0}}, zs = g->shape;
+  for (int k = 0; k < is.rank; k++) is.dims[k] = k == axis ? len : 1;
+  zs.dims[axis] = size;
+  double *v = malloc(sizeof(double) * (size_t)(len ? len : 1));
+  if (!v) abort();
+  for (int64_t j = 0; j < len; j++) v[j] = (double)pos[j];
+  kl_attr k[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = v, .n = (int)len},
+                  {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = KL_I64},
+                  ints_attr("shape", is.dims, is.rank)};
+  kl_value *ix = kl_gb_expand(c, kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, k, 3), &g->shape);
+  free(v);
+  return scatter(c, KL_OP_SCATTER_ELEMENTS, zeros_of(c, g->dtype, &zs), ix, g, axis, reduction);
+}
+
 /* Each input's stretch of dy along the axis. */
 int kl_grad_CONCAT(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
   int axis;
@@ -1125,18 +1146,11 @@ int kl_grad_SLICE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_valu
       g = zero_pad(c, g, before, after);
       continue;
     }
-    kl_shape is = {g->shape.rank, {0}}, zs = g->shape;
-    for (int k = 0; k < is.rank; k++) is.dims[k] = k == a ? len : 1;
-    zs.dims[a] = d;
-    double *pos = malloc(sizeof(double) * (size_t)len);
+    int64_t *pos = malloc(sizeof(int64_t) * (size_t)len);
     if (!pos) abort();
-    for (int64_t j = 0; j < len; j++) pos[j] = (double)(start[a] + j * step[a]);
-    kl_attr k[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = pos, .n = (int)len},
-                    {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = KL_I64},
-                    ints_attr("shape", is.dims, is.rank)};
-    kl_value *ix = kl_gb_expand(c, kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, k, 3), &g->shape);
+    for (int64_t j = 0; j < len; j++) pos[j] = start[a] + j * step[a];
+    g = place_along(c, g, a, pos, d, "none");
     free(pos);
-    g = scatter(c, KL_OP_SCATTER_ELEMENTS, zeros_of(c, g->dtype, &zs), ix, g, a, "none");
   }
   dx[0] = g;
   return 0;
@@ -1225,16 +1239,36 @@ int kl_grad_SCATTER_ND(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl
 }
 
 /* constant mode: the padded area cut away, and zeros where negative pads
- * cropped x. */
+ * cropped x; the others add dy back where each element was copied from. */
 int kl_grad_PAD(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
   const kl_value *x = n->inputs[0];
   pad_cfg p;
   kl_shape out;
   if (pad_setup(n, c->err, x, &p, &out)) return -1;
-  if (p.mode != PAD_CONSTANT)
-    return KL_NODE_FAIL(n, c->err, "no gradient for pad mode \"%s\" (node '%s'); \"constant\" "
-                        "only", kl_attr_string(n, "mode", "constant"), n->name);
   int r = x->shape.rank;
+  if (p.mode != PAD_CONSTANT) {
+    /* every output element copies one of x's: per axis, dy added back at
+     * the source of each position, as kl_eval_PAD finds it */
+    kl_value *g = dy[0];
+    for (int a = 0; a < r && g; a++) {
+      int64_t len = out.dims[a], d = p.keep[a];
+      int64_t *src = malloc(sizeof(int64_t) * (size_t)(len ? len : 1));
+      if (!src) abort();
+      for (int64_t j = 0; j < len; j++) {
+        int64_t k = j - p.before[a];
+        if (k < 0 || k >= d) {
+          if (p.mode == PAD_EDGE) k = k < 0 ? 0 : d - 1;
+          else if (p.mode == PAD_WRAP) k = (k % d + d) % d;
+          else k = k < 0 ? -k : 2 * (d - 1) - k;
+        }
+        src[j] = p.crop[a] + k;
+      }
+      g = place_along(c, g, a, src, x->shape.dims[a], "add");
+      free(src);
+    }
+    dx[0] = g;
+    return 0;
+  }
   int64_t st[KL_MAX_RANK], en[KL_MAX_RANK], ax[KL_MAX_RANK], after[KL_MAX_RANK];
   for (int a = 0; a < r; a++) {
     st[a] = p.before[a], en[a] = p.before[a] + p.keep[a], ax[a] = a;

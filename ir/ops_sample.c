@@ -599,3 +599,55 @@ int kl_eval_GRID_SAMPLE(const kl_node *n, kl_tensor **in, kl_tensor **out,
     }
   return 0;
 }
+
+/* ---- gradient rules (ir.h, kl_grad_fn) -------------------------------- */
+/* resize is separable: on each axis d, y = A_d x with A_d [out, in] the
+ * taps' weights (a tf_crop_and_resize point outside the crop takes the
+ * extrapolation value: a zero row, no gradient).  dx is dy times A_d on
+ * each axis that is not the identity: the axis moved last, a matmul with
+ * A_d as a constant, moved back. */
+static kl_value *apply_axis(kl_grad_ctx *c, kl_value *g, int d, const double *a, int64_t out,
+                            int64_t in) {
+  int rank = g->shape.rank;
+  int64_t perm[KL_MAX_RANK], inv[KL_MAX_RANK], ms[2] = {out, in};
+  for (int k = 0, j = 0; k < rank; k++)
+    if (k != d) perm[j++] = k;
+  perm[rank - 1] = d;
+  for (int k = 0; k < rank; k++) inv[perm[k]] = k;
+  kl_attr at[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = (double *)a, .n = (int)(out * in)},
+                   {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = g->dtype},
+                   {.name = "shape", .kind = KL_ATTR_INTS, .ints = ms, .n = 2}};
+  kl_value *m = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, at, 3);
+  kl_value *t = d == rank - 1 ? g : kl_gb_transpose(c, g, perm);
+  t = kl_gb2(c, KL_OP_MATMUL, t, m);
+  return d == rank - 1 ? t : kl_gb_transpose(c, t, inv);
+}
+
+int kl_grad_RESIZE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  const kl_value *x = n->inputs[0];
+  resize_cfg r;
+  if (resize_setup(n, c->err, &r)) return -1;
+  int rank = x->shape.rank;
+  kl_value *g = dy[0];
+  taps tp;
+  for (int d = rank - 1; d >= 0 && g; d--) {
+    int64_t in = x->shape.dims[d], out = r.sizes[d];
+    if ((double)in * (double)out > (double)INT32_MAX)
+      return KL_NODE_FAIL(n, c->err, "no gradient for resize of axis %d: %lld to %lld is too "
+                          "large for its weight matrix (node '%s')", d, (long long)in,
+                          (long long)out, n->name);
+    double *a = calloc((size_t)(in * out), sizeof *a);
+    if (!a) abort();
+    bool identity = in == out;
+    for (int64_t o = 0; o < out; o++) {
+      make_taps(&r, d, rank, o, in, &tp);
+      for (int k = 0; k < tp.ntap; k++) a[o * in + tp.idx[k]] += tp.w[k];
+    }
+    for (int64_t o = 0; o < out && identity; o++)
+      for (int64_t i = 0; i < in && identity; i++) identity = a[o * in + i] == (o == i ? 1.0 : 0.0);
+    if (!identity) g = apply_axis(c, g, d, a, out, in);
+    free(a);
+  }
+  dx[0] = g;
+  return 0;
+}

@@ -249,6 +249,23 @@ static const grad_case cases[] = {
     {"scatter_nd", "input a: f64[4, 2]\ninput u: f64[2, 2]\nconst i: i64[2, 1] = values([1, 3])\n"
                    "output y = scatter_nd(a, i, u) * scatter_nd(a, i, u * u, reduction=\"add\")\n", 0, 0},
     {"pad", "input a: f64[2, 3]\noutput y = pad(a, pads=[1, -1, 0, 2], value=0.5) * 2.0\n", 0, 0},
+    {"pad_modes", "input a: f64[3, 4]\n"
+                  "output y = concat(reshape(pad(a, pads=[2, 1, 1, 3], mode=reflect), shape=[-1]),"
+                  " reshape(pad(a, pads=[1, -1, 3, 2], mode=edge), shape=[-1]),"
+                  " reshape(pad(a, pads=[4, 0, -1, 6], mode=wrap), shape=[-1]), axis=0)\n", 0, 0},
+    /* sampling (ir/ops_sample.c) */
+    {"resize", "input a: f64[1, 2, 3, 4]\n"
+               "output y = concat(reshape(resize(a, sizes=[1, 2, 6, 7], mode=linear), shape=[-1]),"
+               " reshape(resize(a, sizes=[1, 2, 2, 9], mode=nearest, nearest_mode=floor,"
+               " coordinate_transformation_mode=asymmetric), shape=[-1]),"
+               " reshape(resize(a, sizes=[1, 2, 5, 3], mode=cubic, coordinate_transformation_mode=align_corners,"
+               " exclude_outside=1), shape=[-1]), axis=0)\n", 0, 0},
+    {"resize_antialias_crop", "input a: f64[2, 9, 8]\n"
+                              "output y = concat(reshape(resize(a, sizes=[2, 4, 3], mode=linear, antialias=1),"
+                              " shape=[-1]), reshape(resize(a, sizes=[2, 5, 4], mode=linear,"
+                              " coordinate_transformation_mode=tf_crop_and_resize,"
+                              " roi=[0, -0.2, 0.1, 1, 0.9, 1.3], extrapolation_value=3.0), shape=[-1]),"
+                              " axis=0)\n", 0, 0},
     {"trilu", "input a: f64[3, 4]\noutput y = trilu(a, upper=0, k=1) + trilu(a * a)\n", 0, 0},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
