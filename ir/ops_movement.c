@@ -1182,12 +1182,41 @@ int kl_grad_GATHER_ELEMENTS(kl_grad_ctx *c, const kl_node *n, kl_value *const *d
   return 0;
 }
 
+/* A scatter-add of dy at the indices.  With batch_dims, the batch axes are
+ * flattened into one and its index put in front of each index tuple, so
+ * that scatter_nd (which has no batch axes) places it. */
 int kl_grad_GATHER_ND(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
-  kl_value *x = n->inputs[0];
-  if (kl_attr_int(n, "batch_dims", 0) != 0)
-    return KL_NODE_FAIL(n, c->err, "no gradient for gather_nd with batch_dims = %lld (node '%s'); "
-                        "batch_dims = 0 only", (long long)kl_attr_int(n, "batch_dims", 0), n->name);
-  dx[0] = scatter(c, KL_OP_SCATTER_ND, zeros_of(c, x->dtype, &x->shape), n->inputs[1], dy[0], 0, "add");
+  kl_value *x = n->inputs[0], *ix = n->inputs[1], *g = dy[0];
+  int64_t nb = kl_attr_int(n, "batch_dims", 0);
+  if (nb == 0) {
+    dx[0] = scatter(c, KL_OP_SCATTER_ND, zeros_of(c, x->dtype, &x->shape), ix, g, 0, "add");
+    return 0;
+  }
+  const kl_shape *is = &ix->shape;
+  int64_t batch = 1;
+  for (int d = 0; d < nb; d++) batch *= x->shape.dims[d];
+  kl_shape xs = {x->shape.rank - (int)nb + 1, {batch}}, ts = {is->rank - (int)nb + 1, {batch}},
+           gs = {g->shape.rank - (int)nb + 1, {batch}};
+  for (int d = (int)nb; d < x->shape.rank; d++) xs.dims[d - nb + 1] = x->shape.dims[d];
+  for (int d = (int)nb; d < is->rank; d++) ts.dims[d - nb + 1] = is->dims[d];
+  for (int d = (int)nb; d < g->shape.rank; d++) gs.dims[d - nb + 1] = g->shape.dims[d];
+  kl_shape one = {ts.rank, {batch}}, lead = ts;
+  for (int d = 1; d < one.rank; d++) one.dims[d] = 1;
+  lead.dims[lead.rank - 1] = 1;
+  double *v = malloc(sizeof(double) * (size_t)(batch ? batch : 1));
+  if (!v) abort();
+  for (int64_t b = 0; b < batch; b++) v[b] = (double)b;
+  kl_attr k[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = v, .n = (int)batch},
+                  {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = ix->dtype},
+                  ints_attr("shape", one.dims, one.rank)};
+  kl_value *parts[2] = {kl_gb_expand(c, kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, k, 3), &lead),
+                        kl_gb_reshape(c, ix, &ts)};
+  free(v);
+  kl_attr cat = {.name = "axis", .kind = KL_ATTR_INT, .i = ts.rank - 1};
+  kl_value *full = kl_gb_node(c, KL_OP_CONCAT, parts, 2, &cat, 1);
+  kl_value *s = scatter(c, KL_OP_SCATTER_ND, zeros_of(c, x->dtype, &xs), full,
+                        kl_gb_reshape(c, g, &gs), 0, "add");
+  dx[0] = kl_gb_reshape(c, s, &x->shape);
   return 0;
 }
 

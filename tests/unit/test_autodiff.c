@@ -243,6 +243,11 @@ static const grad_case cases[] = {
                         "output y = gather_elements(a, i) + gather_elements(a, i, axis=1)\n", 0, 0},
     {"gather_nd", "input a: f64[3, 2, 2]\nconst i: i64[3, 2] = values([0, 1, 2, 0, 0, 1])\n"
                   "output y = gather_nd(a, i)\n", 0, 0},
+    {"gather_nd_batch", "input a: f64[2, 3, 2, 2]\nconst i: i32[2, 3, 1] = values([1, 0, -1, 0, 1, 1])\n"
+                        "const j: i64[2, 3, 2, 2] = values([0, 1, 1, 0, 1, 1, 0, 0, 1, 0, 0, 1,"
+                        " 1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 1, 0])\n"
+                        "output y = concat(reshape(gather_nd(a, i, batch_dims=2), shape=[-1]),"
+                        " reshape(gather_nd(a, j, batch_dims=2), shape=[-1]), axis=0)\n", 0, 0},
     {"scatter_elements", "input a: f64[3, 3]\ninput u: f64[2, 3]\n"
                          "const i: i64[2, 3] = values([0, 2, 1, 2, 0, 0])\n"
                          "output y = scatter_elements(a, i, u) * scatter_elements(a, i, u * u, reduction=\"add\")\n", 0, 0},
