@@ -1577,3 +1577,50 @@ int kl_grad_ATTENTION(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_
   dx[1] = group_sum(c, mm(c, swap_last2(c, ds), q), hkv);
   return 0;
 }
+
+/* ---- col2im -------------------------------------------------------------- */
+/* col2im adds each block element into the image: its gradient reads each
+ * back (im2col).  A gather along the flattened image, which has one zero
+ * appended for the elements that fell in the padding. */
+int kl_grad_COL2IM(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_col2im_geom g;
+  if (col2im_setup(n, c->err, &g)) return -1;
+  const kl_value *x = n->inputs[0];
+  int s = g.s;
+  int64_t k = 1, l = x->shape.dims[2], img = 1, nb = x->shape.dims[0];
+  int64_t ch = n->outputs[0]->shape.dims[1];
+  for (int i = 0; i < s; i++) k *= g.block[i], img *= g.image[i];
+  if (k * l > INT32_MAX)
+    return KL_NODE_FAIL(n, c->err, "no gradient for col2im with %lld block elements (node '%s')",
+                        (long long)(k * l), n->name);
+  int64_t cells = k * l;
+  double *at = malloc(sizeof(double) * (size_t)(cells > 0 ? cells : 1));
+  if (!at) abort();
+  for (int64_t b = 0; b < k; b++)
+    for (int64_t q = 0; q < l; q++) {
+      int64_t rb = b, rq = q, pos = 0, stride = 1;
+      bool inside = true;
+      for (int i = s - 1; i >= 0; i--) {
+        int64_t bi = rb % g.block[i], qi = rq % g.nblk[i];
+        rb /= g.block[i], rq /= g.nblk[i];
+        int64_t p = qi * g.stride[i] - g.pad[i] + bi * g.dil[i];
+        inside &= p >= 0 && p < g.image[i];
+        pos += p * stride;
+        stride *= g.image[i];
+      }
+      at[b * l + q] = inside ? (double)pos : (double)img;
+    }
+  int64_t is[2] = {k, l};
+  kl_attr ka[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = at, .n = (int)cells},
+                   {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = KL_I64}, ints_of("shape", is, 2)};
+  kl_value *idx = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, ka, 3);
+  free(at);
+  kl_shape flat = {3, {nb, ch, img}}, zs = {3, {nb, ch, 1}};
+  kl_value *parts[2] = {kl_gb_reshape(c, dy[0], &flat),
+                        kl_gb_expand(c, kl_gb_scalar(c, x->dtype, 0), &zs)};
+  kl_attr cat = {.name = "axis", .kind = KL_ATTR_INT, .i = 2};
+  kl_value *ins[2] = {kl_gb_node(c, KL_OP_CONCAT, parts, 2, &cat, 1), idx};
+  kl_value *cols = kl_gb_node(c, KL_OP_GATHER, ins, 2, &cat, 1); /* [N, C, k, l] */
+  dx[0] = kl_gb_reshape(c, cols, &x->shape);
+  return 0;
+}

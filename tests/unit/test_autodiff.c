@@ -222,6 +222,9 @@ static const grad_case cases[] = {
     {"avg_pool_dilated", "input x: f64[1, 1, 6, 6]\n"
                          "output y = avg_pool2d(x, kernel=[2, 2], strides=[1, 2], dilations=[2, 2],"
                          " pads=[1, 1, 1, 1])\n", 0, 0},
+    {"col2im", "input x: f64[2, 8, 12]\n"
+               "output y = col2im(x, image_shape=[4, 5], block_shape=[2, 2], strides=[2, 1],"
+               " pads=[1, 0, 1, 1], dilations=[1, 2])\n", 0, 0},
     /* data movement (ir/ops_movement.c) */
     {"shapes", "input a: f64[2, 3]\ninput b: f64[2, 1]\n"
                "output y = transpose(reshape(a, shape=[3, 2]), perm=[1, 0]) * flatten(a, axis=1)"
