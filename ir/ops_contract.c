@@ -1624,3 +1624,49 @@ int kl_grad_COL2IM(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_val
   dx[0] = kl_gb_reshape(c, cols, &x->shape);
   return 0;
 }
+
+/* ---- dft ------------------------------------------------------------------ */
+/* dft is linear: y[o, k, i, :] = M x[o, :, i, :] with M [nout * cout,
+ * m * cin] the twiddles as kl_eval_DFT sums them.  dx = M^T dy: dy with the
+ * transform axis and the complex axis last, flattened, times M, put back. */
+int kl_grad_DFT(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_dft_geom g;
+  if (dft_setup(n, c->err, &g)) return -1;
+  const kl_value *x = n->inputs[0];
+  int64_t rows = g.nout * g.cout, cols = g.m * g.cin;
+  if ((double)rows * (double)cols > (double)INT32_MAX)
+    return KL_NODE_FAIL(n, c->err, "no gradient for a dft of length %lld: its matrix is too "
+                        "large (node '%s')", (long long)g.n, n->name);
+  double *m = calloc((size_t)(rows * cols), sizeof *m);
+  if (!m) abort();
+  bool irfft = g.inverse && g.onesided;
+  int64_t terms = irfft ? g.n / 2 + 1 : g.n;
+  if (terms > g.m) terms = g.m;
+  double sign = g.inverse ? 1.0 : -1.0, scale = g.inverse ? 1.0 / (double)g.n : 1.0;
+  for (int64_t k = 0; k < g.nout; k++)
+    for (int64_t t = 0; t < terms; t++) {
+      double a = DFT_TWO_PI * (double)((k * t) % g.n) / (double)g.n;
+      double co = cos(a) * scale, si = sign * sin(a) * scale;
+      double w = irfft && t != 0 && 2 * t != g.n ? 2.0 : 1.0;
+      double *re = m + (k * g.cout) * cols + t * g.cin;
+      re[0] = w * co;
+      if (g.cin == 2) re[1] = -w * si;
+      if (g.cout == 2) {
+        double *im = re + cols;
+        im[0] = si;
+        if (g.cin == 2) im[1] = co;
+      }
+    }
+  int64_t ms[2] = {rows, cols};
+  kl_attr ka[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = m, .n = (int)(rows * cols)},
+                   {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = x->dtype}, ints_of("shape", ms, 2)};
+  kl_value *mat = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, ka, 3);
+  free(m);
+  int64_t p4[4] = {0, 2, 1, 3};
+  kl_shape g4 = {4, {g.outer, g.nout, g.inner, g.cout}}, g3 = {3, {g.outer, g.inner, rows}},
+           x4 = {4, {g.outer, g.inner, g.m, g.cin}};
+  kl_value *t = kl_gb_reshape(c, kl_gb_transpose(c, kl_gb_reshape(c, dy[0], &g4), p4), &g3);
+  t = kl_gb_reshape(c, mm(c, t, mat), &x4);
+  dx[0] = kl_gb_reshape(c, kl_gb_transpose(c, t, p4), &x->shape);
+  return 0;
+}

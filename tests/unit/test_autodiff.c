@@ -225,6 +225,11 @@ static const grad_case cases[] = {
     {"col2im", "input x: f64[2, 8, 12]\n"
                "output y = col2im(x, image_shape=[4, 5], block_shape=[2, 2], strides=[2, 1],"
                " pads=[1, 0, 1, 1], dilations=[1, 2])\n", 0, 0},
+    {"dft", "input r: f64[2, 5, 3, 1]\ninput z: f64[2, 6, 2]\n"
+            "output y = concat(reshape(dft(r, axis=1), shape=[-1]), reshape(dft(r, axis=1, onesided=1,"
+            " length=7), shape=[-1]), reshape(dft(z, axis=1, inverse=1), shape=[-1]),"
+            " reshape(dft(z, axis=1, inverse=1, onesided=1), shape=[-1]),"
+            " reshape(dft(z, axis=-2, length=4), shape=[-1]), axis=0)\n", -1, 1},
     /* data movement (ir/ops_movement.c) */
     {"shapes", "input a: f64[2, 3]\ninput b: f64[2, 1]\n"
                "output y = transpose(reshape(a, shape=[3, 2]), perm=[1, 0]) * flatten(a, axis=1)"
@@ -306,19 +311,20 @@ static void test_unrelated_input_gets_zeros(void **s) {
   kl_graph_free(g);
 }
 
-/* det and dft have no rule: both are named at once. */
+/* det and grid_sample have no rule: both are named at once. */
 static void test_missing_rule_is_an_error(void **s) {
   (void)s;
-  const char *src = "input a: f64[2, 2, 2]\n"
-                    "output y = reshape(det(a), shape=[2, 1, 1]) * dft(reshape(a, shape=[2, 4, 1]), axis=1)\n";
+  const char *src = "input a: f64[2, 2, 2]\ninput p: f64[2, 1, 2, 2]\n"
+                    "output y = det(a) * reduce_sum(grid_sample(p, reshape(a, shape=[2, 1, 2, 2])))\n";
   kl_error err;
   kl_graph *g = kl_parse_string(src, strlen(src), "t.kl", NULL, &err);
   if (!g) fail_msg("%s", err.msg);
-  assert_false(kl_op_grads[KL_OP_DET] || kl_op_grads[KL_OP_DFT]);
-  kl_value *grads[1];
-  assert_int_equal(kl_autodiff(g, g->outputs.items[0], g->inputs.items, 1, grads, &err), -1);
-  assert_non_null(strstr(err.msg, "no gradient for det (node"));
-  assert_non_null(strstr(err.msg, "dft (node"));
+  assert_false(kl_op_grads[KL_OP_DET] || kl_op_grads[KL_OP_GRID_SAMPLE]);
+  kl_value *grads[2];
+  assert_int_equal(kl_autodiff(g, g->outputs.items[0], g->inputs.items, 2, grads, &err), -1);
+  assert_non_null(strstr(err.msg, "no gradient for "));
+  assert_non_null(strstr(err.msg, "det (node"));
+  assert_non_null(strstr(err.msg, "grid_sample (node"));
   kl_graph_free(g);
 }
 
