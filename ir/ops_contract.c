@@ -1419,8 +1419,7 @@ int kl_grad_CONV_TRANSPOSE2D(kl_grad_ctx *c, const kl_node *n, kl_value *const *
   kl_value *x = n->inputs[0], *g = dy[0];
   for (int i = 0; i < 4; i++)
     if (t.pad[i] < 0)
-      return KL_NODE_FAIL(n, c->err, "no gradient for conv_transpose2d with negative pads "
-                          "(node '%s')", n->name);
+      return KL_GRAD_FAIL(c, n, "negative pads (an output extended by them) are not handled");
   kl_attr at[4] = {ints_of("strides", t.stride, 2), ints_of("pads", t.pad, 4),
                    ints_of("dilations", t.dil, 2), {.name = "groups", .kind = KL_ATTR_INT, .i = t.groups}};
   kl_value *ins[2] = {g, n->inputs[1]};
@@ -1549,8 +1548,8 @@ int kl_grad_ATTENTION(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_
   kl_value *q = n->inputs[0], *k = n->inputs[1], *v = n->inputs[2], *g = dy[0];
   int64_t scores = kl_attr_int(n, "scores", -1);
   if (scores != -1)
-    return KL_NODE_FAIL(n, c->err, "no gradient for attention giving its scores (scores = %lld, "
-                        "node '%s'); the output (scores = -1) has one", (long long)scores, n->name);
+    return KL_GRAD_FAIL(c, n, "it gives its scores (scores = %lld); the output (scores = -1) "
+                        "has one", (long long)scores);
   int64_t hq = q->shape.dims[1], hkv = k->shape.dims[1];
   double scale = kl_attr_float(n, "scale", 0), cap = kl_attr_float(n, "softcap", 0);
   if (scale == 0) scale = 1 / sqrt((double)q->shape.dims[3]);
@@ -1591,8 +1590,8 @@ int kl_grad_COL2IM(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_val
   int64_t ch = n->outputs[0]->shape.dims[1];
   for (int i = 0; i < s; i++) k *= g.block[i], img *= g.image[i];
   if (k * l > INT32_MAX)
-    return KL_NODE_FAIL(n, c->err, "no gradient for col2im with %lld block elements (node '%s')",
-                        (long long)(k * l), n->name);
+    return KL_GRAD_FAIL(c, n, "%lld block elements are too many for its index table",
+                        (long long)(k * l));
   int64_t cells = k * l;
   double *at = malloc(sizeof(double) * (size_t)(cells > 0 ? cells : 1));
   if (!at) abort();
@@ -1635,8 +1634,8 @@ int kl_grad_DFT(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value 
   const kl_value *x = n->inputs[0];
   int64_t rows = g.nout * g.cout, cols = g.m * g.cin;
   if ((double)rows * (double)cols > (double)INT32_MAX)
-    return KL_NODE_FAIL(n, c->err, "no gradient for a dft of length %lld: its matrix is too "
-                        "large (node '%s')", (long long)g.n, n->name);
+    return KL_GRAD_FAIL(c, n, "a transform of length %lld is too large for its matrix",
+                        (long long)g.n);
   double *m = calloc((size_t)(rows * cols), sizeof *m);
   if (!m) abort();
   bool irfft = g.inverse && g.onesided;

@@ -1118,7 +1118,7 @@ int kl_grad_SPLIT(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_valu
   if (kl_norm_axis(kl_attr_int(n, "axis", 0), n->inputs[0]->shape.rank, &axis, n, c->err)) return -1;
   kl_value *parts[64];
   if (n->noutputs > 64)
-    return KL_NODE_FAIL(n, c->err, "no gradient for a split into %d outputs (at most 64)", n->noutputs);
+    return KL_GRAD_FAIL(c, n, "%d outputs (at most 64)", n->noutputs);
   for (int k = 0; k < n->noutputs; k++) {
     const kl_value *o = n->outputs[k];
     parts[k] = dy[k] ? dy[k] : zeros_of(c, o->dtype, &o->shape);
@@ -1241,8 +1241,7 @@ static int grad_scatter(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, k
     return 0;
   }
   if (strcmp(red, "none") != 0)
-    return KL_NODE_FAIL(n, c->err, "no gradient for %s with reduction \"%s\" (node '%s'); "
-                        "\"none\" and \"add\" have one", kl_ops[n->op].name, red, n->name);
+    return KL_GRAD_FAIL(c, n, "reduction \"%s\"; \"none\" and \"add\" have one", red);
   dx[0] = scatter(c, n->op, dy[0], ix, zeros_of(c, u->dtype, &u->shape), axis, "none");
   int64_t m = kl_shape_numel(&u->shape);
   double *pos = malloc(sizeof(double) * (size_t)(m ? m : 1));

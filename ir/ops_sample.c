@@ -633,9 +633,8 @@ int kl_grad_RESIZE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_val
   for (int d = rank - 1; d >= 0 && g; d--) {
     int64_t in = x->shape.dims[d], out = r.sizes[d];
     if ((double)in * (double)out > (double)INT32_MAX)
-      return KL_NODE_FAIL(n, c->err, "no gradient for resize of axis %d: %lld to %lld is too "
-                          "large for its weight matrix (node '%s')", d, (long long)in,
-                          (long long)out, n->name);
+      return KL_GRAD_FAIL(c, n, "axis %d, %lld to %lld, is too large for its weight matrix", d,
+                          (long long)in, (long long)out);
     double *a = calloc((size_t)(in * out), sizeof *a);
     if (!a) abort();
     bool identity = in == out;

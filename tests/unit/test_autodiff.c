@@ -328,13 +328,28 @@ static void test_missing_rule_is_an_error(void **s) {
   kl_graph_free(g);
 }
 
+/* A rule that cannot take a node's attributes says why, naming the node. */
+static void test_rule_refusal_names_the_node(void **s) {
+  (void)s;
+  const char *src = "input a: f64[3, 3]\ninput u: f64[1, 3]\nconst i: i64[1, 3] = values([0, 2, 1])\n"
+                    "output y = scatter_elements(a, i, u, reduction=\"mul\")\n";
+  kl_error err;
+  kl_graph *g = kl_parse_string(src, strlen(src), "t.kl", NULL, &err);
+  if (!g) fail_msg("%s", err.msg);
+  kl_value *grads[2];
+  assert_int_equal(kl_autodiff(g, g->outputs.items[0], g->inputs.items, 2, grads, &err), -1);
+  assert_non_null(strstr(err.msg, "no gradient for scatter_elements (node 'y'): reduction \"mul\""));
+  kl_graph_free(g);
+}
+
 int main(void) {
-  static struct CMUnitTest tests[NCASES + 3];
+  static struct CMUnitTest tests[NCASES + 4];
   int n = 0;
   for (int i = 0; i < NCASES; i++)
     tests[n++] = (struct CMUnitTest){cases[i].name, test_case, NULL, NULL, (void *)&cases[i]};
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_unrelated_input_gets_zeros);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_missing_rule_is_an_error);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_rule_refusal_names_the_node);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_every_rule_is_checked);
   return _cmocka_run_group_tests("autodiff", tests, (size_t)n, NULL, NULL);
 }
