@@ -650,3 +650,176 @@ int kl_grad_RESIZE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_val
   dx[0] = g;
   return 0;
 }
+
+/* ---- grid_sample's gradient ---------------------------------------------
+ * The sampling of gs_axis_taps rebuilt from IR ops over the grid, so that
+ * the taps' places and weights are values: per axis, the point v (moved
+ * inside by border or reflection, with dv/dg through the move), its taps'
+ * indices, their weights and the weights' slopes in v. */
+typedef struct {
+  kl_grad_ctx *c;
+  kl_dtype t; /* the grid's dtype: coordinates are computed in it */
+} gs_build;
+
+static kl_value *gk(gs_build *b, double v) { return kl_gb_scalar(b->c, b->t, v); }
+static kl_value *gadd(gs_build *b, kl_value *x, kl_value *y) { return kl_gb2(b->c, KL_OP_ADD, x, y); }
+static kl_value *gsub(gs_build *b, kl_value *x, kl_value *y) { return kl_gb2(b->c, KL_OP_SUB, x, y); }
+static kl_value *gmul(gs_build *b, kl_value *x, kl_value *y) { return kl_gb2(b->c, KL_OP_MUL, x, y); }
+static kl_value *gsel(gs_build *b, kl_value *cond, kl_value *x, kl_value *y) {
+  return kl_gb3(b->c, KL_OP_WHERE, cond, x, y);
+}
+static kl_value *gclamp(gs_build *b, kl_value *x, double lo, double hi) {
+  return kl_gb2(b->c, KL_OP_MINIMUM, kl_gb2(b->c, KL_OP_MAXIMUM, x, gk(b, lo)), gk(b, hi));
+}
+
+/* gs_reflect of v (outside [lo, hi]) and its slope, +-1 (0 when the range
+ * is empty). */
+static kl_value *gs_reflect_v(gs_build *b, kl_value *v, double lo, double hi, kl_value **slope) {
+  double range = hi - lo;
+  if (range <= 0) {
+    *slope = gk(b, 0);
+    return kl_gb_expand(b->c, gk(b, lo), &v->shape);
+  }
+  kl_value *below = kl_gb2(b->c, KL_OP_LT, v, gk(b, lo));
+  kl_value *dist = gsel(b, below, gsub(b, gk(b, lo), v), gsub(b, v, gk(b, hi)));
+  kl_value *m = kl_gb1(b->c, KL_OP_FLOOR, kl_gb2(b->c, KL_OP_DIV, dist, gk(b, range)));
+  kl_value *r = gsub(b, dist, gmul(b, m, gk(b, range)));
+  kl_value *even = kl_gb2(b->c, KL_OP_EQ, kl_gb2(b->c, KL_OP_MOD, m, gk(b, 2)), gk(b, 0));
+  kl_value *from_lo = kl_gb1(b->c, KL_OP_LOGICAL_NOT, kl_gb2(b->c, KL_OP_LOGICAL_XOR, below, even));
+  /* d dist / dv is -1 below and 1 above; lo + r keeps it, hi - r flips it */
+  kl_value *ddist = gsel(b, below, gk(b, -1), gk(b, 1));
+  *slope = gsel(b, from_lo, ddist, kl_gb1(b->c, KL_OP_NEG, ddist));
+  return gsel(b, from_lo, gadd(b, gk(b, lo), r), gsub(b, gk(b, hi), r));
+}
+
+/* One axis's taps: index (float, already inside x or invalid), whether
+ * valid (zeros padding), weight, and the weight's slope in the grid value. */
+typedef struct {
+  int ntaps;
+  kl_value *idx[2], *valid[2], *w[2], *dw[2];
+} gs_taps_v;
+
+static void gs_axis_values(gs_build *b, kl_value *g, int64_t d, int mode, int pad, bool ac,
+                           gs_taps_v *a) {
+  double lo = ac ? 0 : -0.5, hi = ac ? (double)d - 1 : (double)d - 0.5;
+  double dvdg = ac ? (double)(d - 1) / 2 : (double)d / 2;
+  kl_value *v = ac ? gmul(b, gadd(b, g, gk(b, 1)), gk(b, dvdg))
+                   : gmul(b, gsub(b, gmul(b, gadd(b, g, gk(b, 1)), gk(b, (double)d)), gk(b, 1)), gk(b, 0.5));
+  kl_value *slope = gk(b, dvdg);
+  if (mode == GS_NEAREST) v = kl_gb1(b->c, KL_OP_ROUND, v);
+  if (pad != GS_ZEROS) {
+    kl_value *outside = kl_gb2(b->c, KL_OP_LOGICAL_OR, kl_gb2(b->c, KL_OP_LT, v, gk(b, lo)),
+                               kl_gb2(b->c, KL_OP_GT, v, gk(b, hi)));
+    kl_value *moved, *mslope;
+    if (pad == GS_BORDER) {
+      moved = gclamp(b, v, 0, (double)d - 1);
+      mslope = gk(b, 0);
+    } else {
+      moved = gs_reflect_v(b, v, lo, hi, &mslope);
+    }
+    v = gsel(b, outside, moved, v);
+    slope = gsel(b, outside, gmul(b, mslope, slope), slope);
+  }
+  kl_value *v0 = kl_gb1(b->c, KL_OP_FLOOR, v), *t = gsub(b, v, v0);
+  a->ntaps = mode == GS_NEAREST ? 1 : 2;
+  for (int j = 0; j < a->ntaps; j++) {
+    kl_value *i = j ? gadd(b, v0, gk(b, 1)) : v0;
+    a->valid[j] = NULL;
+    if (pad == GS_ZEROS) {
+      a->valid[j] = kl_gb2(b->c, KL_OP_LOGICAL_AND, kl_gb2(b->c, KL_OP_GE, i, gk(b, 0)),
+                           kl_gb2(b->c, KL_OP_LT, i, gk(b, (double)d)));
+    } else if (pad == GS_REFLECTION) {
+      kl_value *ignored;
+      kl_value *out = kl_gb2(b->c, KL_OP_LOGICAL_OR, kl_gb2(b->c, KL_OP_LT, i, gk(b, lo)),
+                             kl_gb2(b->c, KL_OP_GT, i, gk(b, hi)));
+      i = kl_gb1(b->c, KL_OP_FLOOR, gsel(b, out, gs_reflect_v(b, i, lo, hi, &ignored), i));
+    }
+    a->idx[j] = gclamp(b, i, 0, (double)d - 1);
+    if (mode == GS_NEAREST) {
+      a->w[j] = kl_gb_expand(b->c, gk(b, 1), &g->shape), a->dw[j] = gk(b, 0);
+    } else {
+      a->w[j] = j ? t : gsub(b, gk(b, 1), t);
+      a->dw[j] = j ? slope : kl_gb1(b->c, KL_OP_NEG, slope);
+    }
+    if (a->valid[j]) {
+      a->w[j] = kl_gb_mask(b->c, a->valid[j], a->w[j]);
+      a->dw[j] = kl_gb_mask(b->c, a->valid[j], a->dw[j]);
+    }
+  }
+}
+
+/* Every combination of one tap per axis: its flat index into x's spatial
+ * elements, its weight and, per axis, its weight's slope in that axis's
+ * grid value.  dx: dy times each weight, scatter-added at the indices (all
+ * combinations in one scatter); dgrid: per axis, the sum over combinations
+ * of the slope times sum over channels of dy times x at the index. */
+int kl_grad_GRID_SAMPLE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x = n->inputs[0], *grid = n->inputs[1];
+  int mode = gs_pick(kl_attr_string(n, "mode", "linear"), gs_modes, 3);
+  int pad = gs_pick(kl_attr_string(n, "padding_mode", "zeros"), gs_pads, 3);
+  bool ac = kl_attr_int(n, "align_corners", 0) != 0;
+  if (mode == GS_CUBIC) return KL_GRAD_FAIL(c, n, "mode \"cubic\"; \"linear\" and \"nearest\" have one");
+  int k = x->shape.rank - 2;
+  if (k > 3) return KL_GRAD_FAIL(c, n, "%d spatial axes (at most 3)", k);
+  int64_t nb = x->shape.dims[0], ch = x->shape.dims[1], sp = 1, o = 1;
+  for (int i = 0; i < k; i++) sp *= x->shape.dims[2 + i], o *= grid->shape.dims[1 + i];
+  gs_build b = {c, grid->dtype};
+  kl_shape g3 = {3, {nb, o, k}}, no = {2, {nb, o}}, n1o = {3, {nb, 1, o}}, nco = {3, {nb, ch, o}},
+           ncs = {3, {nb, ch, sp}};
+  kl_value *gf = kl_gb_reshape(c, grid, &g3);
+  gs_taps_v ax[3];
+  for (int i = 0; i < k; i++) {
+    int64_t comp = k - 1 - i, end = comp + 1, last = 2; /* grid[..., 0] is the last axis */
+    kl_attr sl[3] = {{.name = "starts", .kind = KL_ATTR_INTS, .ints = &comp, .n = 1},
+                     {.name = "ends", .kind = KL_ATTR_INTS, .ints = &end, .n = 1},
+                     {.name = "axes", .kind = KL_ATTR_INTS, .ints = &last, .n = 1}};
+    kl_value *gi = kl_gb_reshape(c, kl_gb_node(c, KL_OP_SLICE, &gf, 1, sl, 3), &no);
+    gs_axis_values(&b, gi, x->shape.dims[2 + i], mode, pad, ac, &ax[i]);
+  }
+  kl_value *g = kl_gb_reshape(c, dy[0], &nco), *xf = kl_gb_reshape(c, x, &ncs);
+  kl_value *where_[8], *upd[8], *dv[3] = {NULL, NULL, NULL};
+  int ncomb = 1;
+  for (int i = 0; i < k; i++) ncomb *= ax[i].ntaps;
+  for (int cb = 0; cb < ncomb; cb++) {
+    int tap[3];
+    for (int i = k - 1, r = cb; i >= 0; i--) tap[i] = r % ax[i].ntaps, r /= ax[i].ntaps;
+    kl_value *flat = NULL, *w = NULL;
+    int64_t stride = 1;
+    for (int i = k - 1; i >= 0; i--) {
+      kl_value *term = gmul(&b, ax[i].idx[tap[i]], gk(&b, (double)stride));
+      flat = flat ? gadd(&b, flat, term) : term;
+      stride *= x->shape.dims[2 + i];
+    }
+    for (int i = 0; i < k; i++) w = w ? gmul(&b, w, ax[i].w[tap[i]]) : ax[i].w[tap[i]];
+    kl_value *ix = kl_gb_expand(c, kl_gb_reshape(c, kl_gb_cast(c, flat, KL_I64), &n1o), &nco);
+    where_[cb] = ix;
+    upd[cb] = kl_gb2(c, KL_OP_MUL, g, kl_gb_reshape(c, kl_gb_cast(c, w, x->dtype), &n1o));
+    /* sum over channels of dy x[index], in the grid's dtype */
+    kl_value *ins[2] = {xf, ix};
+    kl_attr a2 = {.name = "axis", .kind = KL_ATTR_INT, .i = 2};
+    kl_value *xs = kl_gb_node(c, KL_OP_GATHER_ELEMENTS, ins, 2, &a2, 1);
+    int64_t one = 1;
+    kl_value *p = kl_gb_cast(c, kl_gb_reshape(c, kl_gb_sum(c, kl_gb2(c, KL_OP_MUL, g, xs), &one, 1), &no),
+                             grid->dtype);
+    for (int i = 0; i < k && mode != GS_NEAREST; i++) {
+      kl_value *s = ax[i].dw[tap[i]];
+      for (int j = 0; j < k; j++)
+        if (j != i) s = gmul(&b, s, ax[j].w[tap[j]]);
+      kl_value *term = gmul(&b, p, s);
+      dv[i] = dv[i] ? gadd(&b, dv[i], term) : term;
+    }
+  }
+  kl_attr a2 = {.name = "axis", .kind = KL_ATTR_INT, .i = 2};
+  kl_value *all_ix = ncomb > 1 ? kl_gb_node(c, KL_OP_CONCAT, where_, ncomb, &a2, 1) : where_[0];
+  kl_value *all_up = ncomb > 1 ? kl_gb_node(c, KL_OP_CONCAT, upd, ncomb, &a2, 1) : upd[0];
+  kl_value *sins[3] = {kl_gb_expand(c, kl_gb_scalar(c, x->dtype, 0), &ncs), all_ix, all_up};
+  kl_attr sa[2] = {a2, {.name = "reduction", .kind = KL_ATTR_STRING, .s = "add"}};
+  dx[0] = kl_gb_reshape(c, kl_gb_node(c, KL_OP_SCATTER_ELEMENTS, sins, 3, sa, 2), &x->shape);
+  if (mode == GS_NEAREST) return 0; /* piecewise constant in the grid */
+  kl_shape no1 = {3, {nb, o, 1}};
+  kl_value *parts[3];
+  for (int j = 0; j < k; j++) parts[j] = kl_gb_reshape(c, dv[k - 1 - j], &no1);
+  kl_value *dg = k > 1 ? kl_gb_node(c, KL_OP_CONCAT, parts, k, &a2, 1) : parts[0];
+  dx[1] = kl_gb_reshape(c, dg, &grid->shape);
+  return 0;
+}

@@ -279,6 +279,16 @@ static const grad_case cases[] = {
                               " coordinate_transformation_mode=tf_crop_and_resize,"
                               " roi=[0, -0.2, 0.1, 1, 0.9, 1.3], extrapolation_value=3.0), shape=[-1]),"
                               " axis=0)\n", 0, 0},
+    {"grid_sample", "input x: f64[2, 2, 3, 4]\ninput g: f64[2, 2, 3, 2]\n"
+                    "output y = concat(grid_sample(x, g), grid_sample(x, g, padding_mode=border, align_corners=1),"
+                    " grid_sample(x, g * 1.7, padding_mode=reflection),"
+                    " grid_sample(x, g * 2.9, padding_mode=reflection, align_corners=1),"
+                    " grid_sample(x, g * 1.5, padding_mode=zeros, align_corners=1), axis=1)\n", -1.3, 1.3},
+    {"grid_sample_nearest_3d", "input x: f64[1, 2, 2, 3, 4]\ninput g: f64[1, 2, 2, 2, 3]\n"
+                               "output y = grid_sample(x, g, mode=nearest, padding_mode=reflection) * 2.0"
+                               " + grid_sample(x, g * g, padding_mode=border) + grid_sample(x, g)\n", -1.2, 1.2},
+    {"grid_sample_1d", "input x: f64[2, 3, 5]\ninput g: f64[2, 4, 1]\n"
+                       "output y = grid_sample(x, g) + grid_sample(x, g, mode=nearest)\n", -1.2, 1.2},
     {"trilu", "input a: f64[3, 4]\noutput y = trilu(a, upper=0, k=1) + trilu(a * a)\n", 0, 0},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
@@ -311,20 +321,21 @@ static void test_unrelated_input_gets_zeros(void **s) {
   kl_graph_free(g);
 }
 
-/* det and grid_sample have no rule: both are named at once. */
+/* det and roi_align have no rule: both are named at once. */
 static void test_missing_rule_is_an_error(void **s) {
   (void)s;
-  const char *src = "input a: f64[2, 2, 2]\ninput p: f64[2, 1, 2, 2]\n"
-                    "output y = det(a) * reduce_sum(grid_sample(p, reshape(a, shape=[2, 1, 2, 2])))\n";
+  const char *src = "input a: f64[2, 2, 2]\ninput p: f64[1, 1, 4, 4]\n"
+                    "const r: f64[1, 4] = values([0, 0, 2, 2])\nconst i: i64[1] = values([0])\n"
+                    "output y = det(a) * reduce_sum(roi_align(p, r, i))\n";
   kl_error err;
   kl_graph *g = kl_parse_string(src, strlen(src), "t.kl", NULL, &err);
   if (!g) fail_msg("%s", err.msg);
-  assert_false(kl_op_grads[KL_OP_DET] || kl_op_grads[KL_OP_GRID_SAMPLE]);
+  assert_false(kl_op_grads[KL_OP_DET] || kl_op_grads[KL_OP_ROI_ALIGN]);
   kl_value *grads[2];
   assert_int_equal(kl_autodiff(g, g->outputs.items[0], g->inputs.items, 2, grads, &err), -1);
   assert_non_null(strstr(err.msg, "no gradient for "));
   assert_non_null(strstr(err.msg, "det (node"));
-  assert_non_null(strstr(err.msg, "grid_sample (node"));
+  assert_non_null(strstr(err.msg, "roi_align (node"));
   kl_graph_free(g);
 }
 
