@@ -476,3 +476,47 @@ int kl_grad_MOD(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value 
 #undef SLOPE_RULE
 #undef RECIP_RULE
 #undef ZERO_RULE
+
+/* d det(A) / dA is A's cofactor matrix, (-1)^(i+j) det(A without row i and
+ * column j): exact for singular A too (no inverse).  The n^2 minors are
+ * gathered from each flattened matrix with a constant index table, then
+ * one det over them. */
+int kl_grad_DET(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x = n->inputs[0];
+  int r = x->shape.rank;
+  int64_t m = x->shape.dims[r - 1], batch = kl_shape_numel(&x->shape) / (m * m > 0 ? m * m : 1);
+  if (m == 0) return 0;
+  int64_t cells = m * m * (m - 1) * (m - 1);
+  if (cells > INT32_MAX) return KL_GRAD_FAIL(c, n, "%lld x %lld matrices have too many minors",
+                                             (long long)m, (long long)m);
+  double *at = malloc(sizeof(double) * (size_t)(cells > 0 ? cells : 1));
+  double *sign = malloc(sizeof(double) * (size_t)(m * m));
+  if (!at || !sign) abort();
+  int64_t k = 0;
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < m; j++) {
+      sign[i * m + j] = (i + j) % 2 ? -1.0 : 1.0;
+      for (int64_t p = 0; p < m; p++)
+        for (int64_t q = 0; q < m; q++)
+          if (p != i && q != j) at[k++] = (double)(p * m + q);
+    }
+  int64_t is[4] = {m, m, m - 1, m - 1}, ss[2] = {m, m};
+  kl_attr ia[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = at, .n = (int)cells},
+                   {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = KL_I64},
+                   {.name = "shape", .kind = KL_ATTR_INTS, .ints = is, .n = 4}};
+  kl_attr sa[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = sign, .n = (int)(m * m)},
+                   {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = x->dtype},
+                   {.name = "shape", .kind = KL_ATTR_INTS, .ints = ss, .n = 2}};
+  kl_value *idx = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, ia, 3);
+  kl_value *sg = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, sa, 3);
+  free(at);
+  free(sign);
+  kl_shape flat = {2, {batch, m * m}}, cof = {3, {batch, m, m}}, g3 = {3, {batch, 1, 1}};
+  kl_attr ax = {.name = "axis", .kind = KL_ATTR_INT, .i = 1};
+  kl_value *ins[2] = {kl_gb_reshape(c, x, &flat), idx};
+  kl_value *minors = kl_gb_node(c, KL_OP_GATHER, ins, 2, &ax, 1); /* [B, m, m, m-1, m-1] */
+  kl_value *cofactors = kl_gb2(c, KL_OP_MUL, kl_gb1(c, KL_OP_DET, minors), sg);
+  kl_value *g = kl_gb_reshape(c, dy[0], &g3);
+  dx[0] = kl_gb_reshape(c, kl_gb2(c, KL_OP_MUL, kl_gb_reshape(c, cofactors, &cof), g), &x->shape);
+  return 0;
+}
