@@ -1669,3 +1669,68 @@ int kl_grad_DFT(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value 
   dx[0] = kl_gb_reshape(c, kl_gb_transpose(c, t, p4), &x->shape);
   return 0;
 }
+
+/* ---- linear_attention ----------------------------------------------------- */
+static kl_value *heads_first(kl_grad_ctx *c, kl_value *v, int64_t heads) {
+  if (!v) return NULL;
+  const int64_t *d = v->shape.dims;
+  kl_shape s = {4, {d[0], d[1], heads, d[2] / heads}};
+  int64_t p[4] = {0, 2, 1, 3};
+  return kl_gb_transpose(c, kl_gb_reshape(c, v, &s), p);
+}
+
+static kl_value *heads_back(kl_grad_ctx *c, kl_value *v, const kl_shape *to) {
+  int64_t p[4] = {0, 2, 1, 3};
+  return kl_gb_reshape(c, kl_gb_transpose(c, v, p), to);
+}
+
+static kl_value *lower(kl_grad_ctx *c, kl_value *v) {
+  kl_attr a = {.name = "upper", .kind = KL_ATTR_INT, .i = 0};
+  return kl_gb_node(c, KL_OP_TRILU, &v, 1, &a, 1);
+}
+
+static kl_value *add_or(kl_grad_ctx *c, kl_value *a, kl_value *b) {
+  return a ? (b ? kl_gb2(c, KL_OP_ADD, a, b) : a) : b;
+}
+
+/* The "linear" rule unrolled: per head, y = scale (q S0 + tril(q k^T) v)
+ * and state = S0 + k^T v, so the gradients are matmuls with the causal
+ * (lower) triangle, the kv heads' summed over the query heads reading
+ * them.  The gated and delta rules' recurrences are refused by name. */
+int kl_grad_LINEAR_ATTENTION(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  lin_attn a;
+  if (linear_attention_layout(n, c->err, &a)) return -1;
+  if (a.gated || a.delta)
+    return KL_GRAD_FAIL(c, n, "rule \"%s\"; \"linear\" has one", kl_attr_string(n, "rule", ""));
+  double scale = kl_attr_float(n, "scale", 0);
+  if (scale == 0) scale = 1 / sqrt((double)a.dk);
+  kl_value *q = heads_first(c, n->inputs[0], a.hq), *k = heads_first(c, n->inputs[1], a.hkv);
+  kl_value *v = heads_first(c, n->inputs[2], a.hkv);
+  kl_value *past = a.past > 0 ? n->inputs[a.past] : NULL;
+  kl_value *ke = kv_heads(c, k, a.hq), *ve = kv_heads(c, v, a.hq);
+  kl_value *dq = NULL, *dk = NULL, *dv = NULL, *dpast = NULL;
+  kl_value *sc = kl_gb_scalar(c, n->inputs[0]->dtype, scale);
+  if (dy[0]) {
+    kl_value *g = heads_first(c, dy[0], a.hq);
+    kl_value *att = lower(c, mm(c, q, swap_last2(c, ke)));
+    kl_value *datt = kl_gb2(c, KL_OP_MUL, lower(c, mm(c, g, swap_last2(c, ve))), sc);
+    dq = mm(c, datt, ke);
+    dk = group_sum(c, mm(c, swap_last2(c, datt), q), a.hkv);
+    dv = group_sum(c, kl_gb2(c, KL_OP_MUL, mm(c, swap_last2(c, att), g), sc), a.hkv);
+    if (past) {
+      kl_value *qg = kl_gb2(c, KL_OP_MUL, mm(c, swap_last2(c, q), g), sc); /* [B, Hq, Dk, Dv] */
+      dq = kl_gb2(c, KL_OP_ADD, dq, kl_gb2(c, KL_OP_MUL, mm(c, g, swap_last2(c, kv_heads(c, past, a.hq))), sc));
+      dpast = group_sum(c, qg, a.hkv);
+    }
+  }
+  if (dy[1]) {
+    dk = add_or(c, dk, mm(c, v, swap_last2(c, dy[1])));
+    dv = add_or(c, dv, mm(c, k, dy[1]));
+    dpast = add_or(c, dpast, dy[1]);
+  }
+  dx[0] = dq ? heads_back(c, dq, &n->inputs[0]->shape) : NULL;
+  dx[1] = dk ? heads_back(c, dk, &n->inputs[1]->shape) : NULL;
+  dx[2] = dv ? heads_back(c, dv, &n->inputs[2]->shape) : NULL;
+  if (past) dx[a.past] = dpast;
+  return 0;
+}

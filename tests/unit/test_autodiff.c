@@ -213,6 +213,13 @@ static const grad_case cases[] = {
                          "const l: i64[2] = values([4, 3])\n"
                          "output y = attention(q, k, v, m, l, causal=1) + attention(q, k, v, past=1,"
                          " window_left=1, causal=1)\n", -1, 1},
+    {"linear_attention", "input q: f64[2, 3, 4]\ninput k: f64[2, 3, 2]\ninput v: f64[2, 3, 6]\n"
+                         "input s: f64[2, 1, 2, 6]\n"
+                         "let y1, st1 = linear_attention(q, k, v, q_heads=2, kv_heads=1, rule=linear)\n"
+                         "let y2, st2 = linear_attention(q, k, v, s, q_heads=2, kv_heads=1, rule=linear,"
+                         " past=1, scale=0.3)\n"
+                         "output y = concat(reshape(y1, shape=[-1]), reshape(st2 * st2, shape=[-1]),"
+                         " reshape(y2, shape=[-1]), axis=0)\n", -1, 1},
     {"pools", "input x: f64[1, 2, 5, 5]\n"
               "output y = max_pool2d(x, kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])"
               " + avg_pool2d(x, kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)"
