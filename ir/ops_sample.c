@@ -696,8 +696,22 @@ static kl_value *gs_reflect_v(gs_build *b, kl_value *v, double lo, double hi, kl
  * valid (zeros padding), weight, and the weight's slope in the grid value. */
 typedef struct {
   int ntaps;
-  kl_value *idx[2], *valid[2], *w[2], *dw[2];
+  kl_value *idx[4], *valid[4], *w[4], *dw[4];
 } gs_taps_v;
+
+/* Keys' cubic (a = -0.75, as gs_cubic) at distance x, near (x <= 1) or far
+ * (1 < x < 2) branch, and its slope in x. */
+static kl_value *gs_keys(gs_build *b, kl_value *x, bool far, kl_value **slope) {
+  const double a = -0.75;
+  kl_value *x2 = gmul(b, x, x);
+  if (far) {
+    *slope = gadd(b, gsub(b, gmul(b, x2, gk(b, 3 * a)), gmul(b, x, gk(b, 10 * a))), gk(b, 8 * a));
+    kl_value *inner = gadd(b, gmul(b, gsub(b, gmul(b, x, gk(b, a)), gk(b, 5 * a)), x), gk(b, 8 * a));
+    return gsub(b, gmul(b, inner, x), gk(b, 4 * a));
+  }
+  *slope = gsub(b, gmul(b, x2, gk(b, 3 * (a + 2))), gmul(b, x, gk(b, 2 * (a + 3))));
+  return gadd(b, gmul(b, gsub(b, gmul(b, x, gk(b, a + 2)), gk(b, a + 3)), x2), gk(b, 1));
+}
 
 static void gs_axis_values(gs_build *b, kl_value *g, int64_t d, int mode, int pad, bool ac,
                            gs_taps_v *a) {
@@ -721,9 +735,10 @@ static void gs_axis_values(gs_build *b, kl_value *g, int64_t d, int mode, int pa
     slope = gsel(b, outside, gmul(b, mslope, slope), slope);
   }
   kl_value *v0 = kl_gb1(b->c, KL_OP_FLOOR, v), *t = gsub(b, v, v0);
-  a->ntaps = mode == GS_NEAREST ? 1 : 2;
+  a->ntaps = mode == GS_NEAREST ? 1 : mode == GS_LINEAR ? 2 : 4;
+  int first = mode == GS_CUBIC ? -1 : 0;
   for (int j = 0; j < a->ntaps; j++) {
-    kl_value *i = j ? gadd(b, v0, gk(b, 1)) : v0;
+    kl_value *i = j + first ? gadd(b, v0, gk(b, (double)(j + first))) : v0;
     a->valid[j] = NULL;
     if (pad == GS_ZEROS) {
       a->valid[j] = kl_gb2(b->c, KL_OP_LOGICAL_AND, kl_gb2(b->c, KL_OP_GE, i, gk(b, 0)),
@@ -737,6 +752,11 @@ static void gs_axis_values(gs_build *b, kl_value *g, int64_t d, int mode, int pa
     a->idx[j] = gclamp(b, i, 0, (double)d - 1);
     if (mode == GS_NEAREST) {
       a->w[j] = kl_gb_expand(b->c, gk(b, 1), &g->shape), a->dw[j] = gk(b, 0);
+    } else if (mode == GS_CUBIC) {
+      /* distances t + 1, t, 1 - t, 2 - t: the first two grow with v */
+      kl_value *dist = j < 2 ? gadd(b, t, gk(b, 1 - j)) : gsub(b, gk(b, j - 1), t), *dk;
+      a->w[j] = gs_keys(b, dist, j == 0 || j == 3, &dk);
+      a->dw[j] = gmul(b, j < 2 ? dk : kl_gb1(b->c, KL_OP_NEG, dk), slope);
     } else {
       a->w[j] = j ? t : gsub(b, gk(b, 1), t);
       a->dw[j] = j ? slope : kl_gb1(b->c, KL_OP_NEG, slope);
@@ -758,7 +778,6 @@ int kl_grad_GRID_SAMPLE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, k
   int mode = gs_pick(kl_attr_string(n, "mode", "linear"), gs_modes, 3);
   int pad = gs_pick(kl_attr_string(n, "padding_mode", "zeros"), gs_pads, 3);
   bool ac = kl_attr_int(n, "align_corners", 0) != 0;
-  if (mode == GS_CUBIC) return KL_GRAD_FAIL(c, n, "mode \"cubic\"; \"linear\" and \"nearest\" have one");
   int k = x->shape.rank - 2;
   if (k > 3) return KL_GRAD_FAIL(c, n, "%d spatial axes (at most 3)", k);
   int64_t nb = x->shape.dims[0], ch = x->shape.dims[1], sp = 1, o = 1;
@@ -777,7 +796,7 @@ int kl_grad_GRID_SAMPLE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, k
     gs_axis_values(&b, gi, x->shape.dims[2 + i], mode, pad, ac, &ax[i]);
   }
   kl_value *g = kl_gb_reshape(c, dy[0], &nco), *xf = kl_gb_reshape(c, x, &ncs);
-  kl_value *where_[8], *upd[8], *dv[3] = {NULL, NULL, NULL};
+  kl_value *where_[64], *upd[64], *dv[3] = {NULL, NULL, NULL};
   int ncomb = 1;
   for (int i = 0; i < k; i++) ncomb *= ax[i].ntaps;
   for (int cb = 0; cb < ncomb; cb++) {

@@ -299,6 +299,10 @@ static const grad_case cases[] = {
     {"grid_sample_nearest_3d", "input x: f64[1, 2, 2, 3, 4]\ninput g: f64[1, 2, 2, 2, 3]\n"
                                "output y = grid_sample(x, g, mode=nearest, padding_mode=reflection) * 2.0"
                                " + grid_sample(x, g * g, padding_mode=border) + grid_sample(x, g)\n", -1.2, 1.2},
+    {"grid_sample_cubic", "input x: f64[1, 2, 4, 5]\ninput g: f64[1, 3, 2, 2]\n"
+                          "output y = concat(grid_sample(x, g, mode=cubic), grid_sample(x, g * 1.6, mode=cubic,"
+                          " padding_mode=border, align_corners=1), grid_sample(x, g * 2.2, mode=cubic,"
+                          " padding_mode=reflection), axis=1)\n", -1.2, 1.2},
     {"grid_sample_1d", "input x: f64[2, 3, 5]\ninput g: f64[2, 4, 1]\n"
                        "output y = grid_sample(x, g) + grid_sample(x, g, mode=nearest)\n", -1.2, 1.2},
     {"trilu", "input a: f64[3, 4]\noutput y = trilu(a, upper=0, k=1) + trilu(a * a)\n", 0, 0},
