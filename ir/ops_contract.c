@@ -1734,3 +1734,127 @@ int kl_grad_LINEAR_ATTENTION(kl_grad_ctx *c, const kl_node *n, kl_value *const *
   if (past) dx[a.past] = dpast;
   return 0;
 }
+
+/* ---- deform_conv2d -------------------------------------------------------- */
+#define DADD(a, b) kl_gb2(c, KL_OP_ADD, (a), (b))
+#define DSUB(a, b) kl_gb2(c, KL_OP_SUB, (a), (b))
+#define DMUL(a, b) kl_gb2(c, KL_OP_MUL, (a), (b))
+#define DK(v) kl_gb_scalar(c, t, (v))
+
+/* A [taps, P] constant: each tap's undeformed position on one axis. */
+static kl_value *deform_base(kl_grad_ctx *c, const window *w, int axis, kl_dtype t) {
+  int64_t taps = w->k[0] * w->k[1], plane = w->out[0] * w->out[1];
+  double *v = malloc(sizeof(double) * (size_t)(taps * plane));
+  if (!v) abort();
+  for (int64_t tp = 0; tp < taps; tp++)
+    for (int64_t p = 0; p < plane; p++) {
+      int64_t o = axis ? p % w->out[1] : p / w->out[1], k = axis ? tp % w->k[1] : tp / w->k[1];
+      v[tp * plane + p] = (double)(o * w->stride[axis] - w->pad[axis] + k * w->dil[axis]);
+    }
+  int64_t s[2] = {taps, plane};
+  kl_attr a[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = v, .n = (int)(taps * plane)},
+                  {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = t}, ints_of("shape", s, 2)};
+  kl_value *r = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, a, 3);
+  free(v);
+  return r;
+}
+
+/* deform_conv2d as the interpreter computes it, rebuilt from IR ops: each
+ * tap samples x bilinearly (zero outside) at its place moved by the
+ * offsets, times the mask, and the weights contract those columns per
+ * group.  The columns' adjoint (w^T dy) then goes to x (a scatter-add at
+ * the four corners), to the offsets (the corner weights' slopes), to the
+ * mask (the samples); dw is dy times the columns, db dy summed. */
+int kl_grad_DEFORM_CONV2D(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  deform_cfg d;
+  if (deform_setup(n, c->err, &d)) return -1;
+  kl_value *x = n->inputs[0], *wt = n->inputs[1], *off = n->inputs[2];
+  kl_value *mask = n->ninputs > 4 ? n->inputs[4] : NULL;
+  kl_dtype t = x->dtype;
+  const int64_t *xd = x->shape.dims;
+  int64_t nb = xd[0], ch = xd[1], h = xd[2], wi = xd[3], m = wt->shape.dims[0];
+  int64_t g = d.groups, og = d.ogroups, cpg = ch / g, mpg = m / g, cpo = ch / og;
+  int64_t taps = d.w.k[0] * d.w.k[1], plane = d.w.out[0] * d.w.out[1];
+  kl_shape o5 = {5, {nb, og, taps, 2, plane}}, s4 = {4, {nb, og, taps, plane}},
+           x4 = {4, {nb, og, cpo, h * wi}}, i4 = {4, {nb, og, 1, taps * plane}},
+           e4 = {4, {nb, og, cpo, taps * plane}}, v5 = {5, {nb, og, cpo, taps, plane}};
+  kl_value *o = kl_gb_reshape(c, off, &o5);
+  kl_value *coord[2];
+  for (int a = 0; a < 2; a++) {
+    int64_t st = a, en = a + 1, ax = 3;
+    kl_attr sl[3] = {ints_of("starts", &st, 1), ints_of("ends", &en, 1), ints_of("axes", &ax, 1)};
+    coord[a] = DADD(kl_gb_reshape(c, kl_gb_node(c, KL_OP_SLICE, &o, 1, sl, 3), &s4),
+                    deform_base(c, &d.w, a, t));
+  }
+  kl_value *fl[2], *fr[2];
+  for (int a = 0; a < 2; a++) {
+    fl[a] = kl_gb1(c, KL_OP_FLOOR, coord[a]);
+    fr[a] = DSUB(coord[a], fl[a]);
+  }
+  kl_value *xf = kl_gb_reshape(c, x, &x4);
+  kl_value *idx[4], *wgt[4], *dwy[4], *dwx[4], *val[4], *samp = NULL;
+  for (int corner = 0; corner < 4; corner++) {
+    int i = corner / 2, j = corner % 2;
+    kl_value *yy = i ? DADD(fl[0], DK(1)) : fl[0], *xx = j ? DADD(fl[1], DK(1)) : fl[1];
+    kl_value *inside = kl_gb2(c, KL_OP_LOGICAL_AND,
+                              kl_gb2(c, KL_OP_LOGICAL_AND, kl_gb2(c, KL_OP_GE, yy, DK(0)),
+                                     kl_gb2(c, KL_OP_LT, yy, DK((double)h))),
+                              kl_gb2(c, KL_OP_LOGICAL_AND, kl_gb2(c, KL_OP_GE, xx, DK(0)),
+                                     kl_gb2(c, KL_OP_LT, xx, DK((double)wi))));
+    kl_value *wy = i ? fr[0] : DSUB(DK(1), fr[0]), *wx = j ? fr[1] : DSUB(DK(1), fr[1]);
+    wgt[corner] = kl_gb_mask(c, inside, DMUL(wy, wx));
+    dwy[corner] = kl_gb_mask(c, inside, i ? wx : kl_gb1(c, KL_OP_NEG, wx));
+    dwx[corner] = kl_gb_mask(c, inside, j ? wy : kl_gb1(c, KL_OP_NEG, wy));
+    kl_value *flat = DADD(DMUL(kl_gb2(c, KL_OP_MINIMUM, kl_gb2(c, KL_OP_MAXIMUM, yy, DK(0)), DK((double)h - 1)),
+                               DK((double)wi)),
+                          kl_gb2(c, KL_OP_MINIMUM, kl_gb2(c, KL_OP_MAXIMUM, xx, DK(0)), DK((double)wi - 1)));
+    idx[corner] = kl_gb_expand(c, kl_gb_reshape(c, kl_gb_cast(c, flat, KL_I64), &i4), &e4);
+    kl_value *ins[2] = {xf, idx[corner]};
+    kl_attr a3 = {.name = "axis", .kind = KL_ATTR_INT, .i = 3};
+    val[corner] = kl_gb_reshape(c, kl_gb_node(c, KL_OP_GATHER_ELEMENTS, ins, 2, &a3, 1), &v5);
+    kl_shape w5 = {5, {nb, og, 1, taps, plane}};
+    kl_value *term = DMUL(val[corner], kl_gb_reshape(c, wgt[corner], &w5));
+    samp = samp ? DADD(samp, term) : term; /* [N, og, cpo, taps, P] */
+  }
+  kl_shape m5 = {5, {nb, og, 1, taps, plane}}, cols4 = {4, {nb, g, cpg * taps, plane}},
+           w3 = {3, {g, mpg, cpg * taps}}, y4 = {4, {nb, g, mpg, plane}};
+  kl_value *mk = mask ? kl_gb_reshape(c, mask, &m5) : NULL;
+  kl_value *cols = kl_gb_reshape(c, mk ? DMUL(samp, mk) : samp, &cols4);
+  kl_value *gy = kl_gb_reshape(c, dy[0], &y4);
+  kl_value *wg = kl_gb_reshape(c, wt, &w3);
+  int64_t n0 = 0;
+  dx[1] = kl_gb_reshape(c, kl_gb_sum(c, mm(c, gy, swap_last2(c, cols)), &n0, 1), &wt->shape);
+  if (n->ninputs > 3) {
+    int64_t axes[3] = {0, 2, 3};
+    dx[3] = kl_gb_reshape(c, kl_gb_sum(c, dy[0], axes, 3), &n->inputs[3]->shape);
+  }
+  kl_value *dsm = kl_gb_reshape(c, mm(c, swap_last2(c, wg), gy), &v5); /* d(samples * mask) */
+  int64_t cax = 2;
+  kl_shape ms = mask ? mask->shape : (kl_shape){0};
+  if (mask) dx[4] = kl_gb_reshape(c, kl_gb_sum(c, DMUL(dsm, samp), &cax, 1), &ms);
+  kl_value *ds = mk ? DMUL(dsm, mk) : dsm;
+  kl_value *places[4], *updates[4], *dcy = NULL, *dcx = NULL;
+  kl_shape w5 = {5, {nb, og, 1, taps, plane}};
+  for (int corner = 0; corner < 4; corner++) {
+    places[corner] = idx[corner];
+    updates[corner] = kl_gb_reshape(c, DMUL(ds, kl_gb_reshape(c, wgt[corner], &w5)), &e4);
+    kl_value *dv = kl_gb_reshape(c, kl_gb_sum(c, DMUL(ds, val[corner]), &cax, 1), &s4);
+    dcy = dcy ? DADD(dcy, DMUL(dv, dwy[corner])) : DMUL(dv, dwy[corner]);
+    dcx = dcx ? DADD(dcx, DMUL(dv, dwx[corner])) : DMUL(dv, dwx[corner]);
+  }
+  kl_attr a3[2] = {{.name = "axis", .kind = KL_ATTR_INT, .i = 3},
+                   {.name = "reduction", .kind = KL_ATTR_STRING, .s = "add"}};
+  kl_value *sins[3] = {kl_gb_expand(c, kl_gb_scalar(c, t, 0), &x4),
+                       kl_gb_node(c, KL_OP_CONCAT, places, 4, a3, 1),
+                       kl_gb_node(c, KL_OP_CONCAT, updates, 4, a3, 1)};
+  dx[0] = kl_gb_reshape(c, kl_gb_node(c, KL_OP_SCATTER_ELEMENTS, sins, 3, a3, 2), &x->shape);
+  kl_shape c5 = {5, {nb, og, taps, 1, plane}};
+  kl_value *pair[2] = {kl_gb_reshape(c, dcy, &c5), kl_gb_reshape(c, dcx, &c5)};
+  kl_value *dof = kl_gb_node(c, KL_OP_CONCAT, pair, 2, a3, 1);
+  dx[2] = kl_gb_reshape(c, dof, &off->shape);
+  return 0;
+}
+#undef DADD
+#undef DSUB
+#undef DMUL
+#undef DK

@@ -220,6 +220,12 @@ static const grad_case cases[] = {
                          " past=1, scale=0.3)\n"
                          "output y = concat(reshape(y1, shape=[-1]), reshape(st2 * st2, shape=[-1]),"
                          " reshape(y2, shape=[-1]), axis=0)\n", -1, 1},
+    {"deform_conv2d", "input x: f64[1, 4, 4, 5]\ninput w: f64[4, 2, 2, 2]\ninput o: f64[1, 16, 4, 4]\n"
+                      "input b: f64[4]\ninput m: f64[1, 8, 4, 4]\n"
+                      "output y = deform_conv2d(x, w, o * 3.0 - 2.0, b, m, groups=2, offset_groups=2,"
+                      " pads=[1, 0, 0, 1], dilations=[1, 2])\n", 0.1, 0.9},
+    {"deform_conv2d_plain", "input x: f64[2, 2, 5, 5]\ninput w: f64[3, 2, 3, 3]\ninput o: f64[2, 18, 2, 2]\n"
+                            "output y = deform_conv2d(x, w, o, strides=[2, 2])\n", -0.9, 0.9},
     {"pools", "input x: f64[1, 2, 5, 5]\n"
               "output y = max_pool2d(x, kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])"
               " + avg_pool2d(x, kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)"
@@ -337,21 +343,20 @@ static void test_unrelated_input_gets_zeros(void **s) {
   kl_graph_free(g);
 }
 
-/* roi_align and deform_conv2d have no rule: both are named at once. */
+/* roi_align and bitcast have no rule: both are named at once. */
 static void test_missing_rule_is_an_error(void **s) {
   (void)s;
-  const char *src = "input a: f64[1, 1, 3, 3]\ninput p: f64[1, 1, 4, 4]\n"
-                    "const r: f64[1, 4] = values([0, 0, 2, 2])\nconst i: i64[1] = values([0])\n"
-                    "const o: f64[1, 18, 2, 2] = values([0.5])\n"
-                    "output y = reduce_sum(deform_conv2d(p, a, o)) * reduce_sum(roi_align(p, r, i))\n";
+  const char *src = "input a: f16[2]\ninput p: f32[1, 1, 4, 4]\n"
+                    "const r: f32[1, 4] = values([0, 0, 2, 2])\nconst i: i64[1] = values([0])\n"
+                    "output y = cast(bitcast(a, to=bf16), to=f32) * reduce_sum(roi_align(p, r, i))\n";
   kl_error err;
   kl_graph *g = kl_parse_string(src, strlen(src), "t.kl", NULL, &err);
   if (!g) fail_msg("%s", err.msg);
-  assert_false(kl_op_grads[KL_OP_DEFORM_CONV2D] || kl_op_grads[KL_OP_ROI_ALIGN]);
+  assert_false(kl_op_grads[KL_OP_BITCAST] || kl_op_grads[KL_OP_ROI_ALIGN]);
   kl_value *grads[2];
   assert_int_equal(kl_autodiff(g, g->outputs.items[0], g->inputs.items, 2, grads, &err), -1);
   assert_non_null(strstr(err.msg, "no gradient for "));
-  assert_non_null(strstr(err.msg, "deform_conv2d (node"));
+  assert_non_null(strstr(err.msg, "bitcast (node"));
   assert_non_null(strstr(err.msg, "roi_align (node"));
   kl_graph_free(g);
 }
