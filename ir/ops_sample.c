@@ -842,3 +842,154 @@ int kl_grad_GRID_SAMPLE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, k
   dx[1] = kl_gb_reshape(c, dg, &grid->shape);
   return 0;
 }
+
+/* ---- roi_align's gradient ------------------------------------------------ */
+/* One axis of the samples: coordinate u [R, S] (S = bins * ratio), as
+ * roi_bin reads it: valid when in [-1, len]; u clamped at 0; the low
+ * neighbour, the high one (both the last pixel at the edge), the high
+ * weight and its slope in u (0 where clamped or at the edge). */
+typedef struct {
+  kl_value *valid, *lo, *hi, *wl, *wh, *dwh;
+} roi_axis;
+
+static void roi_axis_values(gs_build *b, kl_value *u, int64_t len, roi_axis *a) {
+  kl_grad_ctx *c = b->c;
+  a->valid = kl_gb2(c, KL_OP_LOGICAL_AND, kl_gb2(c, KL_OP_GE, u, gk(b, -1)),
+                    kl_gb2(c, KL_OP_LE, u, gk(b, (double)len)));
+  kl_value *v = kl_gb2(c, KL_OP_MAXIMUM, u, gk(b, 0));
+  kl_value *fl = kl_gb1(c, KL_OP_FLOOR, v);
+  kl_value *edge = kl_gb2(c, KL_OP_GE, fl, gk(b, (double)len - 1));
+  kl_value *last = gk(b, (double)len - 1);
+  a->lo = gsel(b, edge, last, fl);
+  a->hi = gsel(b, edge, last, gadd(b, fl, gk(b, 1)));
+  a->wh = kl_gb_mask(c, kl_gb1(c, KL_OP_LOGICAL_NOT, edge), gsub(b, v, fl));
+  a->wl = gsub(b, gk(b, 1), a->wh);
+  kl_value *moving = kl_gb2(c, KL_OP_LOGICAL_AND, kl_gb1(c, KL_OP_LOGICAL_NOT, edge),
+                            kl_gb2(c, KL_OP_GT, u, gk(b, 0)));
+  a->dwh = gsel(b, moving, gk(b, 1), gk(b, 0));
+}
+
+/* [S] constant: sample s of bin p at (p + (i + 0.5) / ratio) / bins of the
+ * region's extent. */
+static kl_value *roi_fractions(kl_grad_ctx *c, kl_dtype t, int64_t bins, int64_t ratio) {
+  int64_t s = bins * ratio;
+  double *v = malloc(sizeof(double) * (size_t)s);
+  if (!v) abort();
+  for (int64_t p = 0; p < bins; p++)
+    for (int64_t i = 0; i < ratio; i++)
+      v[p * ratio + i] = ((double)p + ((double)i + 0.5) / (double)ratio) / (double)bins;
+  int64_t sh[2] = {1, s};
+  kl_attr a[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = v, .n = (int)s},
+                  {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = t},
+                  {.name = "shape", .kind = KL_ATTR_INTS, .ints = sh, .n = 2}};
+  kl_value *r = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, a, 3);
+  free(v);
+  return r;
+}
+
+static kl_value *roi_col(kl_grad_ctx *c, kl_value *rois, int64_t k) {
+  int64_t st = k, en = k + 1, ax = 1;
+  kl_attr sl[3] = {{.name = "starts", .kind = KL_ATTR_INTS, .ints = &st, .n = 1},
+                   {.name = "ends", .kind = KL_ATTR_INTS, .ints = &en, .n = 1},
+                   {.name = "axes", .kind = KL_ATTR_INTS, .ints = &ax, .n = 1}};
+  return kl_gb_node(c, KL_OP_SLICE, &rois, 1, sl, 3); /* [R, 1] */
+}
+
+/* mode "avg" with a fixed sampling_ratio: the samples' places are values
+ * computed from the regions (a bilinear sample of x each, as roi_bin), so
+ * x gets dy / samples times each corner's weight, scatter-added over
+ * x as [N * H * W, C], and the regions get the weights' slopes through the
+ * sample coordinates (their start and extent). */
+int kl_grad_ROI_ALIGN(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  roi_cfg rc;
+  if (roi_setup(n, c->err, &rc)) return -1;
+  if (rc.max) return KL_GRAD_FAIL(c, n, "mode \"max\"; \"avg\" has one");
+  if (rc.ratio == 0)
+    return KL_GRAD_FAIL(c, n, "sampling_ratio 0 (samples per bin from each region's size); a "
+                        "fixed sampling_ratio has one");
+  kl_value *x = n->inputs[0], *rois = n->inputs[1], *bi = n->inputs[2];
+  kl_dtype t = x->dtype;
+  gs_build b = {c, t};
+  const int64_t *xd = x->shape.dims;
+  int64_t nb = xd[0], ch = xd[1], h = xd[2], w = xd[3], nr = rois->shape.dims[0];
+  int64_t g = rc.ratio, sy = rc.oh * g, sx = rc.ow * g;
+  double off = rc.half_pixel ? 0.5 : 0.0, s = rc.scale;
+  /* start and extent of each region per axis (y: columns 1, 3; x: 0, 2) */
+  kl_value *start[2], *ext[2], *live[2], *frac[2] = {roi_fractions(c, t, rc.oh, g),
+                                                    roi_fractions(c, t, rc.ow, g)};
+  roi_axis ax[2];
+  for (int a = 0; a < 2; a++) {
+    kl_value *r0 = roi_col(c, rois, a ? 0 : 1), *r1 = roi_col(c, rois, a ? 2 : 3);
+    start[a] = gsub(&b, gmul(&b, r0, gk(&b, s)), gk(&b, off));
+    ext[a] = gmul(&b, gsub(&b, r1, r0), gk(&b, s));
+    live[a] = gk(&b, 1);
+    if (!rc.half_pixel) { /* extents below 1 become 1 */
+      live[a] = kl_gb_cast(c, kl_gb2(c, KL_OP_GT, ext[a], gk(&b, 1)), t);
+      ext[a] = kl_gb2(c, KL_OP_MAXIMUM, ext[a], gk(&b, 1));
+    }
+    roi_axis_values(&b, gadd(&b, start[a], gmul(&b, ext[a], frac[a])), a ? w : h, &ax[a]);
+  }
+  /* [R, Sy, 1] and [R, 1, Sx] views of the two axes */
+  kl_shape ys = {3, {nr, sy, 1}}, xs = {3, {nr, 1, sx}}, rs = {3, {nr, 1, 1}};
+  kl_shape u2 = {2, {nr * sy * sx, 1}}, uc = {2, {nr * sy * sx, ch}}, hw = {2, {nb * h * w, ch}};
+  kl_value *valid = kl_gb_cast(c, kl_gb2(c, KL_OP_LOGICAL_AND, kl_gb_reshape(c, ax[0].valid, &ys),
+                                         kl_gb_reshape(c, ax[1].valid, &xs)), t);
+  valid = gmul(&b, valid, gk(&b, 1.0 / (double)(g * g)));
+  kl_value *base = gmul(&b, kl_gb_reshape(c, kl_gb_cast(c, bi, t), &rs), gk(&b, (double)(h * w)));
+  /* dy per sample, [R * Sy * Sx, C] */
+  kl_shape d6 = {6, {nr, ch, rc.oh, 1, rc.ow, 1}}, e6 = {6, {nr, ch, rc.oh, g, rc.ow, g}},
+           d4 = {4, {nr, ch, sy, sx}};
+  int64_t p4[4] = {0, 2, 3, 1}, pin[4] = {0, 3, 1, 2};
+  kl_value *gs = kl_gb_reshape(c, kl_gb_expand(c, kl_gb_reshape(c, dy[0], &d6), &e6), &d4);
+  gs = kl_gb_reshape(c, kl_gb_transpose(c, gs, p4), &uc);
+  kl_shape x4t = {4, {nb, h, w, ch}};
+  kl_value *xt = kl_gb_reshape(c, kl_gb_transpose(c, x, p4), &hw);
+  kl_value *places[4], *updates[4], *dyy = NULL, *dxx = NULL;
+  int64_t one = 1;
+  for (int corner = 0; corner < 4; corner++) {
+    int i = corner / 2, j = corner % 2;
+    kl_value *wy = kl_gb_reshape(c, i ? ax[0].wh : ax[0].wl, &ys);
+    kl_value *wx = kl_gb_reshape(c, j ? ax[1].wh : ax[1].wl, &xs);
+    kl_value *dwy = kl_gb_reshape(c, i ? ax[0].dwh : kl_gb1(c, KL_OP_NEG, ax[0].dwh), &ys);
+    kl_value *dwx = kl_gb_reshape(c, j ? ax[1].dwh : kl_gb1(c, KL_OP_NEG, ax[1].dwh), &xs);
+    kl_value *flat = gadd(&b, base, gadd(&b, gmul(&b, kl_gb_reshape(c, i ? ax[0].hi : ax[0].lo, &ys),
+                                                  gk(&b, (double)w)),
+                                         kl_gb_reshape(c, j ? ax[1].hi : ax[1].lo, &xs)));
+    kl_value *ix = kl_gb_expand(c, kl_gb_reshape(c, kl_gb_cast(c, flat, KL_I64), &u2), &uc);
+    kl_value *wv = kl_gb_reshape(c, gmul(&b, gmul(&b, wy, wx), valid), &u2);
+    places[corner] = ix;
+    updates[corner] = gmul(&b, gs, wv);
+    kl_value *ins[2] = {xt, ix};
+    kl_attr a0 = {.name = "axis", .kind = KL_ATTR_INT, .i = 0};
+    kl_value *xv = kl_gb_node(c, KL_OP_GATHER_ELEMENTS, ins, 2, &a0, 1);
+    kl_value *p = kl_gb_reshape(c, kl_gb_sum(c, gmul(&b, gs, xv), &one, 1), &(kl_shape){3, {nr, sy, sx}});
+    kl_value *ty = gmul(&b, p, gmul(&b, gmul(&b, dwy, wx), valid));
+    kl_value *tx = gmul(&b, p, gmul(&b, gmul(&b, wy, dwx), valid));
+    dyy = dyy ? gadd(&b, dyy, ty) : ty;
+    dxx = dxx ? gadd(&b, dxx, tx) : tx;
+  }
+  kl_attr cat0[2] = {{.name = "axis", .kind = KL_ATTR_INT, .i = 0},
+                     {.name = "reduction", .kind = KL_ATTR_STRING, .s = "add"}};
+  kl_value *sins[3] = {kl_gb_expand(c, kl_gb_scalar(c, t, 0), &hw),
+                       kl_gb_node(c, KL_OP_CONCAT, places, 4, cat0, 1),
+                       kl_gb_node(c, KL_OP_CONCAT, updates, 4, cat0, 1)};
+  kl_value *gx = kl_gb_node(c, KL_OP_SCATTER_ELEMENTS, sins, 3, cat0, 2);
+  dx[0] = kl_gb_transpose(c, kl_gb_reshape(c, gx, &x4t), pin);
+  /* regions: d start = sum of the samples' slopes, d extent = the same
+   * weighted by each sample's fraction; then to the columns */
+  kl_value *dcol[4];
+  kl_value *du[2] = {dyy, dxx};
+  kl_shape r1 = {2, {nr, 1}};
+  for (int a = 0; a < 2; a++) {
+    kl_value *fr = kl_gb_reshape(c, frac[a], a ? &(kl_shape){3, {1, 1, sx}} : &(kl_shape){3, {1, sy, 1}});
+    int64_t both[2] = {1, 2};
+    kl_value *dstart = kl_gb_reshape(c, kl_gb_sum(c, du[a], both, 2), &r1);
+    kl_value *dext = gmul(&b, kl_gb_reshape(c, kl_gb_sum(c, gmul(&b, du[a], fr), both, 2), &r1), live[a]);
+    kl_value *d0 = gmul(&b, gsub(&b, dstart, dext), gk(&b, s)), *d1 = gmul(&b, dext, gk(&b, s));
+    dcol[a ? 0 : 1] = d0;
+    dcol[a ? 2 : 3] = d1;
+  }
+  kl_attr cat1 = {.name = "axis", .kind = KL_ATTR_INT, .i = 1};
+  dx[1] = kl_gb_node(c, KL_OP_CONCAT, dcol, 4, &cat1, 1);
+  return 0;
+}
