@@ -1,6 +1,8 @@
 /* grad.c - what gradient rules build with, and the table of rules.  The
  * rules themselves sit beside each op's infer and eval (kl_grad_<id> in
  * ir/ops_*.c); ir/grads.def lists which ops have one. */
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "op_impl.h"
@@ -10,6 +12,17 @@ const kl_grad_fn kl_op_grads[KL_OP_COUNT] = {
 #include "grads.def"
 #undef KL_GRAD
 };
+
+int kl_grad_fail(kl_grad_ctx *c, const kl_node *n, const char *fmt, ...) {
+  char why[600];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  c->failed = true;
+  return kl_fail(c->err, n->loc, "no gradient for %s (node '%s'): %s", kl_ops[n->op].name,
+                 n->onnx_name ? n->onnx_name : n->name, why);
+}
 
 kl_value *kl_gb_node(kl_grad_ctx *c, kl_op op, kl_value *const *ins, int nins,
                      const kl_attr *attrs, int nattrs) {

@@ -17,6 +17,13 @@
 #include "grads.def"
 #undef KL_GRAD
 
+/* A rule that cannot differentiate this node: "no gradient for OP (node
+ * 'NAME'): why", named as the autodiff pass names nodes without a rule
+ * (the ONNX node's name when it came from one); -1, c->failed set. */
+#define KL_GRAD_FAIL(c, n, ...) kl_grad_fail((c), (n), __VA_ARGS__)
+int kl_grad_fail(kl_grad_ctx *c, const kl_node *n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* Error at the node's source location, prefixed with its op name. */
 #define KL_NODE_FAIL(n, err, ...) kl_node_fail((n), (err), __VA_ARGS__)
 int kl_node_fail(const kl_node *n, kl_error *err, const char *fmt, ...)

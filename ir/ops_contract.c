@@ -1345,45 +1345,93 @@ static kl_attr ints_of(const char *name, int64_t *v, int n) {
  * over the same window, its output padded out to x's size. */
 static kl_value *window_back(kl_grad_ctx *c, const window *w, kl_value *g, kl_value *wt,
                              const kl_shape *xs, int64_t groups) {
-  int64_t op[2];
-  for (int i = 0; i < 2; i++)
-    op[i] = xs->dims[2 + i] - (w->stride[i] * (w->out[i] - 1) + w->dil[i] * (w->k[i] - 1) + 1 -
-                               w->pad[i] - w->pad[i + 2]);
-  kl_attr at[5] = {ints_of("strides", (int64_t *)w->stride, 2), ints_of("pads", (int64_t *)w->pad, 4),
+  /* The transposed convolution's full output starts pads[top] rows above
+   * x; its end is cropped (windows past x's end: the padding, ceil mode's
+   * overhang) or extended (rows no window reached) to x's size. */
+  int64_t op[2], pad[4] = {w->pad[0], w->pad[1], 0, 0};
+  for (int i = 0; i < 2; i++) {
+    int64_t full = w->stride[i] * (w->out[i] - 1) + w->dil[i] * (w->k[i] - 1) + 1;
+    int64_t past = full - w->pad[i] - xs->dims[2 + i];
+    pad[i + 2] = past > 0 ? past : 0;
+    op[i] = past < 0 ? -past : 0;
+  }
+  kl_attr at[5] = {ints_of("strides", (int64_t *)w->stride, 2), ints_of("pads", pad, 4),
                    ints_of("dilations", (int64_t *)w->dil, 2), ints_of("output_padding", op, 2),
                    {.name = "groups", .kind = KL_ATTR_INT, .i = groups}};
   kl_value *ins[2] = {g, wt};
   return kl_gb_node(c, KL_OP_CONV_TRANSPOSE2D, ins, 2, at, 5);
 }
 
-/* dx: conv_transpose2d(dy, w); dw: a convolution of x (channels as batch)
- * with dy (batch as channels), strides and dilations swapped; db: dy
+/* The weight gradient of a convolution reading `in` [N, Ci, H, W] into an
+ * output whose adjoint is `out` [N, Co, oH, oW], weights [Co, Ci/groups,
+ * k0, k1]: per group, the correlation of in with out summed over N.  One
+ * grouped conv2d computes it with the batch as channels: input
+ * [Ci/groups, groups * N, H, W], weights [Co, N, oH, oW], strides and
+ * dilations swapped; its output [Ci/groups, Co, >= k0, >= k1] is cut to
+ * the kernel and transposed. */
+static kl_value *weight_grad(kl_grad_ctx *c, kl_value *in, kl_value *out, const int64_t *k,
+                             const int64_t *stride, const int64_t *pad, const int64_t *dil,
+                             int64_t groups) {
+  if (!in || !out) return NULL;
+  const int64_t *d = in->shape.dims;
+  int64_t cg = d[1] / groups;
+  kl_shape split = {5, {d[0], groups, cg, d[2], d[3]}}, flat = {4, {cg, groups * d[0], d[2], d[3]}};
+  int64_t p5[5] = {2, 1, 0, 3, 4}, swap[4] = {1, 0, 2, 3};
+  kl_value *ins[2] = {kl_gb_reshape(c, kl_gb_transpose(c, kl_gb_reshape(c, in, &split), p5), &flat),
+                      kl_gb_transpose(c, out, swap)};
+  kl_attr at[4] = {ints_of("strides", (int64_t *)dil, 2), ints_of("pads", (int64_t *)pad, 4),
+                   ints_of("dilations", (int64_t *)stride, 2),
+                   {.name = "groups", .kind = KL_ATTR_INT, .i = groups}};
+  kl_value *full = kl_gb_node(c, KL_OP_CONV2D, ins, 2, at, 4);
+  if (full && (full->shape.dims[2] != k[0] || full->shape.dims[3] != k[1])) {
+    int64_t st[2] = {0, 0}, en[2] = {k[0], k[1]}, ax[2] = {2, 3};
+    kl_attr sl[3] = {ints_of("starts", st, 2), ints_of("ends", en, 2), ints_of("axes", ax, 2)};
+    full = kl_gb_node(c, KL_OP_SLICE, &full, 1, sl, 3);
+  }
+  return kl_gb_transpose(c, full, swap);
+}
+
+static kl_value *bias_grad(kl_grad_ctx *c, const kl_node *n, kl_value *g) {
+  int64_t axes[3] = {0, 2, 3};
+  return kl_gb_reshape(c, kl_gb_sum(c, g, axes, 3), &n->inputs[2]->shape);
+}
+
+/* dx: conv_transpose2d(dy, w) in the same groups; dw: weight_grad; db: dy
  * summed over N, H, W. */
 int kl_grad_CONV2D(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
   window w;
   int64_t groups;
   if (conv_setup(n, c->err, &w, &groups)) return -1;
   kl_value *x = n->inputs[0], *wt = n->inputs[1], *g = dy[0];
-  if (groups != 1)
-    return KL_NODE_FAIL(n, c->err, "no gradient for conv2d with groups = %lld (node '%s'); "
-                        "groups = 1 only for now", (long long)groups, n->name);
-  dx[0] = window_back(c, &w, g, wt, &x->shape, 1);
-  int64_t swap[4] = {1, 0, 2, 3};
-  kl_attr at[3] = {ints_of("strides", w.dil, 2), ints_of("pads", w.pad, 4),
-                   ints_of("dilations", w.stride, 2)};
-  kl_value *ins[2] = {kl_gb_transpose(c, x, swap), kl_gb_transpose(c, g, swap)};
-  kl_value *full = kl_gb_node(c, KL_OP_CONV2D, ins, 2, at, 3); /* [C, M, >= kH, >= kW] */
-  if (full && (full->shape.dims[2] != w.k[0] || full->shape.dims[3] != w.k[1])) {
-    int64_t st[2] = {0, 0}, en[2] = {w.k[0], w.k[1]}, ax[2] = {2, 3};
+  dx[0] = window_back(c, &w, g, wt, &x->shape, groups);
+  dx[1] = weight_grad(c, x, g, w.k, w.stride, w.pad, w.dil, groups);
+  if (n->ninputs > 2) dx[2] = bias_grad(c, n, g);
+  return 0;
+}
+
+/* conv_transpose2d is the adjoint of conv2d(y, w) (same strides, pads,
+ * dilations, groups) read from its output back to its input, so dx is
+ * that conv2d of dy (cut to x's size when output_padding reaches a whole
+ * stride) and dw the weight gradient of it, with x as the output adjoint. */
+int kl_grad_CONV_TRANSPOSE2D(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  tconv t;
+  if (tconv_setup(n, c->err, &t)) return -1;
+  kl_value *x = n->inputs[0], *g = dy[0];
+  for (int i = 0; i < 4; i++)
+    if (t.pad[i] < 0)
+      return KL_GRAD_FAIL(c, n, "negative pads (an output extended by them) are not handled");
+  kl_attr at[4] = {ints_of("strides", t.stride, 2), ints_of("pads", t.pad, 4),
+                   ints_of("dilations", t.dil, 2), {.name = "groups", .kind = KL_ATTR_INT, .i = t.groups}};
+  kl_value *ins[2] = {g, n->inputs[1]};
+  kl_value *back = kl_gb_node(c, KL_OP_CONV2D, ins, 2, at, 4);
+  if (back && (back->shape.dims[2] != x->shape.dims[2] || back->shape.dims[3] != x->shape.dims[3])) {
+    int64_t st[2] = {0, 0}, en[2] = {x->shape.dims[2], x->shape.dims[3]}, ax[2] = {2, 3};
     kl_attr sl[3] = {ints_of("starts", st, 2), ints_of("ends", en, 2), ints_of("axes", ax, 2)};
-    full = kl_gb_node(c, KL_OP_SLICE, &full, 1, sl, 3);
+    back = kl_gb_node(c, KL_OP_SLICE, &back, 1, sl, 3);
   }
-  dx[1] = kl_gb_transpose(c, full, swap);
-  if (n->ninputs > 2) {
-    int64_t axes[3] = {0, 2, 3};
-    kl_shape bs = n->inputs[2]->shape;
-    dx[2] = kl_gb_reshape(c, kl_gb_sum(c, g, axes, 3), &bs);
-  }
+  dx[0] = back;
+  dx[1] = weight_grad(c, g, x, t.k, t.stride, t.pad, t.dil, t.groups);
+  if (n->ninputs > 2) dx[2] = bias_grad(c, n, g);
   return 0;
 }
 
@@ -1406,31 +1454,50 @@ int kl_grad_MAX_POOL2D(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl
   return 0;
 }
 
-/* Every window divides by the same count (no padding left out of it, no
- * ceil-mode overhang): a transposed convolution, plane by plane, with a
- * kernel of 1 / count. */
+/* 1 / the count each window divides by, per axis (a window's count is the
+ * product of its axes' counts): its taps inside x, or inside the padded x
+ * with count_include_pad, as pool_eval; 0 for an empty window. */
+static void window_inverse_counts(const pool_cfg *p, int i, int64_t len, double *inv) {
+  const window *w = &p->w;
+  for (int64_t o = 0; o < w->out[i]; o++) {
+    int64_t start = o * w->stride[i] - w->pad[i], cnt;
+    if (p->include_pad) {
+      cnt = taps_before(start, w->k[i], w->dil[i], len + w->pad[i + 2]);
+    } else {
+      int64_t first = start < 0 ? (-start + w->dil[i] - 1) / w->dil[i] : 0; /* first tap at >= 0 */
+      cnt = first < w->k[i] ? taps_before(start + first * w->dil[i], w->k[i] - first, w->dil[i], len) : 0;
+    }
+    inv[o] = cnt > 0 ? 1.0 / (double)cnt : 0.0;
+  }
+}
+
+/* Each window spreads dy / its count over its taps: dy scaled per window,
+ * then a transposed convolution, plane by plane, with a kernel of ones
+ * (taps in the padding or the ceil-mode overhang fall off its ends). */
 int kl_grad_AVG_POOL2D(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
   pool_cfg p;
   if (pool_setup(n, c->err, false, &p)) return -1;
   kl_value *x = n->inputs[0];
-  const int64_t *d = x->shape.dims;
-  bool padded = p.w.pad[0] || p.w.pad[1] || p.w.pad[2] || p.w.pad[3];
-  for (int i = 0; i < 2; i++)
-    if ((p.w.out[i] - 1) * p.w.stride[i] + (p.w.k[i] - 1) * p.w.dil[i] + 1 >
-        d[2 + i] + p.w.pad[i] + p.w.pad[i + 2])
-      return KL_NODE_FAIL(n, c->err, "no gradient for avg_pool2d whose ceil_mode windows run "
-                          "past the input (node '%s')", n->name);
-  if (padded && !p.include_pad)
-    return KL_NODE_FAIL(n, c->err, "no gradient for avg_pool2d with padding left out of the "
-                        "count (node '%s'); count_include_pad = 1 has one", n->name);
-  double inv = 1.0 / (double)(p.w.k[0] * p.w.k[1]);
-  int64_t ks[4] = {1, 1, p.w.k[0], p.w.k[1]};
-  kl_attr k[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = &inv, .n = 1},
+  const int64_t *d = x->shape.dims, *o = n->outputs[0]->shape.dims;
+  double *inv = malloc(sizeof(double) * (size_t)(o[2] + o[3] + o[2] * o[3]));
+  if (!inv) abort();
+  double *iy = inv + o[2] * o[3], *ix = iy + o[2];
+  window_inverse_counts(&p, 0, d[2], iy);
+  window_inverse_counts(&p, 1, d[3], ix);
+  for (int64_t r = 0; r < o[2]; r++)
+    for (int64_t q = 0; q < o[3]; q++) inv[r * o[3] + q] = iy[r] * ix[q];
+  int64_t os[2] = {o[2], o[3]}, ks[4] = {1, 1, p.w.k[0], p.w.k[1]};
+  double one = 1;
+  kl_attr w[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = inv, .n = (int)(o[2] * o[3])},
+                  {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = x->dtype}, ints_of("shape", os, 2)};
+  kl_value *scale = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, w, 3);
+  free(inv);
+  kl_attr k[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = &one, .n = 1},
                   {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = x->dtype}, ints_of("shape", ks, 4)};
   kl_value *ones = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, k, 3);
-  const int64_t *o = n->outputs[0]->shape.dims;
   kl_shape gs = {4, {d[0] * d[1], 1, o[2], o[3]}}, xs = {4, {d[0] * d[1], 1, d[2], d[3]}};
-  dx[0] = kl_gb_reshape(c, window_back(c, &p.w, kl_gb_reshape(c, dy[0], &gs), ones, &xs, 1), &x->shape);
+  kl_value *g = kl_gb_reshape(c, kl_gb2(c, KL_OP_MUL, dy[0], scale), &gs);
+  dx[0] = kl_gb_reshape(c, window_back(c, &p.w, g, ones, &xs, 1), &x->shape);
   return 0;
 }
 
@@ -1441,3 +1508,353 @@ int kl_grad_GLOBAL_AVG_POOL(kl_grad_ctx *c, const kl_node *n, kl_value *const *d
   dx[0] = kl_gb_expand(c, s, &x->shape);
   return 0;
 }
+
+/* ---- attention ---------------------------------------------------------- */
+/* kv [B, Hkv, S, D] repeated for the query heads that read it: [B, Hq, S, D]. */
+static kl_value *kv_heads(kl_grad_ctx *c, kl_value *kv, int64_t hq) {
+  if (!kv || kv->shape.dims[1] == hq) return kv;
+  const int64_t *d = kv->shape.dims;
+  kl_shape one = {5, {d[0], d[1], 1, d[2], d[3]}}, all = {5, {d[0], d[1], hq / d[1], d[2], d[3]}},
+           flat = {4, {d[0], hq, d[2], d[3]}};
+  return kl_gb_reshape(c, kl_gb_expand(c, kl_gb_reshape(c, kv, &one), &all), &flat);
+}
+
+/* The adjoint of kv_heads: [B, Hq, S, D] summed over each kv head's group. */
+static kl_value *group_sum(kl_grad_ctx *c, kl_value *g, int64_t hkv) {
+  if (!g || g->shape.dims[1] == hkv) return g;
+  const int64_t *d = g->shape.dims;
+  kl_shape five = {5, {d[0], hkv, d[1] / hkv, d[2], d[3]}}, kv = {4, {d[0], hkv, d[2], d[3]}};
+  int64_t axis = 2;
+  return kl_gb_reshape(c, kl_gb_sum(c, kl_gb_reshape(c, g, &five), &axis, 1), &kv);
+}
+
+/* The same attention node giving its scores (mode 1: after scale and
+ * softcap; 3: the probabilities, every mask applied). */
+static kl_value *attention_scores(kl_grad_ctx *c, const kl_node *n, int mode) {
+  kl_attr at[16];
+  int na = 0;
+  for (int i = 0; i < n->nattrs && na < 15; i++)
+    if (strcmp(n->attrs[i].name, "scores") != 0) at[na++] = n->attrs[i];
+  at[na++] = (kl_attr){.name = "scores", .kind = KL_ATTR_INT, .i = mode};
+  return kl_gb_node(c, KL_OP_ATTENTION, n->inputs, n->ninputs, at, na);
+}
+
+/* With P the probabilities (recomputed, masks and all), S the scores:
+ * dv = P^T dy, dS = P (dP - sum(dP P)) with dP = dy v^T, through the
+ * softcap (1 - tanh^2), then dq = scale dS k and dk = scale dS^T q, the
+ * kv heads' gradients summed over the query heads that read them.  A float
+ * mask is added after the softcap: its gradient is dS on its keys. */
+int kl_grad_ATTENTION(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *q = n->inputs[0], *k = n->inputs[1], *v = n->inputs[2], *g = dy[0];
+  int64_t scores = kl_attr_int(n, "scores", -1);
+  if (scores != -1)
+    return KL_GRAD_FAIL(c, n, "it gives its scores (scores = %lld); the output (scores = -1) "
+                        "has one", (long long)scores);
+  int64_t hq = q->shape.dims[1], hkv = k->shape.dims[1];
+  double scale = kl_attr_float(n, "scale", 0), cap = kl_attr_float(n, "softcap", 0);
+  if (scale == 0) scale = 1 / sqrt((double)q->shape.dims[3]);
+  kl_value *p = attention_scores(c, n, 3);
+  kl_value *ke = kv_heads(c, k, hq), *ve = kv_heads(c, v, hq);
+  dx[2] = group_sum(c, mm(c, swap_last2(c, p), g), hkv);
+  kl_value *dp = mm(c, g, swap_last2(c, ve));
+  int64_t last = 3;
+  kl_value *ds = kl_gb2(c, KL_OP_MUL, p,
+                        kl_gb2(c, KL_OP_SUB, dp, kl_gb_sum(c, kl_gb2(c, KL_OP_MUL, dp, p), &last, 1)));
+  attn_inputs ai = attention_inputs(n);
+  if (ai.mask > 0 && n->inputs[ai.mask]->dtype != KL_BOOL) {
+    const kl_value *m = n->inputs[ai.mask];
+    int64_t st = 0, en = m->shape.dims[m->shape.rank - 1];
+    kl_attr sl[3] = {ints_of("starts", &st, 1), ints_of("ends", &en, 1), ints_of("axes", &last, 1)};
+    dx[ai.mask] = en == k->shape.dims[2] ? ds : kl_gb_node(c, KL_OP_SLICE, &ds, 1, sl, 3);
+  }
+  if (cap > 0) {
+    kl_value *t = kl_gb2(c, KL_OP_MUL, attention_scores(c, n, 1), kl_gb_scalar(c, q->dtype, 1 / cap));
+    ds = kl_gb2(c, KL_OP_MUL, ds, kl_gb2(c, KL_OP_SUB, kl_gb_scalar(c, q->dtype, 1), kl_gb2(c, KL_OP_MUL, t, t)));
+  }
+  ds = kl_gb2(c, KL_OP_MUL, ds, kl_gb_scalar(c, q->dtype, scale));
+  dx[0] = mm(c, ds, ke);
+  dx[1] = group_sum(c, mm(c, swap_last2(c, ds), q), hkv);
+  return 0;
+}
+
+/* ---- col2im -------------------------------------------------------------- */
+/* col2im adds each block element into the image: its gradient reads each
+ * back (im2col).  A gather along the flattened image, which has one zero
+ * appended for the elements that fell in the padding. */
+int kl_grad_COL2IM(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_col2im_geom g;
+  if (col2im_setup(n, c->err, &g)) return -1;
+  const kl_value *x = n->inputs[0];
+  int s = g.s;
+  int64_t k = 1, l = x->shape.dims[2], img = 1, nb = x->shape.dims[0];
+  int64_t ch = n->outputs[0]->shape.dims[1];
+  for (int i = 0; i < s; i++) k *= g.block[i], img *= g.image[i];
+  if (k * l > INT32_MAX)
+    return KL_GRAD_FAIL(c, n, "%lld block elements are too many for its index table",
+                        (long long)(k * l));
+  int64_t cells = k * l;
+  double *at = malloc(sizeof(double) * (size_t)(cells > 0 ? cells : 1));
+  if (!at) abort();
+  for (int64_t b = 0; b < k; b++)
+    for (int64_t q = 0; q < l; q++) {
+      int64_t rb = b, rq = q, pos = 0, stride = 1;
+      bool inside = true;
+      for (int i = s - 1; i >= 0; i--) {
+        int64_t bi = rb % g.block[i], qi = rq % g.nblk[i];
+        rb /= g.block[i], rq /= g.nblk[i];
+        int64_t p = qi * g.stride[i] - g.pad[i] + bi * g.dil[i];
+        inside &= p >= 0 && p < g.image[i];
+        pos += p * stride;
+        stride *= g.image[i];
+      }
+      at[b * l + q] = inside ? (double)pos : (double)img;
+    }
+  int64_t is[2] = {k, l};
+  kl_attr ka[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = at, .n = (int)cells},
+                   {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = KL_I64}, ints_of("shape", is, 2)};
+  kl_value *idx = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, ka, 3);
+  free(at);
+  kl_shape flat = {3, {nb, ch, img}}, zs = {3, {nb, ch, 1}};
+  kl_value *parts[2] = {kl_gb_reshape(c, dy[0], &flat),
+                        kl_gb_expand(c, kl_gb_scalar(c, x->dtype, 0), &zs)};
+  kl_attr cat = {.name = "axis", .kind = KL_ATTR_INT, .i = 2};
+  kl_value *ins[2] = {kl_gb_node(c, KL_OP_CONCAT, parts, 2, &cat, 1), idx};
+  kl_value *cols = kl_gb_node(c, KL_OP_GATHER, ins, 2, &cat, 1); /* [N, C, k, l] */
+  dx[0] = kl_gb_reshape(c, cols, &x->shape);
+  return 0;
+}
+
+/* ---- dft ------------------------------------------------------------------ */
+/* dft is linear: y[o, k, i, :] = M x[o, :, i, :] with M [nout * cout,
+ * m * cin] the twiddles as kl_eval_DFT sums them.  dx = M^T dy: dy with the
+ * transform axis and the complex axis last, flattened, times M, put back. */
+int kl_grad_DFT(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_dft_geom g;
+  if (dft_setup(n, c->err, &g)) return -1;
+  const kl_value *x = n->inputs[0];
+  int64_t rows = g.nout * g.cout, cols = g.m * g.cin;
+  if ((double)rows * (double)cols > (double)INT32_MAX)
+    return KL_GRAD_FAIL(c, n, "a transform of length %lld is too large for its matrix",
+                        (long long)g.n);
+  double *m = calloc((size_t)(rows * cols), sizeof *m);
+  if (!m) abort();
+  bool irfft = g.inverse && g.onesided;
+  int64_t terms = irfft ? g.n / 2 + 1 : g.n;
+  if (terms > g.m) terms = g.m;
+  double sign = g.inverse ? 1.0 : -1.0, scale = g.inverse ? 1.0 / (double)g.n : 1.0;
+  for (int64_t k = 0; k < g.nout; k++)
+    for (int64_t t = 0; t < terms; t++) {
+      double a = DFT_TWO_PI * (double)((k * t) % g.n) / (double)g.n;
+      double co = cos(a) * scale, si = sign * sin(a) * scale;
+      double w = irfft && t != 0 && 2 * t != g.n ? 2.0 : 1.0;
+      double *re = m + (k * g.cout) * cols + t * g.cin;
+      re[0] = w * co;
+      if (g.cin == 2) re[1] = -w * si;
+      if (g.cout == 2) {
+        double *im = re + cols;
+        im[0] = si;
+        if (g.cin == 2) im[1] = co;
+      }
+    }
+  int64_t ms[2] = {rows, cols};
+  kl_attr ka[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = m, .n = (int)(rows * cols)},
+                   {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = x->dtype}, ints_of("shape", ms, 2)};
+  kl_value *mat = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, ka, 3);
+  free(m);
+  int64_t p4[4] = {0, 2, 1, 3};
+  kl_shape g4 = {4, {g.outer, g.nout, g.inner, g.cout}}, g3 = {3, {g.outer, g.inner, rows}},
+           x4 = {4, {g.outer, g.inner, g.m, g.cin}};
+  kl_value *t = kl_gb_reshape(c, kl_gb_transpose(c, kl_gb_reshape(c, dy[0], &g4), p4), &g3);
+  t = kl_gb_reshape(c, mm(c, t, mat), &x4);
+  dx[0] = kl_gb_reshape(c, kl_gb_transpose(c, t, p4), &x->shape);
+  return 0;
+}
+
+/* ---- linear_attention ----------------------------------------------------- */
+static kl_value *heads_first(kl_grad_ctx *c, kl_value *v, int64_t heads) {
+  if (!v) return NULL;
+  const int64_t *d = v->shape.dims;
+  kl_shape s = {4, {d[0], d[1], heads, d[2] / heads}};
+  int64_t p[4] = {0, 2, 1, 3};
+  return kl_gb_transpose(c, kl_gb_reshape(c, v, &s), p);
+}
+
+static kl_value *heads_back(kl_grad_ctx *c, kl_value *v, const kl_shape *to) {
+  int64_t p[4] = {0, 2, 1, 3};
+  return kl_gb_reshape(c, kl_gb_transpose(c, v, p), to);
+}
+
+static kl_value *lower(kl_grad_ctx *c, kl_value *v) {
+  kl_attr a = {.name = "upper", .kind = KL_ATTR_INT, .i = 0};
+  return kl_gb_node(c, KL_OP_TRILU, &v, 1, &a, 1);
+}
+
+static kl_value *add_or(kl_grad_ctx *c, kl_value *a, kl_value *b) {
+  return a ? (b ? kl_gb2(c, KL_OP_ADD, a, b) : a) : b;
+}
+
+/* The "linear" rule unrolled: per head, y = scale (q S0 + tril(q k^T) v)
+ * and state = S0 + k^T v, so the gradients are matmuls with the causal
+ * (lower) triangle, the kv heads' summed over the query heads reading
+ * them.  The gated and delta rules' recurrences are refused by name. */
+int kl_grad_LINEAR_ATTENTION(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  lin_attn a;
+  if (linear_attention_layout(n, c->err, &a)) return -1;
+  if (a.gated || a.delta)
+    return KL_GRAD_FAIL(c, n, "rule \"%s\"; \"linear\" has one", kl_attr_string(n, "rule", ""));
+  double scale = kl_attr_float(n, "scale", 0);
+  if (scale == 0) scale = 1 / sqrt((double)a.dk);
+  kl_value *q = heads_first(c, n->inputs[0], a.hq), *k = heads_first(c, n->inputs[1], a.hkv);
+  kl_value *v = heads_first(c, n->inputs[2], a.hkv);
+  kl_value *past = a.past > 0 ? n->inputs[a.past] : NULL;
+  kl_value *ke = kv_heads(c, k, a.hq), *ve = kv_heads(c, v, a.hq);
+  kl_value *dq = NULL, *dk = NULL, *dv = NULL, *dpast = NULL;
+  kl_value *sc = kl_gb_scalar(c, n->inputs[0]->dtype, scale);
+  if (dy[0]) {
+    kl_value *g = heads_first(c, dy[0], a.hq);
+    kl_value *att = lower(c, mm(c, q, swap_last2(c, ke)));
+    kl_value *datt = kl_gb2(c, KL_OP_MUL, lower(c, mm(c, g, swap_last2(c, ve))), sc);
+    dq = mm(c, datt, ke);
+    dk = group_sum(c, mm(c, swap_last2(c, datt), q), a.hkv);
+    dv = group_sum(c, kl_gb2(c, KL_OP_MUL, mm(c, swap_last2(c, att), g), sc), a.hkv);
+    if (past) {
+      kl_value *qg = kl_gb2(c, KL_OP_MUL, mm(c, swap_last2(c, q), g), sc); /* [B, Hq, Dk, Dv] */
+      dq = kl_gb2(c, KL_OP_ADD, dq, kl_gb2(c, KL_OP_MUL, mm(c, g, swap_last2(c, kv_heads(c, past, a.hq))), sc));
+      dpast = group_sum(c, qg, a.hkv);
+    }
+  }
+  if (dy[1]) {
+    dk = add_or(c, dk, mm(c, v, swap_last2(c, dy[1])));
+    dv = add_or(c, dv, mm(c, k, dy[1]));
+    dpast = add_or(c, dpast, dy[1]);
+  }
+  dx[0] = dq ? heads_back(c, dq, &n->inputs[0]->shape) : NULL;
+  dx[1] = dk ? heads_back(c, dk, &n->inputs[1]->shape) : NULL;
+  dx[2] = dv ? heads_back(c, dv, &n->inputs[2]->shape) : NULL;
+  if (past) dx[a.past] = dpast;
+  return 0;
+}
+
+/* ---- deform_conv2d -------------------------------------------------------- */
+#define DADD(a, b) kl_gb2(c, KL_OP_ADD, (a), (b))
+#define DSUB(a, b) kl_gb2(c, KL_OP_SUB, (a), (b))
+#define DMUL(a, b) kl_gb2(c, KL_OP_MUL, (a), (b))
+#define DK(v) kl_gb_scalar(c, t, (v))
+
+/* A [taps, P] constant: each tap's undeformed position on one axis. */
+static kl_value *deform_base(kl_grad_ctx *c, const window *w, int axis, kl_dtype t) {
+  int64_t taps = w->k[0] * w->k[1], plane = w->out[0] * w->out[1];
+  double *v = malloc(sizeof(double) * (size_t)(taps * plane));
+  if (!v) abort();
+  for (int64_t tp = 0; tp < taps; tp++)
+    for (int64_t p = 0; p < plane; p++) {
+      int64_t o = axis ? p % w->out[1] : p / w->out[1], k = axis ? tp % w->k[1] : tp / w->k[1];
+      v[tp * plane + p] = (double)(o * w->stride[axis] - w->pad[axis] + k * w->dil[axis]);
+    }
+  int64_t s[2] = {taps, plane};
+  kl_attr a[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = v, .n = (int)(taps * plane)},
+                  {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = t}, ints_of("shape", s, 2)};
+  kl_value *r = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, a, 3);
+  free(v);
+  return r;
+}
+
+/* deform_conv2d as the interpreter computes it, rebuilt from IR ops: each
+ * tap samples x bilinearly (zero outside) at its place moved by the
+ * offsets, times the mask, and the weights contract those columns per
+ * group.  The columns' adjoint (w^T dy) then goes to x (a scatter-add at
+ * the four corners), to the offsets (the corner weights' slopes), to the
+ * mask (the samples); dw is dy times the columns, db dy summed. */
+int kl_grad_DEFORM_CONV2D(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  deform_cfg d;
+  if (deform_setup(n, c->err, &d)) return -1;
+  kl_value *x = n->inputs[0], *wt = n->inputs[1], *off = n->inputs[2];
+  kl_value *mask = n->ninputs > 4 ? n->inputs[4] : NULL;
+  kl_dtype t = x->dtype;
+  const int64_t *xd = x->shape.dims;
+  int64_t nb = xd[0], ch = xd[1], h = xd[2], wi = xd[3], m = wt->shape.dims[0];
+  int64_t g = d.groups, og = d.ogroups, cpg = ch / g, mpg = m / g, cpo = ch / og;
+  int64_t taps = d.w.k[0] * d.w.k[1], plane = d.w.out[0] * d.w.out[1];
+  kl_shape o5 = {5, {nb, og, taps, 2, plane}}, s4 = {4, {nb, og, taps, plane}},
+           x4 = {4, {nb, og, cpo, h * wi}}, i4 = {4, {nb, og, 1, taps * plane}},
+           e4 = {4, {nb, og, cpo, taps * plane}}, v5 = {5, {nb, og, cpo, taps, plane}};
+  kl_value *o = kl_gb_reshape(c, off, &o5);
+  kl_value *coord[2];
+  for (int a = 0; a < 2; a++) {
+    int64_t st = a, en = a + 1, ax = 3;
+    kl_attr sl[3] = {ints_of("starts", &st, 1), ints_of("ends", &en, 1), ints_of("axes", &ax, 1)};
+    coord[a] = DADD(kl_gb_reshape(c, kl_gb_node(c, KL_OP_SLICE, &o, 1, sl, 3), &s4),
+                    deform_base(c, &d.w, a, t));
+  }
+  kl_value *fl[2], *fr[2];
+  for (int a = 0; a < 2; a++) {
+    fl[a] = kl_gb1(c, KL_OP_FLOOR, coord[a]);
+    fr[a] = DSUB(coord[a], fl[a]);
+  }
+  kl_value *xf = kl_gb_reshape(c, x, &x4);
+  kl_value *idx[4], *wgt[4], *dwy[4], *dwx[4], *val[4], *samp = NULL;
+  for (int corner = 0; corner < 4; corner++) {
+    int i = corner / 2, j = corner % 2;
+    kl_value *yy = i ? DADD(fl[0], DK(1)) : fl[0], *xx = j ? DADD(fl[1], DK(1)) : fl[1];
+    kl_value *inside = kl_gb2(c, KL_OP_LOGICAL_AND,
+                              kl_gb2(c, KL_OP_LOGICAL_AND, kl_gb2(c, KL_OP_GE, yy, DK(0)),
+                                     kl_gb2(c, KL_OP_LT, yy, DK((double)h))),
+                              kl_gb2(c, KL_OP_LOGICAL_AND, kl_gb2(c, KL_OP_GE, xx, DK(0)),
+                                     kl_gb2(c, KL_OP_LT, xx, DK((double)wi))));
+    kl_value *wy = i ? fr[0] : DSUB(DK(1), fr[0]), *wx = j ? fr[1] : DSUB(DK(1), fr[1]);
+    wgt[corner] = kl_gb_mask(c, inside, DMUL(wy, wx));
+    dwy[corner] = kl_gb_mask(c, inside, i ? wx : kl_gb1(c, KL_OP_NEG, wx));
+    dwx[corner] = kl_gb_mask(c, inside, j ? wy : kl_gb1(c, KL_OP_NEG, wy));
+    kl_value *flat = DADD(DMUL(kl_gb2(c, KL_OP_MINIMUM, kl_gb2(c, KL_OP_MAXIMUM, yy, DK(0)), DK((double)h - 1)),
+                               DK((double)wi)),
+                          kl_gb2(c, KL_OP_MINIMUM, kl_gb2(c, KL_OP_MAXIMUM, xx, DK(0)), DK((double)wi - 1)));
+    idx[corner] = kl_gb_expand(c, kl_gb_reshape(c, kl_gb_cast(c, flat, KL_I64), &i4), &e4);
+    kl_value *ins[2] = {xf, idx[corner]};
+    kl_attr a3 = {.name = "axis", .kind = KL_ATTR_INT, .i = 3};
+    val[corner] = kl_gb_reshape(c, kl_gb_node(c, KL_OP_GATHER_ELEMENTS, ins, 2, &a3, 1), &v5);
+    kl_shape w5 = {5, {nb, og, 1, taps, plane}};
+    kl_value *term = DMUL(val[corner], kl_gb_reshape(c, wgt[corner], &w5));
+    samp = samp ? DADD(samp, term) : term; /* [N, og, cpo, taps, P] */
+  }
+  kl_shape m5 = {5, {nb, og, 1, taps, plane}}, cols4 = {4, {nb, g, cpg * taps, plane}},
+           w3 = {3, {g, mpg, cpg * taps}}, y4 = {4, {nb, g, mpg, plane}};
+  kl_value *mk = mask ? kl_gb_reshape(c, mask, &m5) : NULL;
+  kl_value *cols = kl_gb_reshape(c, mk ? DMUL(samp, mk) : samp, &cols4);
+  kl_value *gy = kl_gb_reshape(c, dy[0], &y4);
+  kl_value *wg = kl_gb_reshape(c, wt, &w3);
+  int64_t n0 = 0;
+  dx[1] = kl_gb_reshape(c, kl_gb_sum(c, mm(c, gy, swap_last2(c, cols)), &n0, 1), &wt->shape);
+  if (n->ninputs > 3) {
+    int64_t axes[3] = {0, 2, 3};
+    dx[3] = kl_gb_reshape(c, kl_gb_sum(c, dy[0], axes, 3), &n->inputs[3]->shape);
+  }
+  kl_value *dsm = kl_gb_reshape(c, mm(c, swap_last2(c, wg), gy), &v5); /* d(samples * mask) */
+  int64_t cax = 2;
+  kl_shape ms = mask ? mask->shape : (kl_shape){0};
+  if (mask) dx[4] = kl_gb_reshape(c, kl_gb_sum(c, DMUL(dsm, samp), &cax, 1), &ms);
+  kl_value *ds = mk ? DMUL(dsm, mk) : dsm;
+  kl_value *places[4], *updates[4], *dcy = NULL, *dcx = NULL;
+  kl_shape w5 = {5, {nb, og, 1, taps, plane}};
+  for (int corner = 0; corner < 4; corner++) {
+    places[corner] = idx[corner];
+    updates[corner] = kl_gb_reshape(c, DMUL(ds, kl_gb_reshape(c, wgt[corner], &w5)), &e4);
+    kl_value *dv = kl_gb_reshape(c, kl_gb_sum(c, DMUL(ds, val[corner]), &cax, 1), &s4);
+    dcy = dcy ? DADD(dcy, DMUL(dv, dwy[corner])) : DMUL(dv, dwy[corner]);
+    dcx = dcx ? DADD(dcx, DMUL(dv, dwx[corner])) : DMUL(dv, dwx[corner]);
+  }
+  kl_attr a3[2] = {{.name = "axis", .kind = KL_ATTR_INT, .i = 3},
+                   {.name = "reduction", .kind = KL_ATTR_STRING, .s = "add"}};
+  kl_value *sins[3] = {kl_gb_expand(c, kl_gb_scalar(c, t, 0), &x4),
+                       kl_gb_node(c, KL_OP_CONCAT, places, 4, a3, 1),
+                       kl_gb_node(c, KL_OP_CONCAT, updates, 4, a3, 1)};
+  dx[0] = kl_gb_reshape(c, kl_gb_node(c, KL_OP_SCATTER_ELEMENTS, sins, 3, a3, 2), &x->shape);
+  kl_shape c5 = {5, {nb, og, taps, 1, plane}};
+  kl_value *pair[2] = {kl_gb_reshape(c, dcy, &c5), kl_gb_reshape(c, dcx, &c5)};
+  kl_value *dof = kl_gb_node(c, KL_OP_CONCAT, pair, 2, a3, 1);
+  dx[2] = kl_gb_reshape(c, dof, &off->shape);
+  return 0;
+}
+#undef DADD
+#undef DSUB
+#undef DMUL
+#undef DK

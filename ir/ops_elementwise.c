@@ -7,6 +7,7 @@
 
 #define SQRT1_2 0.70710678118654752440   /* 1/sqrt(2) */
 #define SQRT_2_PI 0.79788456080286535588 /* sqrt(2/pi) */
+#define TWO_OVER_SQRT_PI 1.12837916709551257390 /* 2/sqrt(pi), erf's slope at 0 */
 
 /* Which input dtypes a row accepts. */
 typedef enum {
@@ -357,6 +358,7 @@ int kl_eval_WHERE(const kl_node *n, kl_tensor **in, kl_tensor **out,
 #define MUL(a, b) kl_gb2(c, KL_OP_MUL, (a), (b))
 #define SUB(a, b) kl_gb2(c, KL_OP_SUB, (a), (b))
 #define DIV(a, b) kl_gb2(c, KL_OP_DIV, (a), (b))
+#define ADD(a, b) kl_gb2(c, KL_OP_ADD, (a), (b))
 
 int kl_grad_NEG(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
   (void)n;
@@ -424,6 +426,47 @@ int kl_grad_SILU(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value
   return 0;
 }
 
+/* 2/sqrt(pi) exp(-x^2) */
+int kl_grad_ERF(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *e = kl_gb1(c, KL_OP_EXP, kl_gb1(c, KL_OP_NEG, MUL(X, X)));
+  dx[0] = MUL(dy[0], MUL(e, S(TWO_OVER_SQRT_PI)));
+  return 0;
+}
+
+/* erf form: Phi(x) + x phi(x); tanh form, u = k (x + 0.044715 x^3),
+ * t = tanh(u): (1 + t) / 2 + x (1 - t^2) k (1 + 3 * 0.044715 x^2) / 2. */
+int kl_grad_GELU(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x2 = MUL(X, X), *d;
+  if (strcmp(kl_attr_string(n, "approximate", "none"), "tanh") == 0) {
+    const double k = SQRT_2_PI, a = 0.044715;
+    kl_value *t = kl_gb1(c, KL_OP_TANH, MUL(MUL(X, ADD(S(1), MUL(x2, S(a)))), S(k)));
+    kl_value *slope = MUL(SUB(S(1), MUL(t, t)), ADD(S(0.5 * k), MUL(x2, S(1.5 * k * a))));
+    d = ADD(MUL(ADD(S(1), t), S(0.5)), MUL(X, slope));
+  } else {
+    kl_value *cdf = MUL(ADD(S(1), kl_gb1(c, KL_OP_ERF, MUL(X, S(SQRT1_2)))), S(0.5));
+    kl_value *pdf = MUL(kl_gb1(c, KL_OP_EXP, MUL(x2, S(-0.5))), S(0.5 * TWO_OVER_SQRT_PI * SQRT1_2));
+    d = ADD(cdf, MUL(X, pdf));
+  }
+  dx[0] = MUL(dy[0], d);
+  return 0;
+}
+
+/* swish(x) = x s, s = sigmoid(alpha x): s (1 + alpha x (1 - s)) */
+int kl_grad_SWISH(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *ax = MUL(X, S(kl_attr_float(n, "alpha", 1.0)));
+  kl_value *s = kl_gb1(c, KL_OP_SIGMOID, ax);
+  dx[0] = MUL(dy[0], MUL(s, ADD(S(1), MUL(ax, SUB(S(1), s)))));
+  return 0;
+}
+
+/* mish(x) = x t, t = tanh(softplus(x)): t + x (1 - t^2) sigmoid(x) */
+int kl_grad_MISH(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *t = kl_gb1(c, KL_OP_TANH, kl_gb1(c, KL_OP_SOFTPLUS, X));
+  kl_value *slope = MUL(SUB(S(1), MUL(t, t)), kl_gb1(c, KL_OP_SIGMOID, X));
+  dx[0] = MUL(dy[0], ADD(t, MUL(X, slope)));
+  return 0;
+}
+
 int kl_grad_CAST(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
   if (kl_dtype_is_float(X->dtype) && kl_dtype_is_float(Y->dtype)) dx[0] = kl_gb_cast(c, dy[0], X->dtype);
   return 0;
@@ -453,6 +496,17 @@ int kl_grad_DIV(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value 
   kl_value *z = n->inputs[1];
   dx[0] = DIV(dy[0], z);
   dx[1] = kl_gb1(c, KL_OP_NEG, DIV(MUL(dy[0], Y), z)); /* -dy x / z^2 */
+  return 0;
+}
+
+/* y = a^b: da = b a^(b - 1) (any a where y is defined: integer b with a
+ * negative a); db = y log(a) where a > 0, else 0 (a <= 0 has no
+ * derivative in b; log's NaN stays in the branch where drops). */
+int kl_grad_POW(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *b = n->inputs[1];
+  dx[0] = MUL(dy[0], MUL(b, kl_gb2(c, KL_OP_POW, X, SUB(b, S(1)))));
+  kl_value *ylog = MUL(Y, kl_gb1(c, KL_OP_LOG, X));
+  dx[1] = MUL(dy[0], kl_gb_mask(c, kl_gb2(c, KL_OP_GT, X, S(0)), ylog));
   return 0;
 }
 
@@ -486,3 +540,4 @@ int kl_grad_WHERE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_valu
 #undef MUL
 #undef SUB
 #undef DIV
+#undef ADD

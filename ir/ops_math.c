@@ -399,3 +399,124 @@ int kl_eval_DET(const kl_node *n, kl_tensor **in, kl_tensor **out,
   free(work);
   return 0;
 }
+
+/* ---- gradient rules (ir.h, kl_grad_fn) --------------------------------
+ * Each is dy times the function's slope, written over x or the output y. */
+#define X (n->inputs[0])
+#define Y (n->outputs[0])
+#define S(v) kl_gb_scalar(c, Y->dtype, (v))
+#define ADD(a, b) kl_gb2(c, KL_OP_ADD, (a), (b))
+#define SUB(a, b) kl_gb2(c, KL_OP_SUB, (a), (b))
+#define MUL(a, b) kl_gb2(c, KL_OP_MUL, (a), (b))
+#define DIV(a, b) kl_gb2(c, KL_OP_DIV, (a), (b))
+#define UN(op, a) kl_gb1(c, KL_OP_##op, (a))
+
+#define SLOPE_RULE(ID, SLOPE)                                                            \
+  int kl_grad_##ID(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) { \
+    dx[0] = MUL(dy[0], (SLOPE));                                                         \
+    return 0;                                                                            \
+  }
+/* dy / f(x) for slopes that are a reciprocal */
+#define RECIP_RULE(ID, DENOM)                                                            \
+  int kl_grad_##ID(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) { \
+    dx[0] = DIV(dy[0], (DENOM));                                                         \
+    return 0;                                                                            \
+  }
+
+SLOPE_RULE(SIN, UN(COS, X))
+SLOPE_RULE(COS, UN(NEG, UN(SIN, X)))
+SLOPE_RULE(TAN, ADD(S(1), MUL(Y, Y)))
+RECIP_RULE(ASIN, UN(SQRT, SUB(S(1), MUL(X, X))))
+RECIP_RULE(ACOS, UN(NEG, UN(SQRT, SUB(S(1), MUL(X, X)))))
+RECIP_RULE(ATAN, ADD(S(1), MUL(X, X)))
+SLOPE_RULE(SINH, UN(COSH, X))
+SLOPE_RULE(COSH, UN(SINH, X))
+RECIP_RULE(ASINH, UN(SQRT, ADD(MUL(X, X), S(1))))
+RECIP_RULE(ACOSH, UN(SQRT, SUB(MUL(X, X), S(1))))
+RECIP_RULE(ATANH, SUB(S(1), MUL(X, X)))
+SLOPE_RULE(SOFTPLUS, UN(SIGMOID, X))
+
+/* Piecewise constant: no gradient reaches x (0 almost everywhere). */
+#define ZERO_RULE(ID)                                                                    \
+  int kl_grad_##ID(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) { \
+    (void)c, (void)n, (void)dy;                                                          \
+    dx[0] = NULL;                                                                        \
+    return 0;                                                                            \
+  }
+ZERO_RULE(FLOOR)
+ZERO_RULE(CEIL)
+ZERO_RULE(ROUND)
+ZERO_RULE(SIGN)
+
+/* x < 0: alpha exp(x) = y + alpha; else 1 (as the eval's `x < 0`). */
+int kl_grad_ELU(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  double alpha = kl_attr_float(n, "alpha", 1.0);
+  kl_value *neg = kl_gb2(c, KL_OP_LT, X, S(0));
+  dx[0] = kl_gb3(c, KL_OP_WHERE, neg, MUL(dy[0], ADD(Y, S(alpha))), dy[0]);
+  return 0;
+}
+
+/* y = a - b q with q an integer (floor or truncation of a / b, by fmod):
+ * da = dy, db = -q dy, q recovered exactly as round((a - y) / b). */
+int kl_grad_MOD(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *q = UN(ROUND, DIV(SUB(X, Y), n->inputs[1]));
+  dx[0] = dy[0];
+  dx[1] = UN(NEG, MUL(dy[0], q));
+  return 0;
+}
+
+#undef X
+#undef Y
+#undef S
+#undef ADD
+#undef SUB
+#undef MUL
+#undef DIV
+#undef UN
+#undef SLOPE_RULE
+#undef RECIP_RULE
+#undef ZERO_RULE
+
+/* d det(A) / dA is A's cofactor matrix, (-1)^(i+j) det(A without row i and
+ * column j): exact for singular A too (no inverse).  The n^2 minors are
+ * gathered from each flattened matrix with a constant index table, then
+ * one det over them. */
+int kl_grad_DET(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x = n->inputs[0];
+  int r = x->shape.rank;
+  int64_t m = x->shape.dims[r - 1], batch = kl_shape_numel(&x->shape) / (m * m > 0 ? m * m : 1);
+  if (m == 0) return 0;
+  int64_t cells = m * m * (m - 1) * (m - 1);
+  if (cells > INT32_MAX) return KL_GRAD_FAIL(c, n, "%lld x %lld matrices have too many minors",
+                                             (long long)m, (long long)m);
+  double *at = malloc(sizeof(double) * (size_t)(cells > 0 ? cells : 1));
+  double *sign = malloc(sizeof(double) * (size_t)(m * m));
+  if (!at || !sign) abort();
+  int64_t k = 0;
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < m; j++) {
+      sign[i * m + j] = (i + j) % 2 ? -1.0 : 1.0;
+      for (int64_t p = 0; p < m; p++)
+        for (int64_t q = 0; q < m; q++)
+          if (p != i && q != j) at[k++] = (double)(p * m + q);
+    }
+  int64_t is[4] = {m, m, m - 1, m - 1}, ss[2] = {m, m};
+  kl_attr ia[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = at, .n = (int)cells},
+                   {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = KL_I64},
+                   {.name = "shape", .kind = KL_ATTR_INTS, .ints = is, .n = 4}};
+  kl_attr sa[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = sign, .n = (int)(m * m)},
+                   {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = x->dtype},
+                   {.name = "shape", .kind = KL_ATTR_INTS, .ints = ss, .n = 2}};
+  kl_value *idx = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, ia, 3);
+  kl_value *sg = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, sa, 3);
+  free(at);
+  free(sign);
+  kl_shape flat = {2, {batch, m * m}}, cof = {3, {batch, m, m}}, g3 = {3, {batch, 1, 1}};
+  kl_attr ax = {.name = "axis", .kind = KL_ATTR_INT, .i = 1};
+  kl_value *ins[2] = {kl_gb_reshape(c, x, &flat), idx};
+  kl_value *minors = kl_gb_node(c, KL_OP_GATHER, ins, 2, &ax, 1); /* [B, m, m, m-1, m-1] */
+  kl_value *cofactors = kl_gb2(c, KL_OP_MUL, kl_gb1(c, KL_OP_DET, minors), sg);
+  kl_value *g = kl_gb_reshape(c, dy[0], &g3);
+  dx[0] = kl_gb_reshape(c, kl_gb2(c, KL_OP_MUL, kl_gb_reshape(c, cofactors, &cof), g), &x->shape);
+  return 0;
+}

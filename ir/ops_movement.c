@@ -1031,3 +1031,286 @@ int kl_grad_TRANSPOSE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_
   dx[0] = kl_gb_transpose(c, dy[0], inv);
   return 0;
 }
+
+/* ---- gradients of copies that pick, place or cut ----------------------- */
+static kl_attr ints_attr(const char *name, int64_t *v, int n) {
+  return (kl_attr){.name = name, .kind = KL_ATTR_INTS, .ints = v, .n = n};
+}
+
+static kl_value *zeros_of(kl_grad_ctx *c, kl_dtype t, const kl_shape *s) {
+  return kl_gb_expand(c, kl_gb_scalar(c, t, 0), s);
+}
+
+/* v[start:end] along one axis. */
+static kl_value *cut(kl_grad_ctx *c, kl_value *v, int64_t axis, int64_t start, int64_t end) {
+  kl_attr a[3] = {ints_attr("starts", &start, 1), ints_attr("ends", &end, 1), ints_attr("axes", &axis, 1)};
+  return kl_gb_node(c, KL_OP_SLICE, &v, 1, a, 3);
+}
+
+/* v with zeros added: before[a] at the start and after[a] at the end of
+ * each axis a. */
+static kl_value *zero_pad(kl_grad_ctx *c, kl_value *v, const int64_t *before, const int64_t *after) {
+  if (!v) return NULL;
+  int r = v->shape.rank;
+  int64_t pads[2 * KL_MAX_RANK];
+  bool any = false;
+  for (int a = 0; a < r; a++) {
+    pads[a] = before[a], pads[r + a] = after[a];
+    any |= before[a] || after[a];
+  }
+  if (!any) return v;
+  kl_attr at = ints_attr("pads", pads, 2 * r);
+  return kl_gb_node(c, KL_OP_PAD, &v, 1, &at, 1);
+}
+
+static kl_value *scatter(kl_grad_ctx *c, kl_op op, kl_value *x, kl_value *ix, kl_value *u,
+                         int64_t axis, const char *reduction) {
+  kl_value *ins[3] = {x, ix, u};
+  kl_attr a[2] = {{.name = "reduction", .kind = KL_ATTR_STRING, .s = reduction},
+                  {.name = "axis", .kind = KL_ATTR_INT, .i = axis}};
+  return kl_gb_node(c, op, ins, 3, a, op == KL_OP_SCATTER_ELEMENTS ? 2 : 1);
+}
+
+static kl_value *gather_back(kl_grad_ctx *c, kl_op op, kl_value *x, kl_value *ix, int64_t axis) {
+  kl_value *ins[2] = {x, ix};
+  kl_attr a = {.name = "axis", .kind = KL_ATTR_INT, .i = axis};
+  return kl_gb_node(c, op, ins, 2, &a, op == KL_OP_GATHER_ELEMENTS ? 1 : 0);
+}
+
+/* g's elements along `axis` sent to the positions pos[0..len) of an axis
+ * of size `size` (zeros elsewhere): a scatter along the axis, "none" when
+ * the positions are distinct, "add" when several land on one. */
+static kl_value *place_along(kl_grad_ctx *c, kl_value *g, int axis, const int64_t *pos,
+                             int64_t size, const char *reduction) {
+  if (!g) return NULL;
+  int64_t len = g->shape.dims[axis];
+  kl_shape is = {g->shape.rank, {0}}, zs = g->shape;
+  for (int k = 0; k < is.rank; k++) is.dims[k] = k == axis ? len : 1;
+  zs.dims[axis] = size;
+  double *v = malloc(sizeof(double) * (size_t)(len ? len : 1));
+  if (!v) abort();
+  for (int64_t j = 0; j < len; j++) v[j] = (double)pos[j];
+  kl_attr k[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = v, .n = (int)len},
+                  {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = KL_I64},
+                  ints_attr("shape", is.dims, is.rank)};
+  kl_value *ix = kl_gb_expand(c, kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, k, 3), &g->shape);
+  free(v);
+  return scatter(c, KL_OP_SCATTER_ELEMENTS, zeros_of(c, g->dtype, &zs), ix, g, axis, reduction);
+}
+
+/* Each input's stretch of dy along the axis. */
+int kl_grad_CONCAT(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  int axis;
+  if (kl_norm_axis(kl_attr_int(n, "axis", 0), n->inputs[0]->shape.rank, &axis, n, c->err)) return -1;
+  int64_t at = 0;
+  for (int i = 0; i < n->ninputs; i++) {
+    int64_t len = n->inputs[i]->shape.dims[axis];
+    dx[i] = cut(c, dy[0], axis, at, at + len);
+    at += len;
+  }
+  return 0;
+}
+
+/* The outputs' adjoints put back together; an output nothing reads
+ * contributes zeros. */
+int kl_grad_SPLIT(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  int axis;
+  if (kl_norm_axis(kl_attr_int(n, "axis", 0), n->inputs[0]->shape.rank, &axis, n, c->err)) return -1;
+  kl_value *parts[64];
+  if (n->noutputs > 64)
+    return KL_GRAD_FAIL(c, n, "%d outputs (at most 64)", n->noutputs);
+  for (int k = 0; k < n->noutputs; k++) {
+    const kl_value *o = n->outputs[k];
+    parts[k] = dy[k] ? dy[k] : zeros_of(c, o->dtype, &o->shape);
+  }
+  kl_attr a = {.name = "axis", .kind = KL_ATTR_INT, .i = axis};
+  dx[0] = kl_gb_node(c, KL_OP_CONCAT, parts, n->noutputs, &a, 1);
+  return 0;
+}
+
+/* dy placed back where the slice read, axis by axis: zeros padded around a
+ * unit-step range, a scatter for other steps (each read element is
+ * distinct, so the scatter only places). */
+int kl_grad_SLICE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  const kl_value *x = n->inputs[0];
+  int64_t start[KL_MAX_RANK], step[KL_MAX_RANK];
+  kl_shape out;
+  if (slice_setup(n, c->err, &x->shape, start, step, &out)) return -1;
+  if (kl_shape_numel(&out) == 0) return 0; /* nothing read: no gradient */
+  kl_value *g = dy[0];
+  for (int a = 0; a < x->shape.rank && g; a++) {
+    int64_t d = x->shape.dims[a], len = out.dims[a];
+    if (step[a] == 1) {
+      int64_t before[KL_MAX_RANK] = {0}, after[KL_MAX_RANK] = {0};
+      before[a] = start[a], after[a] = d - start[a] - len;
+      g = zero_pad(c, g, before, after);
+      continue;
+    }
+    int64_t *pos = malloc(sizeof(int64_t) * (size_t)len);
+    if (!pos) abort();
+    for (int64_t j = 0; j < len; j++) pos[j] = start[a] + j * step[a];
+    g = place_along(c, g, a, pos, d, "none");
+    free(pos);
+  }
+  dx[0] = g;
+  return 0;
+}
+
+/* Scatter-add of dy at the indices: x viewed as [outer, D, inner] and the
+ * indices, flattened, broadcast over outer and inner. */
+int kl_grad_GATHER(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x = n->inputs[0], *ix = n->inputs[1];
+  int axis;
+  int64_t outer, inner;
+  if (axis_view(n, c->err, &x->shape, &axis, &outer, &inner)) return -1;
+  int64_t d = x->shape.dims[axis], m = kl_shape_numel(&ix->shape);
+  if (m == 0 || kl_shape_numel(&x->shape) == 0) return 0;
+  kl_shape gs = {3, {outer, m, inner}}, is = {3, {1, m, 1}}, xs = {3, {outer, d, inner}};
+  kl_value *idx = kl_gb_expand(c, kl_gb_reshape(c, ix, &is), &gs);
+  kl_value *s = scatter(c, KL_OP_SCATTER_ELEMENTS, zeros_of(c, x->dtype, &xs), idx,
+                        kl_gb_reshape(c, dy[0], &gs), 1, "add");
+  dx[0] = kl_gb_reshape(c, s, &x->shape);
+  return 0;
+}
+
+int kl_grad_GATHER_ELEMENTS(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x = n->inputs[0];
+  int axis;
+  if (kl_norm_axis(kl_attr_int(n, "axis", 0), x->shape.rank, &axis, n, c->err)) return -1;
+  dx[0] = scatter(c, KL_OP_SCATTER_ELEMENTS, zeros_of(c, x->dtype, &x->shape), n->inputs[1], dy[0],
+                  axis, "add");
+  return 0;
+}
+
+/* A scatter-add of dy at the indices.  With batch_dims, the batch axes are
+ * flattened into one and its index put in front of each index tuple, so
+ * that scatter_nd (which has no batch axes) places it. */
+int kl_grad_GATHER_ND(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x = n->inputs[0], *ix = n->inputs[1], *g = dy[0];
+  int64_t nb = kl_attr_int(n, "batch_dims", 0);
+  if (nb == 0) {
+    dx[0] = scatter(c, KL_OP_SCATTER_ND, zeros_of(c, x->dtype, &x->shape), ix, g, 0, "add");
+    return 0;
+  }
+  const kl_shape *is = &ix->shape;
+  int64_t batch = 1;
+  for (int d = 0; d < nb; d++) batch *= x->shape.dims[d];
+  kl_shape xs = {x->shape.rank - (int)nb + 1, {batch}}, ts = {is->rank - (int)nb + 1, {batch}},
+           gs = {g->shape.rank - (int)nb + 1, {batch}};
+  for (int d = (int)nb; d < x->shape.rank; d++) xs.dims[d - nb + 1] = x->shape.dims[d];
+  for (int d = (int)nb; d < is->rank; d++) ts.dims[d - nb + 1] = is->dims[d];
+  for (int d = (int)nb; d < g->shape.rank; d++) gs.dims[d - nb + 1] = g->shape.dims[d];
+  kl_shape one = {ts.rank, {batch}}, lead = ts;
+  for (int d = 1; d < one.rank; d++) one.dims[d] = 1;
+  lead.dims[lead.rank - 1] = 1;
+  double *v = malloc(sizeof(double) * (size_t)(batch ? batch : 1));
+  if (!v) abort();
+  for (int64_t b = 0; b < batch; b++) v[b] = (double)b;
+  kl_attr k[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = v, .n = (int)batch},
+                  {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = ix->dtype},
+                  ints_attr("shape", one.dims, one.rank)};
+  kl_value *parts[2] = {kl_gb_expand(c, kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, k, 3), &lead),
+                        kl_gb_reshape(c, ix, &ts)};
+  free(v);
+  kl_attr cat = {.name = "axis", .kind = KL_ATTR_INT, .i = ts.rank - 1};
+  kl_value *full = kl_gb_node(c, KL_OP_CONCAT, parts, 2, &cat, 1);
+  kl_value *s = scatter(c, KL_OP_SCATTER_ND, zeros_of(c, x->dtype, &xs), full,
+                        kl_gb_reshape(c, g, &gs), 0, "add");
+  dx[0] = kl_gb_reshape(c, s, &x->shape);
+  return 0;
+}
+
+/* reduction "none": the places written take nothing from dy, and an update
+ * gets dy at its place only if it was the one kept there (the last of
+ * repeated indices, as the interpreter): its position, scattered as an i64
+ * and read back, is its own.  "add": dy passes to x, and each update gets
+ * dy at its place. */
+static int grad_scatter(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx,
+                        kl_op gather_op) {
+  kl_value *x = n->inputs[0], *ix = n->inputs[1], *u = n->inputs[2];
+  const char *red = kl_attr_string(n, "reduction", "none");
+  int64_t axis = 0;
+  int ax;
+  if (n->op == KL_OP_SCATTER_ELEMENTS) {
+    if (kl_norm_axis(kl_attr_int(n, "axis", 0), x->shape.rank, &ax, n, c->err)) return -1;
+    axis = ax;
+  }
+  dx[2] = gather_back(c, gather_op, dy[0], ix, axis);
+  if (strcmp(red, "add") == 0) {
+    dx[0] = dy[0];
+    return 0;
+  }
+  if (strcmp(red, "none") != 0)
+    return KL_GRAD_FAIL(c, n, "reduction \"%s\"; \"none\" and \"add\" have one", red);
+  dx[0] = scatter(c, n->op, dy[0], ix, zeros_of(c, u->dtype, &u->shape), axis, "none");
+  int64_t m = kl_shape_numel(&u->shape);
+  double *pos = malloc(sizeof(double) * (size_t)(m ? m : 1));
+  if (!pos) abort();
+  for (int64_t j = 0; j < m; j++) pos[j] = (double)j;
+  kl_attr k[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = pos, .n = (int)m},
+                  {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = KL_I64},
+                  ints_attr("shape", u->shape.dims, u->shape.rank)};
+  kl_value *iota = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, k, 3);
+  free(pos);
+  kl_value *none = kl_gb_expand(c, kl_gb_scalar(c, KL_I64, -1), &x->shape);
+  kl_value *kept = gather_back(c, gather_op, scatter(c, n->op, none, ix, iota, axis, "none"), ix, axis);
+  dx[2] = kl_gb_mask(c, kl_gb2(c, KL_OP_EQ, kept, iota), dx[2]);
+  return 0;
+}
+
+int kl_grad_SCATTER_ELEMENTS(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  return grad_scatter(c, n, dy, dx, KL_OP_GATHER_ELEMENTS);
+}
+
+int kl_grad_SCATTER_ND(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  return grad_scatter(c, n, dy, dx, KL_OP_GATHER_ND);
+}
+
+/* constant mode: the padded area cut away, and zeros where negative pads
+ * cropped x; the others add dy back where each element was copied from. */
+int kl_grad_PAD(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  const kl_value *x = n->inputs[0];
+  pad_cfg p;
+  kl_shape out;
+  if (pad_setup(n, c->err, x, &p, &out)) return -1;
+  int r = x->shape.rank;
+  if (p.mode != PAD_CONSTANT) {
+    /* every output element copies one of x's: per axis, dy added back at
+     * the source of each position, as kl_eval_PAD finds it */
+    kl_value *g = dy[0];
+    for (int a = 0; a < r && g; a++) {
+      int64_t len = out.dims[a], d = p.keep[a];
+      int64_t *src = malloc(sizeof(int64_t) * (size_t)(len ? len : 1));
+      if (!src) abort();
+      for (int64_t j = 0; j < len; j++) {
+        int64_t k = j - p.before[a];
+        if (k < 0 || k >= d) {
+          if (p.mode == PAD_EDGE) k = k < 0 ? 0 : d - 1;
+          else if (p.mode == PAD_WRAP) k = (k % d + d) % d;
+          else k = k < 0 ? -k : 2 * (d - 1) - k;
+        }
+        src[j] = p.crop[a] + k;
+      }
+      g = place_along(c, g, a, src, x->shape.dims[a], "add");
+      free(src);
+    }
+    dx[0] = g;
+    return 0;
+  }
+  int64_t st[KL_MAX_RANK], en[KL_MAX_RANK], ax[KL_MAX_RANK], after[KL_MAX_RANK];
+  for (int a = 0; a < r; a++) {
+    st[a] = p.before[a], en[a] = p.before[a] + p.keep[a], ax[a] = a;
+    after[a] = x->shape.dims[a] - p.crop[a] - p.keep[a];
+  }
+  kl_value *g = dy[0];
+  kl_attr sl[3] = {ints_attr("starts", st, r), ints_attr("ends", en, r), ints_attr("axes", ax, r)};
+  if (r > 0) g = kl_gb_node(c, KL_OP_SLICE, &g, 1, sl, 3);
+  dx[0] = zero_pad(c, g, p.crop, after);
+  return 0;
+}
+
+/* The same triangle of dy. */
+int kl_grad_TRILU(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  dx[0] = kl_gb_node(c, KL_OP_TRILU, dy, 1, n->attrs, n->nattrs);
+  return 0;
+}

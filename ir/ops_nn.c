@@ -462,6 +462,13 @@ int kl_infer_ROTARY(kl_node *n, kl_error *err) {
                           k == 1 ? "cos" : "sin", kl_value_str(c, bc, sizeof bc),
                           (long long)rd.b, (long long)rd.s, (long long)(rd.r / 2));
   }
+  /* one batch stride serves both (here and in the kernel) */
+  if (!kl_shape_equal(&n->inputs[1]->shape, &n->inputs[2]->shape)) {
+    char bc[256], bs[256];
+    return KL_NODE_FAIL(n, err, "cos %s and sin %s must have the same shape",
+                        kl_value_str(n->inputs[1], bc, sizeof bc),
+                        kl_value_str(n->inputs[2], bs, sizeof bs));
+  }
   kl_set_output(n, 0, x->dtype, &x->shape);
   return 0;
 }
@@ -567,5 +574,183 @@ int kl_grad_CROSS_ENTROPY(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy,
   dx[0] = kl_gb2(c, KL_OP_MUL, kl_gb2(c, KL_OP_SUB, kl_gb2(c, KL_OP_MUL, p, tsum), l), g);
   kl_value *lsm = kl_gb_node(c, KL_OP_LOG_SOFTMAX, &x, 1, &ax, 1);
   dx[1] = kl_gb1(c, KL_OP_NEG, kl_gb2(c, KL_OP_MUL, lsm, g));
+  return 0;
+}
+
+/* The mean over the normalised axes [axis, rank), kept as 1s. */
+static kl_value *row_mean(kl_grad_ctx *c, kl_value *v, int axis) {
+  int64_t axes[KL_MAX_RANK];
+  int na = 0;
+  for (int d = axis; d < v->shape.rank; d++) axes[na++] = d;
+  kl_attr a[2] = {{.name = "axes", .kind = KL_ATTR_INTS, .ints = axes, .n = na},
+                  {.name = "keepdims", .kind = KL_ATTR_INT, .i = 1}};
+  return kl_gb_node(c, KL_OP_REDUCE_MEAN, &v, 1, a, 2);
+}
+
+/* layer_norm (center) and rms_norm: with xhat = (x - mean) r, r =
+ * 1 / sqrt(var + eps) (rms: xhat = x r, r from the mean square) and
+ * g = dy scale: dx = r (g - mean(g) - xhat mean(g xhat)), without the
+ * mean(g) term for rms; dscale = dy xhat, dbias = dy (the autodiff pass
+ * sums them down to their broadcast shapes). */
+static int grad_norm(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx,
+                     bool center) {
+  int axis;
+  kl_value *x = node_axis(c, n, "axis", &axis);
+  if (!x) return -1;
+  double eps = kl_attr_float(n, "epsilon", 1e-5);
+  kl_value *d = center ? kl_gb2(c, KL_OP_SUB, x, row_mean(c, x, axis)) : x;
+  kl_value *var = row_mean(c, kl_gb2(c, KL_OP_MUL, d, d), axis);
+  kl_value *r = kl_gb1(c, KL_OP_RSQRT, kl_gb2(c, KL_OP_ADD, var, kl_gb_scalar(c, x->dtype, eps)));
+  kl_value *xhat = kl_gb2(c, KL_OP_MUL, d, r);
+  kl_value *g = n->ninputs > 1 ? kl_gb2(c, KL_OP_MUL, dy[0], n->inputs[1]) : dy[0];
+  kl_value *t = kl_gb2(c, KL_OP_SUB, g, kl_gb2(c, KL_OP_MUL, xhat, row_mean(c, kl_gb2(c, KL_OP_MUL, g, xhat), axis)));
+  if (center) t = kl_gb2(c, KL_OP_SUB, t, row_mean(c, g, axis));
+  dx[0] = kl_gb2(c, KL_OP_MUL, t, r);
+  if (n->ninputs > 1) dx[1] = kl_gb2(c, KL_OP_MUL, dy[0], xhat);
+  if (n->ninputs > 2) dx[2] = dy[0];
+  return 0;
+}
+
+int kl_grad_LAYER_NORM(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  return grad_norm(c, n, dy, dx, true);
+}
+
+int kl_grad_RMS_NORM(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  return grad_norm(c, n, dy, dx, false);
+}
+
+/* A per-channel [C] value as [1, C, 1, ...] for x's rank, and a value of
+ * x's shape summed to [C] (all axes but 1). */
+static kl_value *per_channel(kl_grad_ctx *c, kl_value *v, int rank) {
+  kl_shape s = {rank, {0}};
+  for (int d = 0; d < rank; d++) s.dims[d] = d == 1 ? v->shape.dims[0] : 1;
+  return kl_gb_reshape(c, v, &s);
+}
+
+static kl_value *channel_sum(kl_grad_ctx *c, kl_value *v) {
+  if (!v) return NULL;
+  int64_t axes[KL_MAX_RANK];
+  int na = 0;
+  for (int d = 0; d < v->shape.rank; d++)
+    if (d != 1) axes[na++] = d;
+  kl_shape s = {1, {v->shape.dims[1]}};
+  return kl_gb_reshape(c, kl_gb_sum(c, v, axes, na), &s);
+}
+
+/* y = (x - mean) a + bias, a = scale r, r = 1 / sqrt(var + eps), per
+ * channel; every input is differentiated, so batch statistics computed
+ * from x (the ONNX front end's training mode) pass their share back
+ * through the reductions that made them. */
+int kl_grad_BATCH_NORM(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x = n->inputs[0], *g = dy[0];
+  int rank = x->shape.rank;
+  double eps = kl_attr_float(n, "epsilon", 1e-5);
+  kl_value *r = kl_gb1(c, KL_OP_RSQRT, kl_gb2(c, KL_OP_ADD, n->inputs[4], kl_gb_scalar(c, x->dtype, eps)));
+  kl_value *a = kl_gb2(c, KL_OP_MUL, n->inputs[1], r);
+  kl_value *centered = kl_gb2(c, KL_OP_SUB, x, per_channel(c, n->inputs[3], rank));
+  kl_value *gsum = channel_sum(c, g), *gxsum = channel_sum(c, kl_gb2(c, KL_OP_MUL, g, centered));
+  dx[0] = kl_gb2(c, KL_OP_MUL, g, per_channel(c, a, rank));
+  dx[1] = kl_gb2(c, KL_OP_MUL, gxsum, r);
+  dx[2] = gsum;
+  dx[3] = kl_gb1(c, KL_OP_NEG, kl_gb2(c, KL_OP_MUL, gsum, a));
+  /* d r / d var = -r^3 / 2 */
+  kl_value *r3 = kl_gb2(c, KL_OP_MUL, r, kl_gb2(c, KL_OP_MUL, r, r));
+  dx[4] = kl_gb2(c, KL_OP_MUL, kl_gb2(c, KL_OP_MUL, gxsum, n->inputs[1]),
+                 kl_gb2(c, KL_OP_MUL, r3, kl_gb_scalar(c, x->dtype, -0.5)));
+  return 0;
+}
+
+/* loss = -x[n, t, d] w[t], 0 where t is ignored.  With h the one-hot of t
+ * over axis 1 (0 for ignored items) and G the adjoint of each item's loss
+ * (dy, dy / sum of weights for the mean): dx = -h w G; dw = sum over items
+ * of h G (-x - L), L the mean loss for "mean" (which divides by the
+ * weights) and 0 otherwise. */
+int kl_grad_NLL_LOSS(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x = n->inputs[0], *t = n->inputs[1];
+  kl_value *w = n->ninputs > 2 ? n->inputs[2] : NULL;
+  int red;
+  if (pick(n, c->err, "reduction", "mean", reductions, &red)) {
+    c->failed = true;
+    return -1;
+  }
+  int rank = x->shape.rank;
+  int64_t nc = x->shape.dims[1];
+  kl_shape ts = x->shape, cs = {rank, {0}};
+  ts.dims[1] = 1;
+  for (int d = 0; d < rank; d++) cs.dims[d] = d == 1 ? nc : 1;
+  double *iota = malloc(sizeof(double) * (size_t)(nc ? nc : 1));
+  if (!iota) abort();
+  for (int64_t i = 0; i < nc; i++) iota[i] = (double)i;
+  kl_attr k[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = iota, .n = (int)nc},
+                  {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = t->dtype},
+                  {.name = "shape", .kind = KL_ATTR_INTS, .ints = cs.dims, .n = rank}};
+  kl_value *classes = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, k, 3);
+  free(iota);
+  kl_value *tt = kl_gb_reshape(c, t, &ts);
+  kl_value *hit = kl_gb2(c, KL_OP_EQ, tt, classes);
+  if (kl_node_attr(n, "ignore_index")) {
+    kl_value *ii = kl_gb_scalar(c, t->dtype, (double)kl_attr_int(n, "ignore_index", 0));
+    hit = kl_gb2(c, KL_OP_LOGICAL_AND, hit, kl_gb2(c, KL_OP_NE, tt, ii));
+  }
+  kl_value *h = kl_gb_cast(c, hit, x->dtype);
+  kl_value *wc = w ? per_channel(c, w, rank) : NULL;
+  kl_value *G = red == 2 ? kl_gb_reshape(c, dy[0], &ts) : dy[0];
+  if (red == 0) {
+    kl_value *hw = wc ? kl_gb2(c, KL_OP_MUL, h, wc) : h;
+    int64_t all[KL_MAX_RANK];
+    for (int d = 0; d < rank; d++) all[d] = d;
+    G = kl_gb2(c, KL_OP_DIV, G, kl_gb_sum(c, hw, all, rank));
+  }
+  kl_value *hg = kl_gb2(c, KL_OP_MUL, h, G);
+  dx[0] = kl_gb1(c, KL_OP_NEG, wc ? kl_gb2(c, KL_OP_MUL, hg, wc) : hg);
+  if (w) {
+    kl_value *v = kl_gb1(c, KL_OP_NEG, x);
+    if (red == 0) v = kl_gb2(c, KL_OP_SUB, v, n->outputs[0]);
+    dx[2] = channel_sum(c, kl_gb2(c, KL_OP_MUL, hg, v));
+  }
+  return 0;
+}
+
+/* v [B,H,S,D] or [B,S,H*D] (x's layout) reduced to [B,S,R/2]: the two
+ * entries of each rotated pair added, then the heads. */
+static kl_value *pair_head_sum(kl_grad_ctx *c, kl_value *v, const rotary_dims *rd, bool inter) {
+  kl_shape four = {4, {rd->b, rd->h, rd->s, rd->d}};
+  int head_axis = 1;
+  if (v && v->shape.rank == 3) four = (kl_shape){4, {rd->b, rd->s, rd->h, rd->d}}, head_axis = 2;
+  v = kl_gb_reshape(c, v, &four);
+  if (rd->r != rd->d) {
+    int64_t st = 0, en = rd->r, ax = 3;
+    kl_attr sl[3] = {{.name = "starts", .kind = KL_ATTR_INTS, .ints = &st, .n = 1},
+                     {.name = "ends", .kind = KL_ATTR_INTS, .ints = &en, .n = 1},
+                     {.name = "axes", .kind = KL_ATTR_INTS, .ints = &ax, .n = 1}};
+    v = kl_gb_node(c, KL_OP_SLICE, &v, 1, sl, 3);
+  }
+  kl_shape five = four;
+  five.rank = 5;
+  five.dims[3] = inter ? rd->r / 2 : 2;
+  five.dims[4] = inter ? 2 : rd->r / 2;
+  int64_t axes[2] = {head_axis, inter ? 4 : 3};
+  kl_shape out = {3, {rd->b, rd->s, rd->r / 2}};
+  return kl_gb_reshape(c, kl_gb_sum(c, kl_gb_reshape(c, v, &five), axes, 2), &out);
+}
+
+/* Each pair turns by the angle whose cos and sin are given: dx turns dy
+ * back (sin negated); with u = x turned by a right angle (cos 0, sin 1),
+ * dcos and dsin are the pair sums of x dy and u dy, over the heads. */
+int kl_grad_ROTARY(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x = n->inputs[0], *cs = n->inputs[1], *sn = n->inputs[2];
+  rotary_dims rd;
+  if (rotary_layout(n, c->err, &x->shape, &rd)) {
+    c->failed = true;
+    return -1;
+  }
+  bool inter = kl_attr_int(n, "interleaved", 0) != 0;
+  kl_value *back[3] = {dy[0], cs, kl_gb1(c, KL_OP_NEG, sn)};
+  dx[0] = kl_gb_node(c, KL_OP_ROTARY, back, 3, n->attrs, n->nattrs);
+  kl_value *turn[3] = {x, kl_gb_expand(c, kl_gb_scalar(c, x->dtype, 0), &cs->shape),
+                       kl_gb_expand(c, kl_gb_scalar(c, x->dtype, 1), &sn->shape)};
+  kl_value *u = kl_gb_node(c, KL_OP_ROTARY, turn, 3, n->attrs, n->nattrs);
+  dx[1] = pair_head_sum(c, kl_gb2(c, KL_OP_MUL, x, dy[0]), &rd, inter);
+  dx[2] = pair_head_sum(c, kl_gb2(c, KL_OP_MUL, u, dy[0]), &rd, inter);
   return 0;
 }

@@ -522,3 +522,102 @@ int kl_grad_REDUCE_MEAN(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, k
   dx[0] = spread(c, n, dy[0], out ? (double)out / (double)(in ? in : 1) : 1);
   return 0;
 }
+
+/* The reduced axes of a reduction node, normalised, in order; their count. */
+static int reduced_axes(const kl_node *n, int64_t *axes) {
+  const int64_t *at;
+  int rank = n->inputs[0]->shape.rank, na = kl_attr_ints(n, "axes", &at), k = 0;
+  for (int d = 0; d < rank; d++) {
+    bool reduced = na < 0;
+    for (int i = 0; i < na; i++) reduced |= (at[i] + rank) % rank == d;
+    if (reduced) axes[k++] = d;
+  }
+  return k;
+}
+
+/* max and min: the gradient goes to the elements equal to the result,
+ * split evenly among ties (a tie has no derivative; the even split is the
+ * mean of its one-sided ones). */
+static int grad_extreme(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x = n->inputs[0];
+  int64_t axes[KL_MAX_RANK];
+  int na = reduced_axes(n, axes);
+  kl_value *hit = kl_gb_cast(c, kl_gb2(c, KL_OP_EQ, x, spread(c, n, n->outputs[0], 1)), x->dtype);
+  kl_value *share = kl_gb2(c, KL_OP_DIV, spread(c, n, dy[0], 1), kl_gb_sum(c, hit, axes, na));
+  dx[0] = kl_gb2(c, KL_OP_MUL, hit, share);
+  return 0;
+}
+
+int kl_grad_REDUCE_MAX(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  return grad_extreme(c, n, dy, dx);
+}
+
+int kl_grad_REDUCE_MIN(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  return grad_extreme(c, n, dy, dx);
+}
+
+static kl_value *scan(kl_grad_ctx *c, kl_op op, kl_value *x, int64_t axis, bool exclusive,
+                      bool reverse) {
+  kl_attr a[3] = {{.name = "axis", .kind = KL_ATTR_INT, .i = axis},
+                  {.name = "exclusive", .kind = KL_ATTR_INT, .i = exclusive},
+                  {.name = "reverse", .kind = KL_ATTR_INT, .i = reverse}};
+  return kl_gb_node(c, op, &x, 1, a, 3);
+}
+
+/* The product of the other elements of each reduced set, without dividing
+ * (exact where x has zeros): the reduced axes moved last and flattened,
+ * then an exclusive cumprod from each end, multiplied. */
+int kl_grad_REDUCE_PROD(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x = n->inputs[0];
+  const kl_shape *xs = &x->shape;
+  int64_t axes[KL_MAX_RANK], perm[KL_MAX_RANK], inv[KL_MAX_RANK];
+  int na = reduced_axes(n, axes), np = 0;
+  bool red[KL_MAX_RANK] = {false};
+  for (int i = 0; i < na; i++) red[axes[i]] = true;
+  kl_shape moved = {xs->rank, {0}}, flat = {0, {0}};
+  int64_t count = 1;
+  for (int d = 0; d < xs->rank; d++)
+    if (!red[d]) flat.dims[flat.rank++] = xs->dims[d], perm[np++] = d;
+  for (int i = 0; i < na; i++) perm[np++] = axes[i], count *= xs->dims[axes[i]];
+  flat.dims[flat.rank++] = count;
+  for (int d = 0; d < xs->rank; d++) moved.dims[d] = xs->dims[perm[d]], inv[perm[d]] = d;
+  kl_value *rows = kl_gb_reshape(c, kl_gb_transpose(c, x, perm), &flat);
+  int64_t last = flat.rank - 1;
+  kl_value *others = kl_gb2(c, KL_OP_MUL, scan(c, KL_OP_CUMPROD, rows, last, true, false),
+                            scan(c, KL_OP_CUMPROD, rows, last, true, true));
+  others = kl_gb_transpose(c, kl_gb_reshape(c, others, &moved), inv);
+  dx[0] = kl_gb2(c, KL_OP_MUL, others, spread(c, n, dy[0], 1));
+  return 0;
+}
+
+/* Each x[j] adds to the outputs after it (before it when reversed): a scan
+ * of dy the other way, exclusive as the op. */
+int kl_grad_CUMSUM(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  dx[0] = scan(c, KL_OP_CUMSUM, dy[0], kl_attr_int(n, "axis", 0), kl_attr_int(n, "exclusive", 0),
+               !kl_attr_int(n, "reverse", 0));
+  return 0;
+}
+
+/* dx[j] = sum over the outputs y[i] x[j] is a factor of, of dy[i] y[i] /
+ * x[j]: a reversed scan of dy y, divided by x.  Exact for nonzero x; a
+ * zero x gives NaN or Inf (not a wrong finite number). */
+int kl_grad_CUMPROD(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *t = scan(c, KL_OP_CUMSUM, kl_gb2(c, KL_OP_MUL, dy[0], n->outputs[0]),
+                     kl_attr_int(n, "axis", 0), kl_attr_int(n, "exclusive", 0),
+                     !kl_attr_int(n, "reverse", 0));
+  dx[0] = kl_gb2(c, KL_OP_DIV, t, n->inputs[0]);
+  return 0;
+}
+
+/* The values' gradient goes back to where the indices (output 1) point. */
+int kl_grad_TOPK(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x = n->inputs[0];
+  if (!dy[0]) return 0;
+  int axis;
+  if (kl_norm_axis(kl_attr_int(n, "axis", -1), x->shape.rank, &axis, n, c->err)) return -1;
+  kl_attr a[2] = {{.name = "axis", .kind = KL_ATTR_INT, .i = axis},
+                  {.name = "reduction", .kind = KL_ATTR_STRING, .s = "add"}};
+  kl_value *ins[3] = {kl_gb_expand(c, kl_gb_scalar(c, x->dtype, 0), &x->shape), n->outputs[1], dy[0]};
+  dx[0] = kl_gb_node(c, KL_OP_SCATTER_ELEMENTS, ins, 3, a, 2);
+  return 0;
+}

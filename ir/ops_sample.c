@@ -599,3 +599,397 @@ int kl_eval_GRID_SAMPLE(const kl_node *n, kl_tensor **in, kl_tensor **out,
     }
   return 0;
 }
+
+/* ---- gradient rules (ir.h, kl_grad_fn) -------------------------------- */
+/* resize is separable: on each axis d, y = A_d x with A_d [out, in] the
+ * taps' weights (a tf_crop_and_resize point outside the crop takes the
+ * extrapolation value: a zero row, no gradient).  dx is dy times A_d on
+ * each axis that is not the identity: the axis moved last, a matmul with
+ * A_d as a constant, moved back. */
+static kl_value *apply_axis(kl_grad_ctx *c, kl_value *g, int d, const double *a, int64_t out,
+                            int64_t in) {
+  int rank = g->shape.rank;
+  int64_t perm[KL_MAX_RANK], inv[KL_MAX_RANK], ms[2] = {out, in};
+  for (int k = 0, j = 0; k < rank; k++)
+    if (k != d) perm[j++] = k;
+  perm[rank - 1] = d;
+  for (int k = 0; k < rank; k++) inv[perm[k]] = k;
+  kl_attr at[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = (double *)a, .n = (int)(out * in)},
+                   {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = g->dtype},
+                   {.name = "shape", .kind = KL_ATTR_INTS, .ints = ms, .n = 2}};
+  kl_value *m = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, at, 3);
+  kl_value *t = d == rank - 1 ? g : kl_gb_transpose(c, g, perm);
+  t = kl_gb2(c, KL_OP_MATMUL, t, m);
+  return d == rank - 1 ? t : kl_gb_transpose(c, t, inv);
+}
+
+int kl_grad_RESIZE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  const kl_value *x = n->inputs[0];
+  resize_cfg r;
+  if (resize_setup(n, c->err, &r)) return -1;
+  int rank = x->shape.rank;
+  kl_value *g = dy[0];
+  taps tp;
+  for (int d = rank - 1; d >= 0 && g; d--) {
+    int64_t in = x->shape.dims[d], out = r.sizes[d];
+    if ((double)in * (double)out > (double)INT32_MAX)
+      return KL_GRAD_FAIL(c, n, "axis %d, %lld to %lld, is too large for its weight matrix", d,
+                          (long long)in, (long long)out);
+    double *a = calloc((size_t)(in * out), sizeof *a);
+    if (!a) abort();
+    bool identity = in == out;
+    for (int64_t o = 0; o < out; o++) {
+      make_taps(&r, d, rank, o, in, &tp);
+      for (int k = 0; k < tp.ntap; k++) a[o * in + tp.idx[k]] += tp.w[k];
+    }
+    for (int64_t o = 0; o < out && identity; o++)
+      for (int64_t i = 0; i < in && identity; i++) identity = a[o * in + i] == (o == i ? 1.0 : 0.0);
+    if (!identity) g = apply_axis(c, g, d, a, out, in);
+    free(a);
+  }
+  dx[0] = g;
+  return 0;
+}
+
+/* ---- grid_sample's gradient ---------------------------------------------
+ * The sampling of gs_axis_taps rebuilt from IR ops over the grid, so that
+ * the taps' places and weights are values: per axis, the point v (moved
+ * inside by border or reflection, with dv/dg through the move), its taps'
+ * indices, their weights and the weights' slopes in v. */
+typedef struct {
+  kl_grad_ctx *c;
+  kl_dtype t; /* the grid's dtype: coordinates are computed in it */
+} gs_build;
+
+static kl_value *gk(gs_build *b, double v) { return kl_gb_scalar(b->c, b->t, v); }
+static kl_value *gadd(gs_build *b, kl_value *x, kl_value *y) { return kl_gb2(b->c, KL_OP_ADD, x, y); }
+static kl_value *gsub(gs_build *b, kl_value *x, kl_value *y) { return kl_gb2(b->c, KL_OP_SUB, x, y); }
+static kl_value *gmul(gs_build *b, kl_value *x, kl_value *y) { return kl_gb2(b->c, KL_OP_MUL, x, y); }
+static kl_value *gsel(gs_build *b, kl_value *cond, kl_value *x, kl_value *y) {
+  return kl_gb3(b->c, KL_OP_WHERE, cond, x, y);
+}
+static kl_value *gclamp(gs_build *b, kl_value *x, double lo, double hi) {
+  return kl_gb2(b->c, KL_OP_MINIMUM, kl_gb2(b->c, KL_OP_MAXIMUM, x, gk(b, lo)), gk(b, hi));
+}
+
+/* gs_reflect of v (outside [lo, hi]) and its slope, +-1 (0 when the range
+ * is empty). */
+static kl_value *gs_reflect_v(gs_build *b, kl_value *v, double lo, double hi, kl_value **slope) {
+  double range = hi - lo;
+  if (range <= 0) {
+    *slope = gk(b, 0);
+    return kl_gb_expand(b->c, gk(b, lo), &v->shape);
+  }
+  kl_value *below = kl_gb2(b->c, KL_OP_LT, v, gk(b, lo));
+  kl_value *dist = gsel(b, below, gsub(b, gk(b, lo), v), gsub(b, v, gk(b, hi)));
+  kl_value *m = kl_gb1(b->c, KL_OP_FLOOR, kl_gb2(b->c, KL_OP_DIV, dist, gk(b, range)));
+  kl_value *r = gsub(b, dist, gmul(b, m, gk(b, range)));
+  kl_value *even = kl_gb2(b->c, KL_OP_EQ, kl_gb2(b->c, KL_OP_MOD, m, gk(b, 2)), gk(b, 0));
+  kl_value *from_lo = kl_gb1(b->c, KL_OP_LOGICAL_NOT, kl_gb2(b->c, KL_OP_LOGICAL_XOR, below, even));
+  /* d dist / dv is -1 below and 1 above; lo + r keeps it, hi - r flips it */
+  kl_value *ddist = gsel(b, below, gk(b, -1), gk(b, 1));
+  *slope = gsel(b, from_lo, ddist, kl_gb1(b->c, KL_OP_NEG, ddist));
+  return gsel(b, from_lo, gadd(b, gk(b, lo), r), gsub(b, gk(b, hi), r));
+}
+
+/* One axis's taps: index (float, already inside x or invalid), whether
+ * valid (zeros padding), weight, and the weight's slope in the grid value. */
+typedef struct {
+  int ntaps;
+  kl_value *idx[4], *valid[4], *w[4], *dw[4];
+} gs_taps_v;
+
+/* Keys' cubic (a = -0.75, as gs_cubic) at distance x, near (x <= 1) or far
+ * (1 < x < 2) branch, and its slope in x. */
+static kl_value *gs_keys(gs_build *b, kl_value *x, bool far, kl_value **slope) {
+  const double a = -0.75;
+  kl_value *x2 = gmul(b, x, x);
+  if (far) {
+    *slope = gadd(b, gsub(b, gmul(b, x2, gk(b, 3 * a)), gmul(b, x, gk(b, 10 * a))), gk(b, 8 * a));
+    kl_value *inner = gadd(b, gmul(b, gsub(b, gmul(b, x, gk(b, a)), gk(b, 5 * a)), x), gk(b, 8 * a));
+    return gsub(b, gmul(b, inner, x), gk(b, 4 * a));
+  }
+  *slope = gsub(b, gmul(b, x2, gk(b, 3 * (a + 2))), gmul(b, x, gk(b, 2 * (a + 3))));
+  return gadd(b, gmul(b, gsub(b, gmul(b, x, gk(b, a + 2)), gk(b, a + 3)), x2), gk(b, 1));
+}
+
+static void gs_axis_values(gs_build *b, kl_value *g, int64_t d, int mode, int pad, bool ac,
+                           gs_taps_v *a) {
+  double lo = ac ? 0 : -0.5, hi = ac ? (double)d - 1 : (double)d - 0.5;
+  double dvdg = ac ? (double)(d - 1) / 2 : (double)d / 2;
+  kl_value *v = ac ? gmul(b, gadd(b, g, gk(b, 1)), gk(b, dvdg))
+                   : gmul(b, gsub(b, gmul(b, gadd(b, g, gk(b, 1)), gk(b, (double)d)), gk(b, 1)), gk(b, 0.5));
+  kl_value *slope = gk(b, dvdg);
+  if (mode == GS_NEAREST) v = kl_gb1(b->c, KL_OP_ROUND, v);
+  if (pad != GS_ZEROS) {
+    kl_value *outside = kl_gb2(b->c, KL_OP_LOGICAL_OR, kl_gb2(b->c, KL_OP_LT, v, gk(b, lo)),
+                               kl_gb2(b->c, KL_OP_GT, v, gk(b, hi)));
+    kl_value *moved, *mslope;
+    if (pad == GS_BORDER) {
+      moved = gclamp(b, v, 0, (double)d - 1);
+      mslope = gk(b, 0);
+    } else {
+      moved = gs_reflect_v(b, v, lo, hi, &mslope);
+    }
+    v = gsel(b, outside, moved, v);
+    slope = gsel(b, outside, gmul(b, mslope, slope), slope);
+  }
+  kl_value *v0 = kl_gb1(b->c, KL_OP_FLOOR, v), *t = gsub(b, v, v0);
+  a->ntaps = mode == GS_NEAREST ? 1 : mode == GS_LINEAR ? 2 : 4;
+  int first = mode == GS_CUBIC ? -1 : 0;
+  for (int j = 0; j < a->ntaps; j++) {
+    kl_value *i = j + first ? gadd(b, v0, gk(b, (double)(j + first))) : v0;
+    a->valid[j] = NULL;
+    if (pad == GS_ZEROS) {
+      a->valid[j] = kl_gb2(b->c, KL_OP_LOGICAL_AND, kl_gb2(b->c, KL_OP_GE, i, gk(b, 0)),
+                           kl_gb2(b->c, KL_OP_LT, i, gk(b, (double)d)));
+    } else if (pad == GS_REFLECTION) {
+      kl_value *ignored;
+      kl_value *out = kl_gb2(b->c, KL_OP_LOGICAL_OR, kl_gb2(b->c, KL_OP_LT, i, gk(b, lo)),
+                             kl_gb2(b->c, KL_OP_GT, i, gk(b, hi)));
+      i = kl_gb1(b->c, KL_OP_FLOOR, gsel(b, out, gs_reflect_v(b, i, lo, hi, &ignored), i));
+    }
+    a->idx[j] = gclamp(b, i, 0, (double)d - 1);
+    if (mode == GS_NEAREST) {
+      a->w[j] = kl_gb_expand(b->c, gk(b, 1), &g->shape), a->dw[j] = gk(b, 0);
+    } else if (mode == GS_CUBIC) {
+      /* distances t + 1, t, 1 - t, 2 - t: the first two grow with v */
+      kl_value *dist = j < 2 ? gadd(b, t, gk(b, 1 - j)) : gsub(b, gk(b, j - 1), t), *dk;
+      a->w[j] = gs_keys(b, dist, j == 0 || j == 3, &dk);
+      a->dw[j] = gmul(b, j < 2 ? dk : kl_gb1(b->c, KL_OP_NEG, dk), slope);
+    } else {
+      a->w[j] = j ? t : gsub(b, gk(b, 1), t);
+      a->dw[j] = j ? slope : kl_gb1(b->c, KL_OP_NEG, slope);
+    }
+    if (a->valid[j]) {
+      a->w[j] = kl_gb_mask(b->c, a->valid[j], a->w[j]);
+      a->dw[j] = kl_gb_mask(b->c, a->valid[j], a->dw[j]);
+    }
+  }
+}
+
+/* Every combination of one tap per axis: its flat index into x's spatial
+ * elements, its weight and, per axis, its weight's slope in that axis's
+ * grid value.  dx: dy times each weight, scatter-added at the indices (all
+ * combinations in one scatter); dgrid: per axis, the sum over combinations
+ * of the slope times sum over channels of dy times x at the index. */
+int kl_grad_GRID_SAMPLE(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  kl_value *x = n->inputs[0], *grid = n->inputs[1];
+  int mode = gs_pick(kl_attr_string(n, "mode", "linear"), gs_modes, 3);
+  int pad = gs_pick(kl_attr_string(n, "padding_mode", "zeros"), gs_pads, 3);
+  bool ac = kl_attr_int(n, "align_corners", 0) != 0;
+  int k = x->shape.rank - 2;
+  if (k > 3) return KL_GRAD_FAIL(c, n, "%d spatial axes (at most 3)", k);
+  int64_t nb = x->shape.dims[0], ch = x->shape.dims[1], sp = 1, o = 1;
+  for (int i = 0; i < k; i++) sp *= x->shape.dims[2 + i], o *= grid->shape.dims[1 + i];
+  gs_build b = {c, grid->dtype};
+  kl_shape g3 = {3, {nb, o, k}}, no = {2, {nb, o}}, n1o = {3, {nb, 1, o}}, nco = {3, {nb, ch, o}},
+           ncs = {3, {nb, ch, sp}};
+  kl_value *gf = kl_gb_reshape(c, grid, &g3);
+  gs_taps_v ax[3];
+  for (int i = 0; i < k; i++) {
+    int64_t comp = k - 1 - i, end = comp + 1, last = 2; /* grid[..., 0] is the last axis */
+    kl_attr sl[3] = {{.name = "starts", .kind = KL_ATTR_INTS, .ints = &comp, .n = 1},
+                     {.name = "ends", .kind = KL_ATTR_INTS, .ints = &end, .n = 1},
+                     {.name = "axes", .kind = KL_ATTR_INTS, .ints = &last, .n = 1}};
+    kl_value *gi = kl_gb_reshape(c, kl_gb_node(c, KL_OP_SLICE, &gf, 1, sl, 3), &no);
+    gs_axis_values(&b, gi, x->shape.dims[2 + i], mode, pad, ac, &ax[i]);
+  }
+  kl_value *g = kl_gb_reshape(c, dy[0], &nco), *xf = kl_gb_reshape(c, x, &ncs);
+  kl_value *where_[64], *upd[64], *dv[3] = {NULL, NULL, NULL};
+  int ncomb = 1;
+  for (int i = 0; i < k; i++) ncomb *= ax[i].ntaps;
+  for (int cb = 0; cb < ncomb; cb++) {
+    int tap[3];
+    for (int i = k - 1, r = cb; i >= 0; i--) tap[i] = r % ax[i].ntaps, r /= ax[i].ntaps;
+    kl_value *flat = NULL, *w = NULL;
+    int64_t stride = 1;
+    for (int i = k - 1; i >= 0; i--) {
+      kl_value *term = gmul(&b, ax[i].idx[tap[i]], gk(&b, (double)stride));
+      flat = flat ? gadd(&b, flat, term) : term;
+      stride *= x->shape.dims[2 + i];
+    }
+    for (int i = 0; i < k; i++) w = w ? gmul(&b, w, ax[i].w[tap[i]]) : ax[i].w[tap[i]];
+    kl_value *ix = kl_gb_expand(c, kl_gb_reshape(c, kl_gb_cast(c, flat, KL_I64), &n1o), &nco);
+    where_[cb] = ix;
+    upd[cb] = kl_gb2(c, KL_OP_MUL, g, kl_gb_reshape(c, kl_gb_cast(c, w, x->dtype), &n1o));
+    /* sum over channels of dy x[index], in the grid's dtype */
+    kl_value *ins[2] = {xf, ix};
+    kl_attr a2 = {.name = "axis", .kind = KL_ATTR_INT, .i = 2};
+    kl_value *xs = kl_gb_node(c, KL_OP_GATHER_ELEMENTS, ins, 2, &a2, 1);
+    int64_t one = 1;
+    kl_value *p = kl_gb_cast(c, kl_gb_reshape(c, kl_gb_sum(c, kl_gb2(c, KL_OP_MUL, g, xs), &one, 1), &no),
+                             grid->dtype);
+    for (int i = 0; i < k && mode != GS_NEAREST; i++) {
+      kl_value *s = ax[i].dw[tap[i]];
+      for (int j = 0; j < k; j++)
+        if (j != i) s = gmul(&b, s, ax[j].w[tap[j]]);
+      kl_value *term = gmul(&b, p, s);
+      dv[i] = dv[i] ? gadd(&b, dv[i], term) : term;
+    }
+  }
+  kl_attr a2 = {.name = "axis", .kind = KL_ATTR_INT, .i = 2};
+  kl_value *all_ix = ncomb > 1 ? kl_gb_node(c, KL_OP_CONCAT, where_, ncomb, &a2, 1) : where_[0];
+  kl_value *all_up = ncomb > 1 ? kl_gb_node(c, KL_OP_CONCAT, upd, ncomb, &a2, 1) : upd[0];
+  kl_value *sins[3] = {kl_gb_expand(c, kl_gb_scalar(c, x->dtype, 0), &ncs), all_ix, all_up};
+  kl_attr sa[2] = {a2, {.name = "reduction", .kind = KL_ATTR_STRING, .s = "add"}};
+  dx[0] = kl_gb_reshape(c, kl_gb_node(c, KL_OP_SCATTER_ELEMENTS, sins, 3, sa, 2), &x->shape);
+  if (mode == GS_NEAREST) return 0; /* piecewise constant in the grid */
+  kl_shape no1 = {3, {nb, o, 1}};
+  kl_value *parts[3];
+  for (int j = 0; j < k; j++) parts[j] = kl_gb_reshape(c, dv[k - 1 - j], &no1);
+  kl_value *dg = k > 1 ? kl_gb_node(c, KL_OP_CONCAT, parts, k, &a2, 1) : parts[0];
+  dx[1] = kl_gb_reshape(c, dg, &grid->shape);
+  return 0;
+}
+
+/* ---- roi_align's gradient ------------------------------------------------ */
+/* One axis of the samples: coordinate u [R, S] (S = bins * ratio), as
+ * roi_bin reads it: valid when in [-1, len]; u clamped at 0; the low
+ * neighbour, the high one (both the last pixel at the edge), the high
+ * weight and its slope in u (0 where clamped or at the edge). */
+typedef struct {
+  kl_value *valid, *lo, *hi, *wl, *wh, *dwh;
+} roi_axis;
+
+static void roi_axis_values(gs_build *b, kl_value *u, int64_t len, roi_axis *a) {
+  kl_grad_ctx *c = b->c;
+  a->valid = kl_gb2(c, KL_OP_LOGICAL_AND, kl_gb2(c, KL_OP_GE, u, gk(b, -1)),
+                    kl_gb2(c, KL_OP_LE, u, gk(b, (double)len)));
+  kl_value *v = kl_gb2(c, KL_OP_MAXIMUM, u, gk(b, 0));
+  kl_value *fl = kl_gb1(c, KL_OP_FLOOR, v);
+  kl_value *edge = kl_gb2(c, KL_OP_GE, fl, gk(b, (double)len - 1));
+  kl_value *last = gk(b, (double)len - 1);
+  a->lo = gsel(b, edge, last, fl);
+  a->hi = gsel(b, edge, last, gadd(b, fl, gk(b, 1)));
+  a->wh = kl_gb_mask(c, kl_gb1(c, KL_OP_LOGICAL_NOT, edge), gsub(b, v, fl));
+  a->wl = gsub(b, gk(b, 1), a->wh);
+  kl_value *moving = kl_gb2(c, KL_OP_LOGICAL_AND, kl_gb1(c, KL_OP_LOGICAL_NOT, edge),
+                            kl_gb2(c, KL_OP_GT, u, gk(b, 0)));
+  a->dwh = gsel(b, moving, gk(b, 1), gk(b, 0));
+}
+
+/* [S] constant: sample s of bin p at (p + (i + 0.5) / ratio) / bins of the
+ * region's extent. */
+static kl_value *roi_fractions(kl_grad_ctx *c, kl_dtype t, int64_t bins, int64_t ratio) {
+  int64_t s = bins * ratio;
+  double *v = malloc(sizeof(double) * (size_t)s);
+  if (!v) abort();
+  for (int64_t p = 0; p < bins; p++)
+    for (int64_t i = 0; i < ratio; i++)
+      v[p * ratio + i] = ((double)p + ((double)i + 0.5) / (double)ratio) / (double)bins;
+  int64_t sh[2] = {1, s};
+  kl_attr a[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = v, .n = (int)s},
+                  {.name = "dtype", .kind = KL_ATTR_DTYPE, .i = t},
+                  {.name = "shape", .kind = KL_ATTR_INTS, .ints = sh, .n = 2}};
+  kl_value *r = kl_gb_node(c, KL_OP_CONSTANT, NULL, 0, a, 3);
+  free(v);
+  return r;
+}
+
+static kl_value *roi_col(kl_grad_ctx *c, kl_value *rois, int64_t k) {
+  int64_t st = k, en = k + 1, ax = 1;
+  kl_attr sl[3] = {{.name = "starts", .kind = KL_ATTR_INTS, .ints = &st, .n = 1},
+                   {.name = "ends", .kind = KL_ATTR_INTS, .ints = &en, .n = 1},
+                   {.name = "axes", .kind = KL_ATTR_INTS, .ints = &ax, .n = 1}};
+  return kl_gb_node(c, KL_OP_SLICE, &rois, 1, sl, 3); /* [R, 1] */
+}
+
+/* mode "avg" with a fixed sampling_ratio: the samples' places are values
+ * computed from the regions (a bilinear sample of x each, as roi_bin), so
+ * x gets dy / samples times each corner's weight, scatter-added over
+ * x as [N * H * W, C], and the regions get the weights' slopes through the
+ * sample coordinates (their start and extent). */
+int kl_grad_ROI_ALIGN(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_value **dx) {
+  roi_cfg rc;
+  if (roi_setup(n, c->err, &rc)) return -1;
+  if (rc.max) return KL_GRAD_FAIL(c, n, "mode \"max\"; \"avg\" has one");
+  if (rc.ratio == 0)
+    return KL_GRAD_FAIL(c, n, "sampling_ratio 0 (samples per bin from each region's size); a "
+                        "fixed sampling_ratio has one");
+  kl_value *x = n->inputs[0], *rois = n->inputs[1], *bi = n->inputs[2];
+  kl_dtype t = x->dtype;
+  gs_build b = {c, t};
+  const int64_t *xd = x->shape.dims;
+  int64_t nb = xd[0], ch = xd[1], h = xd[2], w = xd[3], nr = rois->shape.dims[0];
+  int64_t g = rc.ratio, sy = rc.oh * g, sx = rc.ow * g;
+  double off = rc.half_pixel ? 0.5 : 0.0, s = rc.scale;
+  /* start and extent of each region per axis (y: columns 1, 3; x: 0, 2) */
+  kl_value *start[2], *ext[2], *live[2], *frac[2] = {roi_fractions(c, t, rc.oh, g),
+                                                    roi_fractions(c, t, rc.ow, g)};
+  roi_axis ax[2];
+  for (int a = 0; a < 2; a++) {
+    kl_value *r0 = roi_col(c, rois, a ? 0 : 1), *r1 = roi_col(c, rois, a ? 2 : 3);
+    start[a] = gsub(&b, gmul(&b, r0, gk(&b, s)), gk(&b, off));
+    ext[a] = gmul(&b, gsub(&b, r1, r0), gk(&b, s));
+    live[a] = gk(&b, 1);
+    if (!rc.half_pixel) { /* extents below 1 become 1 */
+      live[a] = kl_gb_cast(c, kl_gb2(c, KL_OP_GT, ext[a], gk(&b, 1)), t);
+      ext[a] = kl_gb2(c, KL_OP_MAXIMUM, ext[a], gk(&b, 1));
+    }
+    roi_axis_values(&b, gadd(&b, start[a], gmul(&b, ext[a], frac[a])), a ? w : h, &ax[a]);
+  }
+  /* [R, Sy, 1] and [R, 1, Sx] views of the two axes */
+  kl_shape ys = {3, {nr, sy, 1}}, xs = {3, {nr, 1, sx}}, rs = {3, {nr, 1, 1}};
+  kl_shape u2 = {2, {nr * sy * sx, 1}}, uc = {2, {nr * sy * sx, ch}}, hw = {2, {nb * h * w, ch}};
+  kl_value *valid = kl_gb_cast(c, kl_gb2(c, KL_OP_LOGICAL_AND, kl_gb_reshape(c, ax[0].valid, &ys),
+                                         kl_gb_reshape(c, ax[1].valid, &xs)), t);
+  valid = gmul(&b, valid, gk(&b, 1.0 / (double)(g * g)));
+  kl_value *base = gmul(&b, kl_gb_reshape(c, kl_gb_cast(c, bi, t), &rs), gk(&b, (double)(h * w)));
+  /* dy per sample, [R * Sy * Sx, C] */
+  kl_shape d6 = {6, {nr, ch, rc.oh, 1, rc.ow, 1}}, e6 = {6, {nr, ch, rc.oh, g, rc.ow, g}},
+           d4 = {4, {nr, ch, sy, sx}};
+  int64_t p4[4] = {0, 2, 3, 1}, pin[4] = {0, 3, 1, 2};
+  kl_value *gs = kl_gb_reshape(c, kl_gb_expand(c, kl_gb_reshape(c, dy[0], &d6), &e6), &d4);
+  gs = kl_gb_reshape(c, kl_gb_transpose(c, gs, p4), &uc);
+  kl_shape x4t = {4, {nb, h, w, ch}};
+  kl_value *xt = kl_gb_reshape(c, kl_gb_transpose(c, x, p4), &hw);
+  kl_value *places[4], *updates[4], *dyy = NULL, *dxx = NULL;
+  int64_t one = 1;
+  for (int corner = 0; corner < 4; corner++) {
+    int i = corner / 2, j = corner % 2;
+    kl_value *wy = kl_gb_reshape(c, i ? ax[0].wh : ax[0].wl, &ys);
+    kl_value *wx = kl_gb_reshape(c, j ? ax[1].wh : ax[1].wl, &xs);
+    kl_value *dwy = kl_gb_reshape(c, i ? ax[0].dwh : kl_gb1(c, KL_OP_NEG, ax[0].dwh), &ys);
+    kl_value *dwx = kl_gb_reshape(c, j ? ax[1].dwh : kl_gb1(c, KL_OP_NEG, ax[1].dwh), &xs);
+    kl_value *flat = gadd(&b, base, gadd(&b, gmul(&b, kl_gb_reshape(c, i ? ax[0].hi : ax[0].lo, &ys),
+                                                  gk(&b, (double)w)),
+                                         kl_gb_reshape(c, j ? ax[1].hi : ax[1].lo, &xs)));
+    kl_value *ix = kl_gb_expand(c, kl_gb_reshape(c, kl_gb_cast(c, flat, KL_I64), &u2), &uc);
+    kl_value *wv = kl_gb_reshape(c, gmul(&b, gmul(&b, wy, wx), valid), &u2);
+    places[corner] = ix;
+    updates[corner] = gmul(&b, gs, wv);
+    kl_value *ins[2] = {xt, ix};
+    kl_attr a0 = {.name = "axis", .kind = KL_ATTR_INT, .i = 0};
+    kl_value *xv = kl_gb_node(c, KL_OP_GATHER_ELEMENTS, ins, 2, &a0, 1);
+    kl_value *p = kl_gb_reshape(c, kl_gb_sum(c, gmul(&b, gs, xv), &one, 1), &(kl_shape){3, {nr, sy, sx}});
+    kl_value *ty = gmul(&b, p, gmul(&b, gmul(&b, dwy, wx), valid));
+    kl_value *tx = gmul(&b, p, gmul(&b, gmul(&b, wy, dwx), valid));
+    dyy = dyy ? gadd(&b, dyy, ty) : ty;
+    dxx = dxx ? gadd(&b, dxx, tx) : tx;
+  }
+  kl_attr cat0[2] = {{.name = "axis", .kind = KL_ATTR_INT, .i = 0},
+                     {.name = "reduction", .kind = KL_ATTR_STRING, .s = "add"}};
+  kl_value *sins[3] = {kl_gb_expand(c, kl_gb_scalar(c, t, 0), &hw),
+                       kl_gb_node(c, KL_OP_CONCAT, places, 4, cat0, 1),
+                       kl_gb_node(c, KL_OP_CONCAT, updates, 4, cat0, 1)};
+  kl_value *gx = kl_gb_node(c, KL_OP_SCATTER_ELEMENTS, sins, 3, cat0, 2);
+  dx[0] = kl_gb_transpose(c, kl_gb_reshape(c, gx, &x4t), pin);
+  /* regions: d start = sum of the samples' slopes, d extent = the same
+   * weighted by each sample's fraction; then to the columns */
+  kl_value *dcol[4];
+  kl_value *du[2] = {dyy, dxx};
+  kl_shape r1 = {2, {nr, 1}};
+  for (int a = 0; a < 2; a++) {
+    kl_value *fr = kl_gb_reshape(c, frac[a], a ? &(kl_shape){3, {1, 1, sx}} : &(kl_shape){3, {1, sy, 1}});
+    int64_t both[2] = {1, 2};
+    kl_value *dstart = kl_gb_reshape(c, kl_gb_sum(c, du[a], both, 2), &r1);
+    kl_value *dext = gmul(&b, kl_gb_reshape(c, kl_gb_sum(c, gmul(&b, du[a], fr), both, 2), &r1), live[a]);
+    kl_value *d0 = gmul(&b, gsub(&b, dstart, dext), gk(&b, s)), *d1 = gmul(&b, dext, gk(&b, s));
+    dcol[a ? 0 : 1] = d0;
+    dcol[a ? 2 : 3] = d1;
+  }
+  kl_attr cat1 = {.name = "axis", .kind = KL_ATTR_INT, .i = 1};
+  dx[1] = kl_gb_node(c, KL_OP_CONCAT, dcol, 4, &cat1, 1);
+  return 0;
+}
