@@ -174,23 +174,30 @@ static bool name_taken(const kl_graph *g, const char *name) {
   return kl_graph_find_value(g, name) || kl_graph_find_node(g, name);
 }
 
-const char *kl_graph_fresh_value_name(kl_graph *g, const char *base) {
-  if (!kl_graph_find_value(g, base)) return kl_arena_strdup(&g->arena, base);
+static bool value_taken(const kl_graph *g, const char *name) {
+  return kl_graph_find_value(g, name) != NULL;
+}
+
+/* A name not taken (kind 0: by a value or a node; 1: by a value), from
+ * base: base itself, else base_K for the first free K, probing from where
+ * the previous call for the same base stopped. */
+static const char *fresh(kl_graph *g, const char *base, int kind) {
+  bool (*taken)(const kl_graph *, const char *) = kind ? value_taken : name_taken;
+  if (!taken(g, base)) return kl_arena_strdup(&g->arena, base);
   char buf[256];
-  for (int i = 1;; i++) {
+  bool same = g->fresh_base[kind] && !strcmp(g->fresh_base[kind], base);
+  for (int i = same ? g->fresh_next[kind] : 1;; i++) {
     snprintf(buf, sizeof buf, "%.200s_%d", base, i);
-    if (!kl_graph_find_value(g, buf)) return kl_arena_strdup(&g->arena, buf);
+    if (taken(g, buf)) continue;
+    if (!same) g->fresh_base[kind] = kl_arena_strdup(&g->arena, base);
+    g->fresh_next[kind] = i + 1;
+    return kl_arena_strdup(&g->arena, buf);
   }
 }
 
-const char *kl_graph_fresh_name(kl_graph *g, const char *base) {
-  if (!name_taken(g, base)) return kl_arena_strdup(&g->arena, base);
-  char buf[256];
-  for (int i = 1;; i++) {
-    snprintf(buf, sizeof buf, "%.200s_%d", base, i);
-    if (!name_taken(g, buf)) return kl_arena_strdup(&g->arena, buf);
-  }
-}
+const char *kl_graph_fresh_value_name(kl_graph *g, const char *base) { return fresh(g, base, 1); }
+
+const char *kl_graph_fresh_name(kl_graph *g, const char *base) { return fresh(g, base, 0); }
 
 /* ---- attributes ------------------------------------------------------ */
 static const char *const attr_kind_names[] = {"int",    "float",  "ints",

@@ -335,6 +335,11 @@ struct kl_graph {
   kl_train *train;             /* NULL unless a train block was given */
   kl_name_index value_names, node_names;
   int auto_names[KL_OP_COUNT]; /* last k used for "<op>_k" node names */
+  /* kl_graph_fresh_name / _value_name: the last base asked for and the
+   * suffix after the one it got, so that a converter naming thousands of
+   * nodes after one ONNX node probes once each, not from _1 every time */
+  const char *fresh_base[2];
+  int fresh_next[2];
   KL_VEC(kl_mapping) maps;     /* unmapped by kl_graph_free */
 };
 
