@@ -822,6 +822,23 @@ static int axis_ints(const kl_node *n, kl_error *err, const char *name, int s, i
   return 0;
 }
 
+/* Where block element b of block position q lands in the flat image;
+ * false when it falls in the padding. */
+static bool col2im_position(const kl_col2im_geom *g, int64_t b, int64_t q, int64_t *pos) {
+  int64_t rb = b, rq = q, at = 0, stride = 1;
+  bool inside = true;
+  for (int i = g->s - 1; i >= 0; i--) {
+    int64_t bi = rb % g->block[i], qi = rq % g->nblk[i];
+    rb /= g->block[i], rq /= g->nblk[i];
+    int64_t p = qi * g->stride[i] - g->pad[i] + bi * g->dil[i];
+    inside &= p >= 0 && p < g->image[i];
+    at += p * stride;
+    stride *= g->image[i];
+  }
+  *pos = at;
+  return inside;
+}
+
 static int col2im_setup(const kl_node *n, kl_error *err, kl_col2im_geom *g) {
   const int64_t *img;
   int s = kl_attr_ints(n, "image_shape", &img);
@@ -881,17 +898,8 @@ int kl_eval_COL2IM(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *
   for (int64_t pl = 0; pl < planes; pl++)
     for (int64_t b = 0; b < k; b++)
       for (int64_t q = 0; q < l; q++) {
-        int64_t rb = b, rq = q, at = 0, stride = 1;
-        bool inside = true;
-        for (int i = s - 1; i >= 0; i--) {
-          int64_t bi = rb % g.block[i], qi = rq % g.nblk[i];
-          rb /= g.block[i], rq /= g.nblk[i];
-          int64_t p = qi * g.stride[i] - g.pad[i] + bi * g.dil[i];
-          inside &= p >= 0 && p < g.image[i];
-          at += p * stride;
-          stride *= g.image[i];
-        }
-        if (inside) y->data[pl * img + at] += x->data[(pl * k + b) * l + q];
+        int64_t at;
+        if (col2im_position(&g, b, q, &at)) y->data[pl * img + at] += x->data[(pl * k + b) * l + q];
       }
   return 0;
 }
@@ -1597,17 +1605,8 @@ int kl_grad_COL2IM(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy, kl_val
   if (!at) abort();
   for (int64_t b = 0; b < k; b++)
     for (int64_t q = 0; q < l; q++) {
-      int64_t rb = b, rq = q, pos = 0, stride = 1;
-      bool inside = true;
-      for (int i = s - 1; i >= 0; i--) {
-        int64_t bi = rb % g.block[i], qi = rq % g.nblk[i];
-        rb /= g.block[i], rq /= g.nblk[i];
-        int64_t p = qi * g.stride[i] - g.pad[i] + bi * g.dil[i];
-        inside &= p >= 0 && p < g.image[i];
-        pos += p * stride;
-        stride *= g.image[i];
-      }
-      at[b * l + q] = inside ? (double)pos : (double)img;
+      int64_t pos;
+      at[b * l + q] = col2im_position(&g, b, q, &pos) ? (double)pos : (double)img;
     }
   int64_t is[2] = {k, l};
   kl_attr ka[3] = {{.name = "value", .kind = KL_ATTR_FLOATS, .floats = at, .n = (int)cells},
