@@ -218,18 +218,6 @@ static const char profile_help[] =
 
 static int bench_or_profile(int argc, char **argv, bool profile);
 
-/* A training step timed on random data still needs a sane step: a small
- * learning rate, no bias correction, no loss scale, the update applied. */
-static void train_scalars(const kl_graph *g, void **in) {
-  const kl_train *t = g->train;
-  if (!t || !t->built) return;
-  const kl_value *vals[5] = {t->in_lr, t->in_bias1, t->in_bias2, t->in_scale, t->in_apply};
-  const float v[5] = {1e-4f, 1, 1, 1, 1};
-  for (int i = 0; i < g->inputs.len; i++)
-    for (int k = 0; k < 5; k++)
-      if (g->inputs.items[i] == vals[k]) memcpy(in[i], &v[k], sizeof v[k]);
-}
-
 /* kiln bench --train --data DIR: the fused step trained for real, through
  * the training program, which prints where its time went. */
 static int train_split(const kl_graph *g, krt_device_kind kind, const char *data, long iters) {
@@ -333,11 +321,12 @@ static int bench_or_profile(int argc, char **argv, bool profile) {
   for (int i = 0; i < g->inputs.len; i++) {
     const kl_value *v = g->inputs.items[i];
     kl_tensor *t = kiln_random_tensor(v, (uint64_t)i);
+    double scalar; /* a training step's scalars: a real step */
+    if (kiln_train_scalar(g, v, &scalar)) t->data[0] = scalar;
     if (!(in[i] = malloc((size_t)t->numel * kl_dtype_size(t->dtype) + 1))) abort();
     kl_tensor_to_raw(t, in[i]);
     kl_tensor_free(t);
   }
-  train_scalars(g, in);
   side fused = {0}, unfused = {0};
   profile_opts po = {.on = profile, .json = json}, off = {0};
   if (krt_device_open(kind, &dev, msg, sizeof msg)) {

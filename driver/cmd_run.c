@@ -112,22 +112,6 @@ static kl_tensor *random_input(const kl_value *decl, uint64_t seed) {
   return kiln_random_tensor(decl, seed);
 }
 
-/* A training step's scalar inputs are not random when not given: a step
- * that takes its update (learning rate 1e-2, no bias correction, no loss
- * scale), so that kiln run and kiln check see the params change. */
-static bool train_scalar(const kl_graph *g, const kl_value *decl, double *value) {
-  const kl_train *t = g->train;
-  if (!t || !t->built) return false;
-  const kl_value *vals[5] = {t->in_lr, t->in_bias1, t->in_bias2, t->in_scale, t->in_apply};
-  const double v[5] = {1e-2, 1, 1, 1, 1};
-  for (int k = 0; k < 5; k++)
-    if (decl == vals[k]) {
-      *value = v[k];
-      return true;
-    }
-  return false;
-}
-
 static int gather_inputs(const kl_graph *g, const named_file *files, int nfiles,
                          const char *dir, uint64_t seed, kl_tensor **in) {
   const char **names = calloc((size_t)g->inputs.len + 1, sizeof *names);
@@ -140,7 +124,7 @@ static int gather_inputs(const kl_graph *g, const named_file *files, int nfiles,
     char buf[4096];
     const char *path = input_path(files, nfiles, dir, kl_value_label(decl), i, buf, sizeof buf);
     double scalar;
-    if (!path && train_scalar(g, decl, &scalar)) {
+    if (!path && kiln_train_scalar(g, decl, &scalar)) {
       in[i] = kl_tensor_new(decl->dtype, &decl->shape);
       in[i]->data[0] = scalar;
     } else if (!path) in[i] = random_input(decl, seed + (uint64_t)i);

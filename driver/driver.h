@@ -137,6 +137,9 @@ int kiln_apply_weights(kl_graph *g, const char *path);
 kl_tensor *kiln_read_tensor(const char *path);
 int kiln_write_tensor(const char *path, const kl_tensor *t);
 kl_tensor *kiln_random_tensor(const kl_value *decl, uint64_t seed);
+/* The value of a training step's scalar input decl when none is given
+ * (a step that takes its update); false for any other input. */
+bool kiln_train_scalar(const kl_graph *g, const kl_value *decl, double *value);
 void kiln_print_summary(FILE *f, const char *label, const kl_tensor *t);
 
 /* Write kernels.cu, model.c, model.h and weights.bin into dir; the

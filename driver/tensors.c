@@ -85,3 +85,19 @@ void kiln_print_summary(FILE *f, const char *label, const kl_tensor *t) {
   for (int64_t i = 0; i < t->numel && i < 6; i++) fprintf(f, "%s%.6g", i ? ", " : "", t->data[i]);
   fprintf(f, "%s]\n", t->numel > 6 ? ", ..." : "");
 }
+
+/* A training step's scalar inputs, when no file gives them: a step that
+ * takes its update (learning rate 1e-2, no bias correction, no loss
+ * scale), so that kiln run, check and bench see the params change. */
+bool kiln_train_scalar(const kl_graph *g, const kl_value *decl, double *value) {
+  const kl_train *t = g->train;
+  if (!t || !t->built) return false;
+  const kl_value *vals[5] = {t->in_lr, t->in_bias1, t->in_bias2, t->in_scale, t->in_apply};
+  const double v[5] = {1e-2, 1, 1, 1, 1};
+  for (int k = 0; k < 5; k++)
+    if (decl == vals[k]) {
+      *value = v[k];
+      return true;
+    }
+  return false;
+}
