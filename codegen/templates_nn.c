@@ -242,8 +242,21 @@ static bool handles_conv(const kl_node *n) {
  * with K = cpg*kH*kW, P = OH*OW, and col the im2col matrix of x (or x
  * itself for an unpadded 1x1 stride-1 convolution).  The bias, when there
  * is one, is written first and the GEMM adds to it (beta = 1). */
-/* The im2col matrix, unless the convolution reads x as it is (1x1,
- * stride 1, no padding). */
+/* Batch items per im2col chunk: the im2col matrix of the whole batch is
+ * kH*kW*C/M times the output, so it is built for as many items as fit in
+ * the output's size (one at least), and the GEMMs run chunk by chunk: a
+ * workspace bounded by the tensors the step holds anyway, for a launch or
+ * two more per chunk. */
+static int64_t conv_chunk(const kl_node *n) {
+  const kl_value *x = n->inputs[0], *w = n->inputs[1], *y = n->outputs[0];
+  int64_t item = x->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3] * y->shape.dims[2] *
+                 y->shape.dims[3];
+  int64_t fit = item ? kl_shape_numel(&y->shape) / item : 1;
+  return fit < 1 ? 1 : fit > x->shape.dims[0] ? x->shape.dims[0] : fit;
+}
+
+/* The im2col matrix of a chunk of the batch (conv_chunk), unless the
+ * convolution reads x as it is (1x1, stride 1, no padding). */
 static int scratch_conv(const kl_node *n, size_t *bytes) {
   const kl_value *x = n->inputs[0], *w = n->inputs[1], *y = n->outputs[0];
   win wn = {{w->shape.dims[2], w->shape.dims[3]}, {1, 1}, {1, 1}, {0, 0, 0, 0}};
@@ -253,9 +266,44 @@ static int scratch_conv(const kl_node *n, size_t *bytes) {
                 !wn.pad[0] && !wn.pad[1] && !wn.pad[2] && !wn.pad[3];
   if (kl_shape_numel(&y->shape) == 0 || direct) return 0;
   int64_t p = y->shape.dims[2] * y->shape.dims[3];
-  bytes[0] = (size_t)(x->shape.dims[0] * x->shape.dims[1] * wn.k[0] * wn.k[1] * p) *
+  bytes[0] = (size_t)(conv_chunk(n) * x->shape.dims[1] * wn.k[0] * wn.k[1] * p) *
              kl_dtype_size(x->dtype);
   return 1;
+}
+
+/* The im2col kernel for `items` batch items from x's first (the launch
+ * offsets x): col[b, (c, ky, kx), (oy, ox)]. */
+static int im2col_kernel(kl_cg_emitter *e, const kl_node *n, const win *wn, int64_t items) {
+  const kl_value *x = n->inputs[0], *y = n->outputs[0];
+  int64_t c = x->shape.dims[1], h = x->shape.dims[2], wi = x->shape.dims[3];
+  int64_t oh = y->shape.dims[2], ow = y->shape.dims[3], p = oh * ow;
+  FILE *f = kl_cg_kernels(e);
+  char name[32], what[160];
+  int k = kl_cg_new_kernel(e, name, sizeof name);
+  karg a[2] = {in_arg(x, "x"), out_arg(x->dtype, "col")};
+  snprintf(what, sizeof what, " im2col [%lld, %lld, %lld]", (ll)items, (ll)(c * wn->k[0] * wn->k[1]),
+           (ll)p);
+  kbegin(f, n, name, what, a, 2);
+  loop(f, items * c * wn->k[0] * wn->k[1] * p);
+  fprintf(f, "    int64_t r = i;\n"
+             "    const int64_t ox = r %% %lldLL; r /= %lldLL;\n"
+             "    const int64_t oy = r %% %lldLL; r /= %lldLL;\n"
+             "    const int64_t kx = r %% %lldLL; r /= %lldLL;\n"
+             "    const int64_t ky = r %% %lldLL; r /= %lldLL;\n"
+             "    const int64_t iy = oy * %lldLL - %lldLL + ky * %lldLL;\n"
+             "    const int64_t ix = ox * %lldLL - %lldLL + kx * %lldLL;\n",
+          (ll)ow, (ll)ow, (ll)oh, (ll)oh, (ll)wn->k[1], (ll)wn->k[1], (ll)wn->k[0], (ll)wn->k[0],
+          (ll)wn->stride[0], (ll)wn->pad[0], (ll)wn->dil[0], (ll)wn->stride[1], (ll)wn->pad[1],
+          (ll)wn->dil[1]);
+  /* r is now b * C + c: the plane of x */
+  const char *zero = x->dtype == KL_F16 ? "__float2half(0.0f)"
+                     : x->dtype == KL_BF16 ? "__float2bfloat16(0.0f)" : "0";
+  fprintf(f, "    if (iy >= 0 && iy < %lldLL && ix >= 0 && ix < %lldLL)\n"
+             "      col[i] = x[(r * %lldLL + iy) * %lldLL + ix];\n"
+             "    else\n      col[i] = %s;\n  }\n",
+          (ll)h, (ll)wi, (ll)h, (ll)wi, zero);
+  kend(f, name, a, 2);
+  return k;
 }
 
 static int emit_conv(kl_cg_emitter *e, const kl_node *n) {
@@ -272,45 +320,21 @@ static int emit_conv(kl_cg_emitter *e, const kl_node *n) {
   host_comment(e, n);
   if (kl_shape_numel(&y->shape) == 0) return 0;
   FILE *f = kl_cg_kernels(e);
-  char name[32], px[160], py[160], pw[160], pcol[160], tmp[4][200];
+  char name[32], px[160], py[160], pw[160], pcol[160], tmp[4][400];
   kl_cg_ptr(e, x, px, sizeof px);
   kl_cg_ptr(e, y, py, sizeof py);
   kl_cg_ptr(e, w, pw, sizeof pw);
   bool direct = wn.k[0] == 1 && wn.k[1] == 1 && wn.stride[0] == 1 && wn.stride[1] == 1 &&
                 !wn.pad[0] && !wn.pad[1] && !wn.pad[2] && !wn.pad[3];
-  if (direct) {
-    snprintf(pcol, sizeof pcol, "%s", px);
-  } else {
-    size_t col_bytes = (size_t)(nb * c * wn.k[0] * wn.k[1] * p) * es;
-    kl_cg_scratch(e, col_bytes, pcol, sizeof pcol);
-    kl_cg_count_dram(e, 2 * col_bytes); /* written by im2col, read by the GEMM */
-    int k = kl_cg_new_kernel(e, name, sizeof name);
-    karg a[2] = {in_arg(x, "x"), out_arg(x->dtype, "col")};
-    char what[160];
-    snprintf(what, sizeof what, " im2col [%lld, %lld, %lld]", (ll)nb, (ll)(c * wn.k[0] * wn.k[1]), (ll)p);
-    kbegin(f, n, name, what, a, 2);
-    int64_t total = nb * c * wn.k[0] * wn.k[1] * p;
-    loop(f, total);
-    fprintf(f, "    int64_t r = i;\n"
-               "    const int64_t ox = r %% %lldLL; r /= %lldLL;\n"
-               "    const int64_t oy = r %% %lldLL; r /= %lldLL;\n"
-               "    const int64_t kx = r %% %lldLL; r /= %lldLL;\n"
-               "    const int64_t ky = r %% %lldLL; r /= %lldLL;\n"
-               "    const int64_t iy = oy * %lldLL - %lldLL + ky * %lldLL;\n"
-               "    const int64_t ix = ox * %lldLL - %lldLL + kx * %lldLL;\n",
-            (ll)ow, (ll)ow, (ll)oh, (ll)oh, (ll)wn.k[1], (ll)wn.k[1], (ll)wn.k[0], (ll)wn.k[0],
-            (ll)wn.stride[0], (ll)wn.pad[0], (ll)wn.dil[0], (ll)wn.stride[1], (ll)wn.pad[1],
-            (ll)wn.dil[1]);
-    /* r is now b * C + c: the plane of x */
-    const char *zero = x->dtype == KL_F16 ? "__float2half(0.0f)"
-                       : x->dtype == KL_BF16 ? "__float2bfloat16(0.0f)" : "0";
-    fprintf(f, "    if (iy >= 0 && iy < %lldLL && ix >= 0 && ix < %lldLL)\n"
-               "      col[i] = x[(r * %lldLL + iy) * %lldLL + ix];\n"
-               "    else\n      col[i] = %s;\n  }\n",
-            (ll)h, (ll)wi, (ll)h, (ll)wi, zero);
-    kend(f, name, a, 2);
-    const char *args[2] = {px, pcol};
-    kl_cg_launch(e, k, total, args, 2);
+  int64_t chunk = direct ? nb : conv_chunk(n), last = nb % chunk;
+  /* col row stride between batch items: C*kH*kW*P (im2col) or C*P (x) */
+  int64_t col_item = c * wn.k[0] * wn.k[1] * p;
+  int k_full = -1, k_last = -1;
+  if (!direct) {
+    kl_cg_scratch(e, (size_t)(chunk * col_item) * es, pcol, sizeof pcol);
+    kl_cg_count_dram(e, 2 * (size_t)(nb * col_item) * es); /* written by im2col, read by the GEMM */
+    k_full = im2col_kernel(e, n, &wn, chunk);
+    if (last) k_last = im2col_kernel(e, n, &wn, last);
   }
   double beta = 0;
   if (n->ninputs > 2) {
@@ -331,33 +355,198 @@ static int emit_conv(kl_cg_emitter *e, const kl_node *n) {
     kl_cg_launch(e, k, total, args, 2);
     beta = 1;
   }
-  /* col row stride between batch items: C*kH*kW*P (im2col) or C*P (x) */
-  int64_t col_item = c * wn.k[0] * wn.k[1] * p;
   kl_cg_gemm g = {.dtype = y->dtype, .m = mpg, .n = p, .k = kk, .lda = kk, .ldb = p, .ldc = p,
                   .alpha = 1, .beta = beta};
-  if (groups <= nb) { /* one batched GEMM per group, over the items */
-    for (int64_t gi = 0; gi < groups; gi++) {
-      g.batch = nb;
-      g.a = off_bytes(pw, gi * mpg * kk * (int64_t)es, tmp[0], sizeof tmp[0]);
-      g.stride_a = 0;
-      g.b = off_bytes(pcol, gi * kk * p * (int64_t)es, tmp[1], sizeof tmp[1]);
-      g.stride_b = col_item;
-      g.c = off_bytes(py, gi * mpg * p * (int64_t)es, tmp[2], sizeof tmp[2]);
-      g.stride_c = m * p;
-      kl_cg_emit_gemm(e, &g);
+  for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
+    int64_t items = nb - b0 < chunk ? nb - b0 : chunk;
+    char pxb[240], pyb[240], pcb[240];
+    off_bytes(px, b0 * c * h * wi * (int64_t)es, pxb, sizeof pxb);
+    off_bytes(py, b0 * m * p * (int64_t)es, pyb, sizeof pyb);
+    if (direct) {
+      snprintf(pcb, sizeof pcb, "%s", pxb);
+    } else {
+      snprintf(pcb, sizeof pcb, "%s", pcol);
+      const char *args[2] = {pxb, pcol};
+      kl_cg_launch(e, items == chunk ? k_full : k_last, items * col_item, args, 2);
     }
-  } else { /* one batched GEMM per item, over the groups */
-    for (int64_t b = 0; b < nb; b++) {
-      g.batch = groups;
-      g.a = pw;
-      g.stride_a = mpg * kk;
-      g.b = off_bytes(pcol, b * col_item * (int64_t)es, tmp[1], sizeof tmp[1]);
-      g.stride_b = kk * p;
-      g.c = off_bytes(py, b * m * p * (int64_t)es, tmp[2], sizeof tmp[2]);
-      g.stride_c = mpg * p;
-      kl_cg_emit_gemm(e, &g);
+    if (groups <= items) { /* one batched GEMM per group, over the items */
+      for (int64_t gi = 0; gi < groups; gi++) {
+        g.batch = items;
+        g.a = off_bytes(pw, gi * mpg * kk * (int64_t)es, tmp[0], sizeof tmp[0]);
+        g.stride_a = 0;
+        g.b = off_bytes(pcb, gi * kk * p * (int64_t)es, tmp[1], sizeof tmp[1]);
+        g.stride_b = col_item;
+        g.c = off_bytes(pyb, gi * mpg * p * (int64_t)es, tmp[2], sizeof tmp[2]);
+        g.stride_c = m * p;
+        kl_cg_emit_gemm(e, &g);
+      }
+    } else { /* one batched GEMM per item, over the groups */
+      for (int64_t b = 0; b < items; b++) {
+        g.batch = groups;
+        g.a = pw;
+        g.stride_a = mpg * kk;
+        g.b = off_bytes(pcb, b * col_item * (int64_t)es, tmp[1], sizeof tmp[1]);
+        g.stride_b = kk * p;
+        g.c = off_bytes(pyb, b * m * p * (int64_t)es, tmp[2], sizeof tmp[2]);
+        g.stride_c = mpg * p;
+        kl_cg_emit_gemm(e, &g);
+      }
     }
   }
+  return 0;
+}
+
+/* ---- conv2d_weight_grad: a tiled GEMM over the batch, split along it ---- */
+/* dW[m, k] = sum over r of dy[m, r] * col[r, k], per group, with k = (ci,
+ * ky, kx) a weight tap and r = (n, oy, ox) an output position: a GEMM whose
+ * reduction runs over the batch, so neither operand is a matrix in memory
+ * (dy's rows are strided by the batch, col is never built).  A block of
+ * 16x16 threads owns a 16x16 tile of dW and walks its share of r in steps
+ * of 16, staging a tile of dy and one of gathered x in shared memory;
+ * consecutive threads read consecutive output positions (coalesced).  A
+ * small dW over a long reduction (the first layer's) is split along r into
+ * partial tiles summed by a second kernel in a fixed order: reproducible
+ * bits, and enough blocks to fill the GPU. */
+enum { WG_TILE = 16, WG_THREADS = WG_TILE * WG_TILE, WG_MIN_CHUNK = 256, WG_WANT_BLOCKS = 256 };
+
+typedef struct {
+  int64_t nb, c, h, w, m, groups, cpg, mpg, k, p, r;
+  int64_t tiles, splits, chunk;
+  win wn;
+  int64_t oh, ow;
+} wgrad_plan;
+
+static wgrad_plan plan_wgrad(const kl_node *n) {
+  const kl_value *x = n->inputs[0], *dy = n->inputs[1];
+  wgrad_plan q = {.nb = x->shape.dims[0], .c = x->shape.dims[1], .h = x->shape.dims[2],
+                  .w = x->shape.dims[3], .m = dy->shape.dims[1],
+                  .groups = kl_attr_int(n, "groups", 1), .oh = dy->shape.dims[2],
+                  .ow = dy->shape.dims[3]};
+  ints_or(n, "kernel", 2, 1, q.wn.k);
+  ints_or(n, "strides", 2, 1, q.wn.stride);
+  ints_or(n, "dilations", 2, 1, q.wn.dil);
+  ints_or(n, "pads", 4, 0, q.wn.pad);
+  q.cpg = q.c / q.groups, q.mpg = q.m / q.groups;
+  q.k = q.cpg * q.wn.k[0] * q.wn.k[1], q.p = q.oh * q.ow, q.r = q.nb * q.p;
+  q.tiles = q.groups * ((q.mpg + WG_TILE - 1) / WG_TILE) * ((q.k + WG_TILE - 1) / WG_TILE);
+  int64_t want = (WG_WANT_BLOCKS + q.tiles - 1) / q.tiles, most = (q.r + WG_MIN_CHUNK - 1) / WG_MIN_CHUNK;
+  /* the partials stay within a quarter of dy: the workspace never rivals
+   * the gradients the step holds at that point */
+  int64_t part = q.m * q.k * (n->outputs[0]->dtype == KL_F64 ? 8 : 4);
+  int64_t room = part ? (int64_t)(kl_shape_numel(&dy->shape) * kl_dtype_size(dy->dtype) / 4) / part : 1;
+  int64_t splits = want < most ? want : most;
+  if (splits > room) splits = room;
+  if (splits < 1) splits = 1;
+  q.chunk = (q.r + splits - 1) / splits;
+  q.chunk = (q.chunk + WG_TILE - 1) / WG_TILE * WG_TILE;
+  q.splits = q.chunk ? (q.r + q.chunk - 1) / q.chunk : 1;
+  if (q.splits < 1) q.splits = 1;
+  return q;
+}
+
+static bool handles_wgrad(const kl_node *n) {
+  return n->op == KL_OP_CONV2D_WEIGHT_GRAD && kl_dtype_is_float(n->outputs[0]->dtype);
+}
+
+/* the partial tiles, when the reduction is split */
+static int scratch_wgrad(const kl_node *n, size_t *bytes) {
+  wgrad_plan q = plan_wgrad(n);
+  if (q.splits < 2 || kl_shape_numel(&n->outputs[0]->shape) == 0) return 0;
+  bytes[0] = (size_t)(q.splits * q.m * q.k) * (n->outputs[0]->dtype == KL_F64 ? 8 : 4);
+  return 1;
+}
+
+static int emit_wgrad(kl_cg_emitter *e, const kl_node *n) {
+  const kl_value *x = n->inputs[0], *dy = n->inputs[1], *y = n->outputs[0];
+  wgrad_plan q = plan_wgrad(n);
+  const char *rt = kl_cg_real_type(y->dtype);
+  int64_t total = kl_shape_numel(&y->shape);
+  host_comment(e, n);
+  if (total == 0) return 0;
+  FILE *f = kl_cg_kernels(e);
+  char name[32], what[200], at[200], b1[256], px[160], pdy[160], py[160], ppart[160];
+  kl_cg_ptr(e, x, px, sizeof px);
+  kl_cg_ptr(e, dy, pdy, sizeof pdy);
+  kl_cg_ptr(e, y, py, sizeof py);
+  bool split = q.splits > 1;
+  size_t part_bytes = (size_t)(q.splits * q.m * q.k) * (y->dtype == KL_F64 ? 8 : 4);
+  if (split) {
+    kl_cg_scratch(e, part_bytes, ppart, sizeof ppart);
+    kl_cg_count_dram(e, 2 * part_bytes); /* written by the tiles, read by the sum */
+  }
+  int k1 = kl_cg_new_kernel(e, name, sizeof name);
+  karg a[3] = {in_arg(x, "x"), in_arg(dy, "dy"), out_arg(y->dtype, "out")};
+  if (split) snprintf(a[2].type, sizeof a[2].type, "%s *", rt);
+  snprintf(what, sizeof what, " [%lld x %lld] over %lld positions in %lld parts", (ll)q.m, (ll)q.k,
+           (ll)q.r, (ll)q.splits);
+  kbegin(f, n, name, what, a, 3);
+  int64_t tm = (q.mpg + WG_TILE - 1) / WG_TILE, tk = (q.k + WG_TILE - 1) / WG_TILE;
+  fprintf(f, "  KL_SHARED(%s, dys, [%d][%d]);\n  KL_SHARED(%s, xs, [%d][%d]);\n", rt, WG_TILE,
+          WG_TILE + 1, rt, WG_TILE, WG_TILE + 1);
+  fprintf(f, "  const int tx = (int)threadIdx.x %% %d, ty = (int)threadIdx.x / %d;\n"
+             "  int64_t blk = blockIdx.x;\n"
+             "  const int64_t part = blk %% %lldLL; blk /= %lldLL;\n"
+             "  const int64_t t_k = blk %% %lldLL; blk /= %lldLL;\n"
+             "  const int64_t t_m = blk %% %lldLL, grp = blk / %lldLL;\n"
+             "  const int64_t r_begin = part * %lldLL;\n"
+             "  const int64_t r_end = r_begin + %lldLL < %lldLL ? r_begin + %lldLL : %lldLL;\n"
+             "  %s acc = 0;\n",
+          WG_TILE, WG_TILE, (ll)q.splits, (ll)q.splits, (ll)tk, (ll)tk, (ll)tm, (ll)tm,
+          (ll)q.chunk, (ll)q.chunk, (ll)q.r, (ll)q.chunk, (ll)q.r, rt);
+  /* thread (ty, tx) loads position r0 + tx: of dy at row ty, of x at tap ty */
+  fprintf(f, "  for (int64_t r0 = r_begin; r0 < r_end; r0 += %d) {\n"
+             "    const int64_t r = r0 + tx, b = r / %lldLL, pos = r %% %lldLL;\n"
+             "    const int64_t mm = t_m * %d + ty, kk = t_k * %d + ty;\n"
+             "    %s dv = 0, xv = 0;\n",
+          WG_TILE, (ll)q.p, (ll)q.p, WG_TILE, WG_TILE, rt);
+  snprintf(at, sizeof at, "dy[(b * %lldLL + grp * %lldLL + mm) * %lldLL + pos]", (ll)q.m, (ll)q.mpg,
+           (ll)q.p);
+  fprintf(f, "    if (r < r_end && mm < %lldLL) dv = %s;\n", (ll)q.mpg,
+          ld(b1, sizeof b1, dy->dtype, rt, at));
+  fprintf(f, "    if (r < r_end && kk < %lldLL) {\n"
+             "      const int64_t oy = pos / %lldLL, ox = pos %% %lldLL;\n"
+             "      const int64_t kx = kk %% %lldLL, ky = kk / %lldLL %% %lldLL, ci = kk / %lldLL;\n"
+             "      const int64_t iy = oy * %lldLL - %lldLL + ky * %lldLL;\n"
+             "      const int64_t ix = ox * %lldLL - %lldLL + kx * %lldLL;\n",
+          (ll)q.k, (ll)q.ow, (ll)q.ow, (ll)q.wn.k[1], (ll)q.wn.k[1], (ll)q.wn.k[0],
+          (ll)(q.wn.k[0] * q.wn.k[1]), (ll)q.wn.stride[0], (ll)q.wn.pad[0], (ll)q.wn.dil[0],
+          (ll)q.wn.stride[1], (ll)q.wn.pad[1], (ll)q.wn.dil[1]);
+  snprintf(at, sizeof at, "x[((b * %lldLL + grp * %lldLL + ci) * %lldLL + iy) * %lldLL + ix]",
+           (ll)q.c, (ll)q.cpg, (ll)q.h, (ll)q.w);
+  fprintf(f, "      if (iy >= 0 && iy < %lldLL && ix >= 0 && ix < %lldLL) xv = %s;\n    }\n",
+          (ll)q.h, (ll)q.w, ld(b1, sizeof b1, x->dtype, rt, at));
+  fprintf(f, "    dys[ty][tx] = dv;\n    xs[tx][ty] = xv;\n    __syncthreads();\n"
+             "    for (int t = 0; t < %d; t++) acc += dys[ty][t] * xs[t][tx];\n"
+             "    __syncthreads();\n  }\n",
+          WG_TILE);
+  fprintf(f, "  const int64_t row = t_m * %d + ty, col = t_k * %d + tx;\n"
+             "  if (row < %lldLL && col < %lldLL) {\n",
+          WG_TILE, WG_TILE, (ll)q.mpg, (ll)q.k);
+  if (split) {
+    fprintf(f, "    out[(part * %lldLL + grp * %lldLL + row) * %lldLL + col] = acc;\n  }\n", (ll)q.m,
+            (ll)q.mpg, (ll)q.k);
+  } else {
+    snprintf(at, sizeof at, "out[(grp * %lldLL + row) * %lldLL + col]", (ll)q.mpg, (ll)q.k);
+    fprintf(f, "    ");
+    st(f, y->dtype, at, "acc");
+    fprintf(f, "  }\n");
+  }
+  kend(f, name, a, 3);
+  const char *args[3] = {px, pdy, split ? ppart : py};
+  kl_cg_launch_grid(e, k1, q.tiles * q.splits, WG_THREADS, args, 3);
+  if (!split) return 0;
+  int k2 = kl_cg_new_kernel(e, name, sizeof name);
+  karg a2[2] = {{.name = "part"}, out_arg(y->dtype, "out")};
+  snprintf(a2[0].type, sizeof a2[0].type, "const %s *", rt);
+  kbegin(f, n, name, " the parts' sum", a2, 2);
+  loop(f, total);
+  fprintf(f, "    %s s = part[i];\n    for (int64_t j = 1; j < %lldLL; j++) s += part[j * %lldLL + i];\n    ",
+          rt, (ll)q.splits, (ll)total);
+  st(f, y->dtype, "out[i]", "s");
+  fprintf(f, "  }\n");
+  kend(f, name, a2, 2);
+  const char *args2[2] = {ppart, py};
+  kl_cg_launch(e, k2, total, args2, 2);
   return 0;
 }
 
@@ -1488,6 +1677,7 @@ const kl_cg_template kl_cg_templates_nn[] = {
     {handles_norm, emit_norm, NULL},
     {handles_batch_norm, emit_batch_norm, NULL},
     {handles_conv, emit_conv, scratch_conv},
+    {handles_wgrad, emit_wgrad, scratch_wgrad},
     {handles_pool, emit_pool, NULL},
     {handles_pool_index, emit_pool_index, NULL},
     {handles_gap, emit_gap, NULL},

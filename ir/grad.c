@@ -70,11 +70,23 @@ kl_value *kl_gb_expand(kl_grad_ctx *c, kl_value *x, const kl_shape *shape) {
   return kl_gb_node(c, KL_OP_EXPAND, &x, 1, &a, 1);
 }
 
-kl_value *kl_gb_sum(kl_grad_ctx *c, kl_value *x, const int64_t *axes, int n) {
-  if (!x || n == 0) return x;
+static kl_value *sum_over(kl_grad_ctx *c, kl_value *x, const int64_t *axes, int n) {
   kl_attr a[2] = {{.name = "axes", .kind = KL_ATTR_INTS, .ints = (int64_t *)axes, .n = n},
                   {.name = "keepdims", .kind = KL_ATTR_INT, .i = 1}};
   return kl_gb_node(c, KL_OP_REDUCE_SUM, &x, 1, a, 2);
+}
+
+/* Axes ascending.  A sum over the innermost axes and some outer ones (a
+ * conv bias's gradient: N, H, W) runs as two: the innermost run first, a
+ * row reduction that fuses with the elementwise nodes making x (a cast to
+ * f32 among them, so no f32 copy of a half gradient is stored) and gives a
+ * thread group per row, then the outer axes over what is left. */
+kl_value *kl_gb_sum(kl_grad_ctx *c, kl_value *x, const int64_t *axes, int n) {
+  if (!x || n == 0) return x;
+  int rank = x->shape.rank, inner = 0;
+  while (inner < n && axes[n - 1 - inner] == rank - 1 - inner) inner++;
+  if (inner == 0 || inner == n) return sum_over(c, x, axes, n);
+  return sum_over(c, sum_over(c, x, axes + n - inner, inner), axes, n - inner);
 }
 
 kl_value *kl_gb_sum_to(kl_grad_ctx *c, kl_value *x, const kl_shape *shape) {

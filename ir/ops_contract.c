@@ -362,6 +362,76 @@ int kl_eval_CONV2D(const kl_node *n, kl_tensor **in, kl_tensor **out,
   return 0;
 }
 
+/* ---- conv2d_weight_grad ---------------------------------------------- */
+
+/* The window of conv2d_weight_grad: kernel from its attribute, out from
+ * dy's spatial dims (the output the gradient came from). */
+static int wgrad_setup(kl_node *n, kl_error *err, window *w, int64_t *groups) {
+  static const int64_t zeros[4] = {0, 0, 0, 0}, ones[2] = {1, 1};
+  const kl_value *x = n->inputs[0], *dy = n->inputs[1];
+  char sx[300], sd[300];
+  if (ints_attr(n, err, "kernel", 2, 1, NULL, w->k) ||
+      ints_attr(n, err, "strides", 2, 1, ones, w->stride) ||
+      ints_attr(n, err, "pads", 4, 0, zeros, w->pad) ||
+      ints_attr(n, err, "dilations", 2, 1, ones, w->dil))
+    return -1;
+  *groups = kl_attr_int(n, "groups", 1);
+  int64_t c = x->shape.dims[1], m = dy->shape.dims[1];
+  if (*groups < 1 || *groups > KL_MAX_NUMEL)
+    return KL_NODE_FAIL(n, err, "groups must be >= 1, got %lld", (long long)*groups);
+  if (x->shape.dims[0] != dy->shape.dims[0] || c % *groups || m % *groups)
+    return KL_NODE_FAIL(n, err, "x %s and dy %s must share the batch, with channels "
+                        "divisible by groups %lld", kl_value_str(x, sx, sizeof sx),
+                        kl_value_str(dy, sd, sizeof sd), (long long)*groups);
+  w->out[0] = dy->shape.dims[2], w->out[1] = dy->shape.dims[3];
+  return 0;
+}
+
+int kl_infer_CONV2D_WEIGHT_GRAD(kl_node *n, kl_error *err) {
+  if (check_operands(n, err, false) || check_rank(n, err, 0, 4, "x") ||
+      check_rank(n, err, 1, 4, "dy"))
+    return -1;
+  window w;
+  int64_t groups;
+  if (wgrad_setup(n, err, &w, &groups)) return -1;
+  kl_shape out = {4, {n->inputs[1]->shape.dims[1], n->inputs[0]->shape.dims[1] / groups,
+                      w.k[0], w.k[1]}};
+  return kl_set_checked_output(n, err, 0, n->inputs[0]->dtype, &out);
+}
+
+int kl_eval_CONV2D_WEIGHT_GRAD(const kl_node *n, kl_tensor **in, kl_tensor **out,
+                               kl_error *err) {
+  window w;
+  int64_t groups;
+  if (wgrad_setup((kl_node *)n, err, &w, &groups)) return -1;
+  const int64_t *xd = in[0]->shape.dims;
+  int64_t nb = xd[0], c = xd[1], h = xd[2], wi = xd[3], m = in[1]->shape.dims[1];
+  int64_t cpg = c / groups, mpg = m / groups;
+  const double *x = in[0]->data, *dy = in[1]->data;
+  double *o = out[0]->data;
+  for (int64_t oc = 0; oc < m; oc++) {
+    int64_t c0 = oc / mpg * cpg; /* first input channel of the group */
+    for (int64_t ic = 0; ic < cpg; ic++)
+      for (int64_t ky = 0; ky < w.k[0]; ky++)
+        for (int64_t kx = 0; kx < w.k[1]; kx++) {
+          double acc = 0.0;
+          for (int64_t b = 0; b < nb; b++)
+            for (int64_t oy = 0; oy < w.out[0]; oy++) {
+              int64_t iy = oy * w.stride[0] - w.pad[0] + ky * w.dil[0];
+              if (iy < 0 || iy >= h) continue;
+              for (int64_t ox = 0; ox < w.out[1]; ox++) {
+                int64_t ix = ox * w.stride[1] - w.pad[1] + kx * w.dil[1];
+                if (ix < 0 || ix >= wi) continue;
+                acc += dy[((b * m + oc) * w.out[0] + oy) * w.out[1] + ox] *
+                       x[((b * c + c0 + ic) * h + iy) * wi + ix];
+              }
+            }
+          *o++ = acc;
+        }
+  }
+  return 0;
+}
+
 /* ---- conv_transpose2d ------------------------------------------------ */
 
 /* An ints attribute of `len` entries, each in [lo, KL_MAX_NUMEL] (the cap
@@ -1371,32 +1441,50 @@ static kl_value *window_back(kl_grad_ctx *c, const window *w, kl_value *g, kl_va
 }
 
 /* The weight gradient of a convolution reading `in` [N, Ci, H, W] into an
- * output whose adjoint is `out` [N, Co, oH, oW], weights [Co, Ci/groups,
- * k0, k1]: per group, the correlation of in with out summed over N.  One
- * grouped conv2d computes it with the batch as channels: input
- * [Ci/groups, groups * N, H, W], weights [Co, N, oH, oW], strides and
- * dilations swapped; its output [Ci/groups, Co, >= k0, >= k1] is cut to
- * the kernel and transposed. */
+ * output whose adjoint is `out` [N, Co, oH, oW]: conv2d_weight_grad,
+ * which reads both where they lie (no transposed copies to keep alive
+ * beside the gradient: the backward pass's peak). */
 static kl_value *weight_grad(kl_grad_ctx *c, kl_value *in, kl_value *out, const int64_t *k,
                              const int64_t *stride, const int64_t *pad, const int64_t *dil,
                              int64_t groups) {
   if (!in || !out) return NULL;
-  const int64_t *d = in->shape.dims;
-  int64_t cg = d[1] / groups;
-  kl_shape split = {5, {d[0], groups, cg, d[2], d[3]}}, flat = {4, {cg, groups * d[0], d[2], d[3]}};
-  int64_t p5[5] = {2, 1, 0, 3, 4}, swap[4] = {1, 0, 2, 3};
-  kl_value *ins[2] = {kl_gb_reshape(c, kl_gb_transpose(c, kl_gb_reshape(c, in, &split), p5), &flat),
-                      kl_gb_transpose(c, out, swap)};
-  kl_attr at[4] = {ints_of("strides", (int64_t *)dil, 2), ints_of("pads", (int64_t *)pad, 4),
-                   ints_of("dilations", (int64_t *)stride, 2),
+  kl_attr at[5] = {ints_of("kernel", (int64_t *)k, 2), ints_of("strides", (int64_t *)stride, 2),
+                   ints_of("pads", (int64_t *)pad, 4), ints_of("dilations", (int64_t *)dil, 2),
                    {.name = "groups", .kind = KL_ATTR_INT, .i = groups}};
+  kl_value *ins[2] = {in, out};
+  return kl_gb_node(c, KL_OP_CONV2D_WEIGHT_GRAD, ins, 2, at, 5);
+}
+
+/* conv2d_weight_grad is bilinear in x and dy.  With g the adjoint of its
+ * result: dx is the input gradient of conv2d(x, g) given dy (a transposed
+ * convolution), and d(dy) is conv2d(x, g) itself, its bottom/right pads
+ * chosen (or its end cut) so that it has dy's size. */
+int kl_grad_CONV2D_WEIGHT_GRAD(kl_grad_ctx *c, const kl_node *n, kl_value *const *dy,
+                               kl_value **dx) {
+  window w;
+  int64_t groups;
+  if (wgrad_setup((kl_node *)n, c->err, &w, &groups)) return -1;
+  kl_value *x = n->inputs[0], *g = dy[0];
+  dx[0] = window_back(c, &w, n->inputs[1], g, &x->shape, groups);
+  int64_t pad[4] = {w.pad[0], w.pad[1], 0, 0};
+  for (int i = 0; i < 2; i++) {
+    int64_t need = (w.out[i] - 1) * w.stride[i] + w.dil[i] * (w.k[i] - 1) + 1 -
+                   x->shape.dims[2 + i] - w.pad[i];
+    pad[2 + i] = need > 0 ? need : 0;
+  }
+  if (w.out[0] < 1 || w.out[1] < 1) return 0; /* an empty dy has no gradient to give */
+  kl_attr at[4] = {ints_of("strides", w.stride, 2), ints_of("pads", pad, 4),
+                   ints_of("dilations", w.dil, 2),
+                   {.name = "groups", .kind = KL_ATTR_INT, .i = groups}};
+  kl_value *ins[2] = {x, g};
   kl_value *full = kl_gb_node(c, KL_OP_CONV2D, ins, 2, at, 4);
-  if (full && (full->shape.dims[2] != k[0] || full->shape.dims[3] != k[1])) {
-    int64_t st[2] = {0, 0}, en[2] = {k[0], k[1]}, ax[2] = {2, 3};
+  if (full && (full->shape.dims[2] != w.out[0] || full->shape.dims[3] != w.out[1])) {
+    int64_t st[2] = {0, 0}, en[2] = {w.out[0], w.out[1]}, ax[2] = {2, 3};
     kl_attr sl[3] = {ints_of("starts", st, 2), ints_of("ends", en, 2), ints_of("axes", ax, 2)};
     full = kl_gb_node(c, KL_OP_SLICE, &full, 1, sl, 3);
   }
-  return kl_gb_transpose(c, full, swap);
+  dx[1] = full;
+  return 0;
 }
 
 static kl_value *bias_grad(kl_grad_ctx *c, const kl_node *n, kl_value *g) {

@@ -250,6 +250,12 @@ static bool window_buffer(const kl_plan *p, const kl_group_io *io, int b) {
   return false;
 }
 
+static bool one_row_value(const kl_group_io *io, const kl_shape *rows) {
+  int n = 0;
+  for (int o = 0; o < io->nout; o++) n += kl_shape_equal(&io->out[o]->shape, rows);
+  return n == 1;
+}
+
 /* Let an output take the buffer of an input its kernel is the last to
  * read, when they match element for element (no broadcast, same width):
  * such a node's output, or the one output of a fused group.  An input's
@@ -274,8 +280,10 @@ static void choose_in_place(kl_plan *p) {
        * load past a store to another pointer.  With one output, every load
        * feeds that store and must come first; with more, an input loaded
        * for a later output could be read after an earlier output took its
-       * place. */
-      if (io.nout != 1) continue;
+       * place.  A row kernel stores its row values in a last pass of their
+       * own and its row scalars after the passes (emit_rows.c): with one
+       * row value among its outputs, that one is like a sole output. */
+      if (io.nout != 1 && !(gr->kind == KL_GROUP_ROWS && one_row_value(&io, &gr->shape))) continue;
     }
     for (int o = 0; o < io.nout; o++) {
       const kl_location *lo = &p->loc[io.out[o]->id];

@@ -232,7 +232,8 @@ static bool peak_of(range_ctx *r, const kl_value *v, int depth, double *peak,
 static bool scales_by(const kl_node *n, int k) {
   switch (n->op) {
   case KL_OP_MATMUL: case KL_OP_MUL: return true;
-  case KL_OP_GEMM: case KL_OP_CONV2D: case KL_OP_CONV_TRANSPOSE2D: return k < 2;
+  case KL_OP_GEMM: case KL_OP_CONV2D: case KL_OP_CONV_TRANSPOSE2D: case KL_OP_CONV2D_WEIGHT_GRAD:
+    return k < 2;
   case KL_OP_DIV: return k == 1;
   case KL_OP_BATCH_NORM: return k == 1 || k == 4;
   default: return false;

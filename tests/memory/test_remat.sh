@@ -7,11 +7,11 @@
 # remat did; an inference compile never rematerializes.
 # Usage: test_remat.sh KILN
 #
-# The limit is 82% of the unconstrained arena (92% in fp16): it needs
-# three values or more recomputed, one of them through a convolution.  60% cannot fit this
-# model: the peak is then in the backward pass alone (the first
-# convolution's input gradient, 128 KiB, and its transposed copy for the
-# weight gradient, 128 KiB, docs/ARCHITECTURE.md, Rematerialization).
+# The limit is 60% of the unconstrained arena, as issue 14 asks: it needs
+# the first layer's activation recomputed through its convolution.  The
+# unfused step (its convolutions' im2col workspaces) reaches 66%, fp16 (the
+# casts of the params held beside the half values) 70%;
+# docs/ARCHITECTURE.md, Rematerialization.
 set -u
 kiln=$(realpath "$1")
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -69,16 +69,16 @@ check_variant() {
     failed=$((failed + 1)); echo "FAIL ${tag}_same_losses"
   fi
 }
-check_variant fused 82
-check_variant unfused 82 --no-fuse
+check_variant fused 60
+check_variant unfused 66 --no-fuse
 # fp16: the casts of the params are recomputed too (loss scaling on)
-check_variant fp16 92 --precision=fp16
+check_variant fp16 70 --precision=fp16
 
 # what remat chose, in the dump, and every copy after the value it waits for
 expect dump_after_remat 0 "^# ---- after remat$" -- \
-  "$kiln" compile "$model" --train --emit=cu -o cu_dump --no-nvrtc --mem-limit=290K --dump-after=remat
-expect dump_after_remat_total 0 "[0-9]+ values? recomputed: arena [0-9]+ -> [0-9]+ bytes \(limit 296960\)" -- \
-  "$kiln" compile "$model" --train --emit=cu -o cu_dump --no-nvrtc --mem-limit=290K --dump-after=remat
+  "$kiln" compile "$model" --train --emit=cu -o cu_dump --no-nvrtc --mem-limit=400K --dump-after=remat
+expect dump_after_remat_total 0 "[0-9]+ values? recomputed: arena [0-9]+ -> [0-9]+ bytes \(limit 409600\)" -- \
+  "$kiln" compile "$model" --train --emit=cu -o cu_dump --no-nvrtc --mem-limit=400K --dump-after=remat
 
 # impossible: the memory pass's error, and what remat did
 expect impossible_limit 1 "memory limit exceeded: the planned arena takes [0-9]+ bytes.*the limit is 1024 bytes.*at the peak, step [0-9]+ \(node '[^']+'\).*the largest: '[^']+' \([0-9]+ bytes\).*; rematerialization recomputed [0-9]+ values? in the backward pass \('[^']+'.*\),.* and found nothing more to recompute" -- \

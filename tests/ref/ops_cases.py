@@ -1037,6 +1037,80 @@ def gen_contract():
          "output y = conv2d(x, w, pads=[1, 1, 1, 1])",
          [conv2d(x, w, pads=(1, 1, 1, 1))])
 
+    # conv2d_weight_grad: the correlation of x with dy summed over the
+    # batch, from the definition (each tap a sum of products), with dy's
+    # spatial size free (rows past x read zeros)
+    r = rng_for("conv2d_weight_grad")
+    wgrad = [
+        ("basic", (2, 3, 6, 6), 4, (4, 4), (3, 3), {}),
+        ("pad_stride", (2, 3, 9, 8), 5, (5, 4), (3, 3),
+         {"strides": (2, 2), "pads": (1, 1, 1, 1)}),
+        ("dilation", (1, 2, 9, 9), 3, (5, 7), (3, 2),
+         {"dilations": (2, 1), "pads": (2, 0, 0, 0)}),
+        ("groups", (2, 6, 7, 7), 9, (7, 7), (3, 3),
+         {"groups": 3, "pads": (1, 1, 1, 1)}),
+        ("depthwise", (3, 4, 6, 6), 4, (3, 3), (3, 3),
+         {"groups": 4, "strides": (2, 2), "pads": (1, 1, 1, 1)}),
+        ("past_x", (1, 2, 4, 4), 3, (6, 5), (2, 2), {"pads": (0, 1, 0, 0)}),
+        # 20 filters x 36 taps: several 16x16 tiles; 4 x 256 positions: a
+        # reduction split in parts
+        ("tiles", (4, 4, 16, 16), 20, (16, 16), (3, 3),
+         {"pads": (1, 1, 1, 1)}),
+        ("long", (8, 1, 16, 16), 2, (16, 16), (3, 3), {"pads": (1, 1, 1, 1)}),
+    ]
+    for n, xs, m, os_, k, at in wgrad:
+        x = randn(r, xs)
+        dy = randn(r, (xs[0], m) + os_, scale=0.5)
+        args = "x, dy, kernel=%s" % klist(k)
+        for key in ["strides", "pads", "dilations"]:
+            if key in at:
+                args += ", %s=%s" % (key, klist(at[key]))
+        if "groups" in at:
+            args += ", groups=%d" % at["groups"]
+        # f32 sums of xs[0]*oh*ow products: the rounding of a running sum
+        # grows with its length (a tile's order is not the reference's)
+        terms = xs[0] * os_[0] * os_[1]
+        atol = 4 * terms * 2.0 ** -24 * np.abs(x).mean() * np.abs(dy).mean()
+        case("conv2d_weight_grad_" + n, [("x", x), ("dy", dy)],
+             "output y = conv2d_weight_grad(%s)" % args,
+             [f32(weight_grad_ref(x, dy, k, **at))],
+             tol={"rtol": 1e-5, "atol": max(1e-6, float(atol))})
+    x, dy = randn(r, (2, 2, 5, 5), np.float16), randn(r, (2, 4, 5, 5), np.float16)
+    case("conv2d_weight_grad_f16", [("x", x), ("dy", dy)],
+         "output y = conv2d_weight_grad(x, dy, kernel=[3, 3], pads=[1, 1, 1, 1])",
+         [weight_grad_ref(x, dy, (3, 3), pads=(1, 1, 1, 1)).astype(np.float16)],
+         tol={"rtol": 1e-2, "atol": 1e-2})
+    x, dy = randn(r, (2, 2, 5, 5), np.float64), randn(r, (2, 3, 3, 3), np.float64)
+    case("conv2d_weight_grad_f64", [("x", x), ("dy", dy)],
+         "output y = conv2d_weight_grad(x, dy, kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])",
+         [weight_grad_ref(x, dy, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1))])
+
+
+def weight_grad_ref(x, dy, kernel, strides=(1, 1), pads=(0, 0, 0, 0),
+                    dilations=(1, 1), groups=1):
+    x = np.asarray(x, np.float64)
+    dy = np.asarray(dy, np.float64)
+    n, c, h, wd = x.shape
+    m, oh, ow = dy.shape[1:]
+    cg, mg = c // groups, m // groups
+    out = np.zeros((m, cg) + tuple(kernel))
+    for o in range(m):
+        g = o // mg
+        for ci in range(cg):
+            for i in range(kernel[0]):
+                for j in range(kernel[1]):
+                    acc = 0.0
+                    for oy in range(oh):
+                        iy = oy * strides[0] - pads[0] + i * dilations[0]
+                        if not 0 <= iy < h:
+                            continue
+                        for ox in range(ow):
+                            ix = ox * strides[1] - pads[1] + j * dilations[1]
+                            if 0 <= ix < wd:
+                                acc += np.dot(dy[:, o, oy, ox], x[:, g * cg + ci, iy, ix])
+                    out[o, ci, i, j] = acc
+    return out
+
 
 # --------------------------------------------------------------------------
 # pooling

@@ -200,6 +200,11 @@ static const grad_case cases[] = {
                       "output y = conv2d(x, w, b, groups=2, strides=[2, 1], pads=[1, 1, 1, 1])\n", 0, 0},
     {"conv2d_depthwise", "input x: f64[2, 3, 4, 4]\ninput w: f64[3, 1, 3, 3]\n"
                          "output y = conv2d(x, w, groups=3, dilations=[1, 2], pads=[1, 1, 1, 2])\n", 0, 0},
+    {"conv2d_weight_grad", "input x: f64[2, 4, 5, 5]\ninput dy: f64[2, 6, 3, 4]\n"
+                           "output y = conv2d_weight_grad(x, dy, kernel=[3, 2], strides=[2, 1],"
+                           " pads=[1, 1, 1, 0], groups=2)\n", 0, 0},
+    {"conv2d_weight_grad_wide", "input x: f64[1, 2, 4, 4]\ninput dy: f64[1, 3, 4, 5]\n"
+                                "output y = conv2d_weight_grad(x, dy, kernel=[2, 2], dilations=[2, 1])\n", 0, 0},
     {"conv_transpose2d", "input x: f64[2, 2, 3, 3]\ninput w: f64[2, 3, 3, 3]\ninput b: f64[3]\n"
                          "output y = conv_transpose2d(x, w, b, strides=[2, 2], pads=[1, 0, 1, 1],"
                          " output_padding=[1, 0])\n", 0, 0},
