@@ -24,6 +24,13 @@ extern const kl_target kl_cg_target;
  * only the test build of the driver (main.c with KILN_TEST_BREAK_OP, the
  * kiln_test_break program) sets it, from the environment. */
 extern const char *kl_cg_test_break_op;
+/* ... or, when not 0 (KILN_TEST_BREAK_SCALE), that op's result times this
+ * factor instead: a small error, for the mutation checks of the suites'
+ * tolerances (tests/meta/test_mutation.sh). */
+extern double kl_cg_test_break_scale;
+/* For tests only (kiln_test_break, KILN_TEST_HIDE_NVRTC): act as if NVRTC
+ * were not installed, so the tests that need it can show they fail. */
+extern bool kl_cg_test_hide_nvrtc;
 
 /* A stretch of weights.bin: `bytes` bytes at `offset`, taken from `data`
  * (a param's contents where the graph holds them, perhaps in a mapped

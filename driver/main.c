@@ -30,6 +30,9 @@ int main(int argc, char **argv) {
    * kernel for this op, the bug `kiln check` must find. */
   const char *broken = getenv("KILN_TEST_BREAK_OP");
   if (broken && *broken) kl_cg_test_break_op = broken;
+  const char *scale = getenv("KILN_TEST_BREAK_SCALE"); /* instead: times this factor */
+  if (scale && *scale) kl_cg_test_break_scale = strtod(scale, NULL);
+  kl_cg_test_hide_nvrtc = getenv("KILN_TEST_HIDE_NVRTC") != NULL;
 #endif
   if (argc < 2) {
     fputs(main_help, stderr);

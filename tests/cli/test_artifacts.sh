@@ -2,7 +2,7 @@
 # The artifacts of `kiln compile`: the standalone program (--emit=exe) and
 # the static library (--emit=lib), checked against the interpreter, and the
 # run-time errors a user meets with bad inputs.  Usage: test_artifacts.sh KILN
-set -u
+set -uo pipefail
 kiln=$(realpath "$1")
 root=$(cd "$(dirname "$0")/../.." && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
@@ -71,12 +71,12 @@ expect interp_writes 0 "device: interp" -- \
 same exe_matches_interpreter out/output_0.npy ref/output_0.npy
 
 # No driver needed to start: libcuda is loaded at run time, never linked.
-if ldd ./mlp_exe | grep -qE "libcuda|libcudart|libcublas"; then
+if grep -qE "libcuda|libcudart|libcublas" <<<"$(ldd ./mlp_exe)"; then
   bad exe_links_no_cuda "$(ldd ./mlp_exe)"
 else
   ok exe_links_no_cuda
 fi
-if ! ldconfig -p 2>/dev/null | grep -q "libcuda.so.1"; then
+if ! grep -q "libcuda.so.1" <<<"$(ldconfig -p 2>/dev/null)"; then
   expect exe_auto_without_driver 0 "device: host" -- ./mlp_exe --input x=x.npy --input labels=labels.npy
   expect exe_cuda_without_driver 1 "no CUDA driver" -- \
     ./mlp_exe --input x=x.npy --input labels=labels.npy --device cuda
@@ -199,7 +199,7 @@ int main(void) {
 C
 export PKG_CONFIG_PATH=$tmp/lib_mlp:$tmp/lib_cnn
 expect lib_pkg_config 0 "-lkiln_mlp" -- pkg-config --libs kiln_mlp
-if pkg-config --libs kiln_mlp | grep -q protobuf; then
+if grep -q protobuf <<<"$(pkg-config --libs kiln_mlp)"; then
   bad lib_pkg_config_no_protobuf "$(pkg-config --libs kiln_mlp)"
 else
   ok lib_pkg_config_no_protobuf

@@ -3,7 +3,7 @@
 # and fp16, fused and unfused; a build with one op broken on purpose
 # (kiln_test_break, KILN_TEST_BREAK_OP) is caught (exit 1) and the bisection
 # names exactly the node that diverges.  Usage: test_check.sh KILN KILN_TEST_BREAK
-set -u
+set -uo pipefail
 kiln=$(realpath "$1")
 broken=$(realpath "$2")
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,8 +19,8 @@ passed=0 failed=0
 # which the broken relu gets right), the second, deep in the chain, values
 # of both signs (check_model.py).
 if ! "$py" -c "import onnx" 2>/dev/null; then
-  echo "SKIP: $py has no onnx"
-  exit 77
+  echo "FAIL: $py has no onnx (scripts/setup.sh installs it)"
+  exit 1
 fi
 "$py" "$here/check_model.py" m.onnx || exit 1
 # A .kl chain of 60 steps, longer than one bisection round takes, with a

@@ -2,7 +2,7 @@
 # --shard K/N: N shards of a slice of the suite run every test once, and
 # their counts add up to the whole slice's (the GPU check runs shards side
 # by side).  Usage: test_shards.sh CONFORMANCE DATA_DIR EXPECTED
-set -u
+set -uo pipefail
 runner=$1 data=$2 expected=$3
 counts() { grep -E '^conformance: [0-9]+ passed' | tr -cs '0-9' ' '; }
 whole=$("$runner" "$data" --filter test_reduce --expected "$expected" | counts)

@@ -172,14 +172,18 @@ def check(kiln, seed, nvrtc):
                                    capture_output=True, text=True, timeout=300)
                 if p.returncode:
                     raise RuntimeError(f"NVRTC:\n{p.stderr.strip()[:800]}")
-            k = 0
-            while os.path.exists(os.path.join(tmp, "interp", f"output_{k}.npy")):
+            # every output the graph declares, on every side, and no other
+            nout = sum(line.startswith("output ") for line in make_graph(seed).splitlines())
+            for name in sides:
+                have = sorted(f for f in os.listdir(os.path.join(tmp, name)) if f.startswith("output_"))
+                if have != sorted(f"output_{k}.npy" for k in range(nout)):
+                    raise RuntimeError(f"{name} wrote {have}, the graph has {nout} outputs")
+            for k in range(nout):
                 want = np.load(os.path.join(tmp, "interp", f"output_{k}.npy"))
                 for name in ("fused", "unfused"):
                     got = np.load(os.path.join(tmp, name, f"output_{k}.npy"))
                     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True,
                                                err_msg=f"{name} output {k}")
-                k += 1
         except Exception as e:  # report the graph with the failure
             return f"FAIL graph {seed}: {e}\n{make_graph(seed)}"
     return f"PASS graph {seed}"

@@ -12,7 +12,7 @@
 # unfused step (its convolutions' im2col workspaces) reaches 66%, fp16 (the
 # casts of the params held beside the half values) 70%;
 # docs/ARCHITECTURE.md, Rematerialization.
-set -u
+set -uo pipefail
 kiln=$(realpath "$1")
 root=$(cd "$(dirname "$0")/../.." && pwd)
 here=$(cd "$(dirname "$0")/../cli" && pwd)

@@ -18,7 +18,7 @@ For each data set it runs
 and compares every TMP/output_K.npy with output_K.pb.  Prints `PASS name`
 or `FAIL name: reason` per model (for unsupported nodes, the distinct ONNX
 ops kiln named), then `N passed, N failed`; exits 1 if any model failed,
-77 (meson's "skipped") when onnx or onnxruntime is not installed.  With
+or when onnx or onnxruntime is not installed (naming it).  With
 --unsupported-ok a model kiln rejects only for unsupported nodes prints
 `UNSUPPORTED name: ...` and does not count as failed (for while converters
 are still being added; wrong numbers always fail).
@@ -43,8 +43,8 @@ try:
     import onnx
     from onnx import numpy_helper
 except ImportError:
-    print("SKIP: the onnx Python package is not installed")
-    sys.exit(77)
+    print("FAIL: this test needs the onnx Python package (scripts/setup.sh installs it)")
+    sys.exit(1)
 
 UNSUPPORTED = re.compile(r"^\s+(\S+) \(opset \d+\), node ")
 
@@ -211,8 +211,8 @@ def main():
     try:
         import build_models
     except ImportError as ex:  # onnxruntime missing: nothing to compare with
-        print("SKIP: cannot build the models: %s" % ex)
-        sys.exit(77)
+        print("FAIL: cannot build the models without %s (scripts/setup.sh installs it)" % ex.name)
+        sys.exit(1)
     with tempfile.TemporaryDirectory(prefix="kiln-onnx-models-") as tmp:
         outdir = args.outdir or tmp
         build_models.build(outdir, args.filter)
