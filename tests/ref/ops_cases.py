@@ -1644,6 +1644,23 @@ def gen_edge():
          [e])
     case("reduce_sum_empty_axis", [("a", e)],
          "output y = reduce_sum(a, axes=[0])", [np.zeros(4, np.float32)])
+    # folded: a constant reduced over an empty axis (the sum's 0, the
+    # product's 1, max and min's dtype extremes) and a chain of math on a
+    # constant, computed at compile time and checked against NumPy
+    z = np.zeros((4,), np.float32)
+    case("folded_reduce_empty", [("z", z)],
+         "const e: f32[0, 4] = zeros\nconst ei: i32[4, 0] = zeros\n"
+         "output s = reduce_sum(e, axes=[0]) + z\n"
+         "output p = reduce_prod(e, axes=[0]) + z\n"
+         "output m = reduce_max(ei, axes=[1])\noutput n = reduce_min(ei, axes=[1])",
+         [np.zeros(4, np.float32), np.ones(4, np.float32),
+          np.full(4, np.iinfo(np.int32).min, np.int32), np.full(4, np.iinfo(np.int32).max, np.int32)])
+    cv = np.array([0.25, -1.5, 2.0, 0.75], np.float32)
+    chain = np.tanh(np.exp(cv.astype(np.float64)) * np.sin(cv.astype(np.float64))) + np.sqrt(np.abs(cv.astype(np.float64)))
+    case("folded_math_chain", [("z", z)],
+         "const c: f32[4] = values([0.25, -1.5, 2.0, 0.75])\n"
+         "output y = tanh(exp(c) * sin(c)) + sqrt(abs(c)) + z",
+         [f32(chain)], tol={"rtol": 1e-5, "atol": 1e-6})
     case("concat_with_empty", [("a", e), ("b", x)],
          "output y = concat(a, b, axis=0)", [x])
     # high ranks
@@ -2468,6 +2485,18 @@ def gen_ext_nn():
         exp = resize_ref(x, sizes, **kw)
         case(name, [("x", x)], "output y = resize(x, sizes=%s%s)" % (
             klist(sizes), src), [f32(exp)], tol={"rtol": 1e-5, "atol": 1e-5})
+    # the same resizes with a constant input: the compile folds them (the
+    # interpreter's code computes the folded value, and the codegen's taps
+    # are the interpreter's too), so on the host device these check the
+    # folded values against NumPy, not against the interpreter
+    for name, x, sizes, src, kw in rs[:4] + rs[-3:-1]:
+        exp = resize_ref(x, sizes, **kw)
+        z = np.zeros((1,) * x.ndim, np.float32)
+        values = ", ".join("%r" % float(v) for v in x.astype(np.float64).ravel())
+        case("folded_resize_" + name, [("z", z)],
+             "const c: f32[%s] = values([%s])\noutput y = resize(c, sizes=%s%s) + z"
+             % (", ".join(map(str, x.shape)), values, klist(sizes), src),
+             [f32(exp)], tol={"rtol": 1e-5, "atol": 1e-5})
     # linear resize by an integer factor matches a hand-written lerp
     xx = np.array([[0.0, 4.0, 8.0]], np.float32)
     case("resize_linear_1d_hand", [("x", xx)],
