@@ -407,7 +407,8 @@ static int emit_conv(kl_cg_emitter *e, const kl_node *n) {
  * small dW over a long reduction (the first layer's) is split along r into
  * partial tiles summed by a second kernel in a fixed order: reproducible
  * bits, and enough blocks to fill the GPU. */
-enum { WG_TILE = 16, WG_THREADS = WG_TILE * WG_TILE, WG_MIN_CHUNK = 256, WG_WANT_BLOCKS = 256 };
+enum { WG_TILE = 16, WG_STEP = 64, WG_THREADS = WG_TILE * WG_TILE, WG_MIN_CHUNK = 256,
+       WG_WANT_BLOCKS = 256 };
 
 typedef struct {
   int64_t nb, c, h, w, m, groups, cpg, mpg, k, p, r;
@@ -438,7 +439,7 @@ static wgrad_plan plan_wgrad(const kl_node *n) {
   if (splits > room) splits = room;
   if (splits < 1) splits = 1;
   q.chunk = (q.r + splits - 1) / splits;
-  q.chunk = (q.chunk + WG_TILE - 1) / WG_TILE * WG_TILE;
+  q.chunk = (q.chunk + WG_STEP - 1) / WG_STEP * WG_STEP;
   q.splits = q.chunk ? (q.r + q.chunk - 1) / q.chunk : 1;
   if (q.splits < 1) q.splits = 1;
   return q;
@@ -482,7 +483,7 @@ static int emit_wgrad(kl_cg_emitter *e, const kl_node *n) {
   kbegin(f, n, name, what, a, 3);
   int64_t tm = (q.mpg + WG_TILE - 1) / WG_TILE, tk = (q.k + WG_TILE - 1) / WG_TILE;
   fprintf(f, "  KL_SHARED(%s, dys, [%d][%d]);\n  KL_SHARED(%s, xs, [%d][%d]);\n", rt, WG_TILE,
-          WG_TILE + 1, rt, WG_TILE, WG_TILE + 1);
+          WG_STEP + 1, rt, WG_STEP, WG_TILE + 1);
   fprintf(f, "  const int tx = (int)threadIdx.x %% %d, ty = (int)threadIdx.x / %d;\n"
              "  int64_t blk = blockIdx.x;\n"
              "  const int64_t part = blk %% %lldLL; blk /= %lldLL;\n"
@@ -493,12 +494,16 @@ static int emit_wgrad(kl_cg_emitter *e, const kl_node *n) {
              "  %s acc = 0;\n",
           WG_TILE, WG_TILE, (ll)q.splits, (ll)q.splits, (ll)tk, (ll)tk, (ll)tm, (ll)tm,
           (ll)q.chunk, (ll)q.chunk, (ll)q.r, (ll)q.chunk, (ll)q.r, rt);
-  /* thread (ty, tx) loads position r0 + tx: of dy at row ty, of x at tap ty */
+  /* a stage covers WG_STEP positions: thread (ty, tx) loads positions
+   * r0 + tx + 16 j, of dy at row ty and of x at tap ty (consecutive
+   * threads, consecutive positions), then 64 multiply-adds between two
+   * barriers */
   fprintf(f, "  for (int64_t r0 = r_begin; r0 < r_end; r0 += %d) {\n"
-             "    const int64_t r = r0 + tx, b = r / %lldLL, pos = r %% %lldLL;\n"
+             "    for (int j = 0; j < %d; j += %d) {\n"
+             "    const int64_t r = r0 + tx + j, b = r / %lldLL, pos = r %% %lldLL;\n"
              "    const int64_t mm = t_m * %d + ty, kk = t_k * %d + ty;\n"
              "    %s dv = 0, xv = 0;\n",
-          WG_TILE, (ll)q.p, (ll)q.p, WG_TILE, WG_TILE, rt);
+          WG_STEP, WG_STEP, WG_TILE, (ll)q.p, (ll)q.p, WG_TILE, WG_TILE, rt);
   snprintf(at, sizeof at, "dy[(b * %lldLL + grp * %lldLL + mm) * %lldLL + pos]", (ll)q.m, (ll)q.mpg,
            (ll)q.p);
   fprintf(f, "    if (r < r_end && mm < %lldLL) dv = %s;\n", (ll)q.mpg,
@@ -515,10 +520,10 @@ static int emit_wgrad(kl_cg_emitter *e, const kl_node *n) {
            (ll)q.c, (ll)q.cpg, (ll)q.h, (ll)q.w);
   fprintf(f, "      if (iy >= 0 && iy < %lldLL && ix >= 0 && ix < %lldLL) xv = %s;\n    }\n",
           (ll)q.h, (ll)q.w, ld(b1, sizeof b1, x->dtype, rt, at));
-  fprintf(f, "    dys[ty][tx] = dv;\n    xs[tx][ty] = xv;\n    __syncthreads();\n"
+  fprintf(f, "    dys[ty][tx + j] = dv;\n    xs[tx + j][ty] = xv;\n    }\n    __syncthreads();\n"
              "    for (int t = 0; t < %d; t++) acc += dys[ty][t] * xs[t][tx];\n"
              "    __syncthreads();\n  }\n",
-          WG_TILE);
+          WG_STEP);
   fprintf(f, "  const int64_t row = t_m * %d + ty, col = t_k * %d + tx;\n"
              "  if (row < %lldLL && col < %lldLL) {\n",
           WG_TILE, WG_TILE, (ll)q.mpg, (ll)q.k);

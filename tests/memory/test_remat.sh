@@ -5,7 +5,7 @@
 # for byte, as the step compiled without a limit (fused and unfused).  An
 # impossible limit still fails, naming what is alive at the peak and what
 # remat did; an inference compile never rematerializes.
-# Usage: test_remat.sh KILN
+# Usage: test_remat.sh KILN [STEPS]
 #
 # The limit is 60% of the unconstrained arena, as issue 14 asks: it needs
 # the first layer's activation recomputed through its convolution.  The
@@ -14,6 +14,7 @@
 # docs/ARCHITECTURE.md, Rematerialization.
 set -uo pipefail
 kiln=$(realpath "$1")
+steps=${2:-30} # training steps compared (the sanitizer build runs fewer)
 root=$(cd "$(dirname "$0")/../.." && pwd)
 here=$(cd "$(dirname "$0")/../cli" && pwd)
 model="$root/examples/train_cnn.kl"
@@ -59,10 +60,10 @@ check_variant() {
     failed=$((failed + 1)); echo "FAIL ${tag}_fits: arena '$planned', limit $limit, unconstrained $arena: $out1"
   fi
   for p in "prog_$tag" "prog_${tag}_remat"; do
-    "./$p" --data data --steps 30 --losses "$p.losses" --device host >"$p.log" 2>&1 ||
+    "./$p" --data data --steps "$steps" --losses "$p.losses" --device host >"$p.log" 2>&1 ||
       { echo "$p failed:"; cat "$p.log"; }
   done
-  if [ -s "prog_$tag.losses" ] && [ "$(wc -l <"prog_$tag.losses")" -eq 30 ] &&
+  if [ -s "prog_$tag.losses" ] && [ "$(wc -l <"prog_$tag.losses")" -eq "$steps" ] &&
      cmp "prog_$tag.losses" "prog_${tag}_remat.losses"; then
     passed=$((passed + 1)); echo "PASS ${tag}_same_losses"
   else
