@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Generate a NumPy reference suite into a temporary folder and check kiln
 # against it.  Usage: run_suite.sh KILN ops|examples [CHECK.PY OPTIONS...]
-# (e.g. --kiln-arg=--device=host --unsupported-ok to check compiled code).
+# (e.g. --kiln-arg=--device=host to check compiled code).
 set -euo pipefail
 kiln=$1 suite=$2
 shift 2
