@@ -18,7 +18,13 @@ check() { if [ "$2" = "$3" ]; then passed=$((passed + 1)); echo "PASS $1"; else
 check "a clean child passes" "$? $(grep -c '^conformance: 1 passed, 0 failed' "$out")" "0 1"
 KILN_TEST_INJECT_LEAK=1 "$runner" "$data" --filter test_relu --expected "$expected" >"$out" 2>&1
 rc=$?
-check "a leaking child fails its test" "$rc $(grep -c "test_relu: leaked memory" "$out")" "1 1"
+check "a leaking child fails its test" "$rc $(grep -c "^fail .*test_relu: leaked memory" "$out")" "1 1"
 check "with LeakSanitizer's report" "$(grep -c 'ERROR: LeakSanitizer: detected memory leaks' "$out")" "1"
+# a check that dies after the result (LeakSanitizer's tracer has crashed
+# that way): run once more, then a failure that says so
+KILN_TEST_LEAK_CHECK_DIES=1 "$runner" "$data" --filter test_relu --expected "$expected" >"$out" 2>&1
+rc=$?
+check "a crashed leak check runs again, then fails" \
+  "$rc $(grep -c 'running the test again' "$out") $(grep -c '^fail .*test_relu: the leak check itself crashed' "$out")" "1 1 1"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -9,7 +9,7 @@ whole=$("$runner" "$data" --filter test_reduce --expected "$expected" | counts)
 sum=$(for k in 0 1 2; do
   "$runner" "$data" --filter test_reduce --shard "$k/3" --expected "$expected" | counts
   echo
-done | awk '{ for (i = 1; i <= NF; i++) s[i] += $i } END { for (i = 1; i <= 5; i++) printf " %d", s[i]; print " " }')
+done | awk '{ for (i = 1; i <= NF; i++) s[i] += $i } END { for (i = 1; i <= 6; i++) printf " %d", s[i]; print " " }')
 passed=0 failed=0
 check() { if [ "$2" = "$3" ]; then passed=$((passed + 1)); echo "PASS $1"; else
   failed=$((failed + 1)); echo "FAIL $1: '$2' against '$3'"; fi; }
