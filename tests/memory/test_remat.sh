@@ -14,7 +14,7 @@
 # docs/ARCHITECTURE.md, Rematerialization.
 set -uo pipefail
 kiln=$(realpath "$1")
-steps=${2:-30} # training steps compared (the sanitizer build runs fewer)
+steps=${2:-30} # training steps compared (the sanitizer build runs fewer; more than the warmup, 20)
 root=$(cd "$(dirname "$0")/../.." && pwd)
 here=$(cd "$(dirname "$0")/../cli" && pwd)
 model="$root/examples/train_cnn.kl"
