@@ -252,7 +252,8 @@ static int64_t conv_chunk(const kl_node *n) {
   int64_t item = x->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3] * y->shape.dims[2] *
                  y->shape.dims[3];
   int64_t fit = item ? kl_shape_numel(&y->shape) / item : 1;
-  return fit < 1 ? 1 : fit > x->shape.dims[0] ? x->shape.dims[0] : fit;
+  if (fit > x->shape.dims[0]) fit = x->shape.dims[0];
+  return fit < 1 ? 1 : fit;
 }
 
 /* The im2col matrix of a chunk of the batch (conv_chunk), unless the
@@ -430,7 +431,8 @@ static wgrad_plan plan_wgrad(const kl_node *n) {
   q.cpg = q.c / q.groups, q.mpg = q.m / q.groups;
   q.k = q.cpg * q.wn.k[0] * q.wn.k[1], q.p = q.oh * q.ow, q.r = q.nb * q.p;
   q.tiles = q.groups * ((q.mpg + WG_TILE - 1) / WG_TILE) * ((q.k + WG_TILE - 1) / WG_TILE);
-  int64_t want = (WG_WANT_BLOCKS + q.tiles - 1) / q.tiles, most = (q.r + WG_MIN_CHUNK - 1) / WG_MIN_CHUNK;
+  int64_t want = q.tiles ? (WG_WANT_BLOCKS + q.tiles - 1) / q.tiles : 1; /* 0: an empty dW */
+  int64_t most = (q.r + WG_MIN_CHUNK - 1) / WG_MIN_CHUNK;
   /* the partials stay within a quarter of dy: the workspace never rivals
    * the gradients the step holds at that point */
   int64_t part = q.m * q.k * (n->outputs[0]->dtype == KL_F64 ? 8 : 4);

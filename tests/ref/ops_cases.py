@@ -1075,6 +1075,15 @@ def gen_contract():
              "output y = conv2d_weight_grad(%s)" % args,
              [f32(weight_grad_ref(x, dy, k, **at))],
              tol={"rtol": 1e-5, "atol": max(1e-6, float(atol))})
+    # empty: no filters, and an empty batch (dW all zeros)
+    x, dy = randn(r, (2, 3, 4, 4)), randn(r, (2, 0, 4, 4))
+    case("conv2d_weight_grad_no_filters", [("x", x), ("dy", dy)],
+         "output y = conv2d_weight_grad(x, dy, kernel=[3, 3], pads=[1, 1, 1, 1])",
+         [np.zeros((0, 3, 3, 3), np.float32)])
+    x, dy = randn(r, (0, 3, 4, 4)), randn(r, (0, 2, 4, 4))
+    case("conv2d_weight_grad_empty_batch", [("x", x), ("dy", dy)],
+         "output y = conv2d_weight_grad(x, dy, kernel=[3, 3], pads=[1, 1, 1, 1])",
+         [np.zeros((2, 3, 3, 3), np.float32)])
     x, dy = randn(r, (2, 2, 5, 5), np.float16), randn(r, (2, 4, 5, 5), np.float16)
     case("conv2d_weight_grad_f16", [("x", x), ("dy", dy)],
          "output y = conv2d_weight_grad(x, dy, kernel=[3, 3], pads=[1, 1, 1, 1])",
