@@ -44,6 +44,7 @@ typedef struct {
   char reason[512];
   int host_status;    /* compiled for the host device (when asked) */
   char host_reason[512];
+  bool leak_unchecked; /* LeakSanitizer's check crashed (run_checked) */
 } result;
 
 /* --no-fuse: compile with one kernel per node */
@@ -372,7 +373,7 @@ static void run_test(const char *dir, result *r) {
  * not its own), which skips LeakSanitizer's check at exit: run it here.
  * KILN_TEST_INJECT_LEAK (tests/conformance/test_leak_check.sh) drops a
  * block first, to show that a leak fails the test; KILN_TEST_LEAK_CHECK_DIES
- * ends the child as a crashed check would (run_checked). */
+ * ends the child as a crashed check does (run_checked). */
 enum { LEAK_EXIT = 23 };
 static void *volatile injected_leak;
 
@@ -391,16 +392,24 @@ static bool child_leaked(void) {
 
 static void run_isolated(const char *dir, result *r);
 
-/* LeakSanitizer's tracer has been seen to crash (signal 11 in its
- * StopTheWorld, about one child in a thousand) after the child had
- * written its result: exit status 1 with a whole result.  That is the
- * check failing to run, not a leak, so the test runs once more; a second
- * crash fails it. */
+/* LeakSanitizer's tracer has been seen to crash ("Tracer caught signal
+ * 11", a few children in a thousand, only on a loaded machine) after the
+ * child had written its result: exit status 1 with a whole result.  That
+ * is the check failing to run, not a leak: the test runs once more, and
+ * if the check crashes again its results stand and the leak check counts
+ * as skipped, with that reason (tests/skip_reasons.txt). */
+static int leak_checks_skipped;
+
 static void run_checked(const char *dir, result *r) {
   run_isolated(dir, r);
-  if (r->status == FAIL && strstr(r->reason, "the leak check itself crashed")) {
+  if (r->leak_unchecked) {
     fprintf(stderr, "conformance: %s: LeakSanitizer's check crashed; running the test again\n", dir);
     run_isolated(dir, r);
+  }
+  if (r->leak_unchecked) {
+    leak_checks_skipped++;
+    printf("SKIP leak check of %s/%s: LeakSanitizer's tracer crashed twice (the results stand)\n",
+           r->suite, r->name);
   }
 }
 
@@ -422,7 +431,9 @@ static void run_isolated(const char *dir, result *r) {
   close(fds[0]);
   int st = 0;
   waitpid(pid, &st, 0);
-  if (n == (ssize_t)sizeof got && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+  bool check_died = n == (ssize_t)sizeof got && WIFEXITED(st) && WEXITSTATUS(st) == 1;
+  r->leak_unchecked = check_died;
+  if (n == (ssize_t)sizeof got && WIFEXITED(st) && (WEXITSTATUS(st) == 0 || check_died)) {
     r->status = got.status;
     memcpy(r->reason, got.reason, sizeof r->reason);
     r->host_status = got.host_status;
@@ -434,8 +445,6 @@ static void run_isolated(const char *dir, result *r) {
                WTERMSIG(st) == SIGALRM ? "timed out" : "crashed", WTERMSIG(st));
     else if (WIFEXITED(st) && WEXITSTATUS(st) == LEAK_EXIT)
       snprintf(r->reason, sizeof r->reason, "leaked memory (LeakSanitizer's report is on stderr)");
-    else if (n == (ssize_t)sizeof got && WIFEXITED(st) && WEXITSTATUS(st) == 1)
-      snprintf(r->reason, sizeof r->reason, "the leak check itself crashed (LeakSanitizer's message is on stderr)");
     else
       snprintf(r->reason, sizeof r->reason, "the test process exited with %d (a sanitizer report?)",
                WIFEXITED(st) ? WEXITSTATUS(st) : -1);
@@ -740,7 +749,9 @@ int main(int argc, char **argv) {
   if (expected) printf("; %d guarded, %d regressions; %d known failures", guarded, regressions, xfails);
   printf("\n");
   /* The closing line counts the guard: each guarded test is one check. */
-  if (expected) printf("%d passed, %d failed\n", guarded - regressions, regressions);
+  if (expected)
+    printf("%d passed, %d failed%s", guarded - regressions, regressions, leak_checks_skipped ? "" : "\n");
+  if (expected && leak_checks_skipped) printf(", %d skipped\n", leak_checks_skipped);
   free(rs);
   free(nvrtc_prelude);
   return regressions ? 1 : 0;

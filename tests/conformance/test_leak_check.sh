@@ -21,10 +21,11 @@ rc=$?
 check "a leaking child fails its test" "$rc $(grep -c "^fail .*test_relu: leaked memory" "$out")" "1 1"
 check "with LeakSanitizer's report" "$(grep -c 'ERROR: LeakSanitizer: detected memory leaks' "$out")" "1"
 # a check that dies after the result (LeakSanitizer's tracer has crashed
-# that way): run once more, then a failure that says so
+# that way on a loaded machine): run once more, then the results stand and
+# the leak check counts as skipped, with its reason
 KILN_TEST_LEAK_CHECK_DIES=1 "$runner" "$data" --filter test_relu --expected "$expected" >"$out" 2>&1
 rc=$?
-check "a crashed leak check runs again, then fails" \
-  "$rc $(grep -c 'running the test again' "$out") $(grep -c '^fail .*test_relu: the leak check itself crashed' "$out")" "1 1 1"
+check "a crashed leak check runs again, then counts as skipped" \
+  "$rc $(grep -c 'running the test again' "$out") $(grep -c "^SKIP leak check of node/test_relu: LeakSanitizer's tracer crashed twice" "$out") $(grep -c '^1 passed, 0 failed, 1 skipped$' "$out")" "0 1 1 1"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
