@@ -13,7 +13,7 @@
 # build themselves, the ucontext switch and ThreadSanitizer (gcc), ending
 # with "N passed, N failed" over the two programs.
 # CUDA_HOME (default /usr/local/cuda) locates NVRTC.
-set -eu
+set -eu  # (no pipelines here: plain sh)
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 ci=0

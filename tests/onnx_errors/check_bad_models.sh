@@ -2,7 +2,7 @@
 # Each malformed model must give exit 1 and its expected message (and no
 # sanitizer report); a model with an empty expect.txt must run.
 # Usage: check_bad_models.sh KILN
-set -u
+set -uo pipefail
 kiln=$1
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)

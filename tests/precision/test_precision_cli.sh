@@ -2,7 +2,7 @@
 # The precision options on the command line: kiln inspect --precision, the
 # lists, --io-precision through run and compile, and bad values.
 # Usage: test_precision_cli.sh KILN
-set -u
+set -uo pipefail
 kiln=$(realpath "$1")
 root=$(cd "$(dirname "$0")/../.." && pwd)
 here=$(cd "$(dirname "$0")/../cli" && pwd)
