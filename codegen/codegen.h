@@ -53,6 +53,8 @@ typedef struct {
   int nkernels;         /* kernels emitted */
   int ngemms;           /* runtime GEMM calls emitted */
   int nlaunches;        /* kernel launches and GEMM calls per run */
+  bool data_parallel;   /* a training step that exchanges gradients over
+                           ranks: its program links libkilnrt_mpi */
   double passes_ms;     /* the planning passes' time (kl_pipeline), before
                            kl_codegen ran */
   int ngroups, nfused_nodes; /* fusion groups; nodes in groups of two or more */

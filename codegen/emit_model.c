@@ -140,7 +140,11 @@ static int write_all(kl_cg_ctx *c, const char *prefix, kl_codegen_result *out) {
     char shape[160];
     switch (kl_plan_step_kind(c->p, gi)) {
     case KL_STEP_NONE:
-      if (c->p->epi_last[n->id]) /* the GEMM runs at its epilogue's last node, when all it adds exists */
+      if (n->op == KL_OP_ALL_REDUCE_WAIT) /* the sum lies where the exchange put it */
+        fprintf(e.rf, "  /* %s: the sums of bucket %lld are read from here on */\n"
+                      "  if (krt_all_reduce_wait(m->dev, %lld, err, errlen)) return -1;\n", n->name,
+                (long long)kl_attr_int(n, "bucket", 0), (long long)kl_attr_int(n, "bucket", 0));
+      else if (c->p->epi_last[n->id]) /* the GEMM runs at its epilogue's last node, when all it adds exists */
         fprintf(e.rf, "  /* %s: %s, with its epilogue at %s */\n", n->name, kl_ops[n->op].name,
                 c->p->epi_last[n->id]->name);
       else
@@ -230,6 +234,7 @@ int kl_codegen(const kl_plan *p, const kl_codegen_options *opt, kl_codegen_resul
   out->nkernels = c.nkernels;
   out->ngemms = c.ngemms;
   out->nlaunches = c.nlaunches;
+  out->data_parallel = g->train && g->train->built && g->train->data_parallel;
   out->passes_ms = p->passes_ms;
   out->dram_bytes = c.dram_bytes;
   int ng = p->fusion.ngroups;

@@ -198,13 +198,13 @@ static void write_train(FILE *mf, const kl_cg_ctx *c) {
   for (int i = 0; i < t->nstates; i++) fprintf(mf, "%s%zu", i ? ", " : "", c->p->loc[t->states[i]->id].offset);
   fprintf(mf, "%s};\n\n", t->nstates ? "" : "0");
   fprintf(mf, "static const krt_train_info train = {\"%s\", %.17g, %.17g, %.17g, \"%s\", %.17g, %.17g, %.17g,\n"
-              "  %.17g, %.17g, %.17g, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, states};\n\n",
+              "  %.17g, %.17g, %.17g, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, states, %d, %d};\n\n",
           t->optimizer, lr, b1, b2, t->schedule ? t->schedule : "constant", warmup, step_size, gamma,
           total, min_lr, t->clip, half, index_of(in, ni, t->in_x), index_of(in, ni, t->in_labels),
           index_of(in, ni, t->in_lr), index_of(in, ni, t->in_bias1), index_of(in, ni, t->in_bias2),
           index_of(in, ni, t->in_scale), index_of(in, ni, t->in_apply), index_of(out, no, t->out_loss),
           index_of(out, no, t->out_ok), index_of(out, no, t->out_norm), index_of(out, no, t->out_logits),
-          t->nstates, t->nparams);
+          t->nstates, t->nparams, index_of(in, ni, t->in_world), t->nbuckets);
   fprintf(mf, "static int read_state(void *self, int i, void *host, char *err, size_t errlen) {\n"
               "  model *m = self;\n  if (i < 0 || i >= %d) {\n"
               "    snprintf(err, errlen, \"state %%d: the step has %d\", i);\n    return -1;\n  }\n"

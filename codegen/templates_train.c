@@ -197,7 +197,56 @@ static int emit_sum_squares(kl_cg_emitter *e, const kl_node *n) {
   return rc;
 }
 
+/* ---- all_reduce: data-parallel training's gradient exchange ------------
+ * No kernel: run() hands the bucket to the device's communicator, which
+ * sums it over the ranks while the rest of the backward pass runs; the
+ * all_reduce_wait nodes (emit_model.c) wait for it where the sums are
+ * first read. */
+static bool handles_all_reduce(const kl_node *n) { return n->op == KL_OP_ALL_REDUCE; }
+
+static int emit_all_reduce(kl_cg_emitter *e, const kl_node *n) {
+  FILE *f = kl_cg_host(e);
+  int count = n->ninputs;
+  char(*bufs)[160] = calloc((size_t)2 * count + 1, sizeof *bufs);
+  const char **args = calloc((size_t)2 * count + 1, sizeof *args);
+  if (!bufs || !args) abort();
+  size_t bytes = 0;
+  for (int i = 0; i < count; i++) {
+    args[i] = kl_cg_ptr(e, n->inputs[i], bufs[i], sizeof bufs[i]);
+    args[count + i] = kl_cg_ptr(e, n->outputs[i], bufs[count + i], sizeof bufs[0]);
+    bytes += kl_cg_value_bytes(n->inputs[i]);
+  }
+  int rc = check_buffers(e, n, args, 2 * count);
+  if (!rc) {
+    fprintf(f, "  /* %s: bucket %lld, %d gradients, %zu bytes: the exchange starts and the backward\n"
+               "   * pass goes on */\n  {\n    void *const src[] = {", n->name,
+            (long long)kl_attr_int(n, "bucket", 0), count, bytes);
+    for (int i = 0; i < count; i++) fprintf(f, "%s(void *)(%s)", i ? ", " : "", args[i]);
+    fprintf(f, "};\n    void *const dst[] = {");
+    for (int i = 0; i < count; i++) fprintf(f, "%s(void *)(%s)", i ? ", " : "", args[count + i]);
+    fprintf(f, "};\n    static const int64_t numel[] = {");
+    for (int i = 0; i < count; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)kl_shape_numel(&n->inputs[i]->shape));
+    fprintf(f, "};\n    if (krt_all_reduce_start(m->dev, %lld, %d, src, dst, numel, (krt_dtype)%d, err, errlen)) "
+               "return -1;\n  }\n",
+            (long long)kl_attr_int(n, "bucket", 0), count, (int)n->inputs[0]->dtype);
+  }
+  free(bufs);
+  free(args);
+  return rc;
+}
+
+/* all_reduce_wait is the sum's own buffer (an alias, passes/plan_memory.c)
+ * and emit_model.c writes the wait; reaching here means the plan did not
+ * make it one. */
+static bool handles_wait(const kl_node *n) { return n->op == KL_OP_ALL_REDUCE_WAIT; }
+
+static int emit_wait(kl_cg_emitter *e, const kl_node *n) {
+  return kl_cg_fail(e, n, "internal error: %s does not share its exchange's buffer", n->name);
+}
+
 const kl_cg_template kl_cg_templates_train[] = {
+    {handles_all_reduce, emit_all_reduce, NULL},
+    {handles_wait, emit_wait, NULL},
     {handles_optim_step, emit_optim_step, NULL},
     {handles_sum_squares, emit_sum_squares, scratch_sum_squares},
     {NULL, NULL, NULL},

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "driver.h"
+#include "../runtime/mpi/kilnrt_mpi.h"
 
 static const char help[] =
     "usage: kiln train MODEL --data DIR (--epochs N | --steps N) [options]\n"
@@ -20,7 +21,7 @@ static const char help[] =
     "training options (those of a program made by kiln compile --train --emit=exe):\n"
     "  --data DIR --epochs N --steps N --batch B --checkpoint FILE\n"
     "  --checkpoint-every N --resume FILE --seed S --log-every N --losses FILE\n"
-    "  --device auto|host|cuda\n"
+    "  --device auto|host|cuda --timeout S --inject-inf-rank R\n"
     "The last line is `final: step=N loss=X`, with ` accuracy=Y` when DIR holds\n"
     "test_x.npy and test_y.npy.\n";
 
@@ -34,7 +35,7 @@ static int compile_option(const char *arg, bool *takes_value) {
               {"--io-precision", true}, {"--fp32-ops", true},     {"--fp32-nodes", true},
               {"--train", false},       {"--loss", true},         {"--logits", true},
               {"--labels", true},       {"--optimizer", true},    {"--schedule", true},
-              {"--clip", true}};
+              {"--clip", true},        {"--data-parallel", false}, {"--bucket-mb", true}};
   for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
     size_t n = strlen(opts[i].name);
     if (!strncmp(arg, opts[i].name, n) && (arg[n] == 0 || (arg[n] == '=' && opts[i].value))) {
@@ -87,7 +88,7 @@ int kiln_cmd_train(int argc, char **argv) {
       static const int ids[] = {OPT_DIM,        OPT_WEIGHTS,  OPT_SHAPE,     OPT_PRECISION,
                                 OPT_IO_PRECISION, OPT_FP32_OPS, OPT_FP32_NODES, 0,
                                 OPT_LOSS,       OPT_LOGITS,   OPT_LABELS,    OPT_OPTIMIZER,
-                                OPT_SCHEDULE,   OPT_CLIP};
+                                OPT_SCHEDULE,   OPT_CLIP,     OPT_DATA_PARALLEL, OPT_BUCKET_MB};
       rc = kiln_model_opt(&mo, ids[which - 2], value);
     }
     if (rc) {
@@ -124,7 +125,8 @@ int kiln_cmd_train(int argc, char **argv) {
   krt_device_close(probe);
   const krt_model_api *api;
   if (!(handle = kiln_build_host(&cg, dir, gpu, &api))) goto done;
-  rc = krt_train_main(api, nrest, rest);
+  /* under mpirun every rank compiles the same step and joins the others */
+  rc = krt_train_main_with(api, nrest, rest, krt_comm_mpi_open);
 done:
   if (handle) dlclose(handle);
   if (made) kiln_remove_build_dir(dir);

@@ -36,12 +36,16 @@ typedef struct {
   /* an ONNX model's train block (driver/train_onnx.c) */
   const char *loss, *logits, *labels, *optimizer, *schedule;
   double clip;
+  /* --data-parallel, --bucket-mb: the step sums its gradients over the
+   * ranks of an MPI run (passes/train.c) */
+  bool data_parallel;
+  double bucket_mb;
 } kiln_model_opts;
 
 /* getopt_long values for the shared options. */
 enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE, OPT_PRECISION, OPT_IO_PRECISION, OPT_FP32_OPS,
        OPT_FP32_NODES, OPT_TRAIN, OPT_LOSS, OPT_LOGITS, OPT_LABELS, OPT_OPTIMIZER, OPT_SCHEDULE,
-       OPT_CLIP };
+       OPT_CLIP, OPT_DATA_PARALLEL, OPT_BUCKET_MB };
 #define KILN_MODEL_LONGOPTS                                                    \
   {"dim", required_argument, NULL, OPT_DIM},                                   \
   {"weights", required_argument, NULL, OPT_WEIGHTS},                           \
@@ -56,7 +60,9 @@ enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE, OPT_PRECISION, OPT_IO_PRECISION, 
   {"labels", required_argument, NULL, OPT_LABELS},                             \
   {"optimizer", required_argument, NULL, OPT_OPTIMIZER},                       \
   {"schedule", required_argument, NULL, OPT_SCHEDULE},                         \
-  {"clip", required_argument, NULL, OPT_CLIP}
+  {"clip", required_argument, NULL, OPT_CLIP},                                 \
+  {"data-parallel", no_argument, NULL, OPT_DATA_PARALLEL},                     \
+  {"bucket-mb", required_argument, NULL, OPT_BUCKET_MB}
 #define KILN_MODEL_HELP                                                        \
   "  --dim NAME=V          set a `dim` of a .kl model, or bind the symbolic dim\n" \
   "                        NAME of an ONNX model's inputs (repeatable)\n"     \
@@ -87,7 +93,12 @@ enum { OPT_DIM = 1000, OPT_WEIGHTS, OPT_SHAPE, OPT_PRECISION, OPT_IO_PRECISION, 
   "                        cross_entropy (labels: class indices) or mse\n"     \
   "  --optimizer SPEC      ONNX: adam(lr=1e-3) (default), adamw(...), sgd(...)\n" \
   "  --schedule SPEC       ONNX: constant(), step(step_size=N), cosine(...)\n"  \
-  "  --clip X              ONNX: global-norm gradient clipping\n"
+  "  --clip X              ONNX: global-norm gradient clipping\n"             \
+  "  --data-parallel       with --train: sum the gradients over the ranks of\n" \
+  "                        an MPI run (mpirun -np N; docs/SCALING.md), each\n" \
+  "                        bucket's exchange started as soon as it is ready\n" \
+  "  --bucket-mb N         gradient bucket size (default 25; implies\n"     \
+  "                        --data-parallel)\n"
 
 /* Handle a shared option; -1 (message printed) on a bad value. */
 /* Names are cut out of `arg` in place (argv outlives the options). */

@@ -97,6 +97,20 @@ int kiln_model_opt(kiln_model_opts *o, int opt, char *arg) {
     *slot[opt - OPT_LOSS] = arg;
     return 0;
   }
+  if (opt == OPT_DATA_PARALLEL) {
+    o->data_parallel = true;
+    return 0;
+  }
+  if (opt == OPT_BUCKET_MB) {
+    char *end;
+    o->bucket_mb = strtod(arg, &end);
+    if (*end || end == arg || !(o->bucket_mb > 0) || o->bucket_mb > 1e6) {
+      fprintf(stderr, "kiln: --bucket-mb takes a size in MiB > 0, got '%s'\n", arg);
+      return -1;
+    }
+    o->data_parallel = true;
+    return 0;
+  }
   if (opt == OPT_CLIP) {
     char *end;
     o->clip = strtod(arg, &end);
@@ -171,7 +185,7 @@ int kiln_apply_weights(kl_graph *g, const char *path) {
 }
 
 int kiln_model_opt_or_usage(kiln_model_opts *o, int opt, char *arg, const char *help) {
-  if (opt < OPT_DIM || opt > OPT_CLIP) {
+  if (opt < OPT_DIM || opt > OPT_BUCKET_MB) {
     fputs(help, stderr);
     return -1;
   }
@@ -244,6 +258,15 @@ int kiln_apply_precision(kl_graph *g, const kiln_model_opts *o) {
     fprintf(stderr, "kiln: error: --train: model '%s' has no train block (a loss and an optimizer: "
                     "docs/DSL.md, Training)\n", g->name);
     return -1;
+  }
+  if (o->data_parallel && !o->train) {
+    fprintf(stderr, "kiln: error: --data-parallel is for a training step (--train)\n");
+    return -1;
+  }
+  if (o->data_parallel && g->train) {
+    g->train->data_parallel = true;
+    g->train->bucket_bytes = (size_t)((o->bucket_mb > 0 ? o->bucket_mb : 25) * 1048576.0);
+    if (!g->train->bucket_bytes) g->train->bucket_bytes = 1;
   }
   if (!kl_pipeline_rewrite(g, &po, &err)) return 0;
   kl_error_print(stderr, &err);

@@ -367,6 +367,8 @@ kl_node *kl_graph_add_node(kl_graph *g, kl_op op, const char *name,
               info->name);
       return NULL;
     }
+  } else if (op == KL_OP_ALL_REDUCE) { /* one sum per input */
+    nout = ninputs;
   } else if (nout < 0) { /* split: one output per size */
     const int64_t *sizes;
     nout = kl_attr_ints(n, "sizes", &sizes);

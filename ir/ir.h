@@ -286,6 +286,12 @@ typedef struct {
                               every schedule: warmup */
   int nschedule_attrs;
   double clip;           /* global-norm gradient clipping; 0: none */
+  /* --data-parallel: the gradients are summed over the ranks of the run
+   * (all_reduce nodes, buckets of at most bucket_bytes each, started as
+   * soon as they are computed) and the update divides by the rank count,
+   * the step's input in_world */
+  bool data_parallel;
+  size_t bucket_bytes;
   kl_loc loc;
   /* Set by the training compile (passes/train.c) once it has appended the
    * step: the inputs the training program feeds each step (f32 scalars),
@@ -296,6 +302,8 @@ typedef struct {
   bool built, loss_scaling;
   kl_value *in_x, *in_labels;           /* NULL when the loss reads none */
   kl_value *in_lr, *in_bias1, *in_bias2, *in_scale, *in_apply;
+  kl_value *in_world;                   /* NULL unless data_parallel */
+  int nbuckets;                         /* all_reduce nodes (data_parallel) */
   kl_value *out_loss, *out_ok, *out_norm, *out_logits; /* logits: NULL if none */
   int nstates, nparams;                 /* params trained (the first nparams
                                            states), then optimizer state */

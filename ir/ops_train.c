@@ -138,3 +138,44 @@ int kl_eval_SUM_SQUARES(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_er
   out[0]->data[0] = s;
   return 0;
 }
+
+/* ---- the gradient exchange of data-parallel training --------------------- */
+int kl_infer_ALL_REDUCE(kl_node *n, kl_error *err) {
+  char sv[300];
+  if (n->noutputs != n->ninputs)
+    return KL_NODE_FAIL(n, err, "%d outputs for %d inputs: one sum per input", n->noutputs, n->ninputs);
+  for (int i = 0; i < n->ninputs; i++) {
+    const kl_value *g = n->inputs[i];
+    if (g->dtype != KL_F32 && g->dtype != KL_F64)
+      return KL_NODE_FAIL(n, err, "input %d must be f32 or f64 (gradients are exchanged at full "
+                          "precision), got %s", i, kl_value_str(g, sv, sizeof sv));
+    kl_set_output(n, i, g->dtype, &g->shape);
+  }
+  return 0;
+}
+
+int kl_eval_ALL_REDUCE(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  (void)err;
+  for (int i = 0; i < n->ninputs; i++)
+    memcpy(out[i]->data, in[i]->data, (size_t)in[i]->numel * sizeof *in[i]->data);
+  return 0;
+}
+
+int kl_infer_ALL_REDUCE_WAIT(kl_node *n, kl_error *err) {
+  char sv[300];
+  const kl_value *s = n->inputs[0], *g = n->inputs[1];
+  if (!s->producer || s->producer->op != KL_OP_ALL_REDUCE)
+    return KL_NODE_FAIL(n, err, "input 0 must be an output of all_reduce, got %s",
+                        kl_value_str(s, sv, sizeof sv));
+  if (g->dtype != s->dtype || !kl_shape_equal(&g->shape, &s->shape))
+    return KL_NODE_FAIL(n, err, "input 1 (the source) must match input 0, got %s",
+                        kl_value_str(g, sv, sizeof sv));
+  kl_set_output(n, 0, s->dtype, &s->shape);
+  return 0;
+}
+
+int kl_eval_ALL_REDUCE_WAIT(const kl_node *n, kl_tensor **in, kl_tensor **out, kl_error *err) {
+  (void)n, (void)err;
+  memcpy(out[0]->data, in[0]->data, (size_t)in[0]->numel * sizeof *in[0]->data);
+  return 0;
+}

@@ -40,7 +40,8 @@ static void choose_folded(kl_plan *p) {
     }
     size_t in_bytes = 0, out_bytes = 0;
     int64_t elements = 0;
-    bool fold = n->ninputs > 0;
+    /* a gradient exchange talks to the other ranks at run time */
+    bool fold = n->ninputs > 0 && n->op != KL_OP_ALL_REDUCE && n->op != KL_OP_ALL_REDUCE_WAIT;
     for (int k = 0; k < n->ninputs && fold; k++) {
       const kl_value *v = n->inputs[k];
       /* a training step's params change every step */

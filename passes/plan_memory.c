@@ -91,7 +91,7 @@ static void add_param(kl_plan *p, const kl_value *v) {
  * another shape (same element order and width), and no kernel runs */
 static bool is_alias(const kl_plan *p, const kl_node *n) {
   if (n->op != KL_OP_RESHAPE && n->op != KL_OP_FLATTEN && n->op != KL_OP_SQUEEZE &&
-      n->op != KL_OP_UNSQUEEZE)
+      n->op != KL_OP_UNSQUEEZE && n->op != KL_OP_ALL_REDUCE_WAIT)
     return false;
   const kl_value *in = n->inputs[0], *out = n->outputs[0];
   kl_location l = p->loc[in->id];

@@ -21,6 +21,11 @@ typedef struct {
   const kl_graph *g;
   bool *needed;      /* per node id: some output depends on it */
   size_t *bytes;     /* per value id: arena bytes, 0 when not in the arena */
+  /* per node id, data-parallel training: 0 an all_reduce (started as soon
+   * as its gradients exist), 2 a node that depends on an exchange's result
+   * (run as late as possible, so the exchanges overlap the rest of the
+   * backward pass), 1 the others; NULL: all 1 */
+  int *cls;
 } sched_ctx;
 
 static size_t arena_bytes(const kl_value *v) {
@@ -67,6 +72,8 @@ static bool waits_for(const sched_ctx *s, const kl_node *n) {
 /* The greedy search's state. */
 /* A ready node in the heap, under the growth it had when put there. */
 typedef struct {
+  int cls;            /* first: gradient exchanges, then compute, then
+                         what waits for an exchange (sched_ctx.cls) */
   int64_t growth;
   int pos;            /* in the graph's own order: ties */
   kl_node *n;
@@ -110,6 +117,7 @@ static int64_t growth(const greedy_state *st, const kl_node *n) {
 }
 
 static bool before(const heap_entry *a, const heap_entry *b) {
+  if (a->cls != b->cls) return a->cls < b->cls;
   return a->growth < b->growth || (a->growth == b->growth && a->pos < b->pos);
 }
 
@@ -121,7 +129,7 @@ static void heap_push(greedy_state *st, kl_node *n) {
     if (!grown) abort();
     st->ready = grown;
   }
-  heap_entry e = {st->growth[n->id] = growth(st, n), st->pos[n->id], n};
+  heap_entry e = {st->s->cls ? st->s->cls[n->id] : 1, st->growth[n->id] = growth(st, n), st->pos[n->id], n};
   int i = st->nready++;
   for (; i > 0 && before(&e, &st->ready[(i - 1) / 2]); i = (i - 1) / 2)
     st->ready[i] = st->ready[(i - 1) / 2];
@@ -260,7 +268,7 @@ int kl_schedule(const kl_graph *g, kl_node **order, kl_error *err) {
   int nn = g->nodes.len, nv = g->values.len, rc;
   kl_node **base = malloc(((size_t)nn + 1) * sizeof *base);
   int *pos = malloc(((size_t)nn + 1) * sizeof *pos);
-  sched_ctx s = {g, calloc((size_t)nn + 1, sizeof *s.needed), calloc((size_t)nv + 1, sizeof *s.bytes)};
+  sched_ctx s = {g, calloc((size_t)nn + 1, sizeof *s.needed), calloc((size_t)nv + 1, sizeof *s.bytes), NULL};
   if (!base || !pos || !s.needed || !s.bytes) abort();
   if ((rc = kl_topo_order(g, base, err))) goto done;
   for (int i = 0; i < nn; i++) pos[base[i]->id] = i;
@@ -271,9 +279,35 @@ int kl_schedule(const kl_graph *g, kl_node **order, kl_error *err) {
     if (s.needed[base[i]->id])
       for (int k = 0; k < base[i]->ninputs; k++)
         if (base[i]->inputs[k]->producer) s.needed[base[i]->inputs[k]->producer->id] = true;
+  /* the exchange classes, in topological order: a node depends on an
+   * exchange when it reads a wait's result or a value that does */
+  for (int i = 0; i < nn; i++) {
+    const kl_node *n = base[i];
+    if (n->op != KL_OP_ALL_REDUCE && n->op != KL_OP_ALL_REDUCE_WAIT) continue;
+    if (!s.cls) {
+      s.cls = malloc(((size_t)nn + 1) * sizeof *s.cls);
+      if (!s.cls) abort();
+      for (int j = 0; j < nn; j++) s.cls[j] = 1;
+    }
+  }
+  for (int i = 0; s.cls && i < nn; i++) {
+    const kl_node *n = base[i];
+    if (n->op == KL_OP_ALL_REDUCE) {
+      s.cls[n->id] = 0;
+      continue;
+    }
+    if (n->op == KL_OP_ALL_REDUCE_WAIT) s.cls[n->id] = 2;
+    for (int k = 0; k < n->ninputs; k++) {
+      const kl_node *p = n->inputs[k]->producer;
+      if (p && p->op != KL_OP_ALL_REDUCE && s.cls[p->id] == 2) s.cls[n->id] = 2;
+    }
+  }
   greedy(&s, base, pos, order);
-  if (peak_bytes(&s, base) <= peak_bytes(&s, order)) memcpy(order, base, (size_t)nn * sizeof *order);
+  /* the graph's own order may keep fewer bytes alive, but it starts no
+   * exchange early: with exchanges, the greedy order stands */
+  if (!s.cls && peak_bytes(&s, base) <= peak_bytes(&s, order)) memcpy(order, base, (size_t)nn * sizeof *order);
 done:
+  free(s.cls);
   free(base);
   free(pos);
   free(s.needed);

@@ -51,6 +51,50 @@ static double hyper(const kl_train *tr, const char *name, double dflt) {
   return dflt;
 }
 
+/* Data parallelism: each gradient summed over the ranks.  Buckets are
+ * filled in reverse param order (the order the backward pass computes
+ * them in: the last layer's first, as PyTorch's DDP does), each at most
+ * bucket_bytes unless one gradient alone is larger; one all_reduce node
+ * per bucket starts its exchange, and one all_reduce_wait per gradient
+ * stands where the sum is first needed.  grads[] become the sums. */
+static int exchange_gradients(train_ctx *t, kl_train *tr, kl_value **grads, int nparams) {
+  kl_value **ins = calloc((size_t)nparams + 1, sizeof *ins);
+  int *index = calloc((size_t)nparams + 1, sizeof *index);
+  if (!ins || !index) abort();
+  int rc = 0;
+  for (int last = nparams - 1; last >= 0 && !rc;) {
+    size_t bytes = 0;
+    int count = 0;
+    for (int i = last; i >= 0; i--) {
+      size_t b = (size_t)kl_shape_numel(&grads[i]->shape) * kl_dtype_size(grads[i]->dtype);
+      if (count && bytes + b > tr->bucket_bytes) break;
+      bytes += b, index[count] = i, ins[count++] = grads[i];
+    }
+    kl_attr bucket = {.name = "bucket", .kind = KL_ATTR_INT, .i = tr->nbuckets};
+    char name[64];
+    snprintf(name, sizeof name, "all_reduce_%d", tr->nbuckets);
+    kl_node *n = kl_graph_add_node(t->g, KL_OP_ALL_REDUCE, kl_graph_fresh_name(t->g, name), ins, count,
+                                   &bucket, 1, NULL, 0, tr->loc, t->c.err);
+    if (!n) {
+      rc = -1;
+      break;
+    }
+    for (int k = 0; k < count && !rc; k++) {
+      kl_value *pair[2] = {n->outputs[k], grads[index[k]]};
+      snprintf(name, sizeof name, "wait_%d", tr->nbuckets);
+      kl_node *w = kl_graph_add_node(t->g, KL_OP_ALL_REDUCE_WAIT, kl_graph_fresh_name(t->g, name), pair,
+                                     2, &bucket, 1, NULL, 0, tr->loc, t->c.err);
+      if (!w) rc = -1;
+      else grads[index[k]] = w->outputs[0];
+    }
+    tr->nbuckets++;
+    last -= count;
+  }
+  free(ins);
+  free(index);
+  return rc;
+}
+
 /* Which values the loss depends on. */
 static bool *depends(const kl_graph *g, const kl_value *loss) {
   bool *dep = calloc((size_t)g->values.len + 1, sizeof *dep);
@@ -133,8 +177,17 @@ int kl_train_build(kl_graph *g, bool loss_scaling, kl_error *err) {
     free(grads);
     goto done;
   }
-  /* global norm of the unscaled gradients: sqrt(sum g^2) / scale */
   kl_grad_ctx *c = &t.c;
+  if (tr->data_parallel) {
+    tr->in_world = scalar_input(&t, "train_world");
+    for (int i = 0; i < nparams; i++) grads[i] = to_f32(&t, grads[i]);
+    if (c->failed || exchange_gradients(&t, tr, grads, nparams)) {
+      free(grads);
+      goto done;
+    }
+  }
+  /* global norm of the unscaled gradients: sqrt(sum g^2) / scale (and,
+   * data-parallel, of their mean over the ranks: / world) */
   kl_value *total = NULL;
   for (int first = 0; first < nparams; first += KL_SUMSQ_TENSORS) {
     int count = nparams - first < KL_SUMSQ_TENSORS ? nparams - first : KL_SUMSQ_TENSORS;
@@ -142,7 +195,8 @@ int kl_train_build(kl_graph *g, bool loss_scaling, kl_error *err) {
     total = total ? kl_gb2(c, KL_OP_ADD, total, part) : part;
   }
   total = to_f32(&t, total);
-  kl_value *inv = kl_gb1(c, KL_OP_RECIPROCAL, tr->in_scale);
+  kl_value *inv = kl_gb1(c, KL_OP_RECIPROCAL, tr->in_world ? kl_gb2(c, KL_OP_MUL, tr->in_scale, tr->in_world)
+                                                          : tr->in_scale);
   kl_value *norm = kl_gb2(c, KL_OP_MUL, kl_gb1(c, KL_OP_SQRT, total), inv);
   kl_value *bad = kl_gb2(c, KL_OP_LOGICAL_OR, kl_gb1(c, KL_OP_ISNAN, norm), kl_gb1(c, KL_OP_ISINF, norm));
   kl_value *go = kl_gb2(c, KL_OP_GT, tr->in_apply, kl_gb_scalar(c, KL_F32, 0.5));

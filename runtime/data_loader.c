@@ -74,6 +74,7 @@ typedef struct {
 struct krt_loader {
   loader_file x, y;
   int64_t n, batch, batches_per_epoch;
+  int64_t global, offset;           /* a global batch's samples; this rank's first */
   uint64_t seed;
   bool shuffle;
   int nthreads, nslots, norders;
@@ -363,7 +364,7 @@ static void position_of(const krt_loader *l, int64_t ticket, int64_t *epoch,
  * for k in the batch's range; the tail of a short batch is zeroed. */
 static int fill_slot(const krt_loader *l, slot *s, int64_t index,
                      const uint32_t *order) {
-  int64_t first = index * l->batch;
+  int64_t first = index * l->global + l->offset;
   int64_t count = l->n - first < l->batch ? l->n - first : l->batch;
   unsigned char *x = s->x, *y = s->y;
   for (int64_t k = 0; k < count; k++) {
@@ -489,6 +490,9 @@ static int check_config(const krt_loader_config *c, char *err, size_t errlen) {
   const char *who = "krt_loader_open";
   if (!c || !c->x_path || !c->y_path)
     return krt_fail(err, errlen, who, "no config, or no x_path or y_path");
+  if (c->ranks < 0 || c->rank < 0 || (c->ranks > 1 && (c->rank >= c->ranks || !c->drop_last)))
+    return krt_fail(err, errlen, c->x_path, "rank %d of %d ranks: a data-parallel loader takes "
+                    "0 <= rank < ranks, and drops an epoch's last partial batch", c->rank, c->ranks);
   if (c->batch < 1)
     return krt_fail(err, errlen, who, "batch must be at least 1, not %d", c->batch);
   if (c->threads < 0 || c->threads > MAX_THREADS)
@@ -564,12 +568,15 @@ int krt_loader_open(const krt_loader_config *cfg, krt_loader **out, char *err,
              (long long)l->y.n);
     goto fail;
   }
-  l->batches_per_epoch = cfg->drop_last ? l->n / l->batch
+  int ranks = cfg->ranks > 1 ? cfg->ranks : 1;
+  l->global = l->batch * ranks;
+  l->offset = (int64_t)(cfg->ranks > 1 ? cfg->rank : 0) * l->batch;
+  l->batches_per_epoch = cfg->drop_last ? l->n / l->global
                                         : (l->n + l->batch - 1) / l->batch;
   if (l->batches_per_epoch == 0) {
     krt_fail(err, errlen, l->x.path, "%lld samples are fewer than one batch of "
              "%lld, and drop_last leaves no batch", (long long)l->n,
-             (long long)l->batch);
+             (long long)l->global);
     goto fail;
   }
   l->orders = calloc((size_t)l->norders, sizeof *l->orders);

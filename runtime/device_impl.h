@@ -52,6 +52,7 @@ struct krt_device {
   int nmarks;       /* 0: profiling off */
   double *mark_ms;  /* host: the clock at each mark */
   void **mark_events; /* cuda: an event per mark */
+  krt_comm *comm;     /* data-parallel: the ranks' communicator (NULL: one) */
 };
 
 /* The module keeps its own copy of the kernel names and host entries, so the

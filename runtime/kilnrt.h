@@ -130,6 +130,7 @@ void krt_tensor_set_free(krt_tensor_set *set);
  * sizes in err (errlen bytes; err may be NULL). */
 typedef enum { KRT_DEVICE_AUTO, KRT_DEVICE_HOST, KRT_DEVICE_CUDA } krt_device_kind;
 typedef struct krt_device krt_device;
+typedef struct krt_comm krt_comm; /* the ranks of a data-parallel run (collectives, below) */
 
 /* AUTO takes the GPU when one works, else the host; the environment
  * variable KILN_DEVICE=host|cuda|auto overrides AUTO. */
@@ -262,6 +263,10 @@ typedef struct {
    * optimizer's (read_state / write_state by index) */
   int nstates, nparams;
   const krt_io_desc *states;
+  /* data-parallel (kiln compile --data-parallel): the input of the rank
+   * count the update divides the summed gradients by, and the gradient
+   * buckets exchanged each step; -1 and 0 otherwise */
+  int in_world, nbuckets;
 } krt_train_info;
 
 typedef struct {
@@ -305,6 +310,11 @@ typedef struct {
   int drop_last;               /* 1: an epoch is floor(N / batch) batches;
                                   0: its last batch is short */
   int threads;                 /* workers; 0: 2 */
+  /* Data parallelism: of each global batch of batch * ranks samples (the
+   * batch one rank would take with that size), this loader takes the
+   * rank-th share of `batch`; an epoch is floor(N / (batch * ranks))
+   * batches (drop_last).  0, 0: one rank. */
+  int rank, ranks;
   /* What the model takes; the files' values are converted:
    *   the file's own dtype: copied;
    *   f16/f32/f64 -> f16, bf16, f32, f64: rounded to nearest even;
@@ -389,6 +399,11 @@ int krt_trainer_step(krt_trainer *t, const void *x, const void *labels, int inje
 int krt_trainer_eval(krt_trainer *t, const void *x, const void *labels, float *loss,
                      void *logits, char *err, size_t errlen);
 int64_t krt_trainer_step_count(const krt_trainer *t);     /* steps taken */
+/* Data parallelism (a step compiled with --data-parallel): the ranks its
+ * summed gradients are divided by (default 1); and every state tensor
+ * made rank root's over comm. */
+int krt_trainer_set_ranks(krt_trainer *t, int ranks, char *err, size_t errlen);
+int krt_trainer_broadcast(krt_trainer *t, krt_comm *comm, int root, char *err, size_t errlen);
 double krt_trainer_loss_scale(const krt_trainer *t);      /* 1 unless fp16 */
 /* A param or optimizer state tensor by name (api->train->states), copied
  * whole to or from a host buffer of its dtype and shape. */
@@ -409,6 +424,53 @@ int krt_trainer_load(krt_trainer *t, const char *path, int64_t *data_epoch,
  * `--resume FILE`, `--device`; see --help.  krt_exe_main calls it for a
  * model compiled with --train.  Returns the exit status. */
 int krt_train_main(const krt_model_api *api, int argc, char **argv);
+
+/* ---- collectives ---------------------------------------------------------
+ * A communicator joins the ranks of a data-parallel run (one process each,
+ * started by mpirun).  libkilnrt holds the interface and the one-rank
+ * case; libkilnrt_mpi (comm_mpi.c) implements it over MPI on the host
+ * device, with NCCL for the cuda device.  Every fallible call returns 0,
+ * or -1 with a message naming the call, the rank and the step; one that
+ * does not complete within the communicator's timeout ends every rank. */
+typedef enum { KRT_REDUCE_SUM, KRT_REDUCE_MAX } krt_reduce_op;
+int krt_comm_rank(const krt_comm *c);        /* 0 for NULL: one rank */
+int krt_comm_size(const krt_comm *c);        /* 1 for NULL */
+/* Blocking, on host memory: f32, f64, i32 or i64 elements. */
+int krt_comm_all_reduce(krt_comm *c, void *buf, int64_t count, krt_dtype dtype, krt_reduce_op op,
+                        char *err, size_t errlen);
+int krt_comm_broadcast(krt_comm *c, void *buf, size_t bytes, int root, char *err, size_t errlen);
+int krt_comm_barrier(krt_comm *c, char *err, size_t errlen);
+/* The step named in messages, and the time spent in gradient exchanges:
+ * busy (from a bucket's start to its completion) and exposed (the compute
+ * side blocked in krt_all_reduce_wait); busy - exposed was hidden. */
+void krt_comm_set_step(krt_comm *c, int64_t step);
+typedef struct {
+  double busy_ms, exposed_ms;
+  int64_t buckets;
+} krt_comm_stats;
+void krt_comm_get_stats(const krt_comm *c, krt_comm_stats *out);
+void krt_comm_close(krt_comm *c);            /* NULL-safe */
+/* Opens the communicator of this process (argc/argv for MPI_Init);
+ * timeout_s bounds every collective.  libkilnrt_mpi's
+ * krt_comm_mpi_open is one. */
+typedef int (*krt_comm_opener)(int *argc, char ***argv, double timeout_s, krt_comm **out,
+                               char *err, size_t errlen);
+
+/* A compiled data-parallel step's gradient exchange (generated run()
+ * calls these): start summing bucket `bucket`'s count tensors src[i] into
+ * dst[i] (numel[i] elements of dtype each, device memory) over the
+ * device's communicator, and return; wait for it.  Without a communicator
+ * (one rank) the sum is a copy. */
+void krt_device_set_comm(krt_device *d, krt_comm *c);
+int krt_all_reduce_start(krt_device *d, int bucket, int count, void *const *src, void *const *dst,
+                         const int64_t *numel, krt_dtype dtype, char *err, size_t errlen);
+int krt_all_reduce_wait(krt_device *d, int bucket, char *err, size_t errlen);
+
+/* krt_train_main, the ranks of a data-parallel run joined by `open` (NULL: one
+ * rank): each rank reads its share of every global batch, rank 0 prints
+ * and checkpoints.  krt_exe_main_mpi (libkilnrt_mpi) passes
+ * krt_comm_mpi_open. */
+int krt_train_main_with(const krt_model_api *api, int argc, char **argv, krt_comm_opener open);
 
 /* ---- the profiler ------------------------------------------------------
  * With profiling on, a compiled model's run() marks the start of each of

@@ -15,11 +15,13 @@
 
 enum { EXIT_USAGE = 2 };
 enum { OPT_DATA = 1000, OPT_EPOCHS, OPT_STEPS, OPT_BATCH, OPT_CHECKPOINT, OPT_CHECKPOINT_EVERY,
-       OPT_RESUME, OPT_DEVICE, OPT_SEED, OPT_LOG_EVERY, OPT_INJECT_INF, OPT_LOSSES, OPT_STOP_AFTER };
+       OPT_RESUME, OPT_DEVICE, OPT_SEED, OPT_LOG_EVERY, OPT_INJECT_INF, OPT_LOSSES, OPT_STOP_AFTER,
+       OPT_INJECT_RANK, OPT_TIMEOUT };
 
 typedef struct {
   const char *prog, *data, *checkpoint, *resume, *losses;
-  long epochs, steps, batch, checkpoint_every, log_every, inject_inf, stop_after;
+  long epochs, steps, batch, checkpoint_every, log_every, inject_inf, stop_after, inject_rank;
+  double timeout_s;
   unsigned long long seed;
   krt_device_kind device;
 } train_opts;
@@ -46,10 +48,15 @@ static void usage(FILE *f, const char *prog, const krt_model_api *api) {
              "                        terminal (default: 10 per run)\n"
              "  --losses FILE         write every step's loss, one per line (%%.9g)\n"
              "  --inject-inf STEP     test hook: make step STEP's gradients infinite\n"
+             "  --inject-inf-rank R   ... on rank R alone (data-parallel; default: every rank)\n"
+             "  --timeout S           data-parallel: a collective not done within S seconds\n"
+             "                        (a rank lost or stalled) ends every rank (default 300)\n"
              "  --stop-after N        test hook: stop after step N as if killed there\n"
              "                        (after its checkpoint, without the end's)\n"
-             "  --device DEV          auto (default), host or cuda\n",
-          prog, api->model_name, api->train ? api->train->optimizer : "?");
+             "  --device DEV          auto (default), host or cuda\n"
+             "Data-parallel (a step compiled with --data-parallel): mpirun -np N %s ...;\n"
+             "--batch is then each rank's share of a global batch of N times as many.\n",
+          prog, api->model_name, api->train ? api->train->optimizer : "?", prog);
 }
 
 static int parse_long(const char *prog, const char *opt, const char *arg, long min, long *out) {
@@ -78,6 +85,8 @@ static int parse_args(train_opts *o, const krt_model_api *api, int argc, char **
       {"inject-inf", required_argument, NULL, OPT_INJECT_INF},
       {"losses", required_argument, NULL, OPT_LOSSES},
       {"stop-after", required_argument, NULL, OPT_STOP_AFTER},
+      {"inject-inf-rank", required_argument, NULL, OPT_INJECT_RANK},
+      {"timeout", required_argument, NULL, OPT_TIMEOUT},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   optind = 1;
@@ -103,6 +112,13 @@ static int parse_args(train_opts *o, const krt_model_api *api, int argc, char **
     case OPT_LOG_EVERY: if (parse_long(o->prog, "--log-every", optarg, 1, &o->log_every)) return -1; break;
     case OPT_STOP_AFTER: if (parse_long(o->prog, "--stop-after", optarg, 1, &o->stop_after)) return -1; break;
     case OPT_INJECT_INF: if (parse_long(o->prog, "--inject-inf", optarg, 0, &o->inject_inf)) return -1; break;
+    case OPT_INJECT_RANK:
+      if (parse_long(o->prog, "--inject-inf-rank", optarg, 0, &o->inject_rank)) return -1;
+      break;
+    case OPT_TIMEOUT:
+      if (parse_long(o->prog, "--timeout", optarg, 1, &v)) return -1;
+      o->timeout_s = (double)v;
+      break;
     case OPT_DEVICE:
       if (krt_device_kind_parse(optarg, &o->device)) {
         fprintf(stderr, "%s: --device must be auto, host or cuda, got '%s'\n", o->prog, optarg);
@@ -234,9 +250,32 @@ static void progress(int64_t step, int64_t total, double scale, bool tty, double
 }
 
 int krt_train_main(const krt_model_api *api, int argc, char **argv) {
+  return krt_train_main_with(api, argc, argv, NULL);
+}
+
+/* The global batch's mean loss and whether every rank took its update:
+ * the ranks' losses summed, their skips max-reduced.  Each rank decided
+ * from the same summed gradients, so a disagreement is an error. */
+static int agree(krt_comm *comm, float *loss, int applied, int64_t step, char *msg, size_t msglen) {
+  if (krt_comm_size(comm) == 1) return 0;
+  double sum = *loss;
+  int32_t skipped = !applied;
+  if (krt_comm_all_reduce(comm, &sum, 1, KRT_F64, KRT_REDUCE_SUM, msg, msglen) ||
+      krt_comm_all_reduce(comm, &skipped, 1, KRT_I32, KRT_REDUCE_MAX, msg, msglen))
+    return -1;
+  if (skipped != !applied) {
+    snprintf(msg, msglen, "rank %d: step %lld: the ranks disagree whether its gradients were finite",
+             krt_comm_rank(comm), (long long)step);
+    return -1;
+  }
+  *loss = (float)(sum / krt_comm_size(comm));
+  return 0;
+}
+
+int krt_train_main_with(const krt_model_api *api, int argc, char **argv, krt_comm_opener open) {
   const char *slash = argc > 0 ? strrchr(argv[0], '/') : NULL;
   train_opts o = {.prog = argc > 0 ? (slash ? slash + 1 : argv[0]) : api->model_name,
-                  .device = KRT_DEVICE_AUTO, .inject_inf = -1};
+                  .device = KRT_DEVICE_AUTO, .inject_inf = -1, .inject_rank = -1, .timeout_s = 300};
   if (!api->train) {
     fprintf(stderr, "%s: model '%s' was not compiled with --train\n", o.prog, api->model_name);
     return EXIT_USAGE;
@@ -256,23 +295,33 @@ int krt_train_main(const krt_model_api *api, int argc, char **argv) {
   }
   int rc = 1;
   char msg[1024];
+  krt_comm *comm = NULL;
   krt_loader *loader = NULL;
   krt_device *dev = NULL;
   krt_trainer *tr = NULL;
   FILE *losses = NULL;
+  if (open && open(&argc, &argv, o.timeout_s, &comm, msg, sizeof msg)) goto fail;
+  int rank = krt_comm_rank(comm), ranks = krt_comm_size(comm);
+  bool lead = rank == 0; /* prints progress and writes checkpoints */
+  if (ranks > 1 && t->in_world < 0) {
+    snprintf(msg, sizeof msg, "step '%s' was compiled without --data-parallel and cannot run on %d ranks "
+             "(recompile with --data-parallel)", api->model_name, ranks);
+    goto fail;
+  }
   char xp[4200], yp[4200];
   path_in(xp, sizeof xp, o.data, "train_x.npy");
   path_in(yp, sizeof yp, o.data, "train_y.npy");
   krt_loader_config cfg = {.x_path = xp, .y_path = yp, .batch = (int)batch, .seed = o.seed,
                            .shuffle = 1, .drop_last = 1, .x_dtype = xd->dtype,
-                           .y_dtype = t->in_labels >= 0 ? api->inputs[t->in_labels].dtype : KRT_I64};
+                           .y_dtype = t->in_labels >= 0 ? api->inputs[t->in_labels].dtype : KRT_I64,
+                           .rank = rank, .ranks = ranks};
   if (krt_loader_open(&cfg, &loader, msg, sizeof msg) ||
       check_samples(loader, xd, t->in_labels >= 0 ? &api->inputs[t->in_labels] : NULL, msg, sizeof msg))
     goto fail;
-  int64_t per_epoch = krt_loader_samples(loader) / batch;
+  int64_t global = batch * ranks, per_epoch = krt_loader_samples(loader) / global;
   if (per_epoch < 1) {
     snprintf(msg, sizeof msg, "%.900s holds %lld samples, fewer than one batch of %lld", xp,
-             (long long)krt_loader_samples(loader), (long long)batch);
+             (long long)krt_loader_samples(loader), (long long)global);
     goto fail;
   }
   int64_t total = o.steps ? o.steps : o.epochs * per_epoch;
@@ -283,8 +332,10 @@ int krt_train_main(const krt_model_api *api, int argc, char **argv) {
     goto fail;
   }
   if (krt_device_open(o.device, &dev, msg, sizeof msg) ||
-      krt_trainer_create(api, dev, total, &tr, msg, sizeof msg))
+      krt_trainer_create(api, dev, total, &tr, msg, sizeof msg) ||
+      krt_trainer_set_ranks(tr, ranks, msg, sizeof msg))
     goto fail;
+  krt_device_set_comm(dev, comm);
   if (o.resume) {
     int64_t epoch, index;
     uint64_t seed;
@@ -296,74 +347,112 @@ int krt_train_main(const krt_model_api *api, int argc, char **argv) {
     }
     if (krt_loader_seek(loader, epoch, index, msg, sizeof msg)) goto fail;
   }
-  if (o.losses && !(losses = fopen(o.losses, o.resume ? "a" : "w"))) {
+  /* every rank starts from rank 0's parameters and optimizer state */
+  if (ranks > 1 && krt_trainer_broadcast(tr, comm, 0, msg, sizeof msg)) goto fail;
+  if (lead && o.losses && !(losses = fopen(o.losses, o.resume ? "a" : "w"))) {
     snprintf(msg, sizeof msg, "cannot write %.900s", o.losses);
     goto fail;
   }
   bool tty = isatty(2);
   long log_every = o.log_every ? o.log_every : (total >= 10 ? total / 10 : 1);
-  fprintf(stderr, "training '%s' on %s: %lld steps of %lld samples, %s%s\n", api->model_name,
-          krt_device_name(dev), (long long)total, (long long)batch, t->optimizer,
-          t->loss_scaling ? ", dynamic loss scaling" : "");
+  if (lead) {
+    fprintf(stderr, "training '%s' on %s: %lld steps of %lld samples, %s%s", api->model_name,
+            krt_device_name(dev), (long long)total, (long long)global, t->optimizer,
+            t->loss_scaling ? ", dynamic loss scaling" : "");
+    if (ranks > 1) fprintf(stderr, ", %d ranks of %lld samples each, %d gradient bucket%s", ranks,
+                           (long long)batch, t->nbuckets, t->nbuckets == 1 ? "" : "s");
+    fprintf(stderr, "\n");
+  }
   double t0 = krt_now_ms(), wait_total = 0, window_wait = 0, window_t0 = t0;
   float loss = NAN;
-  int64_t skipped = 0, window_start = krt_trainer_step_count(tr);
+  int64_t skipped = 0, window_start = krt_trainer_step_count(tr), first_step = window_start;
   while (krt_trainer_step_count(tr) < total) {
     const void *x, *y;
     int count, applied;
     double wait;
     int64_t at = krt_trainer_step_count(tr);
+    krt_comm_set_step(comm, at);
     if (krt_loader_next(loader, &x, &y, &count, &wait, msg, sizeof msg)) goto fail;
     wait_total += wait, window_wait += wait;
-    if (krt_trainer_step(tr, x, y, at == o.inject_inf, &loss, &applied, msg, sizeof msg)) goto fail;
+    bool inject = at == o.inject_inf && (o.inject_rank < 0 || o.inject_rank == rank);
+    if (krt_trainer_step(tr, x, y, inject, &loss, &applied, msg, sizeof msg) ||
+        agree(comm, &loss, applied, at, msg, sizeof msg))
+      goto fail;
     skipped += !applied;
-    if (!applied && t->loss_scaling && !tty)
+    if (!applied && t->loss_scaling && !tty && lead)
       fprintf(stderr, "step %lld: gradients not finite: update skipped, loss scale now %g\n",
               (long long)at, krt_trainer_loss_scale(tr));
     if (losses) fprintf(losses, "%.9g\n", loss);
     int64_t step = at + 1;
     bool last = step == total;
-    if (tty || step % log_every == 0 || last) {
+    if (lead && (tty || step % log_every == 0 || last)) {
       double dt = (krt_now_ms() - window_t0) / 1e3;
       int64_t steps = step - window_start;
       progress(step, total, krt_trainer_loss_scale(tr), tty, loss,
-               dt > 0 ? (double)(steps * batch) / dt : 0, steps ? window_wait / (double)steps : 0, last);
+               dt > 0 ? (double)(steps * global) / dt : 0, steps ? window_wait / (double)steps : 0, last);
       window_t0 = krt_now_ms(), window_start = step, window_wait = 0;
     }
     int64_t epoch, index;
     krt_loader_position(loader, &epoch, &index);
-    if (o.checkpoint && o.checkpoint_every && step % o.checkpoint_every == 0 && !last &&
+    if (lead && o.checkpoint && o.checkpoint_every && step % o.checkpoint_every == 0 && !last &&
         krt_trainer_save(tr, o.checkpoint, epoch, index, o.seed, msg, sizeof msg))
       goto fail;
     if (o.stop_after && step == o.stop_after && !last) {
-      fprintf(stderr, "stopped after step %lld (--stop-after)\n", (long long)step);
+      if (lead) fprintf(stderr, "stopped after step %lld (--stop-after)\n", (long long)step);
       rc = 0;
       goto done;
     }
   }
   int64_t epoch, index;
   krt_loader_position(loader, &epoch, &index);
-  if (o.checkpoint && krt_trainer_save(tr, o.checkpoint, epoch, index, o.seed, msg, sizeof msg))
+  if (lead && o.checkpoint && krt_trainer_save(tr, o.checkpoint, epoch, index, o.seed, msg, sizeof msg))
     goto fail;
   double secs = (krt_now_ms() - t0) / 1e3;
-  /* the split of the steps' time: waiting for input, and the rest */
-  fprintf(stderr, "%.2f s: compute %.2f s, input wait %.1f ms (%.2f%%); %lld step%s skipped\n", secs,
-          secs - wait_total / 1e3, wait_total, secs > 0 ? wait_total / 10 / secs : 0,
-          (long long)skipped, skipped == 1 ? "" : "s");
+  int64_t ran = krt_trainer_step_count(tr) - first_step;
+  krt_comm_stats cs;
+  krt_comm_get_stats(comm, &cs);
+  if (lead) {
+    /* the split of the steps' time: waiting for input, waiting for the
+     * gradient exchange, and the rest */
+    fprintf(stderr, "%.2f s: compute %.2f s, input wait %.1f ms (%.2f%%); %lld step%s skipped\n", secs,
+            secs - wait_total / 1e3 - cs.exposed_ms / 1e3, wait_total, secs > 0 ? wait_total / 10 / secs : 0,
+            (long long)skipped, skipped == 1 ? "" : "s");
+    if (ranks > 1 && ran > 0) {
+      double busy = cs.busy_ms / (double)ran, exposed = cs.exposed_ms / (double)ran;
+      double hidden = busy > exposed ? busy - exposed : 0;
+      fprintf(stderr, "per step over %d ranks: compute %.3f ms, all-reduce %.3f ms of which %.3f ms "
+                      "(%.0f%%) hidden behind the backward pass and %.3f ms exposed, input wait %.3f ms\n",
+              ranks, (secs * 1e3 - wait_total - cs.exposed_ms) / (double)ran, busy, hidden,
+              busy > 0 ? 100 * hidden / busy : 0, exposed, wait_total / (double)ran);
+    }
+  }
   double accuracy;
-  int ev = evaluate(&o, api, tr, batch, &accuracy, msg, sizeof msg);
+  /* rank 0 alone evaluates: its runs of the step exchange nothing (they
+   * update nothing), so the device leaves the other ranks out */
+  krt_device_set_comm(dev, NULL);
+  int ev = lead ? evaluate(&o, api, tr, batch, &accuracy, msg, sizeof msg) : 1;
   if (ev < 0) goto fail;
-  printf("final: step=%lld loss=%.6f", (long long)krt_trainer_step_count(tr), loss);
-  if (ev == 0) printf(" accuracy=%.4f", accuracy);
-  printf("\n");
+  if (lead) {
+    printf("final: step=%lld loss=%.6f", (long long)krt_trainer_step_count(tr), loss);
+    if (ev == 0) printf(" accuracy=%.4f", accuracy);
+    printf("\n");
+  }
   rc = 0;
   goto done;
 fail:
-  fprintf(stderr, "%s: error: %s\n", o.prog, msg);
+  if (krt_comm_size(comm) > 1) fprintf(stderr, "%s: rank %d: error: %s\n", o.prog, krt_comm_rank(comm), msg);
+  else fprintf(stderr, "%s: error: %s\n", o.prog, msg);
 done:
   if (losses) fclose(losses);
   krt_trainer_destroy(tr);
   krt_device_close(dev);
   krt_loader_close(loader);
+  /* a rank that failed ends the others rather than leave them waiting */
+  if (rc && krt_comm_size(comm) > 1) {
+    fflush(stdout);
+    fflush(stderr);
+    _exit(rc);
+  }
+  krt_comm_close(comm);
   return rc;
 }

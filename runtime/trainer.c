@@ -16,7 +16,8 @@ struct krt_trainer {
   void *model;
   const void **in;
   void **out;
-  float scalars[5]; /* lr, bias1, bias2, scale, apply */
+  float scalars[6]; /* lr, bias1, bias2, scale, apply, world */
+  int ranks;        /* of a data-parallel run: checkpoints record it */
   int64_t step, total, updates; /* steps taken, of the run, updates applied */
   krt_loss_scaler scaler;
 };
@@ -59,6 +60,8 @@ int krt_trainer_create(const krt_model_api *api, krt_device *dev, int64_t total_
   t->in[ti->in_lr] = &t->scalars[0], t->in[ti->in_bias1] = &t->scalars[1];
   t->in[ti->in_bias2] = &t->scalars[2], t->in[ti->in_scale] = &t->scalars[3];
   t->in[ti->in_apply] = &t->scalars[4];
+  t->scalars[5] = 1.0f, t->ranks = 1;
+  if (ti->in_world >= 0) t->in[ti->in_world] = &t->scalars[5];
   if (api->create(dev, &t->model, err, errlen)) {
     krt_trainer_destroy(t);
     return -1;
@@ -113,6 +116,30 @@ int krt_trainer_eval(krt_trainer *t, const void *x, const void *labels, float *l
 }
 
 int64_t krt_trainer_step_count(const krt_trainer *t) { return t->step; }
+
+int krt_trainer_set_ranks(krt_trainer *t, int ranks, char *err, size_t errlen) {
+  if (ranks < 1) return fail(err, errlen, "%s", "the rank count must be at least 1");
+  if (ranks > 1 && t->t->in_world < 0)
+    return fail(err, errlen, "step '%s' was compiled without --data-parallel: it cannot sum its gradients "
+                "over ranks (recompile with --data-parallel)", t->api->model_name);
+  t->ranks = ranks, t->scalars[5] = (float)ranks;
+  return 0;
+}
+
+int krt_trainer_broadcast(krt_trainer *t, krt_comm *comm, int root, char *err, size_t errlen) {
+  const krt_train_info *ti = t->t;
+  for (int i = 0; i < ti->nstates; i++) {
+    size_t bytes = io_bytes(&ti->states[i]);
+    void *buf = malloc(bytes + 1);
+    if (!buf) return fail(err, errlen, "%s", "out of memory");
+    int rc = (krt_comm_rank(comm) == root && t->api->read_state(t->model, i, buf, err, errlen)) ||
+             krt_comm_broadcast(comm, buf, bytes, root, err, errlen) ||
+             t->api->write_state(t->model, i, buf, err, errlen);
+    free(buf);
+    if (rc) return -1;
+  }
+  return 0;
+}
 double krt_trainer_loss_scale(const krt_trainer *t) { return t->scaler.scale; }
 
 static int state_index(const krt_trainer *t, const char *name) {
@@ -139,11 +166,14 @@ static const char *const META[] = {"kiln.step", "kiln.loss_scale", "kiln.good_st
                                    "kiln.data_epoch", "kiln.data_batch", "kiln.seed",
                                    "kiln.updates"};
 enum { NMETA = 7 };
+/* written only by a run of more than one rank: a checkpoint without it is
+ * of one */
+static const char RANKS_META[] = "kiln.ranks";
 
 int krt_trainer_save(krt_trainer *t, const char *path, int64_t data_epoch, int64_t data_batch,
                      uint64_t seed, char *err, size_t errlen) {
   const krt_train_info *ti = t->t;
-  krt_tensor_set set = {calloc((size_t)(ti->nstates + NMETA), sizeof(krt_named_tensor)), 0};
+  krt_tensor_set set = {calloc((size_t)(ti->nstates + NMETA + 1), sizeof(krt_named_tensor)), 0};
   if (!set.items) return fail(err, errlen, "%s", "out of memory");
   int rc = -1;
   for (int i = 0; i < ti->nstates; i++) {
@@ -160,11 +190,12 @@ int krt_trainer_save(krt_trainer *t, const char *path, int64_t data_epoch, int64
     if (t->api->read_state(t->model, i, nt->tensor.data, err, errlen)) goto done;
   }
   /* doubles hold every count a run reaches exactly (below 2^53) */
-  double meta[NMETA] = {(double)t->step, t->scaler.scale, (double)t->scaler.good_steps,
-                        (double)data_epoch, (double)data_batch, (double)seed, (double)t->updates};
-  for (int i = 0; i < NMETA; i++) {
+  double meta[NMETA + 1] = {(double)t->step, t->scaler.scale, (double)t->scaler.good_steps,
+                            (double)data_epoch, (double)data_batch, (double)seed, (double)t->updates,
+                            (double)t->ranks};
+  for (int i = 0; i < NMETA + (t->ranks > 1); i++) {
     krt_named_tensor *nt = &set.items[set.count++];
-    nt->name = strdup(META[i]);
+    nt->name = strdup(i < NMETA ? META[i] : RANKS_META);
     nt->tensor = (krt_tensor){.dtype = KRT_F64, .rank = 1, .dims = {1}};
     nt->tensor.data = malloc(sizeof(double));
     if (!nt->name || !nt->tensor.data) {
@@ -202,6 +233,15 @@ int krt_trainer_load(krt_trainer *t, const char *path, int64_t *data_epoch,
       goto done;
     }
     memcpy(&meta[i], x->data, sizeof(double));
+  }
+  const krt_tensor *r = krt_tensor_set_find(&set, RANKS_META);
+  double ranks = 1;
+  if (r && r->dtype == KRT_F64 && krt_tensor_numel(r) == 1) memcpy(&ranks, r->data, sizeof ranks);
+  if (ranks != (double)t->ranks) {
+    if (err && errlen)
+      snprintf(err, errlen, "%s was made by a run of %g rank%s; resume it on as many (mpirun -np %g), "
+               "not %d", path, ranks, ranks == 1 ? "" : "s", ranks, t->ranks);
+    goto done;
   }
   for (int i = 0; i < ti->nstates; i++) {
     const krt_io_desc *d = &ti->states[i];

@@ -1,0 +1,71 @@
+/* comm.c - the collectives' interface (kilnrt.h): one rank without a
+ * communicator, else the communicator's vtable (comm_mpi.c), and the
+ * gradient exchange of compiled data-parallel steps on a device. */
+#include <string.h>
+
+#include "comm_impl.h"
+#include "device_impl.h"
+
+int krt_comm_rank(const krt_comm *c) { return c ? c->rank : 0; }
+int krt_comm_size(const krt_comm *c) { return c ? c->size : 1; }
+
+void krt_comm_set_step(krt_comm *c, int64_t step) {
+  if (c) c->step = step;
+}
+
+void krt_comm_get_stats(const krt_comm *c, krt_comm_stats *out) {
+  if (c) *out = c->stats;
+  else memset(out, 0, sizeof *out);
+}
+
+void krt_comm_close(krt_comm *c) {
+  if (c) c->ops->close(c);
+}
+
+static int reducible(krt_dtype t) {
+  return t == KRT_F32 || t == KRT_F64 || t == KRT_I32 || t == KRT_I64;
+}
+
+int krt_comm_all_reduce(krt_comm *c, void *buf, int64_t count, krt_dtype dtype, krt_reduce_op op,
+                        char *err, size_t errlen) {
+  if (!reducible(dtype) || count < 0 || (count && !buf))
+    return krt_err(err, errlen, "all-reduce: %lld elements of dtype %d: f32, f64, i32 or i64 only",
+                   (long long)count, (int)dtype);
+  if (!c || c->size == 1 || !count) return 0;
+  return c->ops->all_reduce(c, buf, count, dtype, op, err, errlen);
+}
+
+int krt_comm_broadcast(krt_comm *c, void *buf, size_t bytes, int root, char *err, size_t errlen) {
+  if (root < 0 || root >= krt_comm_size(c))
+    return krt_err(err, errlen, "broadcast: root %d of %d ranks", root, krt_comm_size(c));
+  if (!c || c->size == 1 || !bytes) return 0;
+  return c->ops->broadcast(c, buf, bytes, root, err, errlen);
+}
+
+int krt_comm_barrier(krt_comm *c, char *err, size_t errlen) {
+  if (!c || c->size == 1) return 0;
+  return c->ops->barrier(c, err, errlen);
+}
+
+void krt_device_set_comm(krt_device *d, krt_comm *c) {
+  if (d) d->comm = c;
+}
+
+int krt_all_reduce_start(krt_device *d, int bucket, int count, void *const *src, void *const *dst,
+                         const int64_t *numel, krt_dtype dtype, char *err, size_t errlen) {
+  if (!d || bucket < 0 || count < 1 || !src || !dst || !numel || (dtype != KRT_F32 && dtype != KRT_F64))
+    return krt_err(err, errlen, "krt_all_reduce_start: bucket %d of %d tensors: bad arguments", bucket, count);
+  if (!d->comm || d->comm->size == 1) { /* the sum over one rank */
+    size_t size = krt_dtype_size(dtype);
+    for (int i = 0; i < count; i++)
+      if (numel[i] && d->ops->copy(d, dst[i], src[i], (size_t)numel[i] * size, err, errlen)) return -1;
+    return 0;
+  }
+  return d->comm->ops->start(d->comm, d, bucket, count, src, dst, numel, dtype, err, errlen);
+}
+
+int krt_all_reduce_wait(krt_device *d, int bucket, char *err, size_t errlen) {
+  if (!d || bucket < 0) return krt_err(err, errlen, "krt_all_reduce_wait: bucket %d: bad arguments", bucket);
+  if (!d->comm || d->comm->size == 1) return 0;
+  return d->comm->ops->wait(d->comm, d, bucket, err, errlen);
+}
