@@ -61,11 +61,13 @@ int krt_all_reduce_start(krt_device *d, int bucket, int count, void *const *src,
       if (numel[i] && d->ops->copy(d, dst[i], src[i], (size_t)numel[i] * size, err, errlen)) return -1;
     return 0;
   }
+  if (d->ops->comm_start) return d->ops->comm_start(d, d->comm, bucket, count, src, dst, numel, dtype, err, errlen);
   return d->comm->ops->start(d->comm, d, bucket, count, src, dst, numel, dtype, err, errlen);
 }
 
 int krt_all_reduce_wait(krt_device *d, int bucket, char *err, size_t errlen) {
   if (!d || bucket < 0) return krt_err(err, errlen, "krt_all_reduce_wait: bucket %d: bad arguments", bucket);
   if (!d->comm || d->comm->size == 1) return 0;
+  if (d->ops->comm_wait) return d->ops->comm_wait(d, d->comm, bucket, err, errlen);
   return d->comm->ops->wait(d->comm, d, bucket, err, errlen);
 }

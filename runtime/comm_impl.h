@@ -20,6 +20,9 @@ typedef struct krt_comm_ops {
   int (*broadcast)(krt_comm *c, void *buf, size_t bytes, int root, char *err, size_t errlen);
   int (*barrier)(krt_comm *c, char *err, size_t errlen);
   void (*close)(krt_comm *c);
+  /* A collective outlived the timeout: say so (naming this rank, the
+   * step and `what`) and end every rank; does not return. */
+  void (*abort)(krt_comm *c, const char *what);
 } krt_comm_ops;
 
 struct krt_comm {

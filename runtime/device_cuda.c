@@ -26,7 +26,10 @@
 #include <cublasLt.h>
 #include <cublas_api.h>
 #include <cuda.h>
+#include <nccl.h>
+#include <time.h>
 
+#include "comm_impl.h"
 #include "device_impl.h"
 
 /* ---- loading the libraries ------------------------------------------------ */
@@ -36,7 +39,7 @@
   X(cuCtxSynchronize) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemcpyHtoD_v2)                  \
   X(cuMemcpyDtoH_v2) X(cuMemsetD8_v2) X(cuMemGetInfo_v2) X(cuModuleLoadDataEx)             \
   X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncSetAttribute) X(cuLaunchKernel)         \
-  X(cuGetErrorName) X(cuGetErrorString)
+  X(cuGetErrorName) X(cuGetErrorString) X(cuDeviceGetCount)
 
 #define BLAS_FUNCS(X)                                                                      \
   X(cublasCreate_v2) X(cublasDestroy_v2) X(cublasGemmStridedBatchedEx)                     \
@@ -132,8 +135,7 @@ static void *open_first(const char *const *names, size_t n, const char *what, ch
     if (!lib && i == 0) snprintf(first_error, sizeof first_error, "%s", dlerror());
   }
   if (!lib)
-    krt_err(err, errlen, "krt_gemm: %s not found (%s, %s): %s", what, names[0], names[1],
-            first_error);
+    krt_err(err, errlen, "%s not found (%s, %s): %s", what, names[0], names[1], first_error);
   return lib;
 }
 
@@ -228,7 +230,10 @@ typedef struct {
   cublasHandle_t blas;     /* created at the first krt_gemm */
   cublasLtHandle_t lt;     /* ... with an epilogue */
   char last_kernel[128];   /* for asynchronous errors seen at a synchronize */
+  struct cuda_nccl *nccl;  /* data-parallel: made at the first exchange */
 } cuda_dev;
+
+static void nccl_free(cuda_dev *c);
 
 static CUdeviceptr dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
 
@@ -245,8 +250,15 @@ static int cuda_open(krt_device *d, char *err, size_t errlen) {
   if (!c) return krt_err(err, errlen, "krt_device_open: out of memory");
   int major = 0, minor = 0;
   char gpu[128] = "";
-  if ((r = cu.cuDeviceGet(&c->dev, 0)) != CUDA_SUCCESS) {
-    cu_fail(r, err, errlen, "cuDeviceGet(0)");
+  /* a rank of a data-parallel run takes its node-local GPU */
+  int ordinal = 0, count = 0;
+  static const char *const local[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                      "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"};
+  for (size_t i = 0; i < sizeof local / sizeof *local && !ordinal; i++)
+    if (getenv(local[i])) ordinal = atoi(getenv(local[i]));
+  if (ordinal > 0 && cu.cuDeviceGetCount(&count) == CUDA_SUCCESS && count > 0) ordinal %= count;
+  if ((r = cu.cuDeviceGet(&c->dev, ordinal)) != CUDA_SUCCESS) {
+    cu_fail(r, err, errlen, "cuDeviceGet(%d)", ordinal);
     goto fail;
   }
   if ((r = cu.cuDeviceGetName(gpu, (int)sizeof gpu, c->dev)) != CUDA_SUCCESS) {
@@ -281,6 +293,7 @@ static void cuda_close(krt_device *d) {
   cuda_dev *c = d->priv;
   if (c->blas && use_ctx(c, NULL, 0) == 0) blas.cublasDestroy_v2(c->blas);
   if (c->lt && use_ctx(c, NULL, 0) == 0) lt.cublasLtDestroy(c->lt);
+  if (c->nccl && use_ctx(c, NULL, 0) == 0) nccl_free(c);
   /* Releasing the last reference destroys the context and with it every
    * allocation and module still in it. */
   cu.cuDevicePrimaryCtxRelease_v2(c->dev);
@@ -645,6 +658,179 @@ static int cuda_copy(krt_device *d, void *dst, const void *src, size_t bytes, ch
   return r == CUDA_SUCCESS ? 0 : cu_fail(r, err, errlen, "cuMemcpyDtoD");
 }
 
+/* ---- NCCL: a data-parallel step's gradient exchange ----------------------
+ * libnccl.so.2 is loaded at the first exchange, like cuBLAS.  Rank 0's
+ * NCCL id reaches the others through the communicator (MPI).  Each bucket
+ * is summed on a stream of its own: an event recorded on the default
+ * stream after the bucket's gradients orders the exchange after them, and
+ * an event recorded after it orders the first reader of the sums (at
+ * krt_all_reduce_wait) after the exchange; the backward kernels between
+ * run meanwhile.  The wait polls that event up to the communicator's
+ * timeout, and NCCL's asynchronous errors with it. */
+#define STREAM_FUNCS(X)                                                                    \
+  X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamWaitEvent) X(cuEventCreate)            \
+  X(cuEventRecord) X(cuEventQuery) X(cuEventDestroy_v2) X(cuEventElapsedTime_v2)
+#define NCCL_FUNCS(X)                                                                      \
+  X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclAllReduce) X(ncclGroupStart) X(ncclGroupEnd) \
+  X(ncclCommDestroy) X(ncclCommAbort) X(ncclGetErrorString) X(ncclCommGetAsyncError)
+
+#define DECLARE(f) __typeof__(f) *f;
+static struct {
+  int loaded;
+  STREAM_FUNCS(DECLARE)
+} st;
+static struct {
+  int loaded;
+  NCCL_FUNCS(DECLARE)
+} nc;
+#undef DECLARE
+
+enum { NCCL_MAX_BUCKETS = 4096 };
+
+struct cuda_nccl {
+  ncclComm_t comm;
+  CUstream stream;
+  CUevent ready[NCCL_MAX_BUCKETS], done[NCCL_MAX_BUCKETS];
+  char started[NCCL_MAX_BUCKETS];
+};
+
+static int load_nccl(char *err, size_t errlen) {
+  pthread_mutex_lock(&load_lock);
+  int rc = 0;
+  if (!st.loaded) {
+#define RESOLVE(f) \
+  if (rc == 0) rc = resolve(driver_lib, "libcuda.so.1", #f, &st.f, err, errlen);
+    STREAM_FUNCS(RESOLVE)
+#undef RESOLVE
+    if (rc) memset(&st, 0, sizeof st);
+    else st.loaded = 1;
+  }
+  pthread_mutex_unlock(&load_lock);
+  if (rc) return -1;
+  /* KILN_NCCL_LIBRARY names another build (and lets the tests name none) */
+  const char *own = getenv("KILN_NCCL_LIBRARY");
+  const char *const names[] = {own && *own ? own : "libnccl.so.2", own && *own ? own : "libnccl.so",
+                               own && *own ? own : "/usr/local/cuda/lib/libnccl.so.2"};
+#define ENTRY(f) {#f, &nc.f},
+  static const entry entries[] = {NCCL_FUNCS(ENTRY)};
+#undef ENTRY
+  return load_library(names, "NCCL (the data-parallel gradient exchange on GPUs)", "libnccl", entries,
+                      sizeof entries / sizeof *entries, &nc.loaded, &nc, sizeof nc, err, errlen);
+}
+
+static int nccl_fail(ncclResult_t r, const krt_comm *k, char *err, size_t errlen, const char *what,
+                     int bucket) {
+  return krt_err(err, errlen, "%s (rank %d of %d, step %lld, bucket %d): %s", what, k->rank, k->size,
+                 (long long)k->step, bucket, nc.ncclGetErrorString ? nc.ncclGetErrorString(r) : "?");
+}
+
+static void nccl_free(cuda_dev *c) {
+  struct cuda_nccl *n = c->nccl;
+  for (int b = 0; b < NCCL_MAX_BUCKETS; b++) {
+    if (n->ready[b]) st.cuEventDestroy_v2(n->ready[b]);
+    if (n->done[b]) st.cuEventDestroy_v2(n->done[b]);
+  }
+  if (n->stream) st.cuStreamDestroy_v2(n->stream);
+  if (n->comm) nc.ncclCommDestroy(n->comm);
+  free(n);
+  c->nccl = NULL;
+}
+
+static int nccl_setup(cuda_dev *c, krt_comm *k, char *err, size_t errlen) {
+  if (load_nccl(err, errlen)) return -1;
+  struct cuda_nccl *n = calloc(1, sizeof *n);
+  if (!n) return krt_err(err, errlen, "out of memory");
+  c->nccl = n;
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  ncclResult_t r = ncclSuccess;
+  if (k->rank == 0 && (r = nc.ncclGetUniqueId(&id)) != ncclSuccess) {
+    nccl_fail(r, k, err, errlen, "ncclGetUniqueId", 0);
+    goto fail;
+  }
+  if (krt_comm_broadcast(k, &id, sizeof id, 0, err, errlen)) goto fail;
+  if ((r = nc.ncclCommInitRank(&n->comm, k->size, id, k->rank)) != ncclSuccess) {
+    nccl_fail(r, k, err, errlen, "ncclCommInitRank", 0);
+    goto fail;
+  }
+  CUresult cr = st.cuStreamCreate(&n->stream, CU_STREAM_NON_BLOCKING);
+  if (cr != CUDA_SUCCESS) {
+    cu_fail(cr, err, errlen, "cuStreamCreate (the gradient exchange's stream)");
+    goto fail;
+  }
+  return 0;
+fail:
+  nccl_free(c);
+  return -1;
+}
+
+static int cuda_comm_start(krt_device *d, krt_comm *k, int bucket, int count, void *const *src,
+                           void *const *dst, const int64_t *numel, krt_dtype dtype, char *err,
+                           size_t errlen) {
+  cuda_dev *c = d->priv;
+  if (use_ctx(c, err, errlen) || (!c->nccl && nccl_setup(c, k, err, errlen))) return -1;
+  struct cuda_nccl *n = c->nccl;
+  if (bucket >= NCCL_MAX_BUCKETS) return krt_err(err, errlen, "gradient bucket %d: at most %d", bucket, NCCL_MAX_BUCKETS);
+  if (n->started[bucket])
+    return krt_err(err, errlen, "rank %d: step %lld: gradient bucket %d started twice", k->rank,
+                   (long long)k->step, bucket);
+  CUresult cr = CUDA_SUCCESS;
+  for (int e = 0; e < 2 && cr == CUDA_SUCCESS; e++) {
+    CUevent *ev = e ? &n->done[bucket] : &n->ready[bucket];
+    if (!*ev) cr = st.cuEventCreate(ev, CU_EVENT_DEFAULT);
+  }
+  if (cr == CUDA_SUCCESS) cr = st.cuEventRecord(n->ready[bucket], NULL);
+  if (cr == CUDA_SUCCESS) cr = st.cuStreamWaitEvent(n->stream, n->ready[bucket], 0);
+  if (cr != CUDA_SUCCESS) return cu_fail(cr, err, errlen, "ordering gradient bucket %d after the backward pass", bucket);
+  ncclResult_t r = nc.ncclGroupStart();
+  if (r != ncclSuccess) return nccl_fail(r, k, err, errlen, "ncclGroupStart", bucket);
+  for (int i = 0; i < count && r == ncclSuccess; i++)
+    r = nc.ncclAllReduce(src[i], dst[i], (size_t)numel[i], dtype == KRT_F64 ? ncclFloat64 : ncclFloat32,
+                         ncclSum, n->comm, (cudaStream_t)n->stream);
+  ncclResult_t r2 = nc.ncclGroupEnd();
+  if (r != ncclSuccess || r2 != ncclSuccess)
+    return nccl_fail(r != ncclSuccess ? r : r2, k, err, errlen, r != ncclSuccess ? "ncclAllReduce" : "ncclGroupEnd", bucket);
+  if ((cr = st.cuEventRecord(n->done[bucket], n->stream)) != CUDA_SUCCESS)
+    return cu_fail(cr, err, errlen, "cuEventRecord (gradient bucket %d done)", bucket);
+  n->started[bucket] = 1;
+  return 0;
+}
+
+static int cuda_comm_wait(krt_device *d, krt_comm *k, int bucket, char *err, size_t errlen) {
+  cuda_dev *c = d->priv;
+  struct cuda_nccl *n = c->nccl;
+  if (!n || bucket >= NCCL_MAX_BUCKETS || !n->started[bucket]) return 0;
+  if (use_ctx(c, err, errlen)) return -1;
+  double t0 = krt_now_ms();
+  for (;;) {
+    CUresult cr = st.cuEventQuery(n->done[bucket]);
+    if (cr == CUDA_SUCCESS) break;
+    if (cr != CUDA_ERROR_NOT_READY) return cu_fail(cr, err, errlen, "cuEventQuery (gradient bucket %d)", bucket);
+    ncclResult_t async = ncclSuccess;
+    if (nc.ncclCommGetAsyncError(n->comm, &async) == ncclSuccess && async != ncclSuccess &&
+        async != ncclInProgress)
+      return nccl_fail(async, k, err, errlen, "ncclAllReduce (asynchronous error)", bucket);
+    if (krt_now_ms() - t0 > k->timeout_s * 1e3) {
+      nc.ncclCommAbort(n->comm);
+      n->comm = NULL;
+      char what[64];
+      snprintf(what, sizeof what, "the exchange of gradient bucket %d", bucket);
+      k->ops->abort(k, what); /* does not return */
+      return krt_err(err, errlen, "gradient bucket %d: timed out", bucket);
+    }
+    struct timespec pause = {0, 20000};
+    nanosleep(&pause, NULL);
+  }
+  double t1 = krt_now_ms();
+  float busy = 0;
+  if (st.cuEventElapsedTime_v2(&busy, n->ready[bucket], n->done[bucket]) == CUDA_SUCCESS)
+    k->stats.busy_ms += busy;
+  k->stats.exposed_ms += t1 - t0, k->stats.buckets++;
+  n->started[bucket] = 0;
+  CUresult cr = st.cuStreamWaitEvent(NULL, n->done[bucket], 0);
+  return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, err, errlen, "cuStreamWaitEvent (gradient bucket %d)", bucket);
+}
+
 const krt_device_ops krt_cuda_ops = {
     .kind = KRT_DEVICE_CUDA,
     .open = cuda_open,
@@ -663,4 +849,6 @@ const krt_device_ops krt_cuda_ops = {
     .between = cuda_between,
     .marks_free = cuda_marks_free,
     .copy = cuda_copy,
+    .comm_start = cuda_comm_start,
+    .comm_wait = cuda_comm_wait,
 };

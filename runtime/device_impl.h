@@ -43,6 +43,11 @@ typedef struct krt_device_ops {
   int (*between)(krt_device *d, int from, int to, double *ms, char *err, size_t errlen);
   void (*marks_free)(krt_device *d);
   int (*copy)(krt_device *d, void *dst, const void *src, size_t bytes, char *err, size_t errlen);
+  /* A data-parallel step's gradient exchange on the device's own library
+   * (cuda: NCCL); NULL: the communicator sums device memory itself (host). */
+  int (*comm_start)(krt_device *d, krt_comm *c, int bucket, int count, void *const *src,
+                    void *const *dst, const int64_t *numel, krt_dtype dtype, char *err, size_t errlen);
+  int (*comm_wait)(krt_device *d, krt_comm *c, int bucket, char *err, size_t errlen);
 } krt_device_ops;
 
 struct krt_device {

@@ -249,6 +249,16 @@ static void progress(int64_t step, int64_t total, double scale, bool tty, double
             (long long)step, (long long)total, loss, samples_s, wait_ms, scale);
 }
 
+/* The ranks an MPI launcher started, from its environment (1: none). */
+static int launcher_ranks(void) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && atoi(v) > 1) return atoi(v);
+  }
+  return 1;
+}
+
 int krt_train_main(const krt_model_api *api, int argc, char **argv) {
   return krt_train_main_with(api, argc, argv, NULL);
 }
@@ -302,8 +312,10 @@ int krt_train_main_with(const krt_model_api *api, int argc, char **argv, krt_com
   FILE *losses = NULL;
   if (open && open(&argc, &argv, o.timeout_s, &comm, msg, sizeof msg)) goto fail;
   int rank = krt_comm_rank(comm), ranks = krt_comm_size(comm);
+  /* several copies of a one-rank program would each train alone */
+  if (!comm && launcher_ranks() > 1) ranks = launcher_ranks();
   bool lead = rank == 0; /* prints progress and writes checkpoints */
-  if (ranks > 1 && t->in_world < 0) {
+  if (ranks > 1 && (t->in_world < 0 || !comm)) {
     snprintf(msg, sizeof msg, "step '%s' was compiled without --data-parallel and cannot run on %d ranks "
              "(recompile with --data-parallel)", api->model_name, ranks);
     goto fail;
@@ -379,9 +391,12 @@ int krt_train_main_with(const krt_model_api *api, int argc, char **argv, krt_com
         agree(comm, &loss, applied, at, msg, sizeof msg))
       goto fail;
     skipped += !applied;
-    if (!applied && t->loss_scaling && !tty && lead)
-      fprintf(stderr, "step %lld: gradients not finite: update skipped, loss scale now %g\n",
+    if (!applied && t->loss_scaling && !tty) { /* every rank says it skipped, in one line */
+      char who[32] = "";
+      if (ranks > 1) snprintf(who, sizeof who, "rank %d: ", rank);
+      fprintf(stderr, "%sstep %lld: gradients not finite: update skipped, loss scale now %g\n", who,
               (long long)at, krt_trainer_loss_scale(tr));
+    }
     if (losses) fprintf(losses, "%.9g\n", loss);
     int64_t step = at + 1;
     bool last = step == total;

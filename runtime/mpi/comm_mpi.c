@@ -153,6 +153,15 @@ static void enqueue(mpi_state *s, job *j) {
   pthread_mutex_unlock(&s->lock);
 }
 
+static void mpi_abort(krt_comm *c, const char *what) {
+  fprintf(stderr, "kiln: rank %d of %d: step %lld: %s did not complete within %g s: a rank was "
+                  "lost or stalled; ending every rank (--timeout)\n",
+          c->rank, c->size, (long long)c->step, what, c->timeout_s);
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  _exit(1);
+}
+
 /* Wait for j until the deadline; past it, every rank ends. */
 static int finish(krt_comm *c, job *j, char *err, size_t errlen) {
   mpi_state *s = c->priv;
@@ -167,14 +176,7 @@ static int finish(krt_comm *c, job *j, char *err, size_t errlen) {
   while (!j->done && !timed_out) timed_out = pthread_cond_timedwait(&s->changed, &s->lock, &until) == ETIMEDOUT;
   pthread_mutex_unlock(&s->lock);
   char what[64];
-  if (!j->done) {
-    fprintf(stderr, "kiln: rank %d of %d: step %lld: %s did not complete within %g s: a rank was "
-                    "lost or stalled; ending every rank (--timeout)\n",
-            c->rank, c->size, (long long)c->step, job_name(j, what, sizeof what), c->timeout_s);
-    fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    _exit(1);
-  }
+  if (!j->done) mpi_abort(c, job_name(j, what, sizeof what));
   if (j->rc)
     return krt_err(err, errlen, "rank %d of %d: step %lld: %s: %s", c->rank, c->size, (long long)c->step,
                    job_name(j, what, sizeof what), j->msg);
@@ -216,9 +218,7 @@ static void free_job(job *j) {
 static int mpi_start(krt_comm *c, krt_device *d, int bucket, int count, void *const *src,
                      void *const *dst, const int64_t *numel, krt_dtype dtype, char *err, size_t errlen) {
   mpi_state *s = c->priv;
-  if (krt_device_kind_of(d) != KRT_DEVICE_HOST)
-    return krt_err(err, errlen, "rank %d: the gradient exchange on the %s device needs NCCL, which this "
-                   "build does not drive yet: run with --device host", c->rank, krt_device_name(d));
+  (void)d; /* host memory: the cuda device exchanges through NCCL (device_cuda.c) */
   if (bucket >= MAX_BUCKETS) return krt_err(err, errlen, "gradient bucket %d: at most %d", bucket, MAX_BUCKETS);
   if (s->bucket[bucket])
     return krt_err(err, errlen, "rank %d: step %lld: gradient bucket %d started twice", c->rank,
@@ -278,7 +278,8 @@ static void mpi_close(krt_comm *c) {
   if (!finalized) MPI_Finalize();
 }
 
-static const krt_comm_ops mpi_ops = {mpi_start, mpi_wait, mpi_all_reduce, mpi_broadcast, mpi_barrier, mpi_close};
+static const krt_comm_ops mpi_ops = {mpi_start, mpi_wait, mpi_all_reduce, mpi_broadcast, mpi_barrier,
+                                     mpi_close, mpi_abort};
 
 /* Started by an MPI launcher?  Without one there is one rank, and MPI is
  * not initialised at all (a singleton MPI_Init is slow and may want a

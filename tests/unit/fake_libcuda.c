@@ -11,6 +11,7 @@
  * It mimics the driver's rules that libkilnrt must follow: the context must
  * be current, and more than 48 KiB of dynamic shared memory needs the
  * kernel's opt-in through cuFuncSetAttribute. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,11 @@ EXPORT CUresult cuInit(unsigned flags) {
 EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
   if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
   *d = 0;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *count) {
+  *count = 1;
   return CUDA_SUCCESS;
 }
 
@@ -98,6 +104,97 @@ EXPORT CUresult cuCtxSynchronize(void) {
   CUresult r = pending;
   pending = CUDA_SUCCESS;
   return r;
+}
+
+/* ---- streams and events, for the gradient exchange's ordering ------------
+ * Work runs at once, so every event is complete when recorded; what the
+ * fake keeps is the order of the calls, in the file FAKE_GPU_LOG (which
+ * fake_libnccl.c appends to as well), one line per call. */
+struct CUstream_st {
+  int id;
+};
+struct CUevent_st {
+  int id, recorded, stream; /* stream 0: the default stream */
+};
+static int next_stream = 1, next_event = 1;
+
+void fake_gpu_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+EXPORT void fake_gpu_log(const char *fmt, ...) {
+  const char *path = getenv("FAKE_GPU_LOG");
+  FILE *f = path ? fopen(path, "a") : NULL;
+  if (!f) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(f, fmt, ap);
+  va_end(ap);
+  fputc('\n', f);
+  fclose(f);
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
+  NEED_CTX;
+  if (flags != CU_STREAM_NON_BLOCKING && flags != CU_STREAM_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
+  struct CUstream_st *st = malloc(sizeof *st);
+  if (!st) return CUDA_ERROR_OUT_OF_MEMORY;
+  st->id = next_stream++;
+  *s = st;
+  fake_gpu_log("cuStreamCreate stream=%d%s", st->id, flags == CU_STREAM_NON_BLOCKING ? " non-blocking" : "");
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+  NEED_CTX;
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  fake_gpu_log("cuStreamDestroy stream=%d", s->id);
+  free(s);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
+  NEED_CTX;
+  (void)flags;
+  struct CUevent_st *ev = calloc(1, sizeof *ev);
+  if (!ev) return CUDA_ERROR_OUT_OF_MEMORY;
+  ev->id = next_event++;
+  *e = ev;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent e) {
+  NEED_CTX;
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  free(e);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
+  NEED_CTX;
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  e->recorded = 1, e->stream = s ? s->id : 0;
+  fake_gpu_log("cuEventRecord event=%d stream=%d", e->id, e->stream);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventQuery(CUevent e) {
+  NEED_CTX;
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  fake_gpu_log("cuEventQuery event=%d", e->id);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) {
+  NEED_CTX;
+  if (!a || !b || !a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
+  *ms = 0;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
+  NEED_CTX;
+  if (!e || flags) return CUDA_ERROR_INVALID_VALUE;
+  if (!e->recorded) return CUDA_ERROR_INVALID_HANDLE; /* waiting on nothing: a bug */
+  fake_gpu_log("cuStreamWaitEvent stream=%d event=%d (recorded on stream %d)", s ? s->id : 0, e->id, e->stream);
+  return CUDA_SUCCESS;
 }
 
 /* Each allocation is preceded by its size, to keep `used` right. */

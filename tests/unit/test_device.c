@@ -21,9 +21,12 @@
 #include <string.h>
 
 #include <dlfcn.h>
+#include <nccl.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
+#include "../../runtime/comm_impl.h" /* a communicator of the test's own */
 #include "../../runtime/kilnrt.h"
 #include "../../runtime/emu/emu.h" /* kl_emu_shutdown, at the end */
 
@@ -822,6 +825,137 @@ static void test_fake_cuda_launch(void **state) {
   assert_int_equal(fake_used(), 0);
 }
 
+/* ---- the gradient exchange through (fake) NCCL ------------------------------
+ * A communicator of two ranks whose broadcast leaves the buffer as it is:
+ * rank 0's NCCL id stays its own, rank 1's stays zeros (which the fake
+ * NCCL refuses, as a real one refuses an id no rank 0 made). */
+static int test_bcast(krt_comm *c, void *buf, size_t bytes, int root, char *err, size_t errlen) {
+  (void)c, (void)buf, (void)bytes, (void)root, (void)err, (void)errlen;
+  return 0;
+}
+static void test_abort(krt_comm *c, const char *what) {
+  (void)c;
+  fail_msg("the exchange timed out: %s", what);
+}
+static const krt_comm_ops test_comm_ops = {.broadcast = test_bcast, .abort = test_abort};
+
+/* The fake GPU's call log, one call a line. */
+static int read_log(const char *path, char lines[][160], int max) {
+  FILE *f = fopen(path, "r");
+  int n = 0;
+  if (!f) return 0;
+  while (n < max && fgets(lines[n], 160, f)) lines[n][strcspn(lines[n], "\n")] = 0, n++;
+  fclose(f);
+  return n;
+}
+
+/* The first line at or after *at that starts with prefix (its index), or
+ * a failure naming what was expected. */
+static int next_line(char lines[][160], int n, int *at, const char *prefix) {
+  for (int i = *at; i < n; i++)
+    if (starts_with(lines[i], prefix)) return *at = i + 1, i;
+  fail_msg("no \"%s...\" in the call log after line %d", prefix, *at);
+  return -1;
+}
+
+static void test_fake_cuda_exchange(void **state) {
+  (void)state;
+  if (!fake_cuda()) skip();
+  char err[512] = "", log[] = "/tmp/kiln-fake-gpu-XXXXXX";
+  int fd = mkstemp(log);
+  assert_true(fd >= 0);
+  close(fd);
+  setenv("FAKE_GPU_LOG", log, 1);
+  krt_comm comm = {.ops = &test_comm_ops, .rank = 0, .size = 2, .timeout_s = 5, .step = 7};
+  enum { A = 5, B = 3 };
+  float a[A] = {1, 2, 3, 4, 5}, b[B] = {-1, 0.5f, 8}, back[A];
+
+  /* no NCCL: the library is named */
+  setenv("KILN_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+  krt_device *d = open_cuda();
+  krt_device_set_comm(d, &comm);
+  void *src[2], *dst[2];
+  OK(krt_malloc(d, sizeof a, &src[0], err, sizeof err));
+  OK(krt_malloc(d, sizeof b, &src[1], err, sizeof err));
+  OK(krt_malloc(d, sizeof a, &dst[0], err, sizeof err));
+  OK(krt_malloc(d, sizeof b, &dst[1], err, sizeof err));
+  OK(krt_upload(d, src[0], a, sizeof a, err, sizeof err));
+  OK(krt_upload(d, src[1], b, sizeof b, err, sizeof err));
+  const int64_t numel[2] = {A, B};
+  assert_int_equal(krt_all_reduce_start(d, 0, 2, src, dst, numel, KRT_F32, err, sizeof err), -1);
+  assert_prefix(err, "NCCL (the data-parallel gradient exchange on GPUs) not found (/nonexistent/libnccl.so.2");
+  unsetenv("KILN_NCCL_LIBRARY");
+
+  /* rank 0 of 2: the sums (the fake's other rank holds the same) and the
+   * order of the calls */
+  assert_int_equal(truncate(log, 0), 0);
+  OK(krt_all_reduce_start(d, 0, 2, src, dst, numel, KRT_F32, err, sizeof err));
+  OK(krt_all_reduce_wait(d, 0, err, sizeof err));
+  OK(krt_all_reduce_wait(d, 0, err, sizeof err)); /* a second wait is no call */
+  OK(krt_download(d, back, dst[0], sizeof a, err, sizeof err));
+  for (int i = 0; i < A; i++) assert_true(back[i] == 2 * a[i]);
+  OK(krt_download(d, back, dst[1], sizeof b, err, sizeof err));
+  for (int i = 0; i < B; i++) assert_true(back[i] == 2 * b[i]);
+  static char lines[64][160];
+  int n = read_log(log, lines, 64), at = 0, stream, ready, done, s2, e2, rs;
+  next_line(lines, n, &at, "ncclGetUniqueId");
+  next_line(lines, n, &at, "ncclCommInitRank nranks=2 rank=0");
+  assert_int_equal(sscanf(lines[next_line(lines, n, &at, "cuStreamCreate")], "cuStreamCreate stream=%d", &stream), 1);
+  assert_non_null(strstr(lines[at - 1], "non-blocking")); /* no implicit sync with the default stream */
+  /* ready: recorded on the default stream after the backward pass's
+   * kernels, and the exchange's stream waits for it */
+  assert_int_equal(sscanf(lines[next_line(lines, n, &at, "cuEventRecord")], "cuEventRecord event=%d stream=%d",
+                          &ready, &s2), 2);
+  assert_int_equal(s2, 0);
+  assert_int_equal(sscanf(lines[next_line(lines, n, &at, "cuStreamWaitEvent")],
+                          "cuStreamWaitEvent stream=%d event=%d (recorded on stream %d)", &s2, &e2, &rs), 3);
+  assert_int_equal(s2, stream);
+  assert_int_equal(e2, ready);
+  int group = next_line(lines, n, &at, "ncclGroupStart");
+  char want[160];
+  snprintf(want, sizeof want, "ncclAllReduce count=5 type=%d op=%d stream=%d", (int)ncclFloat32, (int)ncclSum, stream);
+  assert_string_equal(lines[next_line(lines, n, &at, "ncclAllReduce")], want);
+  snprintf(want, sizeof want, "ncclAllReduce count=3 type=%d op=%d stream=%d", (int)ncclFloat32, (int)ncclSum, stream);
+  assert_string_equal(lines[next_line(lines, n, &at, "ncclAllReduce")], want);
+  assert_true(next_line(lines, n, &at, "ncclGroupEnd") > group);
+  /* done: recorded on the exchange's stream; the default stream waits for
+   * it at the wait, after the event is seen complete */
+  assert_int_equal(sscanf(lines[next_line(lines, n, &at, "cuEventRecord")], "cuEventRecord event=%d stream=%d",
+                          &done, &s2), 2);
+  assert_int_equal(s2, stream);
+  snprintf(want, sizeof want, "cuEventQuery event=%d", done);
+  assert_string_equal(lines[next_line(lines, n, &at, "cuEventQuery")], want);
+  snprintf(want, sizeof want, "cuStreamWaitEvent stream=0 event=%d (recorded on stream %d)", done, stream);
+  assert_string_equal(lines[next_line(lines, n, &at, "cuStreamWaitEvent")], want);
+  assert_int_equal(at, n); /* nothing after: the second wait made no call */
+
+  /* an error names the call, the rank, the step and the bucket */
+  setenv("FAKE_NCCL_FAIL", "allreduce", 1);
+  assert_int_equal(krt_all_reduce_start(d, 1, 2, src, dst, numel, KRT_F32, err, sizeof err), -1);
+  assert_string_equal(err, "ncclAllReduce (rank 0 of 2, step 7, bucket 1): unhandled error (fake NCCL)");
+  unsetenv("FAKE_NCCL_FAIL");
+  for (int i = 0; i < 2; i++) krt_free(d, src[i]), krt_free(d, dst[i]);
+  krt_device_close(d);
+  assert_int_equal(truncate(log, 0), 0);
+  read_log(log, lines, 64);
+
+  /* rank 1 without rank 0's id: NCCL refuses it, named */
+  krt_comm other = comm;
+  other.rank = 1;
+  d = open_cuda();
+  krt_device_set_comm(d, &other);
+  OK(krt_malloc(d, sizeof a, &src[0], err, sizeof err));
+  OK(krt_malloc(d, sizeof a, &dst[0], err, sizeof err));
+  assert_int_equal(krt_all_reduce_start(d, 0, 1, src, dst, numel, KRT_F32, err, sizeof err), -1);
+  assert_string_equal(err, "ncclCommInitRank (rank 1 of 2, step 7, bucket 0): invalid argument (fake NCCL)");
+  krt_free(d, src[0]);
+  krt_free(d, dst[0]);
+  krt_device_close(d);
+  assert_int_equal(fake_used(), 0);
+  unsetenv("FAKE_GPU_LOG");
+  unlink(log);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kind_parse),
@@ -843,6 +977,7 @@ int main(void) {
       cmocka_unit_test(test_fake_cuda_out_of_memory),
       cmocka_unit_test(test_fake_cuda_modules),
       cmocka_unit_test(test_fake_cuda_launch),
+      cmocka_unit_test(test_fake_cuda_exchange),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   kl_emu_shutdown();
