@@ -37,12 +37,12 @@ else
   bin=build bin_tests=build/tests data=/usr/share/libonnx-testdata/data
 fi
 tests=${bin_tests:-$bin}
-# cuBLAS, cuBLASLt, NVRTC and libcuda (dlopen'ed) where the loader may not look
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
+# cuBLAS, cuBLASLt, NVRTC, NCCL and libcuda (dlopen'ed) where the loader may not look
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
   [ -d "$d" ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d
 done
 pysite=$("${PYTHON:-python3}" -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null || true)
-for lib in cublas/lib cuda_nvrtc/lib cu13/lib; do
+for lib in cublas/lib cuda_nvrtc/lib cu13/lib nccl/lib; do
   [ -n "$pysite" ] && [ -d "$pysite/nvidia/$lib" ] &&
     export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$pysite/nvidia/$lib
 done
@@ -158,6 +158,23 @@ if [ -f "$out/digits/train_x.npy" ]; then
   f32=$(awk '/^run ms/ { print $3 }' "$out/bench-train-fp32.txt"); f16=$(awk '/^run ms/ { print $3 }' "$out/bench-train-fp16.txt")
   a32=$(awk '/^arena bytes/ { print $3 }' "$out/bench-train-fp32.txt"); a16=$(awk '/^arena bytes/ { print $3 }' "$out/bench-train-fp16.txt")
   summary+=("train_cnn B=256 fp16 vs fp32: speedup $(awk -v a="$f32" -v b="$f16" 'BEGIN { if (b > 0) printf "%.2f", a / b }'), arena saved $(awk -v a="$a32" -v b="$a16" 'BEGIN { if (a > 0) printf "%.0f%%", 100 * (a - b) / a }')")
+fi
+
+echo "== data-parallel: a 1-GPU NCCL smoke test (issue 15)"
+# one rank that still exchanges (KILN_EXCHANGE_ONE_RANK=1, no mpirun needed):
+# NCCL loaded, its communicator made, every bucket summed on its own stream
+# and ordered by events; the losses must equal the plain step's on this
+# device (a one-rank sum is the value itself)
+if [ -f "$out/digits/train_x.npy" ]; then
+  t 300 "$kiln" train examples/train_cnn.kl --data "$out/digits" --steps 40 --device "$dev" \
+    --losses "$out/nccl-plain.txt" >"$out/nccl-plain.log" 2>&1
+  KILN_EXCHANGE_ONE_RANK=1 t 300 "$kiln" train examples/train_cnn.kl --data-parallel --bucket-mb 0.01 \
+    --data "$out/digits" --steps 40 --device "$dev" --losses "$out/nccl-one.txt" >"$out/nccl-one.log" 2>&1
+  if [ -s "$out/nccl-one.txt" ] && cmp -s "$out/nccl-plain.txt" "$out/nccl-one.txt"; then
+    summary+=("NCCL smoke test on $dev: PASS (40 steps through a one-rank NCCL exchange, losses equal to the plain step's)")
+  else
+    summary+=("NCCL smoke test on $dev: FAIL ($(tail -1 "$out/nccl-one.log"))")
+  fi
 fi
 
 echo "== compile time (NVRTC included)"

@@ -31,7 +31,12 @@ struct krt_comm {
   int64_t step;          /* for messages */
   double timeout_s;
   krt_comm_stats stats;
+  int exchange_alone;    /* one rank that still exchanges (krt_comm_open_local) */
   void *priv;
 };
+
+/* KILN_EXCHANGE_ONE_RANK=1's communicator (comm.c): one rank whose
+ * compiled step still calls the device's exchange. */
+int krt_comm_open_local(double timeout_s, krt_comm **out, char *err, size_t errlen);
 
 #endif

@@ -305,7 +305,10 @@ static int local_rank(int rank) {
 int krt_comm_mpi_open(int *argc, char ***argv, double timeout_s, krt_comm **out, char *err,
                       size_t errlen) {
   *out = NULL;
-  if (!launched_by_mpi()) return 0;
+  if (!launched_by_mpi()) {
+    const char *one = getenv("KILN_EXCHANGE_ONE_RANK");
+    return one && *one && strcmp(one, "0") ? krt_comm_open_local(timeout_s, out, err, errlen) : 0;
+  }
   int provided = 0, code = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   if (code != MPI_SUCCESS) return krt_err(err, errlen, "MPI_Init_thread failed (error %d)", code);
   /* errors come back as codes, to be reported with the rank and step */

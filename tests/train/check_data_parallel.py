@@ -8,7 +8,8 @@ Cases (all by default):
   match      2 ranks of 16 samples against 1 rank of 32 (the same global
              batch, the same samples): every param and optimizer state
              within 1e-5 after 10 steps, fp32, and the same losses; the
-             data-parallel program on 1 rank without mpirun; a step
+             data-parallel program on 1 rank without mpirun (and with
+             KILN_EXCHANGE_ONE_RANK=1) equal to the plain step; a step
              compiled without --data-parallel refused on 2 ranks
   inf        fp16: an inf injected on rank 1 alone at step 3: both ranks
              skip that step and halve the loss scale (the checkpoint's)
@@ -153,6 +154,14 @@ def check_match(kiln, tmp, data):
     worst, why = states_close(load(c1), load(c3), 0)
     report(worst == 0, "match: the data-parallel step on one rank (no mpirun) equals the plain one bit "
            "for bit", why)
+    # ... and with KILN_EXCHANGE_ONE_RANK=1 (the GPU check's NCCL smoke
+    # test) the exchange runs on one rank: the same
+    c4 = os.path.join(tmp, "c4.safetensors")
+    subprocess.run([dp32] + common + ["--checkpoint", c4], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                   env=dict(ENV, KILN_EXCHANGE_ONE_RANK="1"), check=True, timeout=600)
+    worst, why = states_close(load(c1), load(c4), 0)
+    report(worst == 0, "match: one rank exchanging with itself (KILN_EXCHANGE_ONE_RANK=1) equals the plain "
+           "step bit for bit", why)
     q = mpirun(2, [one] + common, check=False)
     report(q.returncode != 0 and "compiled without --data-parallel" in q.stderr,
            "match: a step without --data-parallel is refused on 2 ranks", q.stderr[-600:])
