@@ -86,6 +86,17 @@ static int precision_opt(kiln_model_opts *o, int opt, char *arg) {
   }
 }
 
+/* A number > 0 (and at most max) into *out; -1 after saying what opt takes. */
+static int positive(const char *opt, const char *what, const char *arg, double max, double *out) {
+  char *end;
+  *out = strtod(arg, &end);
+  if (*end || end == arg || !(*out > 0) || *out > max) {
+    fprintf(stderr, "kiln: %s takes %s > 0, got '%s'\n", opt, what, arg);
+    return -1;
+  }
+  return 0;
+}
+
 int kiln_model_opt(kiln_model_opts *o, int opt, char *arg) {
   if (opt == OPT_TRAIN) {
     o->train = true;
@@ -102,24 +113,10 @@ int kiln_model_opt(kiln_model_opts *o, int opt, char *arg) {
     return 0;
   }
   if (opt == OPT_BUCKET_MB) {
-    char *end;
-    o->bucket_mb = strtod(arg, &end);
-    if (*end || end == arg || !(o->bucket_mb > 0) || o->bucket_mb > 1e6) {
-      fprintf(stderr, "kiln: --bucket-mb takes a size in MiB > 0, got '%s'\n", arg);
-      return -1;
-    }
     o->data_parallel = true;
-    return 0;
+    return positive("--bucket-mb", "a size in MiB", arg, 1e6, &o->bucket_mb);
   }
-  if (opt == OPT_CLIP) {
-    char *end;
-    o->clip = strtod(arg, &end);
-    if (*end || end == arg || !(o->clip > 0) || o->clip > 1e30) {
-      fprintf(stderr, "kiln: --clip takes a number > 0, got '%s'\n", arg);
-      return -1;
-    }
-    return 0;
-  }
+  if (opt == OPT_CLIP) return positive("--clip", "a number", arg, 1e30, &o->clip);
   if (opt == OPT_PRECISION || opt == OPT_IO_PRECISION || opt == OPT_FP32_OPS ||
       opt == OPT_FP32_NODES)
     return precision_opt(o, opt, arg);

@@ -162,6 +162,11 @@ def check_match(kiln, tmp, data):
     worst, why = states_close(load(c1), load(c4), 0)
     report(worst == 0, "match: one rank exchanging with itself (KILN_EXCHANGE_ONE_RANK=1) equals the plain "
            "step bit for bit", why)
+    for flags, want in ((["--data-parallel"], "--data-parallel is for a training step (--train)"),
+                        (["--train", "--bucket-mb", "0"], "--bucket-mb takes a size in MiB > 0, got '0'")):
+        q = run([kiln, "compile", os.path.join(tmp, "dp_mlp.kl"), "--emit=ir"] + flags, check=False)
+        report(q.returncode != 0 and want in q.stderr, "match: %s is refused: %s" % (" ".join(flags), want),
+               q.stderr)
     q = mpirun(2, [one] + common, check=False)
     report(q.returncode != 0 and "compiled without --data-parallel" in q.stderr,
            "match: a step without --data-parallel is refused on 2 ranks", q.stderr[-600:])
