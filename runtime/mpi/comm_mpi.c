@@ -312,7 +312,13 @@ int krt_comm_mpi_open(int *argc, char ***argv, double timeout_s, krt_comm **out,
   int provided = 0, code = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   if (code != MPI_SUCCESS) return krt_err(err, errlen, "MPI_Init_thread failed (error %d)", code);
   /* errors come back as codes, to be reported with the rank and step */
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  int rank = 0, size = 0;
+  if ((code = MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN)) != MPI_SUCCESS ||
+      (code = MPI_Comm_rank(MPI_COMM_WORLD, &rank)) != MPI_SUCCESS ||
+      (code = MPI_Comm_size(MPI_COMM_WORLD, &size)) != MPI_SUCCESS) {
+    MPI_Finalize();
+    return krt_err(err, errlen, "MPI_COMM_WORLD's error handler, rank or size: MPI error %d", code);
+  }
   krt_comm *c = calloc(1, sizeof *c);
   mpi_state *s = c ? calloc(1, sizeof *s) : NULL;
   if (!c || !s) {
@@ -321,8 +327,7 @@ int krt_comm_mpi_open(int *argc, char ***argv, double timeout_s, krt_comm **out,
     return krt_err(err, errlen, "out of memory");
   }
   c->ops = &mpi_ops, c->priv = s, c->timeout_s = timeout_s;
-  MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &c->size);
+  c->rank = rank, c->size = size;
   c->local_rank = local_rank(c->rank);
   pthread_mutex_init(&s->lock, NULL);
   pthread_cond_init(&s->changed, NULL);
