@@ -288,10 +288,23 @@ void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, si
               "      destroy(m);\n      return -1;\n    }\n  }\n  *out = m;\n  return 0;\n}\n\n",
           nio, g->inputs.len, g->inputs.len);
   write_offsets(mf, c);
+  /* an input nothing computed reads (a training step's labels, run for
+   * inference) may be NULL; a read one may not */
+  fprintf(mf, "static const unsigned char input_read[] = {");
+  for (int i = 0; i < g->inputs.len; i++) {
+    const kl_value *v = g->inputs.items[i];
+    bool read = v->is_output || c->p->reader_at[v->id + 1] > c->p->reader_at[v->id];
+    fprintf(mf, "%s%d", i ? ", " : "", read);
+  }
+  fprintf(mf, "%s};\n\n", g->inputs.len ? "" : "0");
   fprintf(mf, "static int run(void *self, const void *const *in, void *const *out, char *err, size_t errlen) {\n"
               "  model *m = self;\n"
-              "  for (int i = 0; i < %d; i++)\n"
-              "    if (krt_upload(m->dev, m->io[i], in[i], io_bytes(&inputs[i]), err, errlen)) return -1;\n",
+              "  for (int i = 0; i < %d; i++) {\n"
+              "    if (!in[i] && !input_read[i]) continue;\n"
+              "    if (!in[i]) {\n"
+              "      snprintf(err, errlen, \"run: input %%d '%%s' is NULL, and the model reads it\", i, inputs[i].name);\n"
+              "      return -1;\n    }\n"
+              "    if (krt_upload(m->dev, m->io[i], in[i], io_bytes(&inputs[i]), err, errlen)) return -1;\n  }\n",
           g->inputs.len);
   fwrite(run_text, 1, run_len, mf);
   fprintf(mf, "  if (krt_synchronize(m->dev, err, errlen)) return -1;\n");

@@ -168,10 +168,11 @@ int kiln_build_lib(const kl_codegen_result *cg, const char *prefix, const char *
     fprintf(stderr, "kiln: error: cannot write %s: %s\n", to, strerror(errno));
     return -1;
   }
-  fprintf(pc, "prefix=%s\n\nName: kiln_%s\nDescription: the model '%s', compiled by kiln\n"
+  /* ${pcfiledir}: the folder may move (pkg-config fills in where it lies) */
+  fprintf(pc, "prefix=${pcfiledir}\n\nName: kiln_%s\nDescription: the model '%s', compiled by kiln\n"
               "Version: %s\nCflags: -I${prefix}\n"
               "Libs: -L${prefix} -lkiln_%s -lkilnrt -lkiln_emu %s\n",
-          abs_out, prefix, prefix, KILN_VERSION, prefix, KILN_RT_LIBS);
+          prefix, prefix, KILN_VERSION, prefix, KILN_RT_LIBS);
   if (fclose(pc)) return -1;
   /* For a program that reads .pb files: pkg-config puts these Libs before
    * the required package's, as libkilnrt_pb needs libkilnrt after it. */
@@ -180,9 +181,9 @@ int kiln_build_lib(const kl_codegen_result *cg, const char *prefix, const char *
     fprintf(stderr, "kiln: error: cannot write %s: %s\n", to, strerror(errno));
     return -1;
   }
-  fprintf(pc, "prefix=%s\n\nName: kiln_%s_pb\nDescription: the model '%s' and the ONNX .pb "
+  fprintf(pc, "prefix=${pcfiledir}\n\nName: kiln_%s_pb\nDescription: the model '%s' and the ONNX .pb "
               "tensor reader (pb/kilnrt_pb.h)\nVersion: %s\nRequires: kiln_%s = %s\n"
               "Cflags: -I${prefix}/pb\nLibs: -L${prefix} -lkilnrt_pb %s\n",
-          abs_out, prefix, prefix, KILN_VERSION, prefix, KILN_VERSION, KILN_PB_LIBS);
+          prefix, prefix, KILN_VERSION, prefix, KILN_VERSION, KILN_PB_LIBS);
   return fclose(pc) ? -1 : 0;
 }

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "driver.h"
 
@@ -83,6 +84,36 @@ static int write_large_constants(const kl_graph *g, const char *path) {
  * to print go to OUT.safetensors, which the text load()s (a path relative
  * to its folder), so `kiln run OUT.kl` needs no flags; on standard output
  * there is no folder for them, and -o is required. */
+/* -o's folder must exist and take files before any work is done (a
+ * detector's compile is seconds; failing at its last link is not kind).
+ * The folder of a program or an IR file, or the parent of an output
+ * folder, which is made. */
+static int output_unwritable(const char *emit, const char *out_path) {
+  char dir[4096];
+  bool folder = !strcmp(emit, "cu") || !strcmp(emit, "lib");
+  snprintf(dir, sizeof dir, "%s", out_path);
+  size_t n = strlen(dir);
+  while (n > 1 && dir[n - 1] == '/') dir[--n] = 0; /* "out/" names the folder out */
+  struct stat st;
+  if (folder && stat(dir, &st) == 0) {
+    if (S_ISDIR(st.st_mode) && access(dir, W_OK | X_OK) == 0) return 0;
+    fprintf(stderr, "kiln compile: error: -o %s: %s\n", out_path,
+            S_ISDIR(st.st_mode) ? strerror(errno) : "exists and is not a folder");
+    return -1;
+  }
+  char *slash = strrchr(dir, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) dir[1] = 0;
+  else *slash = 0;
+  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || access(dir, W_OK | X_OK) != 0) {
+    fprintf(stderr, "kiln compile: error: -o %s: the folder %s %s\n", out_path, dir,
+            stat(dir, &st) != 0 ? "does not exist" : !S_ISDIR(st.st_mode) ? "is not a folder"
+                                                                            : "is not writable");
+    return -1;
+  }
+  return 0;
+}
+
 static int emit_ir(const kl_graph *g, const char *out_path) {
   int64_t nlarge = 0, bytes = 0;
   for (int i = 0; i < g->params.len; i++)
@@ -267,6 +298,7 @@ int kiln_cmd_compile(int argc, char **argv) {
             strcmp(emit, "exe") ? "FOLDER" : "PROGRAM");
     return KILN_EXIT_USAGE;
   }
+  if (out_path && output_unwritable(emit, out_path)) return KILN_EXIT_ERROR;
   double t0 = krt_now_ms();
   mo.mem_limit = mem_limit, mo.no_fuse = no_fuse;
   kl_graph *g = kiln_load_model(argv[optind], &mo);

@@ -44,7 +44,7 @@ int main(int argc, char **argv) {
     return KILN_EXIT_OK;
   }
   if (!strcmp(cmd, "--version")) {
-    printf("kiln %s\n", KILN_VERSION);
+    printf("kiln %s (CUDA toolkit %s)\n", KILN_VERSION, KILN_CUDA_TOOLKIT);
     return KILN_EXIT_OK;
   }
   /* Each subcommand parses argv[1..] so getopt sees its name as argv[0]. */

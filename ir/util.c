@@ -358,26 +358,12 @@ void kl_arena_free(kl_arena *a) {
 }
 
 /* ---- random numbers -------------------------------------------------- */
-/* splitmix64: tiny, fast and good enough for weights and test inputs; kept
- * here so the same seed gives the same numbers on every platform. */
+/* the runtime's generator (runtime/random.c): the same seed gives the same
+ * numbers in the interpreter, in kiln run and in a compiled program */
 void kl_rng_seed(kl_rng *r, uint64_t seed) { r->state = seed; }
-
-uint64_t kl_rng_next(kl_rng *r) {
-  uint64_t z = (r->state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-double kl_rng_uniform(kl_rng *r) {
-  return (double)(kl_rng_next(r) >> 11) * 0x1.0p-53;
-}
-
-double kl_rng_normal(kl_rng *r) {
-  double u1 = kl_rng_uniform(r), u2 = kl_rng_uniform(r);
-  if (u1 < 1e-300) u1 = 1e-300;
-  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
+uint64_t kl_rng_next(kl_rng *r) { return krt_rng_next(&r->state); }
+double kl_rng_uniform(kl_rng *r) { return krt_rng_uniform(&r->state); }
+double kl_rng_normal(kl_rng *r) { return krt_rng_normal(&r->state); }
 
 int kl_need_float(const kl_node *n, kl_error *err, const kl_value *v) {
   if (kl_dtype_is_float(v->dtype)) return 0;

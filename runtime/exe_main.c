@@ -17,7 +17,7 @@
 #include "exe_main.h"
 
 enum { EXIT_USAGE = 2, MAX_FILES = 256 };
-enum { OPT_INPUT = 1000, OPT_INPUTS_DIR, OPT_OUTPUT_DIR, OPT_DEVICE, OPT_ITERS };
+enum { OPT_INPUT = 1000, OPT_INPUTS_DIR, OPT_OUTPUT_DIR, OPT_DEVICE, OPT_ITERS, OPT_SEED };
 
 /* What a program built without libkilnrt_pb says about a .pb input. */
 #define PB_HINT                                                                         \
@@ -33,6 +33,7 @@ typedef struct {
   const char *inputs_dir, *output_dir;
   krt_device_kind device;
   long iters;
+  uint64_t seed;              /* of inputs not given (input i: seed + i) */
 } exe_opts;
 
 static const char *shape_text(krt_dtype t, int rank, const int64_t *dims, char *buf, size_t n) {
@@ -47,7 +48,7 @@ static void usage(FILE *f, const exe_opts *o) {
   const krt_model_api *a = o->api;
   char s[200];
   fprintf(f, "usage: %s [--input NAME=FILE ...] [--inputs-dir DIR] [--output-dir DIR]\n"
-             "       [--device auto|host|cuda] [--iters N]\n"
+             "       [--device auto|host|cuda] [--iters N] [--seed S]\n"
              "Run the compiled model '%s' and print the device and the median time per run.\n"
              "  --input NAME=FILE  feed input NAME from a %s file (repeatable)\n"
              "  --inputs-dir DIR   read %s for input K\n"
@@ -56,6 +57,8 @@ static void usage(FILE *f, const exe_opts *o) {
              "  --device DEV       auto (a GPU when one works, else the host; the default),\n"
              "                     host or cuda; KILN_DEVICE=host|cuda|auto overrides auto\n"
              "  --iters N          timed runs after one warm-up run (default 1, no warm-up)\n"
+             "  --seed S           an input not given is filled with seeded random values, as\n"
+             "                     `kiln run` fills it (input K from seed S + K; default 0)\n"
              "  -h, --help         this help\n",
           o->prog, a->model_name, o->pb_read ? ".npy or ONNX .pb" : ".npy",
           o->pb_read ? "DIR/input_K.pb or DIR/input_K.npy" : "DIR/input_K.npy");
@@ -78,6 +81,7 @@ static int parse_args(exe_opts *o, int argc, char **argv) {
       {"output-dir", required_argument, NULL, OPT_OUTPUT_DIR},
       {"device", required_argument, NULL, OPT_DEVICE},
       {"iters", required_argument, NULL, OPT_ITERS},
+      {"seed", required_argument, NULL, OPT_SEED},
       {"help", no_argument, NULL, 'h'},
       {0}};
   int c;
@@ -111,6 +115,17 @@ static int parse_args(exe_opts *o, int argc, char **argv) {
         fprintf(stderr, "%s: --iters takes a count from 1 to 1000000, got '%s'\n", o->prog, optarg);
         return -1;
       }
+      break;
+    }
+    case OPT_SEED: {
+      char *end;
+      errno = 0;
+      unsigned long long v = strtoull(optarg, &end, 10);
+      if (errno || *end || end == optarg || optarg[0] == '-') {
+        fprintf(stderr, "%s: --seed takes a non-negative integer, got '%s'\n", o->prog, optarg);
+        return -1;
+      }
+      o->seed = v;
       break;
     }
     default: usage(stderr, o); return -1;
@@ -158,10 +173,15 @@ static int read_input(const exe_opts *o, int i, krt_tensor *t) {
   const krt_io_desc *d = &o->api->inputs[i];
   char buf[4096], msg[1024], want[200], have[200];
   const char *path = input_path(o, i, buf, sizeof buf);
-  if (!path) {
-    fprintf(stderr, "%s: error: input '%s' (%s) is not given: use --input %s=FILE or --inputs-dir DIR\n",
-            o->prog, d->name, shape_text(d->dtype, d->rank, d->dims, want, sizeof want), d->name);
-    return -1;
+  if (!path) { /* like kiln run (and trtexec): seeded random values, said on stderr */
+    fprintf(stderr, "%s: input '%s' not given: using seeded random values (%s, seed %llu)\n", o->prog,
+            d->name, shape_text(d->dtype, d->rank, d->dims, want, sizeof want),
+            (unsigned long long)(o->seed + (uint64_t)i));
+    if (krt_tensor_random(d->dtype, d->rank, d->dims, o->seed + (uint64_t)i, t)) {
+      fprintf(stderr, "%s: error: input '%s': out of memory\n", o->prog, d->name);
+      return -1;
+    }
+    return 0;
   }
   if (ends_with(path, ".pb") && !o->pb_read) {
     fprintf(stderr, "%s: error: input '%s': %s: this program reads .npy inputs only; %s\n",

@@ -56,6 +56,15 @@ int64_t krt_tensor_numel(const krt_tensor *t);
 void krt_tensor_free(krt_tensor *t);       /* frees data, not the struct;
                                               NULL-safe */
 
+/* Seeded numbers (random.c): splitmix64, uniform [0, 1), normal (0, 1);
+ * the state advances.  krt_tensor_random fills a new tensor as `kiln run`
+ * fills an input not given: normal floats, integers 0..3, coin-flip bools;
+ * -1 for a bad dtype or out of memory. */
+uint64_t krt_rng_next(uint64_t *state);
+double krt_rng_uniform(uint64_t *state);
+double krt_rng_normal(uint64_t *state);
+int krt_tensor_random(krt_dtype dtype, int rank, const int64_t *dims, uint64_t seed, krt_tensor *out);
+
 /* ---- half types ------------------------------------------------------ */
 /* IEEE binary16 and bfloat16 bit patterns.  float -> half rounds to nearest,
  * ties to even; overflow gives Inf, NaN stays NaN (made quiet), subnormals

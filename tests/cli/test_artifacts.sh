@@ -88,7 +88,18 @@ expect exe_host_device 0 "device: host" -- ./mlp_exe --input x=x.npy --input lab
 # Bad input at run time: a clear message and a non-zero exit.
 expect exe_missing_file 1 "input 'x': nothere.npy: No such file" -- \
   ./mlp_exe --input x=nothere.npy --input labels=labels.npy
-expect exe_missing_input 1 "input 'labels' \(i64\[32\]\) is not given" -- ./mlp_exe --input x=x.npy
+# an input not given: seeded random values, said on stderr, the same as kiln
+# run draws for the same seed (input K from seed S + K)
+expect exe_random_input 0 "input 'labels' not given: using seeded random values \(i64\[32\], seed 8\)" -- \
+  ./mlp_exe --input x=x.npy --seed 7 --device host
+expect exe_bad_seed 2 "--seed takes a non-negative integer" -- ./mlp_exe --seed -1
+if ./mlp_exe --seed 5 --device host --output-dir rnd_exe >/dev/null 2>&1 &&
+   "$kiln" run "$root/examples/mlp.kl" --seed 5 --device=interp --output-dir rnd_run >/dev/null 2>&1 &&
+   "$py" -c 'import numpy as np, sys
+a, b = np.load("rnd_exe/output_0.npy"), np.load("rnd_run/output_0.npy")
+sys.exit(0 if a.shape == b.shape and np.allclose(a, b, rtol=1e-5, atol=1e-6) else 1)'; then
+  passed=$((passed + 1)); echo "PASS exe_random_matches_kiln_run"
+else bad exe_random_matches_kiln_run "the program's random inputs differ from kiln run's"; fi
 expect exe_misshapen 1 "input 'x' must be f32\[32,784\], the file holds f32\[32,783\]" -- \
   ./mlp_exe --input x=x_short.npy --input labels=labels.npy
 expect exe_wrong_dtype 1 "input 'x' must be f32\[32,784\], the file holds f64\[32,784\]" -- \
@@ -178,9 +189,14 @@ int main(void) {
   krt_tensor y = {mlp->outputs[0].dtype, mlp->outputs[0].rank, {0}, NULL};
   for (int d = 0; d < y.rank; d++) y.dims[d] = mlp->outputs[0].dims[d];
   y.data = malloc((size_t)krt_tensor_numel(&y) * krt_dtype_size(y.dtype));
-  const void *in[] = {x.data, labels.data};
-  void *out[] = {y.data};
+  /* labels feed only the loss: inference may pass NULL for it, not for x */
+  const void *in[] = {x.data, NULL}, *no_x[] = {NULL, labels.data};
+  void *out[] = {y.data}, *model;
   if (run(mlp, dev, in, out) || krt_npy_write("lib_out.npy", &y, err, sizeof err)) return 1;
+  if (mlp->create(dev, &model, err, sizeof err)) return 1;
+  if (!mlp->run(model, no_x, out, err, sizeof err)) return 1;
+  printf("NULL x: %s\n", err);
+  mlp->destroy(model);
   /* cnn on zeros: it only has to run */
   void *cin[8], *cout[8];
   for (int i = 0; i < cnn->ninputs; i++) cin[i] = calloc(1, 64 << 20);
@@ -207,6 +223,12 @@ fi
 expect lib_links_two_models 0 "" -- bash -c \
   "cc -std=c11 -Wall -Werror use.c \$(pkg-config --cflags --libs kiln_mlp) -L lib_cnn -lkiln_cnn \$(pkg-config --libs kiln_mlp) -o use"
 expect lib_runs 0 "ran mlp and cnn" -- ./use
+# the folder moves: its .pc names no absolute path (${pcfiledir})
+mkdir -p moved && cp -r lib_mlp moved/lib_mlp
+expect lib_pc_relocatable 0 "^-I$tmp/moved/lib_mlp" -- env PKG_CONFIG_PATH="$tmp/moved/lib_mlp" pkg-config --cflags kiln_mlp
+expect lib_moved_builds 0 "" -- bash -c \
+  "cc -std=c11 -Wall -Werror use.c \$(PKG_CONFIG_PATH=moved/lib_mlp pkg-config --cflags --libs kiln_mlp) -L lib_cnn -lkiln_cnn \$(PKG_CONFIG_PATH=moved/lib_mlp pkg-config --libs kiln_mlp) -o use_moved"
+expect lib_null_read_input 0 "NULL x: run: input 0 'x' is NULL, and the model reads it" -- ./use
 same lib_matches_interpreter lib_out.npy ref/output_0.npy
 needs_protobuf lib_links_no_protobuf use no
 

@@ -60,6 +60,11 @@ t2=/usr/share/libonnx-testdata/data/node/test_reshape_negative_dim
 expect onnx_frozen_shape_input 0 "input 'shape' decides a shape" -- "$kiln" run $t2/model.onnx --inputs-dir $t2/test_data_set_0
 expect onnx_shape_unknown_input 1 "no input named" -- "$kiln" run $t/model.onnx --shape q=1,2
 expect run_random 0 "not given: using seeded random values" -- "$kiln" run m.kl
+# -o checked before any work: a missing folder, a file where a folder goes
+expect compile_out_folder_missing 1 "-o /nonexistent/dir/prog: the folder /nonexistent/dir does not exist" -- \
+  "$kiln" compile m.kl --emit=exe -o /nonexistent/dir/prog
+expect compile_out_not_folder 1 "-o m.kl: exists and is not a folder" -- "$kiln" compile m.kl --emit=cu -o m.kl
+expect compile_version 0 "^kiln [0-9]+\.[0-9]+\.[0-9]+ \(CUDA toolkit [0-9]+\.[0-9]+\)" -- "$kiln" --version
 expect run_files 0 "output 1 'z': i64\[2\]" -- "$kiln" run m.kl --input x=x.npy --input i=i.npy --output-dir out
 "${PYTHON:-python3}" -c "
 import numpy as np
