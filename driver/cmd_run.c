@@ -15,10 +15,11 @@ static const char run_help[] =
     "  --input NAME=FILE     feed input NAME from a .npy or .pb file (repeatable)\n"
     "  --inputs-dir DIR      read input_0.npy (or .pb), input_1... in input order\n"
     "  --output-dir DIR      write output_0.npy, output_1.npy, ... in output order\n"
-    "  --device=DEVICE       interp (the reference interpreter, default), host\n"
-    "                        (compiled kernels on the CPU through the CUDA emulation),\n"
-    "                        cuda (a GPU), or auto (cuda when one works, else host;\n"
-    "                        KILN_DEVICE=host|cuda|auto overrides auto)\n"
+    "  --device=DEVICE       auto (the default: the compiled model on a GPU when one\n"
+    "                        works, else on the host; KILN_DEVICE=host|cuda|auto\n"
+    "                        overrides it), host (compiled kernels on the CPU through\n"
+    "                        the CUDA emulation), cuda (a GPU), or interp (the\n"
+    "                        reference interpreter, asked for by name)\n"
     "  --seed N              seed for inputs that are not given (default 0)\n"
     "  --mem-limit=SIZE      host, cuda: fail when the planned arena exceeds SIZE\n"
     "                        bytes (K, M, G: KiB, MiB, GiB)\n"
@@ -320,7 +321,7 @@ int kiln_cmd_run(int argc, char **argv) {
   kiln_model_opts mo = {0};
   named_file files[256];
   int nfiles = 0;
-  const char *inputs_dir = NULL, *output_dir = NULL, *device = "interp";
+  const char *inputs_dir = NULL, *output_dir = NULL, *device = "auto";
   uint64_t seed = 0;
   kiln_compile_opts copt = {0};
   int c;

@@ -67,7 +67,7 @@ expect exe_runs 0 "median: [0-9.]+ ms per run \(3 runs\)" -- \
 expect exe_summary 0 "probs: f32\[32,10\]  min" -- ./mlp_exe --input x=x.npy --input labels=labels.npy
 expect exe_writes 0 "device: " -- ./mlp_exe --input x=x.npy --input labels=labels.npy --output-dir out
 expect interp_writes 0 "device: interp" -- \
-  "$kiln" run "$root/examples/mlp.kl" --input x=x.npy --input labels=labels.npy --output-dir ref
+  "$kiln" run "$root/examples/mlp.kl" --device=interp --input x=x.npy --input labels=labels.npy --output-dir ref
 same exe_matches_interpreter out/output_0.npy ref/output_0.npy
 
 # No driver needed to start: libcuda is loaded at run time, never linked.

@@ -49,44 +49,46 @@ for c in run compile inspect; do
 done
 expect no_args 2 "usage" -- "$kiln"
 expect unknown_command 2 "unknown command 'frobnicate'" -- "$kiln" frobnicate
-expect bad_option 2 "usage: kiln run" -- "$kiln" run --bogus m.kl
-expect missing_model 1 "cannot open 'nope.kl'" -- "$kiln" run nope.kl
-expect onnx_missing 1 "cannot open 'model.onnx'" -- "$kiln" run model.onnx
+expect bad_option 2 "usage: kiln run" -- "$kiln" run --device=interp --bogus m.kl
+expect missing_model 1 "cannot open 'nope.kl'" -- "$kiln" run --device=interp nope.kl
+expect onnx_missing 1 "cannot open 'model.onnx'" -- "$kiln" run --device=interp model.onnx
 printf "not a protobuf" > bad.onnx
-expect onnx_garbage 1 "not an ONNX model" -- "$kiln" run bad.onnx
+expect onnx_garbage 1 "not an ONNX model" -- "$kiln" run --device=interp bad.onnx
 t=/usr/share/libonnx-testdata/data/node/test_relu
-expect onnx_run_pb 0 "output 0" -- "$kiln" run $t/model.onnx --inputs-dir $t/test_data_set_0 --output-dir onnx_out
+expect onnx_run_pb 0 "output 0" -- "$kiln" run --device=interp $t/model.onnx --inputs-dir $t/test_data_set_0 --output-dir onnx_out
 t2=/usr/share/libonnx-testdata/data/node/test_reshape_negative_dim
-expect onnx_frozen_shape_input 0 "input 'shape' decides a shape" -- "$kiln" run $t2/model.onnx --inputs-dir $t2/test_data_set_0
-expect onnx_shape_unknown_input 1 "no input named" -- "$kiln" run $t/model.onnx --shape q=1,2
-expect run_random 0 "not given: using seeded random values" -- "$kiln" run m.kl
+expect onnx_frozen_shape_input 0 "input 'shape' decides a shape" -- "$kiln" run --device=interp $t2/model.onnx --inputs-dir $t2/test_data_set_0
+expect onnx_shape_unknown_input 1 "no input named" -- "$kiln" run --device=interp $t/model.onnx --shape q=1,2
+expect run_random 0 "not given: using seeded random values" -- "$kiln" run m.kl --device=interp
+# kiln run defaults to auto: the compiled model, on the host without a GPU
+expect run_default_auto 0 "device: (host|cuda)" -- "$kiln" run m.kl
 # -o checked before any work: a missing folder, a file where a folder goes
 expect compile_out_folder_missing 1 "-o /nonexistent/dir/prog: the folder /nonexistent/dir does not exist" -- \
   "$kiln" compile m.kl --emit=exe -o /nonexistent/dir/prog
 expect compile_out_not_folder 1 "-o m.kl: exists and is not a folder" -- "$kiln" compile m.kl --emit=cu -o m.kl
 expect compile_version 0 "^kiln [0-9]+\.[0-9]+\.[0-9]+ \(CUDA toolkit [0-9]+\.[0-9]+\)" -- "$kiln" --version
-expect run_files 0 "output 1 'z': i64\[2\]" -- "$kiln" run m.kl --input x=x.npy --input i=i.npy --output-dir out
+expect run_files 0 "output 1 'z': i64\[2\]" -- "$kiln" run --device=interp m.kl --input x=x.npy --input i=i.npy --output-dir out
 "${PYTHON:-python3}" -c "
 import numpy as np
 x = np.arange(6, dtype=np.float32).reshape(2, 3); w = np.ones((3, 4), np.float32)
 z = np.load('out/output_1.npy'); assert z.dtype == np.int64 and list(z) == [6, -1], z
 y = np.load('out/output_0.npy'); assert y.shape == (2, 4) and y.dtype == np.float32
 " && { passed=$((passed + 1)); echo "PASS outputs_readable_by_numpy"; } || { failed=$((failed + 1)); echo "FAIL outputs_readable_by_numpy"; }
-expect run_weights 0 "min 3  max 12" -- "$kiln" run m.kl --inputs-dir in --weights w.safetensors
-expect inputs_dir 0 "output 0 'y'" -- "$kiln" run m.kl --inputs-dir in
-expect inputs_dir_missing 1 "cannot open|No such file" -- "$kiln" run m.kl --inputs-dir nowhere
-expect input_missing_file 1 "nope.npy" -- "$kiln" run m.kl --input x=nope.npy
-expect input_bad_shape 1 "input 'x' must be f32\[2, 3\], the file holds f32\[3, 3\]" -- "$kiln" run m.kl --input x=x_bad_shape.npy
-expect input_wrong_dtype 1 "input 'x' must be f32\[2, 3\], the file holds f64\[2, 3\]" -- "$kiln" run m.kl --input x=x_f64.npy
-expect input_fortran 1 "Fortran" -- "$kiln" run m.kl --input x=x_fortran.npy
-expect input_garbage 1 "garbage.npy" -- "$kiln" run m.kl --input x=garbage.npy
-expect input_truncated 1 "truncated.npy" -- "$kiln" run m.kl --input x=truncated.npy
-expect input_unknown_name 1 "no input named 'q'" -- "$kiln" run m.kl --input q=x.npy
-expect input_no_equals 2 "NAME=FILE" -- "$kiln" run m.kl --input x.npy
-expect output_dir_unwritable 1 "output-dir" -- "$kiln" run m.kl --output-dir /dev/null/sub
-expect weights_bad_shape 1 "tensor 'w' is f32\[4, 3\], but the model declares f32\[3, 4\]" -- "$kiln" run m.kl --weights w_bad.safetensors
-expect weights_unknown_tensor 1 "'nope' is not a param" -- "$kiln" run m.kl --weights w_extra.safetensors
-expect weights_missing_file 1 "nope.safetensors" -- "$kiln" run m.kl --weights nope.safetensors
+expect run_weights 0 "min 3  max 12" -- "$kiln" run --device=interp m.kl --inputs-dir in --weights w.safetensors
+expect inputs_dir 0 "output 0 'y'" -- "$kiln" run --device=interp m.kl --inputs-dir in
+expect inputs_dir_missing 1 "cannot open|No such file" -- "$kiln" run --device=interp m.kl --inputs-dir nowhere
+expect input_missing_file 1 "nope.npy" -- "$kiln" run --device=interp m.kl --input x=nope.npy
+expect input_bad_shape 1 "input 'x' must be f32\[2, 3\], the file holds f32\[3, 3\]" -- "$kiln" run --device=interp m.kl --input x=x_bad_shape.npy
+expect input_wrong_dtype 1 "input 'x' must be f32\[2, 3\], the file holds f64\[2, 3\]" -- "$kiln" run --device=interp m.kl --input x=x_f64.npy
+expect input_fortran 1 "Fortran" -- "$kiln" run --device=interp m.kl --input x=x_fortran.npy
+expect input_garbage 1 "garbage.npy" -- "$kiln" run --device=interp m.kl --input x=garbage.npy
+expect input_truncated 1 "truncated.npy" -- "$kiln" run --device=interp m.kl --input x=truncated.npy
+expect input_unknown_name 1 "no input named 'q'" -- "$kiln" run --device=interp m.kl --input q=x.npy
+expect input_no_equals 2 "NAME=FILE" -- "$kiln" run --device=interp m.kl --input x.npy
+expect output_dir_unwritable 1 "output-dir" -- "$kiln" run --device=interp m.kl --output-dir /dev/null/sub
+expect weights_bad_shape 1 "tensor 'w' is f32\[4, 3\], but the model declares f32\[3, 4\]" -- "$kiln" run --device=interp m.kl --weights w_bad.safetensors
+expect weights_unknown_tensor 1 "'nope' is not a param" -- "$kiln" run --device=interp m.kl --weights w_extra.safetensors
+expect weights_missing_file 1 "nope.safetensors" -- "$kiln" run --device=interp m.kl --weights nope.safetensors
 expect dim_override 0 "x +f32\[5, 3\]" -- "$kiln" inspect m.kl --dim B=5
 expect dim_unknown 1 "no dim named 'Q'" -- "$kiln" inspect m.kl --dim Q=5
 expect dim_malformed 2 "NAME=VALUE" -- "$kiln" inspect m.kl --dim B
@@ -103,9 +105,9 @@ expect compile_ir 0 "^let y = relu" -- "$kiln" compile m.kl --emit=ir
 expect compile_ir_file 0 "" -- "$kiln" compile m.kl --emit=ir -o m.ir
 expect compile_ir_reparses 0 "^let y = relu" -- "$kiln" compile m.ir --emit=ir
 expect compile_no_emit 2 "--emit" -- "$kiln" compile m.kl
-expect syntax_error 1 "m_bad.kl:1:9: error" -- bash -c "printf 'input x f32[2]\n' > m_bad.kl; '$kiln' run m_bad.kl"
+expect syntax_error 1 "m_bad.kl:1:9: error" -- bash -c "printf 'input x f32[2]\n' > m_bad.kl; '$kiln' run --device=interp m_bad.kl"
 for ex in mlp cnn transformer; do
-  expect "example_$ex" 0 "device: interp" -- "$kiln" run "$root/examples/$ex.kl"
+  expect "example_$ex" 0 "device: interp" -- "$kiln" run --device=interp "$root/examples/$ex.kl"
 done
 
 # the memory plan: three numbers, a limit, a picture
@@ -219,27 +221,27 @@ onnx.save(m, "wild.bin")
 np.save("wild_x.npy", np.random.default_rng(2).standard_normal((2, 4)).astype(np.float32))
 PY
 cp wild.onnx wild_onnx.kl
-expect wild_unbound 1 "input 'input.1' is declared f32\[input.1_dim0, 4\], with symbolic dims: bind them with --shape input.1=d0,d1,... or --dim input.1_dim0=N" -- "$kiln" run wild.onnx
+expect wild_unbound 1 "input 'input.1' is declared f32\[input.1_dim0, 4\], with symbolic dims: bind them with --shape input.1=d0,d1,... or --dim input.1_dim0=N" -- "$kiln" run --device=interp wild.onnx
 expect wild_inspect_unbound 0 "input.1 +f32\[input.1_dim0, 4\].*sigmoid_0.tmp_0 +f32\[\?, 300\].*--shape input.1=1,4.*--dim input.1_dim0=1" -- \
   bash -o pipefail -c "'$kiln' inspect wild.onnx | tr '\n' ' '"
 expect wild_inspect_bound 0 "sigmoid_0.tmp_0 +f32\[2, 300\]" -- "$kiln" inspect wild.onnx --dim input.1_dim0=2
 expect wild_shape_names_in_summary 0 "output 0 'sigmoid_0.tmp_0': f32\[2, 300\].*output 1 'ident.out': f32\[2, 3\]" -- \
-  bash -o pipefail -c "'$kiln' run wild.onnx --shape input.1=2,4 --input input.1=wild_x.npy | tr '\n' ' '"
+  bash -o pipefail -c "'$kiln' run --device=interp wild.onnx --shape input.1=2,4 --input input.1=wild_x.npy | tr '\n' ' '"
 expect wild_dim_host 0 "output 0 'sigmoid_0.tmp_0': f32\[2, 300\]" -- "$kiln" run wild.onnx --dim input.1_dim0=2 --device=host
 expect wild_from_inputs 0 "output 1 'ident.out': f32\[2, 3\]" -- "$kiln" run wild.onnx --input input.1=wild_x.npy --device=host
-expect wild_bin_detected 0 "output 1 'ident.out'" -- "$kiln" run wild.bin --shape input.1=2,4
+expect wild_bin_detected 0 "output 1 'ident.out'" -- "$kiln" run --device=interp wild.bin --shape input.1=2,4
 printf 'input x: f32[2]\x01\noutput y = x\n' > stray.kl
 expect stray_control_char_note 1 "not an ONNX model.*note: stray.kl was read as ONNX because" -- \
-  bash -o pipefail -c "'$kiln' run stray.kl 2>&1 | tr '\n' ' '"
-expect wild_onnx_named_kl 0 "output 1 'ident.out'" -- "$kiln" run wild_onnx.kl --dim input.1_dim0=2
+  bash -o pipefail -c "'$kiln' run --device=interp stray.kl 2>&1 | tr '\n' ' '"
+expect wild_onnx_named_kl 0 "output 1 'ident.out'" -- "$kiln" run --device=interp wild_onnx.kl --dim input.1_dim0=2
 expect wild_shape_unknown_input 1 "--shape y: the model has no input named 'y'; its inputs: input.1 f32\[input.1_dim0, 4\]" -- \
-  "$kiln" run wild.onnx --shape y=2,4
+  "$kiln" run --device=interp wild.onnx --shape y=2,4
 expect wild_shape_bad_dim 1 "--shape input.1=2,5: dim 1 is 5, but the model declares input.1 f32\[input.1_dim0, 4\]" -- \
-  "$kiln" run wild.onnx --shape input.1=2,5
+  "$kiln" run --device=interp wild.onnx --shape input.1=2,5
 expect wild_shape_bad_rank 1 "--shape input.1=8: rank 1, but the model declares input.1 f32\[input.1_dim0, 4\] \(rank 2\)" -- \
   "$kiln" inspect wild.onnx --shape input.1=8
 expect wild_dim_unknown 1 "--dim Q: no input has a symbolic dim named 'Q'; the model's inputs: input.1" -- \
-  "$kiln" run wild.onnx --dim Q=3
+  "$kiln" run --device=interp wild.onnx --dim Q=3
 expect wild_model_h 0 "#define wild_OUTPUT_sigmoid_0_tmp_0 0 /\* sigmoid_0.tmp_0 \*/ #define wild_OUTPUT_ident_out 1 /\* ident.out \*/ #define wild_NAMES_OF_OUTPUTS \{\"sigmoid_0.tmp_0\", \"ident.out\"\}" -- \
   bash -c "'$kiln' compile wild.onnx --dim input.1_dim0=2 --emit=cu --no-nvrtc -o wild_cu >/dev/null 2>&1 && tr '\n' ' ' < wild_cu/model.h"
 expect wild_io_table 0 "\{\"sigmoid_0.tmp_0\", \(krt_dtype\)0, 2, \{2, 300\}\}" -- cat wild_cu/model.c
@@ -255,8 +257,8 @@ printf 'input x: f32[2, 3]\nparam w: f32[3, 4] = load("w.safetensors")\noutput y
 expect kl_ir_small_load_inlined 0 "^param w: f32\[3, 4\] = values\(\[1, 1," -- \
   bash -c "'$kiln' compile wl.kl --emit=ir -o wl_ir.kl && grep '^param' wl_ir.kl"
 expect wild_ir_same_outputs 0 "same" -- bash -c "
-  '$kiln' run wild.onnx --input input.1=wild_x.npy --output-dir wild_out_onnx >/dev/null 2>&1 &&
-  (cd /tmp && '$kiln' run '$tmp/wild_ir.kl' --input input_1='$tmp/wild_x.npy' --output-dir '$tmp/wild_out_ir') >/dev/null 2>&1 &&
+  '$kiln' run --device=interp wild.onnx --input input.1=wild_x.npy --output-dir wild_out_onnx >/dev/null 2>&1 &&
+  (cd /tmp && '$kiln' run --device=interp '$tmp/wild_ir.kl' --input input_1='$tmp/wild_x.npy' --output-dir '$tmp/wild_out_ir') >/dev/null 2>&1 &&
   '${PYTHON:-python3}' -c 'import numpy as np
 for k in (0, 1):
     a, b = np.load(f\"wild_out_onnx/output_{k}.npy\"), np.load(f\"wild_out_ir/output_{k}.npy\")

@@ -12,7 +12,7 @@ passed=0 failed=0
 for d in "$tmp"/*/; do
   name=$(basename "$d")
   expect=$(cat "$d/expect.txt")
-  out=$("$kiln" run "$d/model.onnx" 2>&1)
+  out=$("$kiln" run "$d/model.onnx" --device=interp 2>&1)
   rc=$?
   if grep -qE "Sanitizer|runtime error:" <<<"$out"; then ok=0
   elif [ -z "$expect" ]; then [ $rc -eq 0 ] && ok=1 || ok=0

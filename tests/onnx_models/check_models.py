@@ -85,6 +85,8 @@ def run_set(kiln, model, data, extra, args):
         return "no output_0.pb in %s" % data
     with tempfile.TemporaryDirectory(prefix="kiln-onnx-") as tmp:
         cmd = [kiln, "run", model, "--inputs-dir", data, "--output-dir", tmp] + extra + args.kiln_arg
+        if not any(a.startswith("--device") for a in args.kiln_arg):
+            cmd.append("--device=interp")  # the interpreter, unless a device is asked for
         try:
             p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                timeout=args.timeout)

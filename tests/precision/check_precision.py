@@ -256,7 +256,7 @@ def check_plan(kiln, case, precision, args, tmp):
 def check_case(kiln, case, args, tmp, ex):
     """(label, why, note) for each check of one model."""
     ref_dir = os.path.join(tmp, case["name"] + "-ref")
-    _, why = run([kiln, "run", case["model"], "--output-dir", ref_dir] + case["args"],
+    _, why = run([kiln, "run", case["model"], "--output-dir", ref_dir, "--device=interp"] + case["args"],
                  args.timeout)
     if why:
         return [(case["name"] + " fp32 oracle", why, "")]

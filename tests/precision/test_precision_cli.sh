@@ -47,7 +47,7 @@ expect fp32_ops 0 "matmul_1 +matmul +f32 +deny" -- \
 expect bad_precision 2 "--precision=fp8: choose fp32, fp16 or bf16" -- \
   "$kiln" inspect "$mlp" --precision=fp8
 expect bad_io_precision 2 "--io-precision=half: choose fp32, fp16 or bf16" -- \
-  "$kiln" run "$mlp" --io-precision=half
+  "$kiln" run --device=interp "$mlp" --io-precision=half
 expect bad_fp32_ops 2 "--fp32-ops: no op is named 'softmaxx'" -- \
   "$kiln" compile "$mlp" --emit=ir --fp32-ops=relu,softmaxx
 for c in inspect run; do
@@ -60,7 +60,7 @@ done
 
 # the rewritten IR parses back and runs
 "$kiln" compile "$mlp" --emit=ir --precision=bf16 -o mlp_bf16.kl 2>/dev/null
-expect ir_parses_back 0 "output 0 'probs': f32\[32, 10\]" -- "$kiln" run mlp_bf16.kl
+expect ir_parses_back 0 "output 0 'probs': f32\[32, 10\]" -- "$kiln" run --device=interp mlp_bf16.kl
 # --io-precision: an f32 file feeds the f16 input, the output is f16
 "${PYTHON:-python3}" -c "
 import numpy as np
@@ -72,8 +72,8 @@ for dev in interp host; do
   expect io_f16_file_$dev 0 "output 0 'probs': f16\[32, 10\]" -- \
     "$kiln" run "$mlp" --device=$dev --precision=fp16 --io-precision=fp16 --input x=x16.npy
 done
-expect io_only 0 "output 0 'y': bf16\[2, 16, 64\]" -- "$kiln" run "$tf" --io-precision=bf16
-expect f16_file_for_f32_input 1 "input 'x' must be f32" -- "$kiln" run "$mlp" --input x=x16.npy
+expect io_only 0 "output 0 'y': bf16\[2, 16, 64\]" -- "$kiln" run --device=interp "$tf" --io-precision=bf16
+expect f16_file_for_f32_input 1 "input 'x' must be f32" -- "$kiln" run --device=interp "$mlp" --input x=x16.npy
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -103,6 +103,8 @@ def run_case(kiln, case, args):
         nexp += 1
     with tempfile.TemporaryDirectory(prefix="kiln-check-") as tmp:
         cmd = [kiln, "run", model, "--inputs-dir", case, "--output-dir", tmp]
+        if not any(a.startswith("--device") for a in args.kiln_arg):
+            cmd.append("--device=interp")  # the interpreter, unless a device is asked for
         w = os.path.join(case, "weights.safetensors")
         if os.path.exists(w):
             cmd += ["--weights", w]
