@@ -50,6 +50,8 @@ typedef struct {
   char *kernels_cu;     /* malloc'd, NUL-terminated */
   char *model_c;
   char *model_h;
+  char header[160];     /* model_h's file name: "<prefix>.h", so that any
+                           number of models' headers sit side by side */
   int nkernels;         /* kernels emitted */
   int ngemms;           /* runtime GEMM calls emitted */
   int nlaunches;        /* kernel launches and GEMM calls per run */

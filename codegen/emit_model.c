@@ -109,6 +109,7 @@ static void profile_step(kl_cg_ctx *c, const kl_group *gr, kl_node *const *membe
 
 static int write_all(kl_cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   const kl_graph *g = c->g;
+  snprintf(out->header, sizeof out->header, "%s.h", prefix);
   size_t klen, mlen, hlen;
   FILE *kf = open_memstream(&out->kernels_cu, &klen);
   FILE *mf = open_memstream(&out->model_c, &mlen);

@@ -58,7 +58,7 @@ static int write_weights(const kl_codegen_result *cg, const char *dir, bool timi
 
 int kiln_write_sources(const kl_codegen_result *cg, const char *dir, bool timing) {
   return write_file(dir, "kernels.cu", cg->kernels_cu) || write_file(dir, "model.c", cg->model_c) ||
-         write_file(dir, "model.h", cg->model_h) || write_weights(cg, dir, timing);
+         write_file(dir, cg->header, cg->model_h) || write_weights(cg, dir, timing);
 }
 
 const char *kiln_runtime_dir(void) {

@@ -17,13 +17,13 @@ static const char compile_help[] =
     "  --emit=ir             print the verified IR as text (.kl syntax) that parses\n"
     "                        back; constants too large to print go to\n"
     "                        OUT.safetensors beside -o OUT.kl (required then)\n"
-    "  --emit=cu             write kernels.cu, model.c and model.h into folder OUT,\n"
+    "  --emit=cu             write kernels.cu, model.c and NAME.h into folder OUT,\n"
     "                        and gpu_images.c with NVRTC's cubins and PTX\n"
     "  --emit=exe            build the standalone program OUT (run OUT --help); it\n"
     "                        reads .npy inputs\n"
     "  --pb-inputs           with --emit=exe: read ONNX .pb inputs too (links\n"
     "                        libkilnrt_pb and protobuf-c)\n"
-    "  --emit=lib            build folder OUT: libkiln_NAME.a, model.h, the runtime's\n"
+    "  --emit=lib            build folder OUT: libkiln_NAME.a, NAME.h, the runtime's\n"
     "                        static libraries and kiln_NAME.pc for pkg-config\n"
     "                        (kiln_NAME_pb.pc adds krt_pb_read, pb/kilnrt_pb.h)\n"
     "  --arch LIST           GPU architectures (default sm_80,sm_90; PTX for the last)\n"
@@ -309,7 +309,8 @@ int kiln_cmd_compile(int argc, char **argv) {
     rc = build_artifact(g, emit, out_path, &gpu);
   } else if (g && !strcmp(emit, "cu")) {
     kl_codegen_result cg;
-    kiln_compile_opts co = {.mem_limit = mem_limit, .no_fuse = no_fuse, .dump_after = dump_after};
+    kiln_compile_opts co = {.prefix = g->name, .mem_limit = mem_limit, .no_fuse = no_fuse,
+                            .dump_after = dump_after};
     t0 = krt_now_ms();
     int cg_rc = kiln_generate(g, &co, &cg);
     if (timing && !cg_rc)
@@ -323,9 +324,9 @@ int kiln_cmd_compile(int argc, char **argv) {
           fprintf(stderr, "kiln: %s: no GPU images written (the host device still works)\n", why);
         else if (nvrtc && cg.nkernels && kiln_gpu_images(&cg, out_path, sm, nsm, werror, timing))
           rc = KILN_EXIT_ERROR;
-        fprintf(stderr, "kiln: wrote %s/kernels.cu (%d kernels), model.c (%d GEMM calls), model.h; "
+        fprintf(stderr, "kiln: wrote %s/kernels.cu (%d kernels), model.c (%d GEMM calls), %s; "
                         "arena %zu bytes (lower bound %zu, naive sum %zu), weights %zu bytes\n",
-                out_path, cg.nkernels, cg.ngemms, cg.arena_bytes, cg.arena_lower_bound,
+                out_path, cg.nkernels, cg.ngemms, cg.header, cg.arena_bytes, cg.arena_lower_bound,
                 cg.naive_bytes, cg.param_bytes);
       } else if (rc) {
         fprintf(stderr, "kiln: error: cannot create folder %s: %s\n", out_path, strerror(errno));

@@ -162,8 +162,8 @@ cat >use.c <<'C'
  * too, to show that two compiled models link side by side. */
 #include <stdio.h>
 #include <stdlib.h>
-#include "model.h"
-const krt_model_api *kiln_model_cnn(void);
+#include "mlp.h" /* each model's header is named for it: cnn.h beside it */
+#include "cnn.h"
 
 static int run(const krt_model_api *m, krt_device *dev, const void **in, void **out) {
   void *model;
@@ -221,13 +221,13 @@ else
   ok lib_pkg_config_no_protobuf
 fi
 expect lib_links_two_models 0 "" -- bash -c \
-  "cc -std=c11 -Wall -Werror use.c \$(pkg-config --cflags --libs kiln_mlp) -L lib_cnn -lkiln_cnn \$(pkg-config --libs kiln_mlp) -o use"
+  "cc -std=c11 -Wall -Werror use.c \$(pkg-config --cflags kiln_mlp kiln_cnn) \$(pkg-config --libs kiln_mlp kiln_cnn) -o use"
 expect lib_runs 0 "ran mlp and cnn" -- ./use
 # the folder moves: its .pc names no absolute path (${pcfiledir})
 mkdir -p moved && cp -r lib_mlp moved/lib_mlp
 expect lib_pc_relocatable 0 "^-I$tmp/moved/lib_mlp" -- env PKG_CONFIG_PATH="$tmp/moved/lib_mlp" pkg-config --cflags kiln_mlp
 expect lib_moved_builds 0 "" -- bash -c \
-  "cc -std=c11 -Wall -Werror use.c \$(PKG_CONFIG_PATH=moved/lib_mlp pkg-config --cflags --libs kiln_mlp) -L lib_cnn -lkiln_cnn \$(PKG_CONFIG_PATH=moved/lib_mlp pkg-config --libs kiln_mlp) -o use_moved"
+  "cc -std=c11 -Wall -Werror use.c \$(PKG_CONFIG_PATH=moved/lib_mlp:lib_cnn pkg-config --cflags --libs kiln_mlp kiln_cnn) -o use_moved"
 expect lib_null_read_input 0 "NULL x: run: input 0 'x' is NULL, and the model reads it" -- ./use
 same lib_matches_interpreter lib_out.npy ref/output_0.npy
 needs_protobuf lib_links_no_protobuf use no
@@ -269,7 +269,7 @@ cat >train.c <<'C'
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "model.h"
+#include "train_mlp.h"
 
 int main(void) {
   char err[1024];

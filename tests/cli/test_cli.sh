@@ -243,7 +243,7 @@ expect wild_shape_bad_rank 1 "--shape input.1=8: rank 1, but the model declares 
 expect wild_dim_unknown 1 "--dim Q: no input has a symbolic dim named 'Q'; the model's inputs: input.1" -- \
   "$kiln" run --device=interp wild.onnx --dim Q=3
 expect wild_model_h 0 "#define wild_OUTPUT_sigmoid_0_tmp_0 0 /\* sigmoid_0.tmp_0 \*/ #define wild_OUTPUT_ident_out 1 /\* ident.out \*/ #define wild_NAMES_OF_OUTPUTS \{\"sigmoid_0.tmp_0\", \"ident.out\"\}" -- \
-  bash -c "'$kiln' compile wild.onnx --dim input.1_dim0=2 --emit=cu --no-nvrtc -o wild_cu >/dev/null 2>&1 && tr '\n' ' ' < wild_cu/model.h"
+  bash -c "'$kiln' compile wild.onnx --dim input.1_dim0=2 --emit=cu --no-nvrtc -o wild_cu >/dev/null 2>&1 && tr '\n' ' ' < wild_cu/wild.h"
 expect wild_io_table 0 "\{\"sigmoid_0.tmp_0\", \(krt_dtype\)0, 2, \{2, 300\}\}" -- cat wild_cu/model.c
 # --emit=ir round trip: the 900-value weight goes to a side file the text loads
 expect wild_ir_needs_o 2 "1 constants \(3600 bytes\) are too large to print; give -o FILE.kl" -- \
