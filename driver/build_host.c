@@ -56,9 +56,29 @@ static int write_weights(const kl_codegen_result *cg, const char *dir, bool timi
   return 0;
 }
 
+/* kiln_prelude.h beside kernels.cu: with it the folder compiles on its own
+ * (`nvcc -c kernels.cu`, no -I); on a GPU it includes CUDA's own headers
+ * only. */
+static int copy_prelude(const char *dir) {
+  char from[4200], to[4200];
+  snprintf(from, sizeof from, "%s/emu/kiln_prelude.h", kiln_runtime_dir());
+  snprintf(to, sizeof to, "%s/kiln_prelude.h", dir);
+  FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+  char buf[1 << 14];
+  size_t n;
+  int rc = in && out ? 0 : -1;
+  while (!rc && (n = fread(buf, 1, sizeof buf, in)) > 0)
+    if (fwrite(buf, 1, n, out) != n) rc = -1;
+  if (in && ferror(in)) rc = -1;
+  if (in) fclose(in);
+  if (out && fclose(out)) rc = -1;
+  if (rc) fprintf(stderr, "kiln: error: copying %s to %s failed: %s\n", from, to, strerror(errno));
+  return rc;
+}
+
 int kiln_write_sources(const kl_codegen_result *cg, const char *dir, bool timing) {
   return write_file(dir, "kernels.cu", cg->kernels_cu) || write_file(dir, "model.c", cg->model_c) ||
-         write_file(dir, cg->header, cg->model_h) || write_weights(cg, dir, timing);
+         write_file(dir, cg->header, cg->model_h) || copy_prelude(dir) || write_weights(cg, dir, timing);
 }
 
 const char *kiln_runtime_dir(void) {
