@@ -15,12 +15,17 @@
 
 #include "driver.h"
 
-/* Where the static runtime libraries are: the build folder (meson's), or
- * KILN_LIB_DIR for an installed kiln. */
-static const char *lib_dir(void) {
+const char *kiln_lib_dir(void) {
+  static char dir[4200];
   const char *d = getenv("KILN_LIB_DIR");
-  return d && *d ? d : KILN_LIB_DIR;
+  if (d && *d) return d;
+  const char *p = kiln_installed_prefix();
+  if (!p) return KILN_LIB_DIR;
+  snprintf(dir, sizeof dir, "%s/%s", p, KILN_INSTALL_LIBDIR);
+  return dir;
 }
+
+static const char *lib_dir(void) { return kiln_lib_dir(); }
 
 static int shell(const char *cmd, const char *dir, const char *what) {
   int st = system(cmd);
@@ -83,10 +88,12 @@ int kiln_build_exe(const kl_codegen_result *cg, const char *prefix, const char *
   kiln_shell_quote(qlib, sizeof qlib, lib_dir());
   common_flags(flags, sizeof flags, qdir, images);
   snprintf(cmd, sizeof cmd,
-           "%s %s -x c %s/kernels.cu -x c %s/model.c %s%s %s/main.c -L%s %s %s -lkilnrt -lkiln_emu %s "
+           /* the static libraries by file name: an installed libdir holds
+            * libkilnrt.so too, which -lkilnrt would take */
+           "%s %s -x c %s/kernels.cu -x c %s/model.c %s%s %s/main.c -L%s %s %s -l:libkilnrt.a -l:libkiln_emu.a %s "
            "%s %s -o %s >%s/build.log 2>&1",
            kiln_c_compiler(), flags, qdir, qdir, images ? qdir : "", images ? "/gpu_images.c" : "", qdir,
-           qlib, pb ? "-lkilnrt_pb" : "", mpi ? "-lkilnrt_mpi" : "", KILN_RT_LIBS, pb ? KILN_PB_LIBS : "",
+           qlib, pb ? "-l:libkilnrt_pb.a" : "", mpi ? "-l:libkilnrt_mpi.a" : "", KILN_RT_LIBS, pb ? KILN_PB_LIBS : "",
            mpi ? KILN_MPI_LIBS : "", qout, qdir);
   return shell(cmd, dir, "building the program");
 }

@@ -81,13 +81,42 @@ int kiln_write_sources(const kl_codegen_result *cg, const char *dir, bool timing
          write_file(dir, cg->header, cg->model_h) || copy_prelude(dir) || write_weights(cg, dir, timing);
 }
 
+/* An installed kiln (meson install): PREFIX/bin/kiln beside
+ * PREFIX/include/kiln/kilnrt.h and the libraries in PREFIX/LIBDIR, found
+ * from where the program lies, so that the prefix may move; NULL for kiln
+ * in its build folder. */
+const char *kiln_installed_prefix(void) {
+  static char prefix[4096];
+  static int known; /* 0: not looked yet, 1: installed, -1: not */
+  if (known) return known > 0 ? prefix : NULL;
+  known = -1;
+  char exe[4096], probe[4200];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return NULL;
+  exe[n] = 0;
+  char *slash = strrchr(exe, '/');
+  if (!slash) return NULL;
+  *slash = 0; /* PREFIX/bin */
+  if (!(slash = strrchr(exe, '/'))) return NULL;
+  *slash = 0; /* PREFIX */
+  snprintf(probe, sizeof probe, "%s/include/kiln/kilnrt.h", exe);
+  if (access(probe, R_OK)) return NULL;
+  snprintf(prefix, sizeof prefix, "%s", exe);
+  known = 1;
+  return prefix;
+}
+
 const char *kiln_runtime_dir(void) {
   /* absolute: the library build runs its compiler from another folder */
-  static char abs[4096];
+  static char abs[4200];
   const char *d = getenv("KILN_RUNTIME_DIR");
-  if (!d || !*d) return KILN_RUNTIME_DIR;
-  return realpath(d, abs) ? abs : d;
+  if (d && *d) return realpath(d, abs) ? abs : d;
+  const char *p = kiln_installed_prefix();
+  if (!p) return KILN_RUNTIME_DIR;
+  snprintf(abs, sizeof abs, "%s/include/kiln", p);
+  return abs;
 }
+
 
 const char *kiln_c_compiler(void) {
   const char *cc = getenv("KILN_CC");

@@ -40,16 +40,59 @@ static const char compile_help[] =
     "                        bnfold, precision, remat, schedule, fold, fuse,\n"
     "                        memory, or all (in that order)\n"
     "  -o, --output OUT      the file (ir; default: standard output) or folder (cu)\n"
+    "  --name NAME           the compiled model's C name (a C identifier; default:\n"
+    "                        the model's own): NAME.h, kiln_model_NAME(),\n"
+    "                        libkiln_NAME.a, kiln_NAME.pc\n"
+    "  -MD                   also write a make/ninja depfile: the outputs depend on\n"
+    "                        the model, its external data and weights files\n"
+    "  -MF FILE              the depfile's name (default: OUT.d)\n"
     KILN_MODEL_HELP
     "  -h, --help            show this help\n";
 
 enum { OPT_EMIT = 2100, OPT_ARCH, OPT_NO_NVRTC, OPT_WERROR, OPT_TIME, OPT_MEM_LIMIT, OPT_NO_FUSE,
-       OPT_DUMP_AFTER, OPT_PB_INPUTS };
+       OPT_DUMP_AFTER, OPT_PB_INPUTS, OPT_NAME };
 
 static size_t mem_limit; /* --mem-limit, for every kl_codegen below; 0: none */
 static bool no_fuse;     /* --no-fuse */
 static const char *dump_after; /* --dump-after */
 static bool pb_inputs;   /* --pb-inputs */
+static const char *c_name; /* --name; NULL: the model's */
+
+/* A make rule's word: spaces, '#' and '$' escaped as make and ninja read
+ * them. */
+static void dep_word(FILE *f, const char *s) {
+  for (; *s; s++) {
+    if (*s == ' ' || *s == '#' || *s == '\\') fputc('\\', f);
+    if (*s == '$') fputc('$', f);
+    fputc(*s, f);
+  }
+}
+
+/* -MD: "OUTPUTS: MODEL FILES..." - the model and every file its weights
+ * were mapped from (an ONNX model's external data, load() and --weights
+ * safetensors), so that a build system rebuilds when any changes. */
+static int write_depfile(const char *path, const char *const *outs, int nouts, const char *model,
+                         const kl_graph *g) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, "kiln compile: error: -MF %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  for (int i = 0; i < nouts; i++) {
+    if (i) fputc(' ', f);
+    dep_word(f, outs[i]);
+  }
+  fputs(":", f);
+  fputs(" ", f);
+  dep_word(f, model);
+  for (int i = 0; i < g->maps.len; i++) {
+    if (!strcmp(g->maps.items[i].path, model)) continue;
+    fputs(" \\\n  ", f);
+    dep_word(f, g->maps.items[i].path);
+  }
+  fputs("\n", f);
+  return fclose(f) ? -1 : 0;
+}
 
 /* OUT.kl -> OUT.safetensors (OUT.ir -> OUT.ir.safetensors): the constants
  * too large to print, beside the text that loads them. */
@@ -193,7 +236,8 @@ static void print_max_rss(void) {
 static int build_artifact(const kl_graph *g, const char *emit, const char *out,
                           const kiln_gpu_opts *gpu) {
   kl_codegen_result cg;
-  kiln_compile_opts co = {.mem_limit = mem_limit, .no_fuse = no_fuse, .dump_after = dump_after};
+  kiln_compile_opts co = {.prefix = c_name ? c_name : g->name, .mem_limit = mem_limit,
+                          .no_fuse = no_fuse, .dump_after = dump_after};
   double t0 = krt_now_ms();
   if (kiln_generate(g, &co, &cg)) return KILN_EXIT_ERROR;
   if (gpu->timing)
@@ -209,8 +253,8 @@ static int build_artifact(const kl_graph *g, const char *emit, const char *out,
   } else {
     t0 = krt_now_ms();
     bool exe = !strcmp(emit, "exe");
-    if (!(exe ? kiln_build_exe(&cg, g->name, dir, out, gpu, pb_inputs)
-              : kiln_build_lib(&cg, g->name, dir, out, gpu))) {
+    if (!(exe ? kiln_build_exe(&cg, co.prefix, dir, out, gpu, pb_inputs)
+              : kiln_build_lib(&cg, co.prefix, dir, out, gpu))) {
       rc = KILN_EXIT_OK;
       if (gpu->timing) fprintf(stderr, "kiln: time: host compiler %.1f ms\n", krt_now_ms() - t0);
       fprintf(stderr, "kiln: wrote %s%s (%d kernels, %d GEMM calls; arena %zu bytes, weights %zu "
@@ -234,6 +278,7 @@ int kiln_cmd_compile(int argc, char **argv) {
       {"no-fuse", no_argument, NULL, OPT_NO_FUSE},
       {"dump-after", required_argument, NULL, OPT_DUMP_AFTER},
       {"pb-inputs", no_argument, NULL, OPT_PB_INPUTS},
+      {"name", required_argument, NULL, OPT_NAME},
       {"output", required_argument, NULL, 'o'},
       {"help", no_argument, NULL, 'h'},
       KILN_MODEL_LONGOPTS,
@@ -243,7 +288,23 @@ int kiln_cmd_compile(int argc, char **argv) {
   no_fuse = false;
   dump_after = NULL;
   pb_inputs = false;
-  const char *emit = NULL, *out_path = NULL;
+  c_name = NULL;
+  const char *emit = NULL, *out_path = NULL, *depfile = NULL;
+  /* -MD and -MF FILE, as compilers spell them (getopt would read -MD as
+   * -M D): taken out of argv first */
+  bool md = false;
+  int kept = 1;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "-MD")) md = true;
+    else if (!strcmp(argv[i], "-MF")) {
+      if (i + 1 == argc) {
+        fprintf(stderr, "kiln compile: -MF needs a FILE\n");
+        return KILN_EXIT_USAGE;
+      }
+      depfile = argv[++i];
+    } else argv[kept++] = argv[i];
+  }
+  argc = kept;
   int sm[8] = {80, 90}, nsm = 2;
   bool nvrtc = true, werror = false, timing = false;
   int c;
@@ -271,6 +332,17 @@ int kiln_cmd_compile(int argc, char **argv) {
       dump_after = mo.dump_after = optarg;
       break;
     case OPT_PB_INPUTS: pb_inputs = true; break;
+    case OPT_NAME: {
+      bool ident = (optarg[0] == '_' || (optarg[0] | 32) >= 'a') && (optarg[0] | 32) <= 'z';
+      for (const char *q = optarg; *q && ident; q++)
+        ident = *q == '_' || ((*q | 32) >= 'a' && (*q | 32) <= 'z') || (*q >= '0' && *q <= '9');
+      if (!ident || strlen(optarg) > 100) {
+        fprintf(stderr, "kiln compile: --name takes a C identifier, got '%s'\n", optarg);
+        return KILN_EXIT_USAGE;
+      }
+      c_name = optarg;
+      break;
+    }
     case OPT_MEM_LIMIT:
       if (kiln_parse_mem_limit("compile", optarg, &mem_limit)) return KILN_EXIT_USAGE;
       break;
@@ -298,6 +370,10 @@ int kiln_cmd_compile(int argc, char **argv) {
             strcmp(emit, "exe") ? "FOLDER" : "PROGRAM");
     return KILN_EXIT_USAGE;
   }
+  if ((md || depfile) && !out_path) {
+    fprintf(stderr, "kiln compile: -MD/-MF need -o OUT (the depfile's target)\n");
+    return KILN_EXIT_USAGE;
+  }
   if (out_path && output_unwritable(emit, out_path)) return KILN_EXIT_ERROR;
   double t0 = krt_now_ms();
   mo.mem_limit = mem_limit, mo.no_fuse = no_fuse;
@@ -309,7 +385,7 @@ int kiln_cmd_compile(int argc, char **argv) {
     rc = build_artifact(g, emit, out_path, &gpu);
   } else if (g && !strcmp(emit, "cu")) {
     kl_codegen_result cg;
-    kiln_compile_opts co = {.prefix = g->name, .mem_limit = mem_limit, .no_fuse = no_fuse,
+    kiln_compile_opts co = {.prefix = c_name ? c_name : g->name, .mem_limit = mem_limit, .no_fuse = no_fuse,
                             .dump_after = dump_after};
     t0 = krt_now_ms();
     int cg_rc = kiln_generate(g, &co, &cg);
@@ -335,6 +411,23 @@ int kiln_cmd_compile(int argc, char **argv) {
     }
   } else if (g) {
     rc = emit_ir(g, out_path);
+  }
+  if (rc == KILN_EXIT_OK && (md || depfile)) {
+    char dflt[4200], first[4200], second[4200];
+    const char *name = c_name ? c_name : g->name;
+    snprintf(dflt, sizeof dflt, "%s.d", out_path);
+    const char *outs[2] = {first, second};
+    int nouts = 1;
+    if (!strcmp(emit, "lib")) {
+      snprintf(first, sizeof first, "%s/libkiln_%s.a", out_path, name);
+      snprintf(second, sizeof second, "%s/%s.h", out_path, name);
+      nouts = 2;
+    } else if (!strcmp(emit, "cu")) {
+      snprintf(first, sizeof first, "%s/kernels.cu", out_path);
+    } else {
+      snprintf(first, sizeof first, "%s", out_path);
+    }
+    if (write_depfile(depfile ? depfile : dflt, outs, nouts, argv[optind], g)) rc = KILN_EXIT_ERROR;
   }
   kl_graph_free(g);
   if (timing) print_max_rss();

@@ -177,6 +177,13 @@ void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
 
 /* Where runtime/ (kilnrt.h, emu/, pb/) is: KILN_RUNTIME_DIR when set (a kiln
  * moved away from its source tree), else the source tree it was built in. */
+/* Where the static libraries of the runtime lie: KILN_LIB_DIR (the
+ * environment's, else the build folder), or PREFIX/LIBDIR for an installed
+ * kiln. */
+const char *kiln_lib_dir(void);
+/* PREFIX of an installed kiln (PREFIX/bin/kiln beside
+ * PREFIX/include/kiln/kilnrt.h), or NULL in its build folder. */
+const char *kiln_installed_prefix(void);
 const char *kiln_runtime_dir(void);
 /* The C compiler for generated code: KILN_CC, else cc. */
 const char *kiln_c_compiler(void);

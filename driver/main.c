@@ -44,7 +44,8 @@ int main(int argc, char **argv) {
     return KILN_EXIT_OK;
   }
   if (!strcmp(cmd, "--version")) {
-    printf("kiln %s (CUDA toolkit %s)\n", KILN_VERSION, KILN_CUDA_TOOLKIT);
+    printf("kiln %s (CUDA toolkit %s)\nruntime headers: %s\nruntime libraries: %s\n", KILN_VERSION,
+           KILN_CUDA_TOOLKIT, kiln_runtime_dir(), kiln_lib_dir());
     return KILN_EXIT_OK;
   }
   /* Each subcommand parses argv[1..] so getopt sees its name as argv[0]. */
