@@ -266,11 +266,19 @@ void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, si
   io_table(mf, "inputs", (const kl_value *const *)g->inputs.items, g->inputs.len);
   io_table(mf, "outputs", api_out, nout);
   int nio = g->inputs.len + nout;
+  /* trace: KILN_PROFILE=FILE.json, a Chrome trace of every run, written
+   * at destroy (runtime/trace.c) */
   fprintf(mf, "\ntypedef struct {\n  krt_device *dev;\n  krt_module *mod;\n  char *arena, *params;\n"
-              "  void *io[%d];\n} model;\n\n", nio ? nio : 1);
+              "  void *io[%d];\n  krt_trace *trace;\n  double *trace_ms;\n} model;\n\n"
+              "static const krt_model_api api;\n\n", nio ? nio : 1);
   fprintf(mf, "static size_t io_bytes(const krt_io_desc *d) {\n  size_t n = krt_dtype_size(d->dtype);\n"
               "  for (int i = 0; i < d->rank; i++) n *= (size_t)d->dims[i];\n  return n;\n}\n\n");
   fprintf(mf, "static void destroy(void *self) {\n  model *m = self;\n  if (!m) return;\n"
+              "  if (m->trace) {\n    char err[512];\n"
+              "    if (krt_trace_write(m->trace, getenv(\"KILN_PROFILE\"), err, sizeof err))\n"
+              "      fprintf(stderr, \"kiln: %%s\\n\", err);\n"
+              "    else krt_trace_summary(m->trace, stderr);\n"
+              "    krt_trace_free(m->trace);\n    free(m->trace_ms);\n  }\n"
               "  for (int i = 0; i < %d; i++) krt_free(m->dev, m->io[i]);\n"
               "  krt_free(m->dev, m->arena);\n  krt_free(m->dev, m->params);\n  krt_module_unload(m->mod);\n"
               "  free(m);\n}\n\n", nio);
@@ -286,8 +294,14 @@ void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, si
   fprintf(mf, "  for (int i = 0; i < %d; i++) {\n"
               "    const krt_io_desc *d = i < %d ? &inputs[i] : &outputs[i - %d];\n"
               "    if (krt_malloc(dev, io_bytes(d) ? io_bytes(d) : 1, &m->io[i], err, errlen)) {\n"
-              "      destroy(m);\n      return -1;\n    }\n  }\n  *out = m;\n  return 0;\n}\n\n",
-          nio, g->inputs.len, g->inputs.len);
+              "      destroy(m);\n      return -1;\n    }\n  }\n"
+              "  const char *trace = getenv(\"KILN_PROFILE\");\n"
+              "  if (trace && *trace && (krt_profile_enable(dev, %d, err, errlen) ||\n"
+              "                         !(m->trace = krt_trace_new(&api, dev)) ||\n"
+              "                         !(m->trace_ms = calloc(%d, sizeof(double))))) {\n"
+              "    destroy(m);\n    return -1;\n  }\n"
+              "  *out = m;\n  return 0;\n}\n\n",
+          nio, g->inputs.len, g->inputs.len, c->nprofile + 1, c->nprofile + 1);
   write_offsets(mf, c);
   /* an input nothing computed reads (a training step's labels, run for
    * inference) may be NULL; a read one may not */
@@ -299,7 +313,7 @@ void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, si
   }
   fprintf(mf, "%s};\n\n", g->inputs.len ? "" : "0");
   fprintf(mf, "static int run(void *self, const void *const *in, void *const *out, char *err, size_t errlen) {\n"
-              "  model *m = self;\n"
+              "  model *m = self;\n  const double t0 = m->trace ? krt_now_ms() : 0;\n"
               "  for (int i = 0; i < %d; i++) {\n"
               "    if (!in[i] && !input_read[i]) continue;\n"
               "    if (!in[i]) {\n"
@@ -314,6 +328,9 @@ void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, si
     ptr(mf, c, api_out[i]);
     fprintf(mf, ", io_bytes(&outputs[%d]), err, errlen)) return -1;\n", i);
   }
+  fprintf(mf, "  if (m->trace && (krt_profile_read(m->dev, m->trace_ms, %d, err, errlen) ||\n"
+              "                   krt_trace_add_run(m->trace, m->trace_ms, krt_now_ms() - t0))) return -1;\n",
+          c->nprofile);
   fprintf(mf, "  return 0;\n}\n\n");
   fprintf(mf, "/* The steps run() marks for the profiler (kernels and GEMM calls, est. DRAM bytes). */\n"
               "static const krt_step_info steps[] = {\n");

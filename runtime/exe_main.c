@@ -17,7 +17,7 @@
 #include "exe_main.h"
 
 enum { EXIT_USAGE = 2, MAX_FILES = 256 };
-enum { OPT_INPUT = 1000, OPT_INPUTS_DIR, OPT_OUTPUT_DIR, OPT_DEVICE, OPT_ITERS, OPT_SEED };
+enum { OPT_INPUT = 1000, OPT_INPUTS_DIR, OPT_OUTPUT_DIR, OPT_DEVICE, OPT_ITERS, OPT_SEED, OPT_PROFILE };
 
 /* What a program built without libkilnrt_pb says about a .pb input. */
 #define PB_HINT                                                                         \
@@ -34,6 +34,7 @@ typedef struct {
   krt_device_kind device;
   long iters;
   uint64_t seed;              /* of inputs not given (input i: seed + i) */
+  const char *profile;        /* --profile FILE.json: a Chrome trace */
 } exe_opts;
 
 static const char *shape_text(krt_dtype t, int rank, const int64_t *dims, char *buf, size_t n) {
@@ -48,7 +49,7 @@ static void usage(FILE *f, const exe_opts *o) {
   const krt_model_api *a = o->api;
   char s[200];
   fprintf(f, "usage: %s [--input NAME=FILE ...] [--inputs-dir DIR] [--output-dir DIR]\n"
-             "       [--device auto|host|cuda] [--iters N] [--seed S]\n"
+             "       [--device auto|host|cuda] [--iters N] [--seed S] [--profile FILE.json]\n"
              "Run the compiled model '%s' and print the device and the median time per run.\n"
              "  --input NAME=FILE  feed input NAME from a %s file (repeatable)\n"
              "  --inputs-dir DIR   read %s for input K\n"
@@ -57,6 +58,9 @@ static void usage(FILE *f, const exe_opts *o) {
              "  --device DEV       auto (a GPU when one works, else the host; the default),\n"
              "                     host or cuda; KILN_DEVICE=host|cuda|auto overrides auto\n"
              "  --iters N          timed runs after one warm-up run (default 1, no warm-up)\n"
+             "  --profile FILE     write a Chrome trace of the runs (Perfetto opens it): one\n"
+             "                     event per kernel or library call, named after its fusion\n"
+             "                     group and nodes; and print a table of them at the end\n"
              "  --seed S           an input not given is filled with seeded random values, as\n"
              "                     `kiln run` fills it (input K from seed S + K; default 0)\n"
              "  -h, --help         this help\n",
@@ -82,6 +86,7 @@ static int parse_args(exe_opts *o, int argc, char **argv) {
       {"device", required_argument, NULL, OPT_DEVICE},
       {"iters", required_argument, NULL, OPT_ITERS},
       {"seed", required_argument, NULL, OPT_SEED},
+      {"profile", required_argument, NULL, OPT_PROFILE},
       {"help", no_argument, NULL, 'h'},
       {0}};
   int c;
@@ -117,6 +122,7 @@ static int parse_args(exe_opts *o, int argc, char **argv) {
       }
       break;
     }
+    case OPT_PROFILE: o->profile = optarg; break;
     case OPT_SEED: {
       char *end;
       errno = 0;
@@ -308,6 +314,8 @@ int krt_exe_main_with(const krt_model_api *api, krt_tensor_reader pb_read, int a
   double *times = calloc((size_t)o.iters, sizeof *times);
   krt_device *dev = NULL;
   void *model = NULL;
+  krt_trace *trace = NULL;
+  double *step_ms = NULL;
   char msg[1024];
   if (!in || !out || !in_data || !out_data || !times) {
     fprintf(stderr, "%s: error: out of memory\n", o.prog);
@@ -336,6 +344,12 @@ int krt_exe_main_with(const krt_model_api *api, krt_tensor_reader pb_read, int a
     fprintf(stderr, "%s: error: %s\n", o.prog, msg);
     goto done;
   }
+  if (o.profile && (krt_profile_enable(dev, api->nsteps + 1, msg, sizeof msg) ||
+                    !(trace = krt_trace_new(api, dev)) ||
+                    !(step_ms = calloc((size_t)api->nsteps + 1, sizeof *step_ms)))) {
+    fprintf(stderr, "%s: error: --profile: %s\n", o.prog, trace && step_ms ? msg : "out of memory");
+    goto done;
+  }
   /* One untimed warm-up run when timing several: the first run pays for
    * loading kernels and first touches of memory. */
   for (long it = o.iters > 1 ? -1 : 0; it < o.iters; it++) {
@@ -345,6 +359,19 @@ int krt_exe_main_with(const krt_model_api *api, krt_tensor_reader pb_read, int a
       goto done;
     }
     if (it >= 0) times[it] = krt_now_ms() - t0;
+    if (trace && it >= 0 && (krt_profile_read(dev, step_ms, api->nsteps, msg, sizeof msg) ||
+                             krt_trace_add_run(trace, step_ms, times[it]))) {
+      fprintf(stderr, "%s: error: --profile: %s\n", o.prog, msg);
+      goto done;
+    }
+  }
+  if (trace) {
+    if (krt_trace_write(trace, o.profile, msg, sizeof msg)) {
+      fprintf(stderr, "%s: error: %s\n", o.prog, msg);
+      goto done;
+    }
+    krt_trace_summary(trace, stderr);
+    fprintf(stderr, "%s: wrote the trace %s\n", o.prog, o.profile);
   }
   double median = krt_median(times, (size_t)o.iters);
   printf("device: %s\n", krt_device_name(dev));
@@ -363,6 +390,8 @@ int krt_exe_main_with(const krt_model_api *api, krt_tensor_reader pb_read, int a
   }
   rc = 0;
 done:
+  krt_trace_free(trace);
+  free(step_ms);
   if (model) api->destroy(model);
   krt_device_close(dev);
   for (int i = 0; in && i < ni; i++) krt_tensor_free(&in[i]);

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h> /* FILE, for krt_trace_summary */
 
 /* Tensor data is raw little-endian bytes and the file formats are
  * little-endian, so the readers and writers copy bytes without swapping.
@@ -491,6 +492,18 @@ int krt_profile_enable(krt_device *d, int nmarks, char *err, size_t errlen); /* 
 int krt_mark(krt_device *d, int i, char *err, size_t errlen);
 /* After a run: ms[i] for i < nsteps (nsteps + 1 marks), once its work is done. */
 int krt_profile_read(krt_device *d, double *ms, int nsteps, char *err, size_t errlen);
+/* A Chrome trace of a model's runs (trace.c): --profile FILE.json of a
+ * compiled program, KILN_PROFILE=FILE.json for a library.  add_run takes
+ * one run's step times (krt_profile_read) and its wall time; write makes
+ * the JSON (Perfetto, chrome://tracing); summary prints the table of
+ * steps (calls, total and mean time, share, bytes, GB/s, idle time). */
+typedef struct krt_trace krt_trace;
+krt_trace *krt_trace_new(const krt_model_api *api, krt_device *dev); /* NULL: out of memory */
+int krt_trace_add_run(krt_trace *t, const double *step_ms, double run_ms);
+int krt_trace_write(const krt_trace *t, const char *path, char *err, size_t errlen);
+void krt_trace_summary(const krt_trace *t, FILE *f);
+void krt_trace_free(krt_trace *t);
+
 /* Device-to-device copy bandwidth, GB/s of bytes read plus bytes written:
  * the median of `iters` copies of `bytes`. */
 int krt_copy_bandwidth(krt_device *d, size_t bytes, int iters, double *gbps, char *err,

@@ -85,6 +85,17 @@ if ! grep -q "libcuda.so.1" <<<"$(ldconfig -p 2>/dev/null)"; then
 fi
 expect exe_host_device 0 "device: host" -- ./mlp_exe --input x=x.npy --input labels=labels.npy --device host
 
+# The profiler's Chrome trace: --profile of a program, KILN_PROFILE of the
+# generated create/run/destroy (a library's); its kernel events are the
+# generated code's steps one to one (check_trace.py, against model.c)
+"$kiln" compile "$root/examples/mlp.kl" --emit=cu --no-nvrtc -o mlp_cu >/dev/null 2>&1
+expect exe_profile 0 "wrote the trace mlp_trace.json" -- ./mlp_exe --device host --iters 2 --profile mlp_trace.json
+if out=$("$py" "$here/check_trace.py" mlp_trace.json mlp_cu/model.c 2 2>&1); then ok trace_matches_steps
+else bad trace_matches_steps "$out"; fi
+expect lib_profile_env 0 "profile of 'mlp'" -- env KILN_PROFILE=lib_trace.json ./mlp_exe --device host
+if out=$("$py" "$here/check_trace.py" lib_trace.json mlp_cu/model.c 1 2>&1); then ok trace_from_kiln_profile_env
+else bad trace_from_kiln_profile_env "$out"; fi
+
 # Bad input at run time: a clear message and a non-zero exit.
 expect exe_missing_file 1 "input 'x': nothere.npy: No such file" -- \
   ./mlp_exe --input x=nothere.npy --input labels=labels.npy
