@@ -28,6 +28,7 @@ const char *kiln_lib_dir(void) {
 static const char *lib_dir(void) { return kiln_lib_dir(); }
 
 static int shell(const char *cmd, const char *dir, const char *what) {
+  kiln_progress("host compiler: %s", what);
   int st = system(cmd);
   if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
     kiln_report_build_log(dir, what);

@@ -5,6 +5,7 @@
  * those of this kiln executable (it exports them). */
 #define _XOPEN_SOURCE 700 /* realpath */
 #include <dlfcn.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -62,6 +63,11 @@ static int write_weights(const kl_codegen_result *cg, const char *dir, bool timi
 static int copy_prelude(const char *dir) {
   char from[4200], to[4200];
   snprintf(from, sizeof from, "%s/emu/kiln_prelude.h", kiln_runtime_dir());
+  if (access(from, R_OK)) {
+    fprintf(stderr, "kiln: error: the runtime's headers are not in %s (no emu/kiln_prelude.h): set "
+                    "KILN_RUNTIME_DIR to the folder of kilnrt.h, or reinstall kiln\n", kiln_runtime_dir());
+    return -1;
+  }
   snprintf(to, sizeof to, "%s/kiln_prelude.h", dir);
   FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
   char buf[1 << 14];
@@ -140,6 +146,31 @@ static void write_bytes(FILE *f, const unsigned char *p, size_t n) {
 }
 
 /* NVRTC for each architecture, written to dir/gpu_images.c. */
+/* ---- progress -------------------------------------------------------------
+ * A compile that takes more than a second says what it is doing, a line
+ * per phase on stderr (a detector's NVRTC builds are seconds each); a
+ * quick one prints nothing. */
+static double progress_t0;       /* 0: off (kiln_progress_begin not called) */
+static double progress_after = 1; /* s; KILN_PROGRESS_AFTER sets it (0: always) */
+
+void kiln_progress_begin(void) {
+  progress_t0 = krt_now_ms();
+  const char *e = getenv("KILN_PROGRESS_AFTER");
+  if (e && *e) progress_after = strtod(e, NULL);
+}
+
+void kiln_progress(const char *fmt, ...) {
+  if (!progress_t0) return;
+  double s = (krt_now_ms() - progress_t0) / 1e3;
+  if (s < progress_after) return;
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "kiln: [%.1f s] ", s);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
 int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm, int nsm,
                     bool werror, bool timing) {
   char *prelude = kiln_read_prelude();
@@ -166,6 +197,7 @@ int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm,
     char *log;
     kl_error err;
     double t0 = krt_now_ms();
+    kiln_progress("NVRTC: %s_%d of %d kernels", ptx ? "compute" : "sm", arch, cg->nkernels);
     if (kl_nvrtc_compile(cg->kernels_cu, prelude, arch, ptx, &img, &len, &log, &err)) {
       kl_error_print(stderr, &err);
       rc = -1;

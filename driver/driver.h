@@ -181,6 +181,11 @@ void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
  * environment's, else the build folder), or PREFIX/LIBDIR for an installed
  * kiln. */
 const char *kiln_lib_dir(void);
+/* Progress on stderr for a compile over a second: kiln_progress_begin at
+ * the start (main), then one line per phase ("kiln: [2.3 s] NVRTC: sm_90
+ * of 41 kernels"), printed only once a second has gone by. */
+void kiln_progress_begin(void);
+void kiln_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* PREFIX of an installed kiln (PREFIX/bin/kiln beside
  * PREFIX/include/kiln/kilnrt.h), or NULL in its build folder. */
 const char *kiln_installed_prefix(void);

@@ -18,6 +18,7 @@ int kiln_generate_err(const kl_graph *g, const kiln_compile_opts *co, kl_codegen
                             .mem_limit = co->mem_limit, .dump = stdout,
                             .dump_after = co->dump_after};
   kl_codegen_options copt = {.prefix = co->prefix ? co->prefix : g->name};
+  kiln_progress("planning and generating code: %d nodes", g->nodes.len);
   int rc = kl_pipeline(g, &po, &plan, err);
   if (!rc) rc = kl_codegen(&plan, &copt, cg, err);
   else memset(cg, 0, sizeof *cg);

@@ -48,6 +48,7 @@ int main(int argc, char **argv) {
            KILN_CUDA_TOOLKIT, kiln_runtime_dir(), kiln_lib_dir());
     return KILN_EXIT_OK;
   }
+  kiln_progress_begin();
   /* Each subcommand parses argv[1..] so getopt sees its name as argv[0]. */
   if (!strcmp(cmd, "run")) return kiln_cmd_run(argc - 1, argv + 1);
   if (!strcmp(cmd, "compile")) return kiln_cmd_compile(argc - 1, argv + 1);
