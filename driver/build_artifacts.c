@@ -99,20 +99,6 @@ int kiln_build_exe(const kl_codegen_result *cg, const char *prefix, const char *
   return shell(cmd, dir, "building the program");
 }
 
-static int copy_file(const char *from, const char *to) {
-  FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
-  char buf[1 << 16];
-  size_t n;
-  int rc = in && out ? 0 : -1;
-  while (!rc && (n = fread(buf, 1, sizeof buf, in)) > 0)
-    if (fwrite(buf, 1, n, out) != n) rc = -1;
-  if (in && ferror(in)) rc = -1;
-  if (in) fclose(in);
-  if (out && fclose(out)) rc = -1;
-  if (rc) fprintf(stderr, "kiln: error: copying %s to %s failed: %s\n", from, to, strerror(errno));
-  return rc;
-}
-
 int kiln_build_lib(const kl_codegen_result *cg, const char *prefix, const char *dir,
                    const char *out_dir, const kiln_gpu_opts *gpu) {
   bool images;
@@ -168,7 +154,7 @@ int kiln_build_lib(const kl_codegen_result *cg, const char *prefix, const char *
     const char *src_dir = !copies[i][0] ? lib_dir() : *copies[i][0] ? kiln_runtime_dir() : dir;
     snprintf(from, sizeof from, "%s/%s", src_dir, copies[i][1]);
     snprintf(to, sizeof to, "%s/%s", abs_out, copies[i][1]);
-    if (copy_file(from, to)) return -1;
+    if (kiln_copy_file(from, to)) return -1;
   }
   snprintf(to, sizeof to, "%s/kiln_%s.pc", abs_out, prefix);
   FILE *pc = fopen(to, "w");

@@ -57,6 +57,20 @@ static int write_weights(const kl_codegen_result *cg, const char *dir, bool timi
   return 0;
 }
 
+int kiln_copy_file(const char *from, const char *to) {
+  FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+  char buf[1 << 16];
+  size_t n;
+  int rc = in && out ? 0 : -1;
+  while (!rc && (n = fread(buf, 1, sizeof buf, in)) > 0)
+    if (fwrite(buf, 1, n, out) != n) rc = -1;
+  if (in && ferror(in)) rc = -1;
+  if (in) fclose(in);
+  if (out && fclose(out)) rc = -1;
+  if (rc) fprintf(stderr, "kiln: error: copying %s to %s failed: %s\n", from, to, strerror(errno));
+  return rc;
+}
+
 /* kiln_prelude.h beside kernels.cu: with it the folder compiles on its own
  * (`nvcc -c kernels.cu`, no -I); on a GPU it includes CUDA's own headers
  * only. */
@@ -69,17 +83,7 @@ static int copy_prelude(const char *dir) {
     return -1;
   }
   snprintf(to, sizeof to, "%s/kiln_prelude.h", dir);
-  FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
-  char buf[1 << 14];
-  size_t n;
-  int rc = in && out ? 0 : -1;
-  while (!rc && (n = fread(buf, 1, sizeof buf, in)) > 0)
-    if (fwrite(buf, 1, n, out) != n) rc = -1;
-  if (in && ferror(in)) rc = -1;
-  if (in) fclose(in);
-  if (out && fclose(out)) rc = -1;
-  if (rc) fprintf(stderr, "kiln: error: copying %s to %s failed: %s\n", from, to, strerror(errno));
-  return rc;
+  return kiln_copy_file(from, to);
 }
 
 int kiln_write_sources(const kl_codegen_result *cg, const char *dir, bool timing) {

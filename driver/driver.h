@@ -181,6 +181,8 @@ void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
  * environment's, else the build folder), or PREFIX/LIBDIR for an installed
  * kiln. */
 const char *kiln_lib_dir(void);
+/* Copy a file whole; -1 after printing which copy failed and why. */
+int kiln_copy_file(const char *from, const char *to);
 /* Progress on stderr for a compile over a second: kiln_progress_begin at
  * the start (main), then one line per phase ("kiln: [2.3 s] NVRTC: sm_90
  * of 41 kernels"), printed only once a second has gone by. */
