@@ -177,6 +177,18 @@ if [ -f "$out/digits/train_x.npy" ]; then
   fi
 fi
 
+if [ "$dev" = cuda ]; then
+  echo "== kiln compile without --arch: the GPU here's cubin and PTX (issue 17)"
+  sm_here=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
+  t 120 "$kiln" compile examples/mlp.kl --emit=cu -o "$out/arch-default" >"$out/arch-default.log" 2>&1
+  got=$(grep -o 'cubin_sm[0-9]*\[' "$out/arch-default/gpu_images.c" 2>/dev/null | tr -d '[' | sort -u | tr '\n' ' ')
+  if [ -n "$sm_here" ] && [ "$got" = "cubin_sm$sm_here " ]; then
+    summary+=("default --arch on $dev: PASS (cubin_sm$sm_here only)")
+  else
+    summary+=("default --arch on $dev: FAIL (GPU sm_$sm_here, images: $got)")
+  fi
+fi
+
 echo "== compile time (NVRTC included)"
 PYTHON=${PYTHON:-.venv/bin/python} t 300 bench/compile_time.sh "$kiln" | tee "$out/compile.md"
 

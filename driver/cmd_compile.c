@@ -26,7 +26,8 @@ static const char compile_help[] =
     "  --emit=lib            build folder OUT: libkiln_NAME.a, NAME.h, the runtime's\n"
     "                        static libraries and kiln_NAME.pc for pkg-config\n"
     "                        (kiln_NAME_pb.pc adds krt_pb_read, pb/kilnrt_pb.h)\n"
-    "  --arch LIST           GPU architectures (default sm_80,sm_90; PTX for the last)\n"
+    "  --arch LIST           GPU architectures, PTX for the last (default: the GPU\n"
+    "                        here when there is one, else sm_80,sm_90)\n"
     "  --no-nvrtc            skip the GPU images (host device only)\n"
     "  --Werror              NVRTC warnings are errors\n"
     "  --time                print the time of each phase on stderr, the rate at\n"
@@ -306,7 +307,7 @@ int kiln_cmd_compile(int argc, char **argv) {
   }
   argc = kept;
   int sm[8] = {80, 90}, nsm = 2;
-  bool nvrtc = true, werror = false, timing = false;
+  bool nvrtc = true, werror = false, timing = false, arch_given = false;
   int c;
   while ((c = getopt_long(argc, argv, "ho:", longopts, NULL)) != -1) {
     switch (c) {
@@ -314,6 +315,7 @@ int kiln_cmd_compile(int argc, char **argv) {
     case 'o': out_path = optarg; break;
     case OPT_EMIT: emit = optarg; break;
     case OPT_ARCH:
+      arch_given = true;
       if ((nsm = parse_archs(optarg, sm, 8)) < 1) {
         fprintf(stderr, "kiln compile: --arch takes sm_XX[,sm_YY...], got '%s'\n", optarg);
         return KILN_EXIT_USAGE;
@@ -369,6 +371,15 @@ int kiln_cmd_compile(int argc, char **argv) {
     fprintf(stderr, "kiln compile: --emit=%s needs -o %s\n", emit,
             strcmp(emit, "exe") ? "FOLDER" : "PROGRAM");
     return KILN_EXIT_USAGE;
+  }
+  /* no --arch: the GPU here, when there is one (its cubin and PTX); else
+   * the defaults, for whatever GPU the program meets */
+  if (!arch_given && nvrtc && strcmp(emit, "ir")) {
+    krt_device *gpu_here = NULL;
+    char why[256];
+    if (!krt_device_open(KRT_DEVICE_CUDA, &gpu_here, why, sizeof why) && krt_device_sm(gpu_here) > 0)
+      sm[0] = krt_device_sm(gpu_here), nsm = 1;
+    krt_device_close(gpu_here);
   }
   if ((md || depfile) && !out_path) {
     fprintf(stderr, "kiln compile: -MD/-MF need -o OUT (the depfile's target)\n");

@@ -83,6 +83,7 @@ void krt_device_close(krt_device *d) {
 krt_device_kind krt_device_kind_of(const krt_device *d) { return d->ops->kind; }
 
 const char *krt_device_name(const krt_device *d) { return d->name; }
+int krt_device_sm(const krt_device *d) { return d ? d->sm : 0; }
 
 /* ---- memory ----------------------------------------------------------- */
 int krt_malloc(krt_device *d, size_t bytes, void **ptr, char *err, size_t errlen) {

@@ -283,6 +283,7 @@ static int cuda_open(krt_device *d, char *err, size_t errlen) {
   }
   snprintf(d->name, sizeof d->name, "cuda: %s", gpu);
   d->priv = c;
+  d->sm = c->sm;
   return 0;
 fail:
   free(c);

@@ -58,6 +58,7 @@ struct krt_device {
   double *mark_ms;  /* host: the clock at each mark */
   void **mark_events; /* cuda: an event per mark */
   krt_comm *comm;     /* data-parallel: the ranks' communicator (NULL: one) */
+  int sm;             /* cuda: compute capability x 10 (90: 9.0); host: 0 */
 };
 
 /* The module keeps its own copy of the kernel names and host entries, so the

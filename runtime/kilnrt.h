@@ -148,6 +148,7 @@ int krt_device_open(krt_device_kind kind, krt_device **out, char *err, size_t er
 void krt_device_close(krt_device *d);                 /* NULL-safe */
 krt_device_kind krt_device_kind_of(const krt_device *d);
 const char *krt_device_name(const krt_device *d);     /* "host (2 threads)", "cuda: NVIDIA H200" */
+int krt_device_sm(const krt_device *d);               /* a GPU's compute capability x 10; host: 0 */
 /* "host" | "cuda" | "auto" -> kind; -1 for anything else. */
 int krt_device_kind_parse(const char *s, krt_device_kind *out);
 
