@@ -11,7 +11,11 @@
  *
  * The bytes counted are the arena's: values computed by nodes, less graph
  * outputs (they have buffers of their own) and constants (stored with the
- * weights). */
+ * weights).
+ *
+ * A data-parallel step's gradient exchanges come first and what waits for
+ * them last (sched_ctx.cls), whatever the bytes: the exchanges then run
+ * during the rest of the backward pass. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -281,15 +285,12 @@ int kl_schedule(const kl_graph *g, kl_node **order, kl_error *err) {
         if (base[i]->inputs[k]->producer) s.needed[base[i]->inputs[k]->producer->id] = true;
   /* the exchange classes, in topological order: a node depends on an
    * exchange when it reads a wait's result or a value that does */
-  for (int i = 0; i < nn; i++) {
-    const kl_node *n = base[i];
-    if (n->op != KL_OP_ALL_REDUCE && n->op != KL_OP_ALL_REDUCE_WAIT) continue;
-    if (!s.cls) {
+  for (int i = 0; i < nn && !s.cls; i++)
+    if (base[i]->op == KL_OP_ALL_REDUCE) {
       s.cls = malloc(((size_t)nn + 1) * sizeof *s.cls);
       if (!s.cls) abort();
       for (int j = 0; j < nn; j++) s.cls[j] = 1;
     }
-  }
   for (int i = 0; s.cls && i < nn; i++) {
     const kl_node *n = base[i];
     if (n->op == KL_OP_ALL_REDUCE) {
