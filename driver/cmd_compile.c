@@ -421,7 +421,7 @@ int kiln_cmd_compile(int argc, char **argv) {
       kl_codegen_result_free(&cg);
     }
   } else if (g) {
-    rc = emit_ir(g, out_path);
+    rc = emit_ir(g, out_path && strcmp(out_path, "-") == 0 ? NULL : out_path); /* -o -: stdout */
   }
   if (rc == KILN_EXIT_OK && (md || depfile)) {
     char dflt[4200], first[4200], second[4200];

@@ -107,6 +107,8 @@ expect emit_cu_needs_o 2 "needs -o" -- "$kiln" compile m.kl --emit=cu
 expect inspect_counts 0 "params: 1 tensors, 12 elements, 48 bytes" -- "$kiln" inspect m.kl
 expect compile_ir 0 "^let y = relu" -- "$kiln" compile m.kl --emit=ir
 expect compile_ir_file 0 "" -- "$kiln" compile m.kl --emit=ir -o m.ir
+expect compile_ir_dash_is_stdout 0 "^let y = relu" -- "$kiln" compile m.kl --emit=ir -o -
+expect compile_ir_dash_writes_no_file 1 "" -- test -e ./-
 expect compile_ir_reparses 0 "^let y = relu" -- "$kiln" compile m.ir --emit=ir
 expect compile_no_emit 2 "--emit" -- "$kiln" compile m.kl
 expect syntax_error 1 "m_bad.kl:1:9: error" -- bash -c "printf 'input x f32[2]\n' > m_bad.kl; '$kiln' run --device=interp m_bad.kl"
