@@ -65,13 +65,22 @@ const char *kl_cg_scratch(kl_cg_emitter *e, size_t bytes, char *buf, size_t len)
 /* DRAM traffic of the current node beyond reading its inputs and writing
  * its outputs once (an im2col matrix written and read back). */
 void kl_cg_count_dram(kl_cg_emitter *e, size_t bytes);
-/* Run-time index errors (templates_nn.c): a kernel raises a 4-byte scratch
- * flag with atomicMax(flag, 0xFFFFFFFF - item) for a bad item; run()
- * zeroes it before the launch (reset) and, after it, fails with
- * "<op> (node '<name>'): <what> is out of range [0, c) (item i)" (check). */
-void kl_cg_flag_reset(kl_cg_emitter *e, const char *flag);
-void kl_cg_flag_check(kl_cg_emitter *e, const kl_node *n, const char *flag, const char *what,
-                      int64_t c);
+/* Run-time errors a kernel finds (templates_nn.c).  A kernel cannot stop
+ * the run, so it raises a flag word of its own in m->flags: an index out
+ * of range with atomicMax(flag, 0xFFFFFFFF - item), an integer division by
+ * zero by writing 1.  compute() zeroes every flag first; run() reads them
+ * all once, after the last kernel, and checks them in node order, so the
+ * first failing node is the one reported, in the interpreter's words, and
+ * nothing mid-way waits for the host (a CUDA graph captures the run).
+ * flag: a new flag's pointer expression in buf; its number is returned. */
+int kl_cg_flag(kl_cg_emitter *e, char *buf, size_t len);
+/* Where run() checks the host copy of its inputs (in[i]) before the run
+ * starts: the code written here may `return -1` with err set. */
+FILE *kl_cg_input_checks(kl_cg_emitter *e);
+/* "<op> (node '<name>'): <what> is out of range [0, c) (item i)" */
+void kl_cg_flag_check(kl_cg_emitter *e, int flag, const kl_node *n, const char *what, int64_t c);
+/* "<op> (node '<name>'): <message>" when the flag is not 0 */
+void kl_cg_flag_raised(kl_cg_emitter *e, int flag, const kl_node *n, const char *message);
 /* Launch kernel `k` over `threads` threads (grid-stride kernels: blocks of
  * 256, at most 4096 blocks) with the given pointer expressions as its
  * arguments, in order. */
@@ -216,6 +225,15 @@ typedef struct {
   size_t dram_bytes;
   /* the profiler's steps: those that launch something */
   int step_launches, nprofile, cap_profile;
+  /* run-time error flags (kl_cg_flag) and run()'s checks of them */
+  int nflags;
+  FILE *checks_f;
+  char *checks;
+  size_t checks_len;
+  /* run()'s checks of host input data, before anything runs */
+  FILE *prechecks_f;
+  char *prechecks;
+  size_t prechecks_len;
   struct kl_cg_profile_step { char name[96]; int launches; size_t bytes; } *profile;
 } kl_cg_ctx;
 

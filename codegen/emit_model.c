@@ -122,6 +122,9 @@ static int write_all(kl_cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   size_t run_len;
   kl_cg_emitter e = {.c = c, .kf = kf};
   FILE *run_f = open_memstream(&run_text, &run_len);
+  c->checks_f = open_memstream(&c->checks, &c->checks_len);
+  c->prechecks_f = open_memstream(&c->prechecks, &c->prechecks_len);
+  if (!run_f || !c->checks_f || !c->prechecks_f) abort();
   int rc = 0;
   /* one step per group: a node's own template, or one fused kernel; each
    * step's text goes through a buffer of its own, so that the steps that
@@ -178,13 +181,18 @@ static int write_all(kl_cg_ctx *c, const char *prefix, kl_codegen_result *out) {
     fclose(e.rf);
     if (c->step_launches > launches0) {
       profile_step(c, gr, members, c->step_launches - launches0, c->dram_bytes - bytes0);
-      fprintf(run_f, "  if (krt_mark(m->dev, %d, err, errlen)) return -1;\n", c->nprofile - 1);
+      fprintf(run_f, "  if (krt_step_mark(m->dev, %d, steps[%d].name, err, errlen)) return -1;\n",
+              c->nprofile - 1, c->nprofile - 1);
     }
     fwrite(step_text, 1, step_len, run_f);
     free(step_text);
   }
-  fprintf(run_f, "  if (krt_mark(m->dev, %d, err, errlen)) return -1;\n", c->nprofile);
+  fprintf(run_f, "  if (krt_step_mark(m->dev, %d, NULL, err, errlen)) return -1;\n", c->nprofile);
   fclose(run_f);
+  fclose(c->checks_f);
+  c->checks_f = NULL;
+  fclose(c->prechecks_f);
+  c->prechecks_f = NULL;
   /* every launch and GEMM call of run() */
   for (const char *p = run_text; p && (p = strstr(p, "krt_launch(")); p++) c->nlaunches++;
   for (const char *p = run_text; p && (p = strstr(p, "krt_gemm(")); p++) c->nlaunches++;
@@ -193,6 +201,8 @@ static int write_all(kl_cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   c->ngemms = e.ngemms;
   if (rc) {
     free(run_text);
+    free(c->checks);
+    free(c->prechecks);
     fclose(kf);
     fclose(mf);
     fclose(hf);
@@ -200,6 +210,9 @@ static int write_all(kl_cg_ctx *c, const char *prefix, kl_codegen_result *out) {
   }
   kl_cg_write_host(c, prefix, run_text, run_len, mf, hf, kernel);
   free(run_text);
+  free(c->checks);
+  free(c->prechecks);
+  c->checks = c->prechecks = NULL;
   fclose(kf);
   fclose(mf);
   fclose(hf);

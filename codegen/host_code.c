@@ -257,19 +257,27 @@ void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, si
   /* The weights are not C text (megabytes of it would take the C compiler
    * longer than everything else): they sit in weights.bin beside this file
    * and the assembler includes them as they are. */
-  fprintf(mf, "/* weights and constants, %zu bytes, from weights.bin */\n#ifndef KILN_WEIGHTS_FILE\n"
+  fprintf(mf, "/* weights and constants, %zu bytes, from weights.bin; or, built with\n"
+              " * -DKILN_WEIGHTS_EXTERNAL=\"FILE\" (kiln compile --weights-file), in FILE\n"
+              " * beside the program, mapped at create (krt_weights_map) */\n"
+              "#ifdef KILN_WEIGHTS_EXTERNAL\n#define params_blob ((const unsigned char *)m->weights.data)\n"
+              "#else\n#ifndef KILN_WEIGHTS_FILE\n"
               "#define KILN_WEIGHTS_FILE \"weights.bin\"\n#endif\n"
               "__asm__(\".section .rodata\\n.balign 64\\nkiln_weights_%s:\\n.incbin \\\"\" KILN_WEIGHTS_FILE "
               "\"\\\"\\n.byte 0\\n.previous\\n\");\n"
-              "extern const unsigned char kiln_weights_%s[];\n#define params_blob kiln_weights_%s\n\n",
+              "extern const unsigned char kiln_weights_%s[];\n#define params_blob kiln_weights_%s\n#endif\n\n",
           c->p->param_bytes, prefix, prefix, prefix);
   io_table(mf, "inputs", (const kl_value *const *)g->inputs.items, g->inputs.len);
   io_table(mf, "outputs", api_out, nout);
   int nio = g->inputs.len + nout;
   /* trace: KILN_PROFILE=FILE.json, a Chrome trace of every run, written
    * at destroy (runtime/trace.c) */
+  /* graph: the run captured as a CUDA graph (krt_graph_run); flags: the
+   * run-time error flags (kl_cg_flag) */
   fprintf(mf, "\ntypedef struct {\n  krt_device *dev;\n  krt_module *mod;\n  char *arena, *params;\n"
-              "  void *io[%d];\n  krt_trace *trace;\n  double *trace_ms;\n} model;\n\n"
+              "  void *io[%d];\n  krt_trace *trace;\n  double *trace_ms;\n  krt_graph *graph;\n"
+              "  unsigned *flags;\n  krt_weights weights;\n"
+              "  int params_mapped; /* params is the mapping itself (the host device) */\n} model;\n\n"
               "static const krt_model_api api;\n\n", nio ? nio : 1);
   fprintf(mf, "static size_t io_bytes(const krt_io_desc *d) {\n  size_t n = krt_dtype_size(d->dtype);\n"
               "  for (int i = 0; i < d->rank; i++) n *= (size_t)d->dims[i];\n  return n;\n}\n\n");
@@ -279,18 +287,30 @@ void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, si
               "      fprintf(stderr, \"kiln: %%s\\n\", err);\n"
               "    else krt_trace_summary(m->trace, stderr);\n"
               "    krt_trace_free(m->trace);\n    free(m->trace_ms);\n  }\n"
+              "  krt_graph_free(m->dev, m->graph);\n  krt_free(m->dev, m->flags);\n"
               "  for (int i = 0; i < %d; i++) krt_free(m->dev, m->io[i]);\n"
-              "  krt_free(m->dev, m->arena);\n  krt_free(m->dev, m->params);\n  krt_module_unload(m->mod);\n"
+              "  krt_free(m->dev, m->arena);\n  if (!m->params_mapped) krt_free(m->dev, m->params);\n"
+              "  krt_weights_unmap(&m->weights);\n  krt_module_unload(m->mod);\n"
               "  free(m);\n}\n\n", nio);
   fprintf(mf, "static int create(krt_device *dev, void **out, char *err, size_t errlen) {\n"
               "  model *m = calloc(1, sizeof *m);\n  if (!m) return -1;\n  m->dev = dev;\n"
+              "#ifdef KILN_WEIGHTS_EXTERNAL\n"
+              "  if (krt_weights_map(&m->weights, KILN_WEIGHTS_EXTERNAL, KILN_WEIGHTS_COMPILED_DIR, %zu,\n"
+              "                      KILN_WEIGHTS_CRC, (const void *)&api, err, errlen)) {\n"
+              "    destroy(m);\n    return -1;\n  }\n"
+              "  /* inference never writes its weights: the host device reads the mapping */\n"
+              "  m->params_mapped = %d && krt_device_kind_of(dev) == KRT_DEVICE_HOST;\n"
+              "  if (m->params_mapped) m->params = (char *)m->weights.data;\n"
+              "#endif\n"
               "  krt_module_desc md = {kernels, %d, CUBINS};\n"
               "  if ((%d && krt_module_load(dev, &md, &m->mod, err, errlen)) ||\n"
               "      krt_malloc(dev, %zu, (void **)&m->arena, err, errlen) ||\n"
-              "      krt_malloc(dev, %zu, (void **)&m->params, err, errlen) ||\n"
-              "      krt_upload(dev, m->params, params_blob, %zu, err, errlen)) {\n"
-              "    destroy(m);\n    return -1;\n  }\n", kernel, kernel, c->p->mem.arena ? c->p->mem.arena : 1,
-          c->p->param_bytes ? c->p->param_bytes : 1, c->p->param_bytes);
+              "      (!m->params_mapped && (krt_malloc(dev, %zu, (void **)&m->params, err, errlen) ||\n"
+              "                             krt_upload(dev, m->params, params_blob, %zu, err, errlen))) ||\n"
+              "      (%d && krt_malloc(dev, %d * sizeof(unsigned), (void **)&m->flags, err, errlen))) {\n"
+              "    destroy(m);\n    return -1;\n  }\n", c->p->param_bytes, !trains && c->p->param_bytes > 0,
+          kernel, kernel, c->p->mem.arena ? c->p->mem.arena : 1,
+          c->p->param_bytes ? c->p->param_bytes : 1, c->p->param_bytes, c->nflags, c->nflags);
   fprintf(mf, "  for (int i = 0; i < %d; i++) {\n"
               "    const krt_io_desc *d = i < %d ? &inputs[i] : &outputs[i - %d];\n"
               "    if (krt_malloc(dev, io_bytes(d) ? io_bytes(d) : 1, &m->io[i], err, errlen)) {\n"
@@ -312,6 +332,25 @@ void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, si
     fprintf(mf, "%s%d", i ? ", " : "", read);
   }
   fprintf(mf, "%s};\n\n", g->inputs.len ? "" : "0");
+  fprintf(mf, "/* The steps run() marks for the profiler (kernels and GEMM calls, est. DRAM bytes). */\n"
+              "static const krt_step_info steps[] = {\n");
+  for (int i = 0; i < c->nprofile; i++)
+    fprintf(mf, "  {\"%s\", %d, %zu},\n", c->profile[i].name, c->profile[i].launches,
+            c->profile[i].bytes);
+  if (!c->nprofile) fprintf(mf, "  {\"\", 0, 0}\n");
+  fprintf(mf, "};\n\n");
+  /* compute: what run() enqueues between the uploads and the downloads,
+   * the same every run, so a CUDA graph can capture it (krt_graph_run);
+   * not a data-parallel step, whose exchange waits on the host mid-way */
+  bool capturable = !strstr(run_text, "krt_all_reduce");
+  fprintf(mf, "/* Everything a run enqueues on the device: captured once as a CUDA graph\n"
+              " * and replayed, on a GPU with graphs on (krt_graph_run). */\n"
+              "static int compute(void *self, char *err, size_t errlen) {\n  model *m = self;\n");
+  if (c->nflags)
+    fprintf(mf, "  if (krt_memset_zero(m->dev, m->flags, %d * sizeof(unsigned), err, errlen)) return -1;\n",
+            c->nflags);
+  fwrite(run_text, 1, run_len, mf);
+  fprintf(mf, "  return 0;\n}\n\n");
   fprintf(mf, "static int run(void *self, const void *const *in, void *const *out, char *err, size_t errlen) {\n"
               "  model *m = self;\n  const double t0 = m->trace ? krt_now_ms() : 0;\n"
               "  for (int i = 0; i < %d; i++) {\n"
@@ -321,8 +360,16 @@ void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, si
               "      return -1;\n    }\n"
               "    if (krt_upload(m->dev, m->io[i], in[i], io_bytes(&inputs[i]), err, errlen)) return -1;\n  }\n",
           g->inputs.len);
-  fwrite(run_text, 1, run_len, mf);
+  fwrite(c->prechecks, 1, c->prechecks_len, mf);
+  fprintf(mf, "  if (krt_graph_run(m->dev, &m->graph, %d && !m->trace, compute, m, err, errlen)) return -1;\n",
+          capturable);
   fprintf(mf, "  if (krt_synchronize(m->dev, err, errlen)) return -1;\n");
+  if (c->nflags) { /* the kernels' run-time errors, the first node's first */
+    fprintf(mf, "  unsigned flags[%d];\n"
+                "  if (krt_download(m->dev, flags, m->flags, sizeof flags, err, errlen)) return -1;\n",
+            c->nflags);
+    fwrite(c->checks, 1, c->checks_len, mf);
+  }
   for (int i = 0; i < nout; i++) {
     fprintf(mf, "  if (krt_download(m->dev, out[%d], ", i);
     ptr(mf, c, api_out[i]);
@@ -332,13 +379,7 @@ void kl_cg_write_host(kl_cg_ctx *c, const char *prefix, const char *run_text, si
               "                   krt_trace_add_run(m->trace, m->trace_ms, krt_now_ms() - t0))) return -1;\n",
           c->nprofile);
   fprintf(mf, "  return 0;\n}\n\n");
-  fprintf(mf, "/* The steps run() marks for the profiler (kernels and GEMM calls, est. DRAM bytes). */\n"
-              "static const krt_step_info steps[] = {\n");
-  for (int i = 0; i < c->nprofile; i++)
-    fprintf(mf, "  {\"%s\", %d, %zu},\n", c->profile[i].name, c->profile[i].launches,
-            c->profile[i].bytes);
-  if (!c->nprofile) fprintf(mf, "  {\"\", 0, 0}\n");
-  fprintf(mf, "};\n\n");
+
   if (trains) write_train(mf, c);
   fprintf(mf, "static const krt_model_api api = {\"%s\", %d, %d, inputs, outputs, %zu, %zu, %d,\n"
               "                                  create, run, destroy, %d, steps, %s};\n\n"

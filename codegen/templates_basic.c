@@ -46,13 +46,6 @@ static bool handles_softmax(const kl_node *n) {
   return n->op == KL_OP_SOFTMAX || n->op == KL_OP_LOG_SOFTMAX;
 }
 
-/* An integer division's flag (see emit_simple's end). */
-static int scratch_simple(const kl_node *n, size_t *bytes) {
-  if (!kl_traps_zero_divisor(n)) return 0;
-  bytes[0] = sizeof(int);
-  return 1;
-}
-
 /* One kernel: a grid-stride one over the output's elements, or one that
  * chose its own grid (row and column reductions, tiled transposes). */
 static int emit_simple(kl_cg_emitter *e, const kl_node *n) {
@@ -81,17 +74,12 @@ static int emit_simple(kl_cg_emitter *e, const kl_node *n) {
   const char *args[4];
   for (int i = 0; i < 2; i++) args[i] = kl_cg_ptr(e, n->inputs[i], bufs[i], sizeof bufs[i]);
   args[2] = kl_cg_ptr(e, n->outputs[0], bufs[2], sizeof bufs[2]);
-  args[3] = kl_cg_scratch(e, sizeof(int), flag, sizeof flag);
-  FILE *h = kl_cg_host(e);
-  fprintf(h, "  if (krt_memset_zero(m->dev, %s, sizeof(int), err, errlen)) return -1;\n", flag);
+  int flag_no = kl_cg_flag(e, flag, sizeof flag);
+  args[3] = flag;
   kl_cg_launch(e, k, threads, args, 4);
-  fprintf(h, "  {\n    int zero = 0;\n"
-             "    if (krt_download(m->dev, &zero, %s, sizeof zero, err, errlen)) return -1;\n"
-             "    if (zero) {\n      if (err && errlen) snprintf(err, errlen, \"%%s\", \"%s (node '%s'): "
-             "%s\");\n      return -1;\n    }\n  }\n",
-          flag, kl_ops[n->op].name, n->name,
-          n->op == KL_OP_POW ? "zero raised to a negative power"
-          : n->op == KL_OP_DIV ? "integer division by zero" : "integer modulo by zero");
+  kl_cg_flag_raised(e, flag_no, n,
+                    n->op == KL_OP_POW ? "zero raised to a negative power"
+                    : n->op == KL_OP_DIV ? "integer division by zero" : "integer modulo by zero");
   return 0;
 }
 
@@ -187,7 +175,7 @@ static int emit_gemm(kl_cg_emitter *e, const kl_node *n) {
 }
 
 const kl_cg_template kl_cg_templates_basic[] = {
-    {handles_elementwise, emit_simple, scratch_simple},
+    {handles_elementwise, emit_simple, NULL},
     {handles_copy, emit_simple, NULL},
     {handles_reduce, emit_simple, NULL},
     {handles_softmax, emit_simple, NULL},

@@ -129,9 +129,10 @@ static void take_index(FILE *f, const char *ind, const char *var, int64_t dim) {
   fprintf(f, "%sif (%s < 0 || %s >= %lldLL) bad = 1;\n", ind, var, var, (long long)dim);
 }
 
-/* Host check, in run(), of indices that are a graph input: every element
- * (component `comp` of each tuple of `m` when m > 0, else every element)
- * must lie in [-dim, dim).  The device cannot report it yet. */
+/* Host check, in run() before the run starts, of indices that are a graph
+ * input: every element (component `comp` of each tuple of `m` when m > 0,
+ * else every element) must lie in [-dim, dim).  The device cannot report
+ * it yet. */
 static void host_check_indices(kl_cg_emitter *e, const kl_node *n, const kl_value *ix,
                                const int64_t *dims, int m) {
   const kl_graph *g = n->graph;
@@ -141,7 +142,7 @@ static void host_check_indices(kl_cg_emitter *e, const kl_node *n, const kl_valu
     if (g->inputs.items[i] == ix) at = i;
   int64_t count = kl_shape_numel(&ix->shape);
   if (at < 0 || count == 0) return;
-  FILE *f = kl_cg_host(e);
+  FILE *f = kl_cg_input_checks(e);
   const char *t = ix->dtype == KL_I32 ? "int32_t" : "int64_t";
   char msg[400];
   snprintf(msg, sizeof msg, "%s (node '%s'): an element of indices '%s' is out of range",

@@ -720,11 +720,7 @@ static int emit_gap(kl_cg_emitter *e, const kl_node *n) {
 }
 
 
-/* ---- run-time errors ---------------------------------------------------- */
-/* An index out of range is a run-time error in the interpreter.  Kernels
- * cannot stop the run, so they record the first bad item in a flag word
- * (0: none, else 0xFFFFFFFF - item, raised by atomicMax) and run() checks
- * it after the kernel and fails with the interpreter's words. */
+/* ---- run-time errors (kl_cg_flag in codegen_impl.h) --------------------- */
 static void c_string(FILE *f, const char *s) {
   fputc('"', f);
   for (; *s; s++) {
@@ -736,41 +732,44 @@ static void c_string(FILE *f, const char *s) {
   fputc('"', f);
 }
 
-static void flag_reset(kl_cg_emitter *e, const char *flag) {
-  fprintf(kl_cg_host(e), "  if (krt_memset_zero(m->dev, %s, 4, err, errlen)) return -1;\n", flag);
+FILE *kl_cg_input_checks(kl_cg_emitter *e) { return e->c->prechecks_f; }
+
+int kl_cg_flag(kl_cg_emitter *e, char *buf, size_t len) {
+  int flag = e->c->nflags++;
+  snprintf(buf, len, "(void *)(m->flags + %d)", flag);
+  return flag;
 }
 
-static void flag_check(kl_cg_emitter *e, const kl_node *n, const char *flag, const char *what,
-                       int64_t c) {
-  FILE *h = kl_cg_host(e);
+void kl_cg_flag_check(kl_cg_emitter *e, int flag, const kl_node *n, const char *what, int64_t c) {
+  FILE *h = e->c->checks_f;
   char msg[600];
   snprintf(msg, sizeof msg, "%s (node '%s'): %s is out of range [0, %lld) (item ", kl_ops[n->op].name,
            n->name, what, (long long)c);
-  fprintf(h, "  {\n    unsigned bad = 0;\n"
-             "    if (krt_download(m->dev, &bad, %s, sizeof bad, err, errlen)) return -1;\n"
-             "    if (bad) {\n"
-             "      if (err && errlen) {\n"
-             "        static const char msg[] = ", flag);
+  fprintf(h, "  if (flags[%d]) {\n"
+             "    if (err && errlen) {\n"
+             "      static const char msg[] = ", flag);
   c_string(h, msg);
   fprintf(h, ";\n"
-             "        unsigned long long item = 0xFFFFFFFFull - bad;\n"
-             "        char digits[24];\n"
-             "        int nd = 0;\n"
-             "        size_t k = 0;\n"
-             "        do {\n          digits[nd++] = (char)('0' + item %% 10);\n          item /= 10;\n"
-             "        } while (item);\n"
-             "        for (; msg[k] && k + 1 < errlen; k++) err[k] = msg[k];\n"
-             "        while (nd && k + 1 < errlen) err[k++] = digits[--nd];\n"
-             "        if (k + 1 < errlen) err[k++] = ')';\n"
-             "        err[k] = 0;\n"
-             "      }\n      return -1;\n    }\n  }\n");
+             "      unsigned long long item = 0xFFFFFFFFull - flags[%d];\n"
+             "      char digits[24];\n"
+             "      int nd = 0;\n"
+             "      size_t k = 0;\n"
+             "      do {\n        digits[nd++] = (char)('0' + item %% 10);\n        item /= 10;\n"
+             "      } while (item);\n"
+             "      for (; msg[k] && k + 1 < errlen; k++) err[k] = msg[k];\n"
+             "      while (nd && k + 1 < errlen) err[k++] = digits[--nd];\n"
+             "      if (k + 1 < errlen) err[k++] = ')';\n"
+             "      err[k] = 0;\n"
+             "    }\n    return -1;\n  }\n", flag);
 }
 
-void kl_cg_flag_reset(kl_cg_emitter *e, const char *flag) { flag_reset(e, flag); }
-
-void kl_cg_flag_check(kl_cg_emitter *e, const kl_node *n, const char *flag, const char *what,
-                      int64_t c) {
-  flag_check(e, n, flag, what, c);
+void kl_cg_flag_raised(kl_cg_emitter *e, int flag, const kl_node *n, const char *message) {
+  FILE *h = e->c->checks_f;
+  char msg[600];
+  snprintf(msg, sizeof msg, "%s (node '%s'): %s", kl_ops[n->op].name, n->name, message);
+  fprintf(h, "  if (flags[%d]) {\n    if (err && errlen) snprintf(err, errlen, \"%%s\", ", flag);
+  c_string(h, msg);
+  fprintf(h, ");\n    return -1;\n  }\n");
 }
 
 /* ---- cross_entropy, nll_loss ---------------------------------------------- */
@@ -827,7 +826,6 @@ static int scratch_cross_entropy(const kl_node *n, size_t *bytes) {
     return count;
   }
   if (red != RED_NONE) bytes[count++] = (size_t)items * sizeof(double);
-  if (!kl_dtype_is_float(n->inputs[1]->dtype)) bytes[count++] = 4;
   return count;
 }
 
@@ -859,7 +857,7 @@ static int emit_cross_entropy(kl_cg_emitter *e, const kl_node *n) {
                {"unsigned *", "bad_"}};
   int na = indices ? 4 : 3;
   char flag[160] = "";
-  if (indices) kl_cg_scratch(e, 4, flag, sizeof flag);
+  int flag_no = indices ? kl_cg_flag(e, flag, sizeof flag) : -1;
   kbegin(f, n, name, red == RED_NONE ? " per item" : " per item (then reduced)", a, na);
   loop(f, items);
   fprintf(f, "    const int64_t base = (i / %lldLL) * %lldLL + i %% %lldLL;\n", (ll)inner,
@@ -895,9 +893,8 @@ static int emit_cross_entropy(kl_cg_emitter *e, const kl_node *n) {
   kend(f, name, a, na);
   const char *args[4] = {kl_cg_ptr(e, x, px, sizeof px), kl_cg_ptr(e, l, pl, sizeof pl),
                          red == RED_NONE ? kl_cg_ptr(e, y, py, sizeof py) : scr, flag};
-  if (indices) flag_reset(e, flag);
   kl_cg_launch(e, k, items, args, na);
-  if (indices) flag_check(e, n, flag, "label", c);
+  if (indices) kl_cg_flag_check(e, flag_no, n, "label", c);
   if (red != RED_NONE) emit_final(e, n, scr, items, red, false);
   return 0;
 }
@@ -922,7 +919,6 @@ static int scratch_nll(const kl_node *n, size_t *bytes) {
     return (int)count;
   }
   if (red != RED_NONE) bytes[count++] = (size_t)items * 2 * sizeof(double);
-  bytes[count++] = 4;
   return (int)count;
 }
 
@@ -950,7 +946,7 @@ static int emit_nll(kl_cg_emitter *e, const kl_node *n) {
   karg a[5];
   int na = 0;
   char flag[160];
-  kl_cg_scratch(e, 4, flag, sizeof flag);
+  int flag_no = kl_cg_flag(e, flag, sizeof flag);
   a[na++] = in_arg(x, "x");
   a[na++] = in_arg(t, "target");
   if (w) a[na++] = in_arg(w, "weight");
@@ -988,9 +984,8 @@ static int emit_nll(kl_cg_emitter *e, const kl_node *n) {
   for (int i = 0; i < n->ninputs; i++) args[nargs] = kl_cg_ptr(e, n->inputs[i], bufs[nargs], 160), nargs++;
   args[nargs++] = red == RED_NONE ? kl_cg_ptr(e, y, bufs[3], 160) : scr;
   args[nargs++] = flag;
-  flag_reset(e, flag);
   kl_cg_launch(e, k, items, args, nargs);
-  flag_check(e, n, flag, "target", c);
+  kl_cg_flag_check(e, flag_no, n, "target", c);
   if (red != RED_NONE) emit_final(e, n, scr, items, red, true);
   return 0;
 }

@@ -247,13 +247,6 @@ static void write_roi_bin(FILE *f, const char *name, const kl_node *n, bool is_m
                "  return acc / (T)(count > 1 ? count : 1);\n}\n");
 }
 
-/* The flag of a batch index out of range. */
-static int scratch_roi_align(const kl_node *n, size_t *bytes) {
-  if (kl_shape_numel(&n->outputs[0]->shape) == 0) return 0;
-  bytes[0] = 4;
-  return 1;
-}
-
 /* One thread per output element (r, c, ph, pw): the region's geometry
  * (as kl_eval_ROI_ALIGN), then its bin.  A batch index out of range
  * gives NaN and raises the flag: run() then fails as the interpreter. */
@@ -315,12 +308,11 @@ static int emit_roi_align(kl_cg_emitter *e, const kl_node *n) {
           kl_cg_storage(x->dtype), kl_cg_storage(r->dtype), kl_cg_storage(bi->dtype),
           kl_cg_storage(y->dtype));
   char flag[160], px[160], pr[160], pb[160], py[160];
-  kl_cg_scratch(e, 4, flag, sizeof flag);
+  int flag_no = kl_cg_flag(e, flag, sizeof flag);
   const char *args[5] = {kl_cg_ptr(e, x, px, sizeof px), kl_cg_ptr(e, r, pr, sizeof pr),
                          kl_cg_ptr(e, bi, pb, sizeof pb), kl_cg_ptr(e, y, py, sizeof py), flag};
-  kl_cg_flag_reset(e, flag);
   kl_cg_launch(e, k, total, args, 5);
-  kl_cg_flag_check(e, n, flag, "a batch index of roi", x->shape.dims[0]);
+  kl_cg_flag_check(e, flag_no, n, "a batch index of roi", x->shape.dims[0]);
   return 0;
 }
 
@@ -433,7 +425,7 @@ static int emit_deform_conv(kl_cg_emitter *e, const kl_node *n) {
 
 const kl_cg_template kl_cg_templates_sample[] = {
     {handles_grid_sample, emit_grid_sample, NULL},
-    {handles_roi_align, emit_roi_align, scratch_roi_align},
+    {handles_roi_align, emit_roi_align, NULL},
     {handles_deform_conv, emit_deform_conv, NULL},
     {NULL, NULL, NULL},
 };

@@ -7,6 +7,9 @@
  * tensor files are libkilnrt_pb's (--pb-inputs, kiln_NAME_pb.pc). */
 #define _XOPEN_SOURCE 700 /* realpath */
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +40,52 @@ static int shell(const char *cmd, const char *dir, const char *what) {
   return 0;
 }
 
+/* --weights-file: weights.bin copied to gpu->weights_file, and the
+ * defines that make model.c map it at create instead of assembling it in
+ * (its name, CRC-32 and the folder it was written to); "" otherwise. */
+static int weights_beside(const char *dir, const kiln_gpu_opts *gpu, char *defines, size_t n) {
+  defines[0] = 0;
+  if (!gpu->weights_file) return 0;
+  const char *file = gpu->weights_file, *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
+  char bin[4200], folder[4200], abs[4096];
+  snprintf(bin, sizeof bin, "%s/weights.bin", dir);
+  snprintf(folder, sizeof folder, "%.*s", base > file ? (int)(base - file - 1) : 1, base > file ? file : ".");
+  if (!folder[0]) snprintf(folder, sizeof folder, "/");
+  if (!*base || strpbrk(file, "\"'\n")) {
+    fprintf(stderr, "kiln: error: --weights-file=%s: a file name without quotes, backslashes or "
+                    "newlines\n", file);
+    return -1;
+  }
+  if (!realpath(folder, abs)) {
+    fprintf(stderr, "kiln: error: --weights-file=%s: %s: %s\n", file, folder, strerror(errno));
+    return -1;
+  }
+  int fd = open(bin, O_RDONLY);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st)) {
+    fprintf(stderr, "kiln: error: %s: %s\n", bin, strerror(errno));
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  void *p = st.st_size ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+  close(fd);
+  if (p == MAP_FAILED) {
+    fprintf(stderr, "kiln: error: cannot map %s: %s\n", bin, strerror(errno));
+    return -1;
+  }
+  uint32_t crc = krt_crc32(p, (size_t)st.st_size);
+  if (p) munmap(p, (size_t)st.st_size);
+  if (kiln_copy_file(bin, file)) return -1;
+  char qbase[2200], qabs[4300];
+  kiln_shell_quote(qbase, sizeof qbase, base);
+  kiln_shell_quote(qabs, sizeof qabs, abs);
+  snprintf(defines, n, "-DKILN_WEIGHTS_EXTERNAL='\"'%s'\"' -DKILN_WEIGHTS_CRC=0x%08xu "
+                       "-DKILN_WEIGHTS_COMPILED_DIR='\"'%s'\"'", qbase, crc, qabs);
+  fprintf(stderr, "kiln: the weights (%lld bytes) are in %s, which the program maps when it starts\n",
+          (long long)st.st_size, file);
+  return 0;
+}
+
 /* Sources and, when NVRTC is there, GPU images into dir; *gpu says which. */
 static int write_all_sources(const kl_codegen_result *cg, const char *dir,
                              const kiln_gpu_opts *gpu, bool *images) {
@@ -55,19 +104,21 @@ static int write_all_sources(const kl_codegen_result *cg, const char *dir,
 
 /* The flags every compile of generated code takes; -fno-math-errno keeps
  * the math functions free of errno, as on a GPU. */
-static void common_flags(char *buf, size_t n, const char *qdir, bool images) {
+static void common_flags(char *buf, size_t n, const char *qdir, bool images, const char *weights) {
   char qrt[4200];
   kiln_shell_quote(qrt, sizeof qrt, kiln_runtime_dir());
   snprintf(buf, n,
            "-std=gnu11 -O2 -fno-math-errno -fPIC -DKILN_HOST_KERNELS %s -I%s -I%s/emu "
-           "-DKILN_WEIGHTS_FILE='\"'%s/weights.bin'\"'",
-           images ? "-DKILN_GPU_IMAGES" : "", qrt, qrt, qdir);
+           "-DKILN_WEIGHTS_FILE='\"'%s/weights.bin'\"' %s",
+           images ? "-DKILN_GPU_IMAGES" : "", qrt, qrt, qdir, weights);
 }
 
 int kiln_build_exe(const kl_codegen_result *cg, const char *prefix, const char *dir,
                    const char *out, const kiln_gpu_opts *gpu, bool pb) {
   bool images;
-  if (write_all_sources(cg, dir, gpu, &images)) return -1;
+  char weights[9000];
+  if (write_all_sources(cg, dir, gpu, &images) || weights_beside(dir, gpu, weights, sizeof weights))
+    return -1;
   char path[4200];
   snprintf(path, sizeof path, "%s/main.c", dir);
   FILE *f = fopen(path, "w");
@@ -83,11 +134,11 @@ int kiln_build_exe(const kl_codegen_result *cg, const char *prefix, const char *
           prefix, cg->header, pb ? "#include \"pb/kilnrt_pb.h\"\n" : "", mpi ? "#include \"mpi/kilnrt_mpi.h\"\n" : "",
           mpi ? "_mpi" : pb ? "_pb" : "", prefix);
   if (fclose(f)) return -1;
-  char qdir[4200], qout[4200], qlib[4200], flags[16384], cmd[65536];
+  char qdir[4200], qout[4200], qlib[4200], flags[24000], cmd[131072];
   kiln_shell_quote(qdir, sizeof qdir, dir);
   kiln_shell_quote(qout, sizeof qout, out);
   kiln_shell_quote(qlib, sizeof qlib, lib_dir());
-  common_flags(flags, sizeof flags, qdir, images);
+  common_flags(flags, sizeof flags, qdir, images, weights);
   snprintf(cmd, sizeof cmd,
            /* the static libraries by file name: an installed libdir holds
             * libkilnrt.so too, which -lkilnrt would take */
@@ -102,6 +153,7 @@ int kiln_build_exe(const kl_codegen_result *cg, const char *prefix, const char *
 int kiln_build_lib(const kl_codegen_result *cg, const char *prefix, const char *dir,
                    const char *out_dir, const kiln_gpu_opts *gpu) {
   bool images;
+  char weights[9000];
   if (write_all_sources(cg, dir, gpu, &images)) return -1;
   if ((mkdir(out_dir, 0777) && errno != EEXIST)) {
     fprintf(stderr, "kiln: error: cannot create folder %s: %s\n", out_dir, strerror(errno));
@@ -112,10 +164,11 @@ int kiln_build_lib(const kl_codegen_result *cg, const char *prefix, const char *
     fprintf(stderr, "kiln: error: %s: %s\n", out_dir, strerror(errno));
     return -1;
   }
-  char qdir[4200], qout[4200], flags[16384], cmd[65536];
+  char qdir[4200], qout[4200], flags[24000], cmd[131072];
   kiln_shell_quote(qdir, sizeof qdir, dir);
   kiln_shell_quote(qout, sizeof qout, abs_out);
-  common_flags(flags, sizeof flags, qdir, images);
+  if (weights_beside(dir, gpu, weights, sizeof weights)) return -1;
+  common_flags(flags, sizeof flags, qdir, images, weights);
   /* Everything but kiln_model_<prefix> is hidden, then made local in one
    * relocatable object, so that several compiled models (each with its k0,
    * k1, ... kernels) link into one program. */

@@ -18,6 +18,9 @@ static const char bench_help[] =
     "  --device=DEVICE       host, cuda or auto (default; KILN_DEVICE overrides)\n"
     "  --iters N             timed runs per side after one warm-up (default 10)\n"
     "  --json                print one JSON object instead of the table\n"
+    "  --no-graph            on a GPU, time kernel-by-kernel launches only (by\n"
+    "                        default each side is timed replaying its run as a\n"
+    "                        CUDA graph, then kernel by kernel)\n"
     "  --data DIR            with --train: also train the fused step on DIR for\n"
     "                        --iters steps (at least 50) and print the split of\n"
     "                        its time into compute and input wait\n"
@@ -26,12 +29,14 @@ static const char bench_help[] =
     "Inputs are seeded random values; times are medians on a possibly shared\n"
     "machine, so read the ratios, not the absolute numbers.\n";
 
-enum { OPT_DEVICE = 2300, OPT_ITERS, OPT_JSON, OPT_NO_FUSE, OPT_DATA };
+enum { OPT_DEVICE = 2300, OPT_ITERS, OPT_JSON, OPT_NO_FUSE, OPT_DATA, OPT_NO_GRAPH };
 
 typedef struct {
   int kernels, launches;
   size_t dram_bytes, arena_bytes, arena_lower_bound, naive_bytes;
   double compile_ms, run_ms;
+  bool graphed;      /* run_ms replays a CUDA graph; plain_ms launches one by one */
+  double plain_ms;
 } side;
 
 /* ---- the profile: each step's median time against the copy bandwidth -- */
@@ -142,6 +147,24 @@ static int measure(const kl_graph *g, bool fuse, krt_device *dev, void **in, lon
     if (it >= 0) times[it] = krt_now_ms() - r0;
   }
   s->run_ms = krt_median(times, (size_t)iters);
+  /* on a GPU, the same runs again kernel by kernel: what the graph saves */
+  if (krt_device_graphs(dev) && !po->on) {
+    krt_device_set_graphs(dev, 0);
+    for (long it = -1; it < iters; it++) {
+      double r0 = krt_now_ms();
+      if (api->run(model, (const void *const *)in, out, msg, sizeof msg)) {
+        fprintf(stderr, "kiln: error: %s\n", msg);
+        krt_device_set_graphs(dev, 1);
+        goto done;
+      }
+      if (it >= 0) times[it] = krt_now_ms() - r0;
+    }
+    krt_device_set_graphs(dev, 1);
+    long captures = 0;
+    krt_device_graph_counts(dev, &captures, NULL);
+    s->graphed = captures > 0; /* (a refused capture ran plain launches) */
+    s->plain_ms = krt_median(times, (size_t)iters);
+  }
   snprintf(device_name, n, "%s", krt_device_name(dev));
   if (po->on) print_profile(g->name, device_name, po, api, step_ms, iters);
   rc = 0;
@@ -179,6 +202,14 @@ static void print_table(const char *model, const char *device, const char *preci
   printf("%-22s %16.3f %16.3f %14.3f\n", "run ms (median)", f->run_ms, u->run_ms,
          ratio(f->run_ms, u->run_ms));
 #undef ROW
+  if (f->graphed && u->graphed)
+    printf("%-22s %16.3f %16.3f %14.3f\n"
+           "CUDA graph / plain launches: fused %.3f, unfused %.3f (run ms above: graph replays)\n",
+           "run ms, no graph", f->plain_ms, u->plain_ms, ratio(f->plain_ms, u->plain_ms),
+           ratio(f->run_ms, f->plain_ms), ratio(u->run_ms, u->plain_ms));
+  else
+    printf("CUDA graphs: none (%s); every run launches kernel by kernel\n",
+           strncmp(device, "cuda", 4) ? "not on the host device" : "off, or the capture was refused");
   printf("arena / lower bound: fused %.3f, unfused %.3f; runs: %ld per side\n",
          ratio((double)f->arena_bytes, (double)f->arena_lower_bound),
          ratio((double)u->arena_bytes, (double)u->arena_lower_bound), iters);
@@ -196,9 +227,12 @@ static void json_string(const char *s) {
 
 static void json_side(const char *key, const side *s) {
   printf("\"%s\": {\"kernels\": %d, \"launches\": %d, \"dram_bytes\": %zu, \"arena_bytes\": %zu, "
-         "\"arena_lower_bound\": %zu, \"naive_bytes\": %zu, \"compile_ms\": %.3f, \"run_ms\": %.4f}",
+         "\"arena_lower_bound\": %zu, \"naive_bytes\": %zu, \"compile_ms\": %.3f, \"run_ms\": %.4f, "
+         "\"cuda_graph\": %s",
          key, s->kernels, s->launches, s->dram_bytes, s->arena_bytes, s->arena_lower_bound,
-         s->naive_bytes, s->compile_ms, s->run_ms);
+         s->naive_bytes, s->compile_ms, s->run_ms, s->graphed ? "true" : "false");
+  if (s->graphed) printf(", \"plain_run_ms\": %.4f", s->plain_ms);
+  printf("}");
 }
 
 static const char profile_help[] =
@@ -264,13 +298,14 @@ static int bench_or_profile(int argc, char **argv, bool profile) {
       {"json", no_argument, NULL, OPT_JSON},
       {"no-fuse", no_argument, NULL, OPT_NO_FUSE},
       {"data", required_argument, NULL, OPT_DATA},
+      {"no-graph", no_argument, NULL, OPT_NO_GRAPH},
       {"help", no_argument, NULL, 'h'},
       KILN_MODEL_LONGOPTS,
       {0}};
   kiln_model_opts mo = {0};
   krt_device_kind kind = KRT_DEVICE_AUTO;
   long iters = 10;
-  bool json = false;
+  bool json = false, no_graph = false;
   const char *data = NULL;
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -295,6 +330,7 @@ static int bench_or_profile(int argc, char **argv, bool profile) {
     }
     case OPT_JSON: json = true; break;
     case OPT_DATA: data = optarg; break;
+    case OPT_NO_GRAPH: no_graph = true; break;
     case OPT_NO_FUSE:
       if (!profile) {
         fprintf(stderr, "kiln bench: --no-fuse: bench compiles both ways already\n");
@@ -329,7 +365,9 @@ static int bench_or_profile(int argc, char **argv, bool profile) {
   }
   side fused = {0}, unfused = {0};
   profile_opts po = {.on = profile, .json = json}, off = {0};
-  if (krt_device_open(kind, &dev, msg, sizeof msg)) {
+  bool opened = krt_device_open(kind, &dev, msg, sizeof msg) == 0;
+  if (opened && no_graph) krt_device_set_graphs(dev, 0);
+  if (!opened) {
     fprintf(stderr, "kiln: error: %s\n", msg);
   } else if (profile) {
     /* a copy far larger than the caches: 256 MiB on a GPU, 64 MiB here */

@@ -41,6 +41,13 @@ static const char compile_help[] =
     "                        bnfold, precision, remat, schedule, fold, fuse,\n"
     "                        memory, or all (in that order)\n"
     "  -o, --output OUT      the file (ir; default: standard output) or folder (cu)\n"
+    "  --weights-file=WHERE  exe, lib: embed (the weights inside the program or\n"
+    "                        library), FILE (in FILE, which the program maps when\n"
+    "                        it starts: looked for in $KILN_WEIGHTS_DIR, beside\n"
+    "                        the program, then where it was written; its size and\n"
+    "                        CRC-32 are checked), or auto (the default: beside OUT\n"
+    "                        as OUT.weights, or OUT/libkiln_NAME.weights, above\n"
+    "                        64 MiB of weights; embedded below)\n"
     "  --name NAME           the compiled model's C name (a C identifier; default:\n"
     "                        the model's own): NAME.h, kiln_model_NAME(),\n"
     "                        libkiln_NAME.a, kiln_NAME.pc\n"
@@ -51,13 +58,17 @@ static const char compile_help[] =
     "  -h, --help            show this help\n";
 
 enum { OPT_EMIT = 2100, OPT_ARCH, OPT_NO_NVRTC, OPT_WERROR, OPT_TIME, OPT_MEM_LIMIT, OPT_NO_FUSE,
-       OPT_DUMP_AFTER, OPT_PB_INPUTS, OPT_NAME };
+       OPT_DUMP_AFTER, OPT_PB_INPUTS, OPT_NAME, OPT_WEIGHTS_FILE };
+
+/* --weights-file=auto: above this, the weights go beside the artifact */
+#define WEIGHTS_AUTO_BYTES ((size_t)64 << 20)
 
 static size_t mem_limit; /* --mem-limit, for every kl_codegen below; 0: none */
 static bool no_fuse;     /* --no-fuse */
 static const char *dump_after; /* --dump-after */
 static bool pb_inputs;   /* --pb-inputs */
 static const char *c_name; /* --name; NULL: the model's */
+static const char *weights_where; /* --weights-file: auto, embed or FILE */
 
 /* A make rule's word: spaces, '#' and '$' escaped as make and ninja read
  * them. */
@@ -244,6 +255,19 @@ static int build_artifact(const kl_graph *g, const char *emit, const char *out,
   if (gpu->timing)
     fprintf(stderr, "kiln: time: passes %.1f ms\nkiln: time: codegen %.1f ms\n", cg.passes_ms,
             krt_now_ms() - t0 - cg.passes_ms);
+  bool exe = !strcmp(emit, "exe");
+  char beside[4200];
+  kiln_gpu_opts with_weights = *gpu;
+  if (!strcmp(weights_where, "auto")) {
+    if (cg.param_bytes > WEIGHTS_AUTO_BYTES) {
+      if (exe) snprintf(beside, sizeof beside, "%s.weights", out);
+      else snprintf(beside, sizeof beside, "%s/libkiln_%s.weights", out, co.prefix);
+      with_weights.weights_file = beside;
+    }
+  } else if (strcmp(weights_where, "embed")) {
+    with_weights.weights_file = weights_where;
+  }
+  gpu = &with_weights;
   char dir[4096];
   const char *tmp = getenv("TMPDIR");
   snprintf(dir, sizeof dir, "%s/kiln-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -253,7 +277,6 @@ static int build_artifact(const kl_graph *g, const char *emit, const char *out,
             tmp && *tmp ? tmp : "/tmp", strerror(errno));
   } else {
     t0 = krt_now_ms();
-    bool exe = !strcmp(emit, "exe");
     if (!(exe ? kiln_build_exe(&cg, co.prefix, dir, out, gpu, pb_inputs)
               : kiln_build_lib(&cg, co.prefix, dir, out, gpu))) {
       rc = KILN_EXIT_OK;
@@ -280,6 +303,7 @@ int kiln_cmd_compile(int argc, char **argv) {
       {"dump-after", required_argument, NULL, OPT_DUMP_AFTER},
       {"pb-inputs", no_argument, NULL, OPT_PB_INPUTS},
       {"name", required_argument, NULL, OPT_NAME},
+      {"weights-file", required_argument, NULL, OPT_WEIGHTS_FILE},
       {"output", required_argument, NULL, 'o'},
       {"help", no_argument, NULL, 'h'},
       KILN_MODEL_LONGOPTS,
@@ -290,6 +314,7 @@ int kiln_cmd_compile(int argc, char **argv) {
   dump_after = NULL;
   pb_inputs = false;
   c_name = NULL;
+  weights_where = "auto";
   const char *emit = NULL, *out_path = NULL, *depfile = NULL;
   /* -MD and -MF FILE, as compilers spell them (getopt would read -MD as
    * -M D): taken out of argv first */
@@ -334,6 +359,13 @@ int kiln_cmd_compile(int argc, char **argv) {
       dump_after = mo.dump_after = optarg;
       break;
     case OPT_PB_INPUTS: pb_inputs = true; break;
+    case OPT_WEIGHTS_FILE:
+      if (!*optarg) {
+        fprintf(stderr, "kiln compile: --weights-file takes auto, embed or a FILE\n");
+        return KILN_EXIT_USAGE;
+      }
+      weights_where = optarg;
+      break;
     case OPT_NAME: {
       bool ident = (optarg[0] == '_' || (optarg[0] | 32) >= 'a') && (optarg[0] | 32) <= 'z';
       for (const char *q = optarg; *q && ident; q++)
@@ -367,6 +399,11 @@ int kiln_cmd_compile(int argc, char **argv) {
                     "links the .pb reader)\n");
     return KILN_EXIT_USAGE;
   }
+  if (strcmp(weights_where, "auto") && strcmp(emit, "exe") && strcmp(emit, "lib")) {
+    fprintf(stderr, "kiln compile: --weights-file is for --emit=exe and --emit=lib (--emit=cu "
+                    "writes weights.bin beside model.c)\n");
+    return KILN_EXIT_USAGE;
+  }
   if (strcmp(emit, "ir") && !out_path) {
     fprintf(stderr, "kiln compile: --emit=%s needs -o %s\n", emit,
             strcmp(emit, "exe") ? "FOLDER" : "PROGRAM");
@@ -391,7 +428,7 @@ int kiln_cmd_compile(int argc, char **argv) {
   kl_graph *g = kiln_load_model(argv[optind], &mo);
   if (timing && g) fprintf(stderr, "kiln: time: front end %.1f ms\n", krt_now_ms() - t0);
   int rc = KILN_EXIT_ERROR;
-  kiln_gpu_opts gpu = {sm, nsm, nvrtc, werror, timing};
+  kiln_gpu_opts gpu = {sm, nsm, nvrtc, werror, timing, NULL};
   if (g && (!strcmp(emit, "exe") || !strcmp(emit, "lib"))) {
     rc = build_artifact(g, emit, out_path, &gpu);
   } else if (g && !strcmp(emit, "cu")) {

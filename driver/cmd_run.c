@@ -24,11 +24,13 @@ static const char run_help[] =
     "  --mem-limit=SIZE      host, cuda: fail when the planned arena exceeds SIZE\n"
     "                        bytes (K, M, G: KiB, MiB, GiB)\n"
     "  --no-fuse             host, cuda: one kernel per node\n"
+    "  --no-graph            cuda: launch kernel by kernel, not the run captured\n"
+    "                        as a CUDA graph (also KILN_NO_GRAPH=1)\n"
     KILN_MODEL_HELP
     "  -h, --help            show this help\n"
     "Inputs that are not given are filled with seeded random values.\n";
 
-enum { OPT_INPUT = 2000, OPT_INPUTS_DIR, OPT_OUTPUT_DIR, OPT_DEVICE, OPT_SEED, OPT_MEM_LIMIT, OPT_NO_FUSE };
+enum { OPT_INPUT = 2000, OPT_INPUTS_DIR, OPT_OUTPUT_DIR, OPT_DEVICE, OPT_SEED, OPT_MEM_LIMIT, OPT_NO_FUSE, OPT_NO_GRAPH };
 
 typedef kiln_named_file named_file;
 
@@ -315,6 +317,7 @@ int kiln_cmd_run(int argc, char **argv) {
       {"seed", required_argument, NULL, OPT_SEED},
       {"mem-limit", required_argument, NULL, OPT_MEM_LIMIT},
       {"no-fuse", no_argument, NULL, OPT_NO_FUSE},
+      {"no-graph", no_argument, NULL, OPT_NO_GRAPH},
       {"help", no_argument, NULL, 'h'},
       KILN_MODEL_LONGOPTS,
       {0}};
@@ -342,6 +345,7 @@ int kiln_cmd_run(int argc, char **argv) {
       device = optarg;
       break;
     case OPT_NO_FUSE: copt.no_fuse = true; break;
+    case OPT_NO_GRAPH: setenv("KILN_NO_GRAPH", "1", 1); break; /* read when the device opens */
     case OPT_MEM_LIMIT:
       if (kiln_parse_mem_limit("run", optarg, &copt.mem_limit)) return KILN_EXIT_USAGE;
       break;

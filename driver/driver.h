@@ -210,6 +210,9 @@ typedef struct {
   const int *sm;
   int nsm;
   bool nvrtc, werror, timing;
+  /* the weights in a file of their own at this path, mapped at create
+   * (kiln compile --weights-file); NULL: assembled into the artifact */
+  const char *weights_file;
 } kiln_gpu_opts;
 /* A standalone program at `out`, built in the scratch folder `dir`; with
  * `pb`, it reads .pb inputs too (libkilnrt_pb and protobuf-c linked). */

@@ -45,6 +45,8 @@ static int open_with(const krt_device_ops *ops, krt_device **out, char *err, siz
     free(d);
     return -1;
   }
+  const char *no_graph = getenv("KILN_NO_GRAPH");
+  d->graphs_off = no_graph && *no_graph && strcmp(no_graph, "0") != 0;
   *out = d;
   return 0;
 }
@@ -128,6 +130,70 @@ int krt_memset_zero(krt_device *d, void *dst, size_t bytes, char *err, size_t er
 int krt_synchronize(krt_device *d, char *err, size_t errlen) {
   if (!d) return krt_err(err, errlen, "krt_synchronize: device is NULL");
   return d->ops->synchronize(d, err, errlen);
+}
+
+/* ---- CUDA Graphs ------------------------------------------------------- */
+struct krt_graph {
+  void *exec;   /* the instantiated graph */
+  int refused;  /* the driver refused the capture: plain launches */
+};
+
+void krt_device_set_graphs(krt_device *d, int on) {
+  if (d) d->graphs_off = !on;
+}
+
+int krt_device_graphs(const krt_device *d) {
+  return d && d->ops->graph_begin && !d->graphs_off;
+}
+
+void krt_device_graph_counts(const krt_device *d, long *captures, long *replays) {
+  if (captures) *captures = d ? d->graph_captures : 0;
+  if (replays) *replays = d ? d->graph_replays : 0;
+}
+
+int krt_graph_run(krt_device *d, krt_graph **graph, int capturable, krt_compute_fn compute,
+                  void *self, char *err, size_t errlen) {
+  if (!d || !graph || !compute) return krt_err(err, errlen, "krt_graph_run: NULL argument");
+  krt_graph *g = *graph;
+  /* the profiler times each kernel between marks: plain launches */
+  if (!capturable || !krt_device_graphs(d) || d->nmarks || (g && g->refused))
+    return compute(self, err, errlen);
+  if (!g) {
+    if (!(g = calloc(1, sizeof *g))) return krt_err(err, errlen, "krt_graph_run: out of memory");
+    *graph = g;
+  }
+  if (!g->exec) {
+    /* A call the driver refuses while capturing fails and invalidates the
+     * capture (end fails too): then the graph is given up and compute runs
+     * plainly, where a real error shows again.  An error of compute's own
+     * with a sound capture (a bad argument) ends the run. */
+    char why[400] = "", call[400] = "";
+    if (d->ops->graph_begin(d, err, errlen)) return -1;
+    int rc = compute(self, call, sizeof call);
+    void *exec = NULL;
+    int end = d->ops->graph_end(d, &exec, why, sizeof why);
+    if (end) {
+      g->refused = 1;
+      fprintf(stderr, "kiln: the CUDA graph capture was refused (%s%s%s); running with plain launches\n",
+              rc ? call : "", rc ? "; " : "", why);
+      return compute(self, err, errlen);
+    }
+    if (rc) {
+      d->ops->graph_destroy(d, exec);
+      return krt_err(err, errlen, "%s", call);
+    }
+    g->exec = exec;
+    d->graph_captures++;
+  }
+  if (d->ops->graph_launch(d, g->exec, err, errlen)) return -1;
+  d->graph_replays++;
+  return 0;
+}
+
+void krt_graph_free(krt_device *d, krt_graph *graph) {
+  if (!graph) return;
+  if (d && graph->exec) d->ops->graph_destroy(d, graph->exec);
+  free(graph);
 }
 
 /* ---- modules and launches ---------------------------------------------- */

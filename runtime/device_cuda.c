@@ -12,8 +12,11 @@
  * the unversioned symbols are the old 32-bit ABI.
  *
  * The device uses the primary context: it is the one cuBLAS (through the
- * runtime API inside it) uses, so kernels, copies and GEMMs share memory and
- * the legacy default stream, which keeps them in order without events.
+ * runtime API inside it) uses, so kernels, copies and GEMMs share memory.
+ * Kernels, GEMMs and zeroing go to one stream of the device's own, which a
+ * CUDA graph can capture (the legacy default stream cannot); it is a
+ * blocking stream, so the synchronous copies on the legacy stream stay in
+ * order with it without events.
  * Every entry point makes the context current first, since the caller may
  * use the device from any thread. */
 #include <dlfcn.h>
@@ -39,11 +42,13 @@
   X(cuCtxSynchronize) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemcpyHtoD_v2)                  \
   X(cuMemcpyDtoH_v2) X(cuMemsetD8_v2) X(cuMemGetInfo_v2) X(cuModuleLoadDataEx)             \
   X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncSetAttribute) X(cuLaunchKernel)         \
-  X(cuGetErrorName) X(cuGetErrorString) X(cuDeviceGetCount)
+  X(cuGetErrorName) X(cuGetErrorString) X(cuDeviceGetCount) X(cuStreamCreate)                \
+  X(cuStreamDestroy_v2) X(cuMemsetD8Async) X(cuStreamBeginCapture_v2) X(cuStreamEndCapture)  \
+  X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)
 
 #define BLAS_FUNCS(X)                                                                      \
   X(cublasCreate_v2) X(cublasDestroy_v2) X(cublasGemmStridedBatchedEx)                     \
-  X(cublasGetStatusName) X(cublasGetStatusString)
+  X(cublasGetStatusName) X(cublasGetStatusString) X(cublasSetStream_v2)
 
 /* cuBLASLt: GEMMs with an epilogue (bias, relu, a separate C input) */
 #define LT_FUNCS(X)                                                                        \
@@ -229,6 +234,7 @@ typedef struct {
   int sm;                  /* 90 for compute capability 9.0 */
   cublasHandle_t blas;     /* created at the first krt_gemm */
   cublasLtHandle_t lt;     /* ... with an epilogue */
+  CUstream stream;         /* everything enqueued; captured into graphs */
   char last_kernel[128];   /* for asynchronous errors seen at a synchronize */
   struct cuda_nccl *nccl;  /* data-parallel: made at the first exchange */
 } cuda_dev;
@@ -281,6 +287,11 @@ static int cuda_open(krt_device *d, char *err, size_t errlen) {
     cu.cuDevicePrimaryCtxRelease_v2(c->dev);
     goto fail;
   }
+  if ((r = cu.cuStreamCreate(&c->stream, CU_STREAM_DEFAULT)) != CUDA_SUCCESS) {
+    cu_fail(r, err, errlen, "cuStreamCreate on %s", gpu);
+    cu.cuDevicePrimaryCtxRelease_v2(c->dev);
+    goto fail;
+  }
   snprintf(d->name, sizeof d->name, "cuda: %s", gpu);
   d->priv = c;
   d->sm = c->sm;
@@ -295,6 +306,7 @@ static void cuda_close(krt_device *d) {
   if (c->blas && use_ctx(c, NULL, 0) == 0) blas.cublasDestroy_v2(c->blas);
   if (c->lt && use_ctx(c, NULL, 0) == 0) lt.cublasLtDestroy(c->lt);
   if (c->nccl && use_ctx(c, NULL, 0) == 0) nccl_free(c);
+  if (c->stream && use_ctx(c, NULL, 0) == 0) cu.cuStreamDestroy_v2(c->stream);
   /* Releasing the last reference destroys the context and with it every
    * allocation and module still in it. */
   cu.cuDevicePrimaryCtxRelease_v2(c->dev);
@@ -345,15 +357,15 @@ static int cuda_download(krt_device *d, void *dst, const void *src, size_t bytes
   /* A copy waits for earlier kernels, so it is often where their faults
    * surface. */
   return cu_fail(r, err, errlen, "cuMemcpyDtoH of %zu bytes%s%s%s", bytes,
-                 c->last_kernel[0] ? " (after kernel " : "", c->last_kernel,
+                 c->last_kernel[0] ? " (after " : "", c->last_kernel,
                  c->last_kernel[0] ? ")" : "");
 }
 
 static int cuda_memset_zero(krt_device *d, void *dst, size_t bytes, char *err, size_t errlen) {
   cuda_dev *c = d->priv;
   if (use_ctx(c, err, errlen)) return -1;
-  CUresult r = cu.cuMemsetD8_v2(dptr(dst), 0, bytes);
-  return r == CUDA_SUCCESS ? 0 : cu_fail(r, err, errlen, "cuMemsetD8 of %zu bytes", bytes);
+  CUresult r = cu.cuMemsetD8Async(dptr(dst), 0, bytes, c->stream);
+  return r == CUDA_SUCCESS ? 0 : cu_fail(r, err, errlen, "cuMemsetD8Async of %zu bytes", bytes);
 }
 
 static int cuda_synchronize(krt_device *d, char *err, size_t errlen) {
@@ -362,7 +374,7 @@ static int cuda_synchronize(krt_device *d, char *err, size_t errlen) {
   CUresult r = cu.cuCtxSynchronize();
   if (r == CUDA_SUCCESS) return 0;
   return cu_fail(r, err, errlen, "cuCtxSynchronize%s%s%s",
-                 c->last_kernel[0] ? " (last launch: kernel " : "", c->last_kernel,
+                 c->last_kernel[0] ? " (last launch: " : "", c->last_kernel,
                  c->last_kernel[0] ? ")" : "");
 }
 
@@ -476,9 +488,9 @@ static int cuda_launch(krt_module *m, int index, krt_dim3 grid, krt_dim3 block,
                      dyn_shared);
     cm->dyn_allowed[index] = (int)dyn_shared;
   }
-  snprintf(c->last_kernel, sizeof c->last_kernel, "%s", name);
+  snprintf(c->last_kernel, sizeof c->last_kernel, "kernel %s", name);
   CUresult r = cu.cuLaunchKernel(cm->fn[index], grid.x, grid.y, grid.z, block.x, block.y,
-                                 block.z, (unsigned)dyn_shared, NULL, args, NULL);
+                                 block.z, (unsigned)dyn_shared, c->stream, args, NULL);
   if (r == CUDA_SUCCESS) return 0;
   return cu_fail(r, err, errlen,
                  "cuLaunchKernel(kernel %s, grid (%u,%u,%u), block (%u,%u,%u), %zu bytes "
@@ -553,7 +565,7 @@ static int cuda_gemm_lt(cuda_dev *c, const krt_gemm_desc *g, cudaDataType t,
   if (s == CUBLAS_STATUS_SUCCESS)
     what = "cublasLtMatmul",
     s = lt.cublasLtMatmul(c->lt, op, alpha, g->b, la, g->a, lb, beta, g->c_in ? g->c_in : g->c,
-                          lc, g->c, ld, NULL, NULL, 0, 0);
+                          lc, g->c, ld, NULL, NULL, 0, (cudaStream_t)c->stream);
   if (ld) lt.cublasLtMatrixLayoutDestroy(ld);
   if (lc) lt.cublasLtMatrixLayoutDestroy(lc);
   if (lb) lt.cublasLtMatrixLayoutDestroy(lb);
@@ -581,6 +593,8 @@ static int cuda_gemm(krt_device *d, const krt_gemm_desc *g, char *err, size_t er
       c->blas = NULL;
       return blas_fail(s, err, errlen, "cublasCreate");
     }
+    if ((s = blas.cublasSetStream_v2(c->blas, (cudaStream_t)c->stream)) != CUBLAS_STATUS_SUCCESS)
+      return blas_fail(s, err, errlen, "cublasSetStream");
   }
   cudaDataType t;
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
@@ -616,7 +630,7 @@ static int cuda_gemm(krt_device *d, const krt_gemm_desc *g, char *err, size_t er
   return blas_fail(s, err, errlen, what);
 }
 
-/* ---- the profiler: an event per mark, on the default stream ------------ */
+/* ---- the profiler: an event per mark, on the device's stream ----------- */
 static int cuda_mark(krt_device *d, int i, char *err, size_t errlen) {
   cuda_dev *c = d->priv;
   if (use_ctx(c, err, errlen) || load_profiler(err, errlen)) return -1;
@@ -627,7 +641,7 @@ static int cuda_mark(krt_device *d, int i, char *err, size_t errlen) {
     if (r != CUDA_SUCCESS) return cu_fail(r, err, errlen, "cuEventCreate (profiler)");
     d->mark_events[i] = ev;
   }
-  r = prof.cuEventRecord((CUevent)d->mark_events[i], NULL);
+  r = prof.cuEventRecord((CUevent)d->mark_events[i], c->stream);
   return r == CUDA_SUCCESS ? 0 : cu_fail(r, err, errlen, "cuEventRecord (profiler)");
 }
 
@@ -662,7 +676,7 @@ static int cuda_copy(krt_device *d, void *dst, const void *src, size_t bytes, ch
 /* ---- NCCL: a data-parallel step's gradient exchange ----------------------
  * libnccl.so.2 is loaded at the first exchange, like cuBLAS.  Rank 0's
  * NCCL id reaches the others through the communicator (MPI).  Each bucket
- * is summed on a stream of its own: an event recorded on the default
+ * is summed on a stream of its own: an event recorded on the device's
  * stream after the bucket's gradients orders the exchange after them, and
  * an event recorded after it orders the first reader of the sums (at
  * krt_all_reduce_wait) after the exchange; the backward kernels between
@@ -780,7 +794,7 @@ static int cuda_comm_start(krt_device *d, krt_comm *k, int bucket, int count, vo
     CUevent *ev = e ? &n->done[bucket] : &n->ready[bucket];
     if (!*ev) cr = st.cuEventCreate(ev, CU_EVENT_DEFAULT);
   }
-  if (cr == CUDA_SUCCESS) cr = st.cuEventRecord(n->ready[bucket], NULL);
+  if (cr == CUDA_SUCCESS) cr = st.cuEventRecord(n->ready[bucket], c->stream);
   if (cr == CUDA_SUCCESS) cr = st.cuStreamWaitEvent(n->stream, n->ready[bucket], 0);
   if (cr != CUDA_SUCCESS) return cu_fail(cr, err, errlen, "ordering gradient bucket %d after the backward pass", bucket);
   ncclResult_t r = nc.ncclGroupStart();
@@ -828,8 +842,49 @@ static int cuda_comm_wait(krt_device *d, krt_comm *k, int bucket, char *err, siz
     k->stats.busy_ms += busy;
   k->stats.exposed_ms += t1 - t0, k->stats.buckets++;
   n->started[bucket] = 0;
-  CUresult cr = st.cuStreamWaitEvent(NULL, n->done[bucket], 0);
+  CUresult cr = st.cuStreamWaitEvent(c->stream, n->done[bucket], 0);
   return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, err, errlen, "cuStreamWaitEvent (gradient bucket %d)", bucket);
+}
+
+/* ---- CUDA Graphs: the device's stream captured, thread-local (another
+ * thread's CUDA calls do not spoil it) ---------------------------------- */
+static int cuda_graph_begin(krt_device *d, char *err, size_t errlen) {
+  cuda_dev *c = d->priv;
+  if (use_ctx(c, err, errlen)) return -1;
+  CUresult r = cu.cuStreamBeginCapture_v2(c->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+  return r == CUDA_SUCCESS ? 0 : cu_fail(r, err, errlen, "cuStreamBeginCapture");
+}
+
+static int cuda_graph_end(krt_device *d, void **exec, char *err, size_t errlen) {
+  cuda_dev *c = d->priv;
+  if (use_ctx(c, err, errlen)) return -1;
+  CUgraph graph = NULL;
+  CUgraphExec ge = NULL;
+  CUresult r = cu.cuStreamEndCapture(c->stream, &graph);
+  if (r != CUDA_SUCCESS) {
+    if (graph) cu.cuGraphDestroy(graph);
+    return cu_fail(r, err, errlen, "cuStreamEndCapture");
+  }
+  r = cu.cuGraphInstantiateWithFlags(&ge, graph, 0);
+  cu.cuGraphDestroy(graph); /* the executable graph keeps what it needs */
+  if (r != CUDA_SUCCESS) return cu_fail(r, err, errlen, "cuGraphInstantiate");
+  *exec = ge;
+  return 0;
+}
+
+static int cuda_graph_launch(krt_device *d, void *exec, char *err, size_t errlen) {
+  cuda_dev *c = d->priv;
+  if (use_ctx(c, err, errlen)) return -1;
+  /* an asynchronous fault names the graph: --no-graph (KILN_NO_GRAPH=1)
+   * runs the kernels one by one, and then it names the kernel */
+  snprintf(c->last_kernel, sizeof c->last_kernel, "a CUDA graph replay: KILN_NO_GRAPH=1 names the kernel");
+  CUresult r = cu.cuGraphLaunch((CUgraphExec)exec, c->stream);
+  return r == CUDA_SUCCESS ? 0 : cu_fail(r, err, errlen, "cuGraphLaunch");
+}
+
+static void cuda_graph_destroy(krt_device *d, void *exec) {
+  cuda_dev *c = d->priv;
+  if (use_ctx(c, NULL, 0) == 0) cu.cuGraphExecDestroy((CUgraphExec)exec);
 }
 
 const krt_device_ops krt_cuda_ops = {
@@ -852,4 +907,8 @@ const krt_device_ops krt_cuda_ops = {
     .copy = cuda_copy,
     .comm_start = cuda_comm_start,
     .comm_wait = cuda_comm_wait,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_destroy = cuda_graph_destroy,
 };

@@ -48,6 +48,13 @@ typedef struct krt_device_ops {
   int (*comm_start)(krt_device *d, krt_comm *c, int bucket, int count, void *const *src,
                     void *const *dst, const int64_t *numel, krt_dtype dtype, char *err, size_t errlen);
   int (*comm_wait)(krt_device *d, krt_comm *c, int bucket, char *err, size_t errlen);
+  /* CUDA Graphs (NULL: the device has none, krt_graph_run calls compute):
+   * capture what is enqueued between begin and end into an executable
+   * graph, launch one, destroy one. */
+  int (*graph_begin)(krt_device *d, char *err, size_t errlen);
+  int (*graph_end)(krt_device *d, void **exec, char *err, size_t errlen);
+  int (*graph_launch)(krt_device *d, void *exec, char *err, size_t errlen);
+  void (*graph_destroy)(krt_device *d, void *exec);
 } krt_device_ops;
 
 struct krt_device {
@@ -59,6 +66,9 @@ struct krt_device {
   void **mark_events; /* cuda: an event per mark */
   krt_comm *comm;     /* data-parallel: the ranks' communicator (NULL: one) */
   int sm;             /* cuda: compute capability x 10 (90: 9.0); host: 0 */
+  int graphs_off;     /* krt_device_set_graphs(d, 0), KILN_NO_GRAPH=1 */
+  int nvtx_open;      /* krt_step_mark pushed an NVTX range not yet popped */
+  long graph_captures, graph_replays;
 };
 
 /* The module keeps its own copy of the kernel names and host entries, so the

@@ -17,7 +17,7 @@
 #include "exe_main.h"
 
 enum { EXIT_USAGE = 2, MAX_FILES = 256 };
-enum { OPT_INPUT = 1000, OPT_INPUTS_DIR, OPT_OUTPUT_DIR, OPT_DEVICE, OPT_ITERS, OPT_SEED, OPT_PROFILE };
+enum { OPT_INPUT = 1000, OPT_INPUTS_DIR, OPT_OUTPUT_DIR, OPT_DEVICE, OPT_ITERS, OPT_SEED, OPT_PROFILE, OPT_NO_GRAPH };
 
 /* What a program built without libkilnrt_pb says about a .pb input. */
 #define PB_HINT                                                                         \
@@ -35,6 +35,7 @@ typedef struct {
   long iters;
   uint64_t seed;              /* of inputs not given (input i: seed + i) */
   const char *profile;        /* --profile FILE.json: a Chrome trace */
+  int no_graph;               /* --no-graph: plain launches on a GPU */
 } exe_opts;
 
 static const char *shape_text(krt_dtype t, int rank, const int64_t *dims, char *buf, size_t n) {
@@ -50,6 +51,7 @@ static void usage(FILE *f, const exe_opts *o) {
   char s[200];
   fprintf(f, "usage: %s [--input NAME=FILE ...] [--inputs-dir DIR] [--output-dir DIR]\n"
              "       [--device auto|host|cuda] [--iters N] [--seed S] [--profile FILE.json]\n"
+             "       [--no-graph]\n"
              "Run the compiled model '%s' and print the device and the median time per run.\n"
              "  --input NAME=FILE  feed input NAME from a %s file (repeatable)\n"
              "  --inputs-dir DIR   read %s for input K\n"
@@ -61,6 +63,9 @@ static void usage(FILE *f, const exe_opts *o) {
              "  --profile FILE     write a Chrome trace of the runs (Perfetto opens it): one\n"
              "                     event per kernel or library call, named after its fusion\n"
              "                     group and nodes; and print a table of them at the end\n"
+             "                     (profiled runs launch kernels one by one)\n"
+             "  --no-graph         on a GPU, launch the kernels one by one instead of\n"
+             "                     replaying the run captured as a CUDA graph\n"
              "  --seed S           an input not given is filled with seeded random values, as\n"
              "                     `kiln run` fills it (input K from seed S + K; default 0)\n"
              "  -h, --help         this help\n",
@@ -87,6 +92,7 @@ static int parse_args(exe_opts *o, int argc, char **argv) {
       {"iters", required_argument, NULL, OPT_ITERS},
       {"seed", required_argument, NULL, OPT_SEED},
       {"profile", required_argument, NULL, OPT_PROFILE},
+      {"no-graph", no_argument, NULL, OPT_NO_GRAPH},
       {"help", no_argument, NULL, 'h'},
       {0}};
   int c;
@@ -123,6 +129,7 @@ static int parse_args(exe_opts *o, int argc, char **argv) {
       break;
     }
     case OPT_PROFILE: o->profile = optarg; break;
+    case OPT_NO_GRAPH: o->no_graph = 1; break;
     case OPT_SEED: {
       char *end;
       errno = 0;
@@ -340,6 +347,7 @@ int krt_exe_main_with(const krt_model_api *api, krt_tensor_reader pb_read, int a
     out_data[i] = out[i].data;
   }
   if (krt_device_open(o.device, &dev, msg, sizeof msg) ||
+      (o.no_graph && (krt_device_set_graphs(dev, 0), 0)) ||
       api->create(dev, &model, msg, sizeof msg)) {
     fprintf(stderr, "%s: error: %s\n", o.prog, msg);
     goto done;
@@ -375,6 +383,12 @@ int krt_exe_main_with(const krt_model_api *api, krt_tensor_reader pb_read, int a
   }
   double median = krt_median(times, (size_t)o.iters);
   printf("device: %s\n", krt_device_name(dev));
+  if (krt_device_kind_of(dev) == KRT_DEVICE_CUDA) {
+    long captures, replays;
+    krt_device_graph_counts(dev, &captures, &replays);
+    printf("launches: %s\n", replays ? "the run captured once as a CUDA graph and replayed"
+                                      : "kernel by kernel (no CUDA graph)");
+  }
   printf("median: %.3f ms per run (%ld run%s)\n", median, o.iters, o.iters == 1 ? "" : "s");
   for (int i = 0; i < no; i++) {
     if (!o.output_dir) {

@@ -164,6 +164,27 @@ int krt_memset_zero(krt_device *d, void *dst, size_t bytes, char *err, size_t er
 /* Wait for all queued work; reports an asynchronous failure. */
 int krt_synchronize(krt_device *d, char *err, size_t errlen);
 
+/* CUDA Graphs.  A compiled model's run() enqueues the same work every time
+ * (kernels, GEMMs, zeroing) on buffers fixed at create: krt_graph_run calls
+ * compute(self), which only enqueues work on d, and on a cuda device with
+ * graphs on, the first call captures what it enqueues into a CUDA graph
+ * that every later call replays in one launch.  Elsewhere (the host
+ * device, graphs off, the profiler on, capturable 0: a run that must talk
+ * to the host mid-way, like a data-parallel step) it just calls compute.  A capture
+ * the driver refuses is said once on stderr, and the model runs with plain
+ * launches from then on.  Graphs are on unless krt_device_set_graphs(d, 0)
+ * or KILN_NO_GRAPH=1 (in the environment when the device is opened). */
+typedef struct krt_graph krt_graph;
+typedef int (*krt_compute_fn)(void *self, char *err, size_t errlen);
+int krt_graph_run(krt_device *d, krt_graph **graph, int capturable, krt_compute_fn compute,
+                  void *self, char *err, size_t errlen);
+void krt_graph_free(krt_device *d, krt_graph *graph); /* NULL-safe */
+void krt_device_set_graphs(krt_device *d, int on);
+/* 1 when runs on d are captured and replayed (a cuda device, graphs on) */
+int krt_device_graphs(const krt_device *d);
+/* graphs captured and replays launched on d since it was opened */
+void krt_device_graph_counts(const krt_device *d, long *captures, long *replays);
+
 /* CUDA's dim3: a launch's grid and block sizes. */
 typedef struct krt_dim3 {
   unsigned int x, y, z;
@@ -234,6 +255,20 @@ typedef struct {
   int relu;
 } krt_gemm_desc;
 int krt_gemm(krt_device *d, const krt_gemm_desc *g, char *err, size_t errlen);
+
+/* ---- weights beside the program (kiln compile --weights-file) ----------
+ * A model's weights in a file of their own: krt_weights_map looks for
+ * `name` in $KILN_WEIGHTS_DIR, beside the program or library holding
+ * `anchor` (any address in it), then in compiled_dir, and maps it
+ * read-only after checking its size and CRC-32 against the compiled ones. */
+typedef struct {
+  void *data;
+  size_t bytes;
+} krt_weights;
+int krt_weights_map(krt_weights *w, const char *name, const char *compiled_dir, size_t bytes,
+                    uint32_t crc, const void *anchor, char *err, size_t errlen);
+void krt_weights_unmap(krt_weights *w); /* NULL-safe, and safe twice */
+uint32_t krt_crc32(const void *data, size_t bytes); /* zlib's */
 
 /* ---- compiled models ---------------------------------------------------
  * Each generated model.c exports one krt_model_api (as kiln_model() and as
@@ -491,6 +526,12 @@ int krt_train_main_with(const krt_model_api *api, int argc, char **argv, krt_com
  * default), a mark is one branch. */
 int krt_profile_enable(krt_device *d, int nmarks, char *err, size_t errlen); /* 0: off */
 int krt_mark(krt_device *d, int i, char *err, size_t errlen);
+/* What run() calls at the start of step i (name: the step's, as in the
+ * trace) and at its end (i = nsteps, name NULL): krt_mark, and an NVTX
+ * range per step for Nsight, ended at the next mark.  A run replayed as a
+ * CUDA graph calls it only while it is captured: --no-graph (or
+ * KILN_NO_GRAPH=1) gives every run its ranges. */
+int krt_step_mark(krt_device *d, int i, const char *name, char *err, size_t errlen);
 /* After a run: ms[i] for i < nsteps (nsteps + 1 marks), once its work is done. */
 int krt_profile_read(krt_device *d, double *ms, int nsteps, char *err, size_t errlen);
 /* A Chrome trace of a model's runs (trace.c): --profile FILE.json of a

@@ -5,6 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* NVTX (header only, in the CUDA toolkit): the ranges Nsight Systems and
+ * Nsight Compute show.  Without a tool attached each call is a check of a
+ * function pointer; the library a tool injects is loaded only then. */
+#include <nvtx3/nvToolsExt.h>
+
 #include "device_impl.h"
 
 int krt_profile_enable(krt_device *d, int nmarks, char *err, size_t errlen) {
@@ -36,6 +41,14 @@ int krt_mark(krt_device *d, int i, char *err, size_t errlen) {
   if (i < 0 || i >= d->nmarks)
     return krt_err(err, errlen, "krt_mark: mark %d, profiling has %d", i, d->nmarks);
   return d->ops->mark(d, i, err, errlen);
+}
+
+int krt_step_mark(krt_device *d, int i, const char *name, char *err, size_t errlen) {
+  if (!d) return 0;
+  if (d->nvtx_open) nvtxRangePop();
+  d->nvtx_open = name != NULL;
+  if (name) nvtxRangePushA(name);
+  return krt_mark(d, i, err, errlen);
 }
 
 int krt_profile_read(krt_device *d, double *ms, int nsteps, char *err, size_t errlen) {

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 pkgs=(build-essential meson ninja-build flex bison pkg-config libjansson-dev
       libcmocka-dev clang libclang-rt-14-dev python3 protobuf-c-compiler
-      libprotobuf-c-dev libonnx-dev libonnx-testdata libopenblas-dev libopenmpi-dev openmpi-bin cmake)
+      libprotobuf-c-dev libonnx-dev libonnx-testdata libopenblas-dev zlib1g-dev libopenmpi-dev openmpi-bin cmake)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -3,7 +3,8 @@
 trace is what Perfetto reads, and its kernel events are the generated
 code's steps one to one: for each of RUNS runs, one complete event per
 entry of model.c's steps[] table, in order, with that name; their
-launches add up to run()'s krt_launch and krt_gemm calls.  Prints PASS or
+launches add up to the krt_launch and krt_gemm calls of compute(), what
+run() enqueues (and a GPU captures as a CUDA graph).  Prints PASS or
 FAIL lines and `N passed, N failed`."""
 import json
 import re
@@ -24,7 +25,7 @@ with open(model_c) as f:
     src = f.read()
 table = re.search(r"static const krt_step_info steps\[\] = \{\n(.*?)\n\};", src, re.S)
 steps = [(m.group(1), int(m.group(2))) for m in re.finditer(r'\{"([^"]*)", (\d+), \d+\}', table.group(1))]
-run_body = src[src.index("static int run("):src.index("/* The steps run() marks")]
+run_body = src[src.index("static int compute("):src.index("static int run(")]
 calls = run_body.count("krt_launch(") + run_body.count("krt_gemm(")
 try:
     with open(trace_path) as f:
@@ -50,7 +51,7 @@ for r in range(runs):
     report(names == [s[0] for s in steps], "run %d: the events are steps[] in order" % r,
            "%s against %s" % (names[:4], [s[0] for s in steps][:4]))
     launches = sum(e.get("args", {}).get("launches", 0) for e in mine)
-    report(launches == calls, "run %d: their launches add up to run()'s %d kernel and library calls" % (r, calls),
+    report(launches == calls, "run %d: their launches add up to compute()'s %d kernel and library calls" % (r, calls),
            "got %d" % launches)
 print("%d passed, %d failed" % (passed, failed))
 sys.exit(1 if failed else 0)

@@ -39,7 +39,9 @@ if grep -q "runtime headers: $inst/include/kiln" <<<"$version" && grep -q "runti
 else bad installed_kiln_finds_its_runtime "$version"; fi
 for f in bin/kiln include/kiln/kilnrt.h include/kiln/emu/kiln_prelude.h include/kiln/emu/kiln_emu.h \
          "$libdir/libkilnrt.a" "$libdir/libkilnrt.so" "$libdir/pkgconfig/kilnrt.pc" \
-         "$libdir/cmake/Kiln/KilnConfig.cmake" share/man/man1/kiln.1; do
+         "$libdir/cmake/Kiln/KilnConfig.cmake" share/man/man1/kiln.1 \
+         share/doc/kiln/examples/meson/meson.build share/doc/kiln/examples/make/Makefile \
+         share/doc/kiln/examples/cmake/CMakeLists.txt; do
   [ -e "$inst/$f" ] || missing="${missing:-} $f"
 done
 if [ -z "${missing:-}" ]; then ok installed_files; else bad installed_files "missing:$missing"; fi
@@ -77,9 +79,10 @@ else bad cmake_builds_and_runs "$log"; fi
 sleep 1 && touch "$tmp/model/mlp.kl"
 rebuilt cmake_rebuilds_after_touch "kiln: compiling" "$(cmake --build "$tmp/cmake" 2>&1)"
 
-# meson, with no environment variable but PATH
+# meson, with no environment variable but PATH; kiln is the one kilnrt.pc
+# names (its `kiln` variable)
 clean=(env -i PATH="$PATH")
-if log=$("${clean[@]}" meson setup "$tmp/meson" "$root/examples/meson" -Dkiln="$inst/bin/kiln" \
+if log=$("${clean[@]}" meson setup "$tmp/meson" "$root/examples/meson" \
            -Dpkg_config_path="$inst/$libdir/pkgconfig" -Dmodel_dir="$tmp/model" 2>&1 &&
          "${clean[@]}" ninja -C "$tmp/meson" 2>&1) &&
    out=$("${clean[@]}" "$tmp/meson/app" "$tmp/x.npy" "$tmp/meson.npy" 2>&1); then

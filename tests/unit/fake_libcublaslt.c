@@ -14,6 +14,8 @@
 
 #include <cublasLt.h>
 
+#include "fake_defer.h"
+
 #define EXPORT __attribute__((visibility("default")))
 
 struct cublasLtContext {
@@ -137,13 +139,42 @@ static double at(const fake_layout *l, const void *x, int32_t op, int64_t b, uin
   return load(l->type, x, b * l->stride + (int64_t)c * l->ld + (int64_t)r);
 }
 
+typedef struct {
+  fake_desc f;
+  fake_layout a, b, c, d;
+  double alpha, beta;
+  const void *A, *B, *C;
+  void *D;
+} matmul_call;
+
+static void run_matmul(void *p) {
+  const matmul_call *mc = p;
+  const fake_desc *f = &mc->f;
+  const fake_layout *a = &mc->a, *b = &mc->b, *c = &mc->c, *d = &mc->d;
+  uint64_t m = d->rows, n = d->cols, k = f->transa == CUBLAS_OP_N ? a->cols : a->rows;
+  bool relu = f->epilogue == CUBLASLT_EPILOGUE_RELU || f->epilogue == CUBLASLT_EPILOGUE_RELU_BIAS;
+  bool bias = f->epilogue == CUBLASLT_EPILOGUE_BIAS || f->epilogue == CUBLASLT_EPILOGUE_RELU_BIAS;
+  for (int64_t bi = 0; bi < d->batch; bi++)
+    for (uint64_t i = 0; i < m; i++)
+      for (uint64_t j = 0; j < n; j++) {
+        double s = 0;
+        for (uint64_t q = 0; q < k; q++)
+          s += at(a, mc->A, f->transa, bi, i, q) * at(b, mc->B, f->transb, bi, q, j);
+        s *= mc->alpha;
+        if (mc->beta != 0) s += mc->beta * load(c->type, mc->C, bi * c->stride + (int64_t)j * c->ld + (int64_t)i);
+        if (bias) s += load(d->type, f->bias, (int64_t)i);
+        if (relu && s < 0) s = 0;
+        store(d->type, mc->D, bi * d->stride + (int64_t)j * d->ld + (int64_t)i, s);
+      }
+}
+
 EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc,
                                      const void *alpha, const void *A, cublasLtMatrixLayout_t al,
                                      const void *B, cublasLtMatrixLayout_t bl, const void *beta,
                                      const void *C, cublasLtMatrixLayout_t cl, void *D,
                                      cublasLtMatrixLayout_t dl, const cublasLtMatmulAlgo_t *algo,
                                      void *ws, size_t wss, cudaStream_t stream) {
-  (void)algo, (void)ws, (void)wss, (void)stream;
+  (void)algo, (void)ws, (void)wss;
   const fake_desc *f = (const fake_desc *)desc;
   const fake_layout *a = (const fake_layout *)al, *b = (const fake_layout *)bl,
                     *c = (const fake_layout *)cl, *d = (const fake_layout *)dl;
@@ -155,22 +186,12 @@ EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t de
       a->batch != d->batch || b->batch != d->batch || c->batch != d->batch ||
       c->type != d->type || a->type != b->type)
     return CUBLAS_STATUS_INVALID_VALUE;
-  bool relu = f->epilogue == CUBLASLT_EPILOGUE_RELU || f->epilogue == CUBLASLT_EPILOGUE_RELU_BIAS;
-  bool bias = f->epilogue == CUBLASLT_EPILOGUE_BIAS || f->epilogue == CUBLASLT_EPILOGUE_RELU_BIAS;
-  if (bias && !f->bias) return CUBLAS_STATUS_INVALID_VALUE;
-  double al_ = f->scale == CUDA_R_64F ? *(const double *)alpha : *(const float *)alpha;
-  double be = f->scale == CUDA_R_64F ? *(const double *)beta : *(const float *)beta;
-  for (int64_t bi = 0; bi < d->batch; bi++)
-    for (uint64_t i = 0; i < m; i++)
-      for (uint64_t j = 0; j < n; j++) {
-        double s = 0;
-        for (uint64_t q = 0; q < k; q++)
-          s += at(a, A, f->transa, bi, i, q) * at(b, B, f->transb, bi, q, j);
-        s *= al_;
-        if (be != 0) s += be * load(c->type, C, bi * c->stride + (int64_t)j * c->ld + (int64_t)i);
-        if (bias) s += load(d->type, f->bias, (int64_t)i);
-        if (relu && s < 0) s = 0;
-        store(d->type, D, bi * d->stride + (int64_t)j * d->ld + (int64_t)i, s);
-      }
+  if ((f->epilogue == CUBLASLT_EPILOGUE_BIAS || f->epilogue == CUBLASLT_EPILOGUE_RELU_BIAS) && !f->bias)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  /* by value: the caller destroys the descriptors, and a captured graph
+   * runs the GEMM later */
+  matmul_call mc = {*f, *a, *b, *c, *d, f->scale == CUDA_R_64F ? *(const double *)alpha : *(const float *)alpha,
+                    f->scale == CUDA_R_64F ? *(const double *)beta : *(const float *)beta, A, B, C, D};
+  if (!fake_defer(stream, run_matmul, &mc, sizeof mc)) run_matmul(&mc);
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -10,7 +10,15 @@
  *
  * It mimics the driver's rules that libkilnrt must follow: the context must
  * be current, and more than 48 KiB of dynamic shared memory needs the
- * kernel's opt-in through cuFuncSetAttribute. */
+ * kernel's opt-in through cuFuncSetAttribute.
+ *
+ * CUDA Graphs follow the driver's capture rules: the legacy default stream
+ * cannot be captured; while a stream captures, work enqueued on it is
+ * recorded, not run, and a call that would synchronize or touch the legacy
+ * stream (cuCtxSynchronize, the synchronous copies and memset, a launch on
+ * stream 0, cuMemAlloc, an event query) fails with CUDA_ERROR_STREAM_CAPTURE_*
+ * and invalidates the capture, so cuStreamEndCapture fails too.  The
+ * fake cuBLAS libraries record their GEMMs through fake_cuda_defer. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +43,42 @@ struct CUfunc_st {
   char name[64];
   int dyn_allowed;
 };
+
+/* a recorded piece of work: a kernel (by name, axpy's arguments kept), a
+ * memset, or a library call deferred through fake_cuda_defer */
+typedef struct {
+  char name[64];
+  float a;
+  CUdeviceptr x, y;
+  int n;
+  size_t bytes;
+  unsigned char value;
+  void (*fn)(void *);
+  void *data;
+} fake_op;
+
+typedef struct {
+  fake_op *ops;
+  int nops, cap;
+} fake_ops;
+
+struct CUstream_st {
+  int id;
+  int capturing, invalidated;
+  fake_ops rec;
+};
+struct CUgraph_st {
+  fake_ops rec;
+};
+struct CUgraphExec_st {
+  fake_ops rec;
+};
+static struct CUstream_st *in_capture; /* the stream capturing, if any */
+static long launches_run;              /* kernels the fake ran (launched or replayed) */
+
+EXPORT long fake_cuda_launches_run(void) { return launches_run; }
+
+void fake_gpu_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 static size_t mem_total(void) {
   const char *e = getenv("FAKE_CUDA_MEM");
@@ -99,8 +143,52 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
 #define NEED_CTX \
   if (current != &the_ctx || the_ctx.refs <= 0) return CUDA_ERROR_INVALID_CONTEXT
 
+/* A call not allowed while a stream captures: it fails, and so will the
+ * capture's end. */
+#define NOT_WHILE_CAPTURING(code)         \
+  if (in_capture) {                       \
+    in_capture->invalidated = 1;          \
+    fake_gpu_log("capture invalidated by %s", __func__); \
+    return code;                          \
+  }
+
+static int record(fake_ops *r, const fake_op *op) {
+  if (r->nops == r->cap) {
+    int cap = r->cap ? 2 * r->cap : 16;
+    fake_op *o = realloc(r->ops, (size_t)cap * sizeof *o);
+    if (!o) return -1;
+    r->ops = o, r->cap = cap;
+  }
+  r->ops[r->nops++] = *op;
+  return 0;
+}
+
+static void ops_free(fake_ops *r) {
+  for (int i = 0; i < r->nops; i++) free(r->ops[i].data);
+  free(r->ops);
+  memset(r, 0, sizeof *r);
+}
+
+static void run_op(const fake_op *op);
+
+/* Run fn(data) now, or record it when s captures (1: recorded). */
+EXPORT int fake_cuda_defer(CUstream s, void (*fn)(void *), const void *data, size_t bytes) {
+  if (!s || !s->capturing) return 0;
+  fake_op op = {.fn = fn, .data = malloc(bytes ? bytes : 1), .bytes = bytes};
+  snprintf(op.name, sizeof op.name, "library call");
+  if (!op.data) return 0;
+  memcpy(op.data, data, bytes);
+  if (record(&s->rec, &op)) {
+    free(op.data);
+    return 0;
+  }
+  fake_gpu_log("capture stream=%d library call", s->id);
+  return 1;
+}
+
 EXPORT CUresult cuCtxSynchronize(void) {
   NEED_CTX;
+  NOT_WHILE_CAPTURING(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   CUresult r = pending;
   pending = CUDA_SUCCESS;
   return r;
@@ -110,9 +198,6 @@ EXPORT CUresult cuCtxSynchronize(void) {
  * Work runs at once, so every event is complete when recorded; what the
  * fake keeps is the order of the calls, in the file FAKE_GPU_LOG (which
  * fake_libnccl.c appends to as well), one line per call. */
-struct CUstream_st {
-  int id;
-};
 struct CUevent_st {
   int id, recorded, stream; /* stream 0: the default stream */
 };
@@ -134,7 +219,7 @@ EXPORT void fake_gpu_log(const char *fmt, ...) {
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
   NEED_CTX;
   if (flags != CU_STREAM_NON_BLOCKING && flags != CU_STREAM_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
-  struct CUstream_st *st = malloc(sizeof *st);
+  struct CUstream_st *st = calloc(1, sizeof *st);
   if (!st) return CUDA_ERROR_OUT_OF_MEMORY;
   st->id = next_stream++;
   *s = st;
@@ -146,7 +231,82 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
   NEED_CTX;
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
   fake_gpu_log("cuStreamDestroy stream=%d", s->id);
+  if (in_capture == s) in_capture = NULL;
+  ops_free(&s->rec);
   free(s);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+  NEED_CTX;
+  if (!s) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream */
+  if (mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+  if (s->capturing || in_capture) return CUDA_ERROR_ILLEGAL_STATE;
+  s->capturing = 1, s->invalidated = 0;
+  in_capture = s;
+  fake_gpu_log("cuStreamBeginCapture stream=%d", s->id);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *graph) {
+  NEED_CTX;
+  if (!s || !s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+  s->capturing = 0;
+  in_capture = NULL;
+  *graph = NULL;
+  if (s->invalidated) {
+    ops_free(&s->rec);
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  struct CUgraph_st *g = calloc(1, sizeof *g);
+  if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+  g->rec = s->rec; /* the graph takes the recorded work */
+  memset(&s->rec, 0, sizeof s->rec);
+  fake_gpu_log("cuStreamEndCapture stream=%d ops=%d", s->id, g->rec.nops);
+  *graph = g;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, unsigned long long flags) {
+  NEED_CTX;
+  if (!g || flags) return CUDA_ERROR_INVALID_VALUE;
+  struct CUgraphExec_st *e = calloc(1, sizeof *e);
+  if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+  for (int i = 0; i < g->rec.nops; i++) {
+    fake_op op = g->rec.ops[i];
+    if (op.data) { /* its own copy: the graph may be destroyed first */
+      void *copy = malloc(op.bytes ? op.bytes : 1);
+      if (!copy) return CUDA_ERROR_OUT_OF_MEMORY;
+      op.data = memcpy(copy, op.data, op.bytes);
+    }
+    if (record(&e->rec, &op)) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *exec = e;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphDestroy(CUgraph g) {
+  NEED_CTX;
+  if (!g) return CUDA_ERROR_INVALID_VALUE;
+  ops_free(&g->rec);
+  free(g);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
+  NEED_CTX;
+  if (!e) return CUDA_ERROR_INVALID_VALUE;
+  ops_free(&e->rec);
+  free(e);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+  NEED_CTX;
+  if (!e) return CUDA_ERROR_INVALID_VALUE;
+  if (s && s->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  fake_gpu_log("cuGraphLaunch stream=%d ops=%d", s ? s->id : 0, e->rec.nops);
+  for (int i = 0; i < e->rec.nops; i++) run_op(&e->rec.ops[i]);
   return CUDA_SUCCESS;
 }
 
@@ -177,6 +337,7 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
 
 EXPORT CUresult cuEventQuery(CUevent e) {
   NEED_CTX;
+  NOT_WHILE_CAPTURING(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
   fake_gpu_log("cuEventQuery event=%d", e->id);
   return CUDA_SUCCESS;
@@ -200,6 +361,7 @@ EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
 /* Each allocation is preceded by its size, to keep `used` right. */
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
   NEED_CTX;
+  NOT_WHILE_CAPTURING(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   if (bytes > mem_total() - used) return CUDA_ERROR_OUT_OF_MEMORY;
   size_t *b = aligned_alloc(256, 256 + ((bytes + 255) & ~(size_t)255));
@@ -227,6 +389,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
 
 EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
   NEED_CTX;
+  NOT_WHILE_CAPTURING(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
   if (pending) return pending;
   memcpy((void *)(size_t)dst, src, n);
   return CUDA_SUCCESS;
@@ -234,6 +397,7 @@ EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
 
 EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
   NEED_CTX;
+  NOT_WHILE_CAPTURING(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
   if (pending) return pending;
   memcpy(dst, (const void *)(size_t)src, n);
   return CUDA_SUCCESS;
@@ -241,7 +405,17 @@ EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
 
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
   NEED_CTX;
+  NOT_WHILE_CAPTURING(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
   memset((void *)(size_t)dst, v, n);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
+  NEED_CTX;
+  if (!s && in_capture) NOT_WHILE_CAPTURING(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  fake_op op = {.name = "memset", .y = dst, .bytes = n, .value = v};
+  if (s && s->capturing) return record(&s->rec, &op) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+  run_op(&op);
   return CUDA_SUCCESS;
 }
 
@@ -299,21 +473,43 @@ EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned 
                                unsigned by, unsigned bz, unsigned shared, CUstream s,
                                void **args, void **extra) {
   NEED_CTX;
-  (void)s;
   (void)extra;
+  if (!s && in_capture) NOT_WHILE_CAPTURING(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
   if (!gx || !gy || !gz || !bx || !by || !bz || bx * by * bz > 1024 ||
       (int)shared > f->dyn_allowed)
     return CUDA_ERROR_INVALID_VALUE;
-  if (strcmp(f->name, "faults") == 0) {
-    pending = CUDA_ERROR_ILLEGAL_ADDRESS;
-  } else if (strcmp(f->name, "axpy") == 0) {
-    float a = *(float *)args[0];
-    const float *x = (const float *)(size_t) * (CUdeviceptr *)args[1];
-    float *y = (float *)(size_t) * (CUdeviceptr *)args[2];
-    int n = *(int *)args[3];
-    for (int i = 0; i < n; i++) y[i] = a * x[i] + y[i];
+  fake_op op;
+  memset(&op, 0, sizeof op);
+  snprintf(op.name, sizeof op.name, "%s", f->name);
+  if (strcmp(f->name, "axpy") == 0) { /* the arguments' values, as a graph keeps them */
+    op.a = *(float *)args[0];
+    op.x = *(CUdeviceptr *)args[1];
+    op.y = *(CUdeviceptr *)args[2];
+    op.n = *(int *)args[3];
   }
+  if (s && s->capturing) {
+    fake_gpu_log("capture stream=%d kernel %s", s->id, f->name);
+    return record(&s->rec, &op) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+  }
+  run_op(&op);
   return CUDA_SUCCESS;
+}
+
+static void run_op(const fake_op *op) {
+  if (op->fn) {
+    op->fn(op->data);
+  } else if (strcmp(op->name, "memset") == 0) {
+    memset((void *)(size_t)op->y, op->value, op->bytes);
+  } else {
+    launches_run++;
+    if (strcmp(op->name, "faults") == 0) {
+      pending = CUDA_ERROR_ILLEGAL_ADDRESS;
+    } else if (strcmp(op->name, "axpy") == 0) {
+      const float *x = (const float *)(size_t)op->x;
+      float *y = (float *)(size_t)op->y;
+      for (int i = 0; i < op->n; i++) y[i] = op->a * x[i] + y[i];
+    }
+  }
 }
 
 EXPORT CUresult cuGetErrorName(CUresult r, const char **s) {
@@ -326,6 +522,10 @@ EXPORT CUresult cuGetErrorName(CUresult r, const char **s) {
   case CUDA_ERROR_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
   case CUDA_ERROR_ILLEGAL_ADDRESS: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
   case CUDA_ERROR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
+  case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; break;
+  case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; break;
+  case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: *s = "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"; break;
+  case CUDA_ERROR_ILLEGAL_STATE: *s = "CUDA_ERROR_ILLEGAL_STATE"; break;
   default: *s = NULL; return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;

@@ -902,11 +902,13 @@ static void test_fake_cuda_exchange(void **state) {
   next_line(lines, n, &at, "ncclCommInitRank nranks=2 rank=0");
   assert_int_equal(sscanf(lines[next_line(lines, n, &at, "cuStreamCreate")], "cuStreamCreate stream=%d", &stream), 1);
   assert_non_null(strstr(lines[at - 1], "non-blocking")); /* no implicit sync with the default stream */
-  /* ready: recorded on the default stream after the backward pass's
-   * kernels, and the exchange's stream waits for it */
+  /* ready: recorded on the device's stream (the one its kernels run on,
+   * not the legacy stream 0) after the backward pass's kernels, and the
+   * exchange's stream waits for it */
   assert_int_equal(sscanf(lines[next_line(lines, n, &at, "cuEventRecord")], "cuEventRecord event=%d stream=%d",
                           &ready, &s2), 2);
-  assert_int_equal(s2, 0);
+  const int dev_stream = s2;
+  assert_true(dev_stream != 0 && dev_stream != stream);
   assert_int_equal(sscanf(lines[next_line(lines, n, &at, "cuStreamWaitEvent")],
                           "cuStreamWaitEvent stream=%d event=%d (recorded on stream %d)", &s2, &e2, &rs), 3);
   assert_int_equal(s2, stream);
@@ -918,14 +920,14 @@ static void test_fake_cuda_exchange(void **state) {
   snprintf(want, sizeof want, "ncclAllReduce count=3 type=%d op=%d stream=%d", (int)ncclFloat32, (int)ncclSum, stream);
   assert_string_equal(lines[next_line(lines, n, &at, "ncclAllReduce")], want);
   assert_true(next_line(lines, n, &at, "ncclGroupEnd") > group);
-  /* done: recorded on the exchange's stream; the default stream waits for
-   * it at the wait, after the event is seen complete */
+  /* done: recorded on the exchange's stream; the device's stream waits
+   * for it at the wait, after the event is seen complete */
   assert_int_equal(sscanf(lines[next_line(lines, n, &at, "cuEventRecord")], "cuEventRecord event=%d stream=%d",
                           &done, &s2), 2);
   assert_int_equal(s2, stream);
   snprintf(want, sizeof want, "cuEventQuery event=%d", done);
   assert_string_equal(lines[next_line(lines, n, &at, "cuEventQuery")], want);
-  snprintf(want, sizeof want, "cuStreamWaitEvent stream=0 event=%d (recorded on stream %d)", done, stream);
+  snprintf(want, sizeof want, "cuStreamWaitEvent stream=%d event=%d (recorded on stream %d)", dev_stream, done, stream);
   assert_string_equal(lines[next_line(lines, n, &at, "cuStreamWaitEvent")], want);
   assert_int_equal(at, n); /* nothing after: the second wait made no call */
 
@@ -956,6 +958,138 @@ static void test_fake_cuda_exchange(void **state) {
   unlink(log);
 }
 
+/* ---- CUDA Graphs ---------------------------------------------------------- */
+typedef struct {
+  krt_device *d;
+  krt_module *m;
+  void *x, *y, *c; /* axpy's vectors; c, zeroed, += x^T x (cuBLASLt: relu) */
+  float a;
+  int n;
+  int calls;       /* compute's calls: 1 capture, then replays */
+  int bad;         /* 1: a synchronous copy mid-way, which a capture refuses */
+} graph_work;
+
+static int graph_compute(void *self, char *err, size_t errlen) {
+  graph_work *w = self;
+  w->calls++;
+  void *args[] = {&w->a, &w->x, &w->y, &w->n};
+  if (krt_memset_zero(w->d, w->c, sizeof(float), err, errlen) ||
+      krt_launch(w->m, 0, d3(1, 1, 1), d3(128, 1, 1), 0, args, err, errlen))
+    return -1;
+  if (w->bad) {
+    float host;
+    if (krt_download(w->d, &host, w->y, sizeof host, err, errlen)) return -1;
+  }
+  krt_gemm_desc g = {.dtype = KRT_F32, .m = 1, .n = 1, .k = w->n, .batch = 1, .a = w->x, .lda = w->n,
+                     .b = w->x, .ldb = 1, .c = w->c, .ldc = 1, .alpha = 1, .beta = 1, .relu = 1};
+  return krt_gemm(w->d, &g, err, errlen) ||
+         krt_launch(w->m, 0, d3(1, 1, 1), d3(128, 1, 1), 0, args, err, errlen);
+}
+
+static void test_fake_cuda_graph(void **state) {
+  (void)state;
+  if (!fake_cuda()) skip();
+  char err[512] = "";
+  krt_kernel_desc kernels[] = {{"axpy", NULL}};
+  krt_module_desc desc = {kernels, 1, two_cubins, 2, NULL};
+  graph_work w = {.d = open_cuda(), .a = 2.0f, .n = 8};
+  long (*run_count)(void);
+  void *p = fake_fn("fake_cuda_launches_run");
+  memcpy(&run_count, &p, sizeof p);
+  OK(krt_module_load(w.d, &desc, &w.m, err, sizeof err));
+  float x[8], y[8], back[8], c;
+  for (int i = 0; i < 8; i++) x[i] = (float)(i + 1), y[i] = 1.0f;
+  w.x = to_device(w.d, x, sizeof x);
+  w.y = to_device(w.d, y, sizeof y);
+  OK(krt_malloc(w.d, sizeof c, &w.c, err, sizeof err));
+  assert_int_equal(krt_device_graphs(w.d), 1);
+
+  /* the first run captures (nothing runs then) and launches; each later
+   * run replays the same work: y grows by 2a x per run, c = x^T x */
+  krt_graph *g = NULL;
+  long before = run_count(), captures, replays;
+  for (int run = 1; run <= 3; run++) {
+    OK(krt_graph_run(w.d, &g, 1, graph_compute, &w, err, sizeof err));
+    OK(krt_synchronize(w.d, err, sizeof err));
+    OK(krt_download(w.d, back, w.y, sizeof back, err, sizeof err));
+    OK(krt_download(w.d, &c, w.c, sizeof c, err, sizeof err));
+    for (int i = 0; i < 8; i++) assert_true(back[i] == 1.0f + 4.0f * (float)run * x[i]);
+    assert_true(c == 204.0f); /* 1 + 4 + ... + 64 onto c, zeroed in each replay */
+  }
+  assert_int_equal(w.calls, 1);                  /* compute ran once: the capture */
+  assert_int_equal(run_count() - before, 6);     /* two kernels a replay */
+  krt_device_graph_counts(w.d, &captures, &replays);
+  assert_int_equal(captures, 1);
+  assert_int_equal(replays, 3);
+
+  /* not capturable, or graphs off: compute runs every time */
+  graph_work plain = w;
+  plain.calls = 0;
+  OK(krt_graph_run(w.d, &g, 0, graph_compute, &plain, err, sizeof err));
+  krt_device_set_graphs(w.d, 0);
+  assert_int_equal(krt_device_graphs(w.d), 0);
+  OK(krt_graph_run(w.d, &g, 1, graph_compute, &plain, err, sizeof err));
+  assert_int_equal(plain.calls, 2);
+  krt_device_set_graphs(w.d, 1);
+  krt_graph_free(w.d, g);
+
+  /* a synchronous copy mid-capture: the driver refuses the capture, and
+   * the run goes on with plain launches, right */
+  OK(krt_upload(w.d, w.y, y, sizeof y, err, sizeof err));
+  graph_work bad = w;
+  bad.calls = 0, bad.bad = 1;
+  g = NULL;
+  OK(krt_graph_run(w.d, &g, 1, graph_compute, &bad, err, sizeof err));
+  OK(krt_graph_run(w.d, &g, 1, graph_compute, &bad, err, sizeof err));
+  assert_int_equal(bad.calls, 3); /* the refused capture, then plain twice */
+  OK(krt_synchronize(w.d, err, sizeof err));
+  OK(krt_download(w.d, back, w.y, sizeof back, err, sizeof err));
+  for (int i = 0; i < 8; i++) assert_true(back[i] == 1.0f + 8.0f * x[i]);
+  krt_graph_free(w.d, g);
+
+  /* an error of compute's own (a GEMM the device rejects) ends the run */
+  g = NULL;
+  graph_work wrong = w;
+  wrong.n = -1;
+  assert_int_equal(krt_graph_run(w.d, &g, 1, graph_compute, &wrong, err, sizeof err), -1);
+  krt_graph_free(w.d, g);
+
+  krt_free(w.d, w.x);
+  krt_free(w.d, w.y);
+  krt_free(w.d, w.c);
+  krt_module_unload(w.m);
+  krt_device_close(w.d);
+  assert_int_equal(fake_used(), 0);
+}
+
+/* On the host device there is nothing to capture: compute runs each time. */
+static void test_host_graph(void **state) {
+  (void)state;
+  char err[512] = "";
+  krt_device *d = NULL;
+  OK(krt_device_open(KRT_DEVICE_HOST, &d, err, sizeof err));
+  assert_int_equal(krt_device_graphs(d), 0);
+  krt_kernel_desc kernels[] = {{"axpy", &axpy__emu}};
+  krt_module_desc desc = {kernels, 1, NULL, 0, NULL};
+  graph_work w = {.d = d, .a = 1.0f, .n = 4};
+  OK(krt_module_load(d, &desc, &w.m, err, sizeof err));
+  float x[4] = {1, 2, 3, 4}, back[4];
+  w.x = to_device(d, x, sizeof x);
+  w.y = to_device(d, x, sizeof x);
+  OK(krt_malloc(d, sizeof(float), &w.c, err, sizeof err));
+  krt_graph *g = NULL;
+  for (int i = 0; i < 2; i++) OK(krt_graph_run(d, &g, 1, graph_compute, &w, err, sizeof err));
+  assert_int_equal(w.calls, 2);
+  OK(krt_download(d, back, w.y, sizeof back, err, sizeof err));
+  for (int i = 0; i < 4; i++) assert_true(back[i] == 5.0f * x[i]);
+  krt_graph_free(d, g);
+  krt_free(d, w.x);
+  krt_free(d, w.y);
+  krt_free(d, w.c);
+  krt_module_unload(w.m);
+  krt_device_close(d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kind_parse),
@@ -978,6 +1112,8 @@ int main(void) {
       cmocka_unit_test(test_fake_cuda_modules),
       cmocka_unit_test(test_fake_cuda_launch),
       cmocka_unit_test(test_fake_cuda_exchange),
+      cmocka_unit_test(test_fake_cuda_graph),
+      cmocka_unit_test(test_host_graph),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   kl_emu_shutdown();
