@@ -80,10 +80,10 @@ kl_cg_grid kl_cg_attention_kernel(FILE *f, const char *name, const kl_attention 
   int64_t tq = S->dims[r - 2], tk = S->dims[r - 1], d = q->shape.dims[q->shape.rank - 1];
   int64_t dv = v->shape.dims[v->shape.rank - 1], nj = (tk + LANES - 1) / LANES;
   int64_t rows = kl_shape_numel(S) / tk;
-  bool half = s->dtype == KL_F16 || s->dtype == KL_BF16;
-  const char *acc = half ? "float" : "double", *ct = kl_cg_compute_type(x->dtype);
+  /* products summed in f32 (f64 for f64 tensors) */
+  const char *acc = kl_cg_real_type(s->dtype), *ct = kl_cg_compute_type(x->dtype);
   /* the second product's type: its own (casts may sit between them) */
-  const char *acc2 = y->dtype == KL_F16 || y->dtype == KL_BF16 ? "float" : "double";
+  const char *acc2 = kl_cg_real_type(y->dtype);
   const char *sf = !strcmp(ct, "double") ? "" : "f";
   kl_cg_rows plan = kl_cg_plan_rows(rows, tk); /* tk <= 1024: a warp per row */
   /* each warp's probabilities in shared memory: at most 32 KB a block */
@@ -153,12 +153,12 @@ kl_cg_grid kl_cg_attention_kernel(FILE *f, const char *name, const kl_attention 
   fprintf(f, "  {\n    %s acc = mx;\n", ct);
   kl_cg_rows_combine(f, &plan, "    ", ct, max, "unused");
   fprintf(f, "    mx = acc;\n  }\n");
-  /* 2: the row's sum of exp, in double as the softmax kernel */
-  fprintf(f, "  double sum;\n  {\n    double acc = 0;\n"
+  /* 2: the row's sum of exp, in the compute type as the softmax kernel */
+  fprintf(f, "  %s sum;\n  {\n    %s acc = 0;\n"
              "    for (int t = 0; t < %lld; t++) {\n      if (lane + %d * t >= %lldLL) break;\n"
              "      acc += exp%s(sc[t] - mx);\n    }\n",
-          (ll)nj, LANES, (ll)tk, sf);
-  kl_cg_rows_combine(f, &plan, "    ", "double", "acc += v;", "unused");
+          ct, ct, (ll)nj, LANES, (ll)tk, sf);
+  kl_cg_rows_combine(f, &plan, "    ", ct, "acc += v;", "unused");
   fprintf(f, "    sum = acc;\n  }\n");
   /* 3: the probabilities (through the post chain) into the warp's row of
    * shared memory; then each lane takes output columns, reading V's rows

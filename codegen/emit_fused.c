@@ -115,8 +115,7 @@ static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool 
   if (kl_attr_ints(nd, "strides", &v) == 2) st[0] = v[0], st[1] = v[1];
   if (kl_attr_ints(nd, "dilations", &v) == 2) dil[0] = v[0], dil[1] = v[1];
   if (kl_attr_ints(nd, "pads", &v) == 4) pad[0] = v[0], pad[1] = v[1];
-  bool half = x->dtype == KL_F16 || x->dtype == KL_BF16;
-  const char *acc = half ? "float" : "double";
+  const char *acc = kl_cg_real_type(x->dtype); /* f32 sums; f64 for f64 */
   int kx = index_of(io->in, io->nin, x), kw = index_of(io->in, io->nin, w);
   char lx[96], lw[96], lb[96], src[64];
   kl_cg_load(lx, sizeof lx, x->dtype, acc, "xr[ix]");
@@ -164,7 +163,7 @@ static void direct_matmul(FILE *f, const kl_node *nd, const kl_group_io *io, boo
   const kl_shape *ys = &out->shape, *as = &a->shape, *bs = &b->shape;
   int ry = ys->rank;
   int64_t rows = ys->dims[ry - 2], cols = ys->dims[ry - 1], k = as->dims[as->rank - 1];
-  const char *acc = "double"; /* f32 and f64 only */
+  const char *acc = kl_cg_real_type(a->dtype); /* f32 sums; f64 for f64 */
   char la[96], lb[96], buf[160];
   if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
   fprintf(f, "    { /* %s: matmul, direct */\n      int64_t q = %s;\n"

@@ -141,10 +141,13 @@ static void row_body(const rows_ctx *c, const kl_value *want, bool store) {
     if (read) fprintf(f, "      %s r%d;\n", kl_cg_compute_type(out->dtype), out->id);
     if (kl_row_kind(nd) == 3) { /* a norm: of the row's mean and 1/deviation */
       char val[400], r[32], t[96];
-      snprintf(val, sizeof val, "((double)%s - mean%d) * inv%d", reg(c, nd->inputs[0], true, r, sizeof r),
+      const char *rt = kl_cg_real_type(nd->inputs[0]->dtype);
+      snprintf(val, sizeof val, "((%s)%s - mean%d) * inv%d", rt, reg(c, nd->inputs[0], true, r, sizeof r),
                out->id, out->id);
       for (int i = 1; i < nd->ninputs; i++) {
-        strncat(val, i == 1 ? " * (double)" : " + (double)", sizeof val - strlen(val) - 1);
+        strncat(val, i == 1 ? " * (" : " + (", sizeof val - strlen(val) - 1);
+        strncat(val, rt, sizeof val - strlen(val) - 1);
+        strncat(val, ")", sizeof val - strlen(val) - 1);
         strncat(val, reg(c, nd->inputs[i], true, t, sizeof t), sizeof val - strlen(val) - 1);
       }
       char buf[160];
@@ -161,9 +164,9 @@ static void row_body(const rows_ctx *c, const kl_value *want, bool store) {
       const char *ct = kl_cg_compute_type(in->dtype);
       char r[32], buf[160];
       fprintf(f, "      { /* %s: %s */\n        const %s v = (%s)%s, m = m%d;\n"
-                 "        const double sum = sum%d;\n        %s s; ",
+                 "        const %s sum = sum%d;\n        %s s; ",
               nd->name, kl_ops[nd->op].name, ct, ct, reg(c, in, true, r, sizeof r), out->id,
-              out->id, kl_cg_storage(out->dtype));
+              ct, out->id, kl_cg_storage(out->dtype));
       kl_cg_store(f, out->dtype, "s", kl_cg_softmax_value(nd, !strcmp(ct, "double")));
       if (ko_of[m] >= 0) fprintf(f, "        %s = s;\n", at);
       if (read)
@@ -226,11 +229,11 @@ kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, in
       snprintf(buf, sizeof buf, "part%d", npasses++);
       kl_cg_rows_shared(f, &c.plan, kl_cg_compute_type(nodes[m]->inputs[0]->dtype), buf);
       snprintf(buf, sizeof buf, "part%d", npasses++);
-      kl_cg_rows_shared(f, &c.plan, "double", buf);
+      kl_cg_rows_shared(f, &c.plan, kl_cg_compute_type(nodes[m]->inputs[0]->dtype), buf);
     } else if (kind == 3) {
       for (int k = nodes[m]->op == KL_OP_LAYER_NORM ? 0 : 1; k < 2; k++) {
         snprintf(buf, sizeof buf, "part%d", npasses++);
-        kl_cg_rows_shared(f, &c.plan, "double", buf);
+        kl_cg_rows_shared(f, &c.plan, kl_cg_real_type(nodes[m]->inputs[0]->dtype), buf);
       }
     }
   }
@@ -291,28 +294,29 @@ kl_cg_grid kl_cg_fused_rows(FILE *f, const char *name, kl_node *const *nodes, in
       const kl_value *in = nd->inputs[0];
       const char *ct = kl_cg_compute_type(in->dtype), *s = !strcmp(ct, "double") ? "" : "f";
       char value[96];
-      fprintf(f, "  %s m%d;\n  double sum%d;\n", ct, out->id, out->id);
+      fprintf(f, "  %s m%d, sum%d;\n", ct, out->id, out->id);
       snprintf(value, sizeof value, "(%s)%s", ct, reg(&c, in, true, r, sizeof r));
       pass(&c, in, ct, "-KL_INF", value, "acc = (v != v || v > acc) ? v : acc;");
       fprintf(f, "    m%d = acc;\n  }\n", out->id);
-      snprintf(value, sizeof value, "(double)exp%s((%s)%s - m%d)", s, ct,
+      snprintf(value, sizeof value, "exp%s((%s)%s - m%d)", s, ct,
                reg(&c, in, true, r, sizeof r), out->id);
-      pass(&c, in, "double", "0", value, "acc += v;");
+      pass(&c, in, ct, "0", value, "acc += v;");
       fprintf(f, "    sum%d = acc;\n  }\n", out->id);
-    } else if (kind == 3) { /* as templates_nn.c's norms: in double */
+    } else if (kind == 3) { /* as templates_nn.c's norms: two passes, in the real type */
       const kl_value *in = nd->inputs[0];
-      char value[96];
-      fprintf(f, "  double mean%d = 0, inv%d;\n", out->id, out->id);
-      snprintf(value, sizeof value, "(double)%s", reg(&c, in, true, r, sizeof r));
+      const char *at = kl_cg_real_type(in->dtype), *sf = kl_cg_real_suffix(at);
+      char value[160];
+      fprintf(f, "  %s mean%d = 0, inv%d;\n", at, out->id, out->id);
+      snprintf(value, sizeof value, "(%s)%s", at, reg(&c, in, true, r, sizeof r));
       if (nd->op == KL_OP_LAYER_NORM) {
-        pass(&c, in, "double", "0", value, "acc += v;");
-        fprintf(f, "    mean%d = acc / (double)%lldLL;\n  }\n", out->id, (long long)c.len);
+        pass(&c, in, at, "0", value, "acc += v;");
+        fprintf(f, "    mean%d = acc / (%s)%lldLL;\n  }\n", out->id, at, (long long)c.len);
       }
-      snprintf(value, sizeof value, "((double)%s - mean%d) * ((double)%s - mean%d)",
-               reg(&c, in, true, r, sizeof r), out->id, reg(&c, in, true, buf, sizeof buf), out->id);
-      pass(&c, in, "double", "0", value, "acc += v;");
-      fprintf(f, "    inv%d = 1.0 / sqrt(acc / (double)%lldLL + %.17g);\n  }\n", out->id,
-              (long long)c.len, kl_attr_float(nd, "epsilon", 1e-5));
+      snprintf(value, sizeof value, "((%s)%s - mean%d) * ((%s)%s - mean%d)", at,
+               reg(&c, in, true, r, sizeof r), out->id, at, reg(&c, in, true, buf, sizeof buf), out->id);
+      pass(&c, in, at, "0", value, "acc += v;");
+      fprintf(f, "    inv%d = (%s)1 / sqrt%s(acc / (%s)%lldLL + (%s)%.17g);\n  }\n", out->id, at, sf,
+              at, (long long)c.len, at, kl_attr_float(nd, "epsilon", 1e-5));
     } else if (!is_row_value(&c, out)) { /* a row scalar */
       char dst[32], at[32];
       snprintf(dst, sizeof dst, "s%d", out->id);

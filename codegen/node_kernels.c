@@ -140,16 +140,18 @@ static const char *cast_expression(const kl_node *n, const char *ct, char *buf, 
  * depends on attributes or on the compute type. */
 static const char *custom_expression(const kl_node *n, const char *ct, char *buf, size_t len) {
   bool flt = !strcmp(ct, "float"), dbl = !strcmp(ct, "double"), is_f = flt || dbl;
-  const char *s = flt ? "f" : "";
+  /* s: the math functions' suffix; lc: a literal's cast, so that a float
+   * expression stays in float (a bare 0.5 is a double) */
+  const char *s = flt ? "f" : "", *lc = flt ? "(float)" : "";
 #define F(fmt, ...) (snprintf(buf, len, fmt, __VA_ARGS__), buf)
   switch (n->op) {
   case KL_OP_CAST: return cast_expression(n, ct, buf, len);
   case KL_OP_ABS: return is_f ? F("fabs%s(a)", s) : "(a < 0 ? -a : a)";
-  case KL_OP_LEAKY_RELU: return F("(a >= 0 ? a : a * %.17g)", kl_attr_float(n, "alpha", 0.01));
+  case KL_OP_LEAKY_RELU: return F("(a >= 0 ? a : a * %s%.17g)", lc, kl_attr_float(n, "alpha", 0.01));
   case KL_OP_GELU:
     if (!strcmp(kl_attr_string(n, "approximate", "none"), "tanh"))
-      return F("0.5 * a * (1 + tanh%s(0.7978845608028654 * (a + 0.044715 * a * a * a)))", s);
-    return F("0.5 * a * (1 + erf%s(a * 0.7071067811865476))", s);
+      return F("%s0.5 * a * (1 + tanh%s(%s0.7978845608028654 * (a + %s0.044715 * a * a * a)))", lc, s, lc, lc);
+    return F("%s0.5 * a * (1 + erf%s(a * %s0.7071067811865476))", lc, s, lc);
   case KL_OP_SWISH: /* a * sigmoid(alpha * a) */
     return is_f ? F("a / (1 + exp%s(-(%s)%.17g * a))", s, ct, kl_attr_float(n, "alpha", 1.0)) : NULL;
   case KL_OP_MISH: /* a * tanh(softplus(a)), softplus as below */
@@ -162,7 +164,7 @@ static const char *custom_expression(const kl_node *n, const char *ct, char *buf
   case KL_OP_SIGN:
     return !is_f && ct[0] == 'u' ? "(a > 0 ? 1 : 0)" : "(a > 0 ? 1 : a < 0 ? -1 : a)";
   case KL_OP_ELU:
-    return is_f ? F("(a >= 0 ? a : %.17g * expm1%s(a))", kl_attr_float(n, "alpha", 1.0), s) : NULL;
+    return is_f ? F("(a >= 0 ? a : %s%.17g * expm1%s(a))", lc, kl_attr_float(n, "alpha", 1.0), s) : NULL;
   case KL_OP_SOFTPLUS: /* log(1 + e^a) without overflow */
     return is_f ? F("(log1p%s(exp%s(-fabs%s(a))) + (a > 0 ? a : 0))", s, s, s) : NULL;
   case KL_OP_ISINF:
@@ -575,9 +577,9 @@ kl_cg_grid kl_cg_transpose(FILE *f, const char *name, const kl_node *n) {
 }
 
 /* ---- softmax ------------------------------------------------------------- */
-/* Max in the compute type, sum of exponentials in double (as the
- * interpreter), the result from both; a NaN anywhere in the row makes
- * the row NaN. */
+/* Max and the sum of exponentials in the compute type (float; double for
+ * f64), the result from both; a NaN anywhere in the row makes the row
+ * NaN. */
 static const char *softmax_value(const kl_node *n, bool dbl) {
   if (n->op == KL_OP_SOFTMAX) return dbl ? "exp(v - m) / sum" : "expf(v - m) / (float)sum";
   return dbl ? "v - m - log(sum)" : "v - m - logf((float)sum)";
@@ -595,9 +597,9 @@ static kl_cg_grid softmax_rows(FILE *f, const char *name, const kl_node *n, int6
           p.threads == 32 ? "a warp" : "a block");
   params(f, name, &in, 1, out);
   kl_cg_rows_shared(f, &p, ct, "part_max");
-  kl_cg_rows_shared(f, &p, "double", "part_sum");
+  kl_cg_rows_shared(f, &p, ct, "part_sum");
   kl_cg_rows_begin(f, &p);
-  fprintf(f, "  const int64_t base = row * %lldLL;\n  %s m;\n  double sum;\n", (long long)len, ct);
+  fprintf(f, "  const int64_t base = row * %lldLL;\n  %s m, sum;\n", (long long)len, ct);
   const char *max = "acc = (v != v || v > acc) ? v : acc;";
   fprintf(f, "  {\n    %s acc = -KL_INF;\n", ct);
   kl_cg_rows_loop(f, &p, "    ");
@@ -605,12 +607,12 @@ static kl_cg_grid softmax_rows(FILE *f, const char *name, const kl_node *n, int6
   load(f, in->dtype, "in0[base + j]");
   fprintf(f, ";\n      %s\n    }\n", max);
   kl_cg_rows_combine(f, &p, "    ", ct, max, "part_max");
-  fprintf(f, "    m = acc;\n  }\n  {\n    double acc = 0; /* in double, as the interpreter */\n");
+  fprintf(f, "    m = acc;\n  }\n  {\n    %s acc = 0;\n", ct);
   kl_cg_rows_loop(f, &p, "    ");
   fprintf(f, "      const %s v = ", ct);
   load(f, in->dtype, "in0[base + j]");
   fprintf(f, ";\n      acc += exp%s(v - m);\n    }\n", s);
-  kl_cg_rows_combine(f, &p, "    ", "double", "acc += v;", "part_sum");
+  kl_cg_rows_combine(f, &p, "    ", ct, "acc += v;", "part_sum");
   fprintf(f, "    sum = acc;\n  }\n");
   kl_cg_rows_loop(f, &p, "  ");
   fprintf(f, "    const %s v = ", ct);
@@ -637,7 +639,7 @@ static kl_cg_grid softmax_strided(FILE *f, const char *name, const kl_node *n, i
   char at[64], dst[64];
   snprintf(at, sizeof at, "in0[base + j * %lld]", (long long)inner);
   snprintf(dst, sizeof dst, "out[base + j * %lld]", (long long)inner);
-  fprintf(f, "    %s m = -KL_INF;\n    double sum = 0; /* summed in double, as the interpreter */\n", ct);
+  fprintf(f, "    %s m = -KL_INF, sum = 0;\n", ct);
   fprintf(f, "    for (int64_t j = 0; j < %lld; j++) { %s v = ", (long long)len, ct);
   load(f, in->dtype, at);
   fprintf(f, "; m = (v != v || v > m) ? v : m; }\n");
@@ -667,7 +669,8 @@ kl_cg_grid kl_cg_softmax(FILE *f, const char *name, const kl_node *n) {
 }
 
 /* ---- reductions ------------------------------------------------------------ */
-/* How a reduction accumulates: in double (floats) or 64-bit integers, with
+/* How a reduction accumulates: in the real type (float; double for f64;
+ * partial sums combined as a tree across threads) or 64-bit integers, with
  * integer products wrapping as uint64_t like the interpreter's; max/min
  * let a NaN win.  `update` folds v into acc, in any order. */
 typedef struct {
@@ -693,7 +696,7 @@ static const char *int_limit(kl_dtype t, bool max) {
 static reduce_ops reduce_ops_of(const kl_node *n) {
   kl_dtype t = n->inputs[0]->dtype;
   bool is_f = kl_dtype_is_float(t), uns = kl_dtype_is_unsigned(t) || t == KL_BOOL;
-  reduce_ops r = {is_f ? "double" : uns ? "uint64_t" : "int64_t", "0", "acc += v;"};
+  reduce_ops r = {is_f ? kl_cg_real_type(t) : uns ? "uint64_t" : "int64_t", "0", "acc += v;"};
   switch (n->op) {
   case KL_OP_REDUCE_PROD:
     r.init = "1";

@@ -113,8 +113,8 @@ static bool handles_norm(const kl_node *n) {
 }
 
 /* A row kernel (kl_cg_rows): the mean, then the sum of squared deviations
- * (two passes over the row, in double, as the interpreter), each combined
- * across the row's threads, then the normalised row. */
+ * (two passes over the row, which cancels less than one pass or Welford),
+ * each combined across the row's threads, then the normalised row. */
 static int emit_norm(kl_cg_emitter *e, const kl_node *n) {
   const kl_value *x = n->inputs[0], *y = n->outputs[0];
   int r = x->shape.rank, axis = (int)kl_attr_int(n, "axis", -1);
@@ -138,24 +138,27 @@ static int emit_norm(kl_cg_emitter *e, const kl_node *n) {
   snprintf(what, sizeof what, " over axes %d.. (rows of %lld, a %s each)", axis, (ll)m,
            p.threads == 32 ? "warp" : "block");
   kbegin(f, n, name, what, a, na);
-  if (center) kl_cg_rows_shared(f, &p, "double", "part_mean");
-  kl_cg_rows_shared(f, &p, "double", "part_sq");
+  /* sums in the real type (f32 for f32 and half rows: each thread's part,
+   * then a tree across the row's threads) */
+  const char *at = kl_cg_real_type(x->dtype), *sf = kl_cg_real_suffix(at);
+  if (center) kl_cg_rows_shared(f, &p, at, "part_mean");
+  kl_cg_rows_shared(f, &p, at, "part_sq");
   kl_cg_rows_begin(f, &p);
-  const char *xj = ld(b1, sizeof b1, x->dtype, "double", "x[base + j]");
-  fprintf(f, "  const int64_t base = row * %lldLL;\n  double mean = 0, sq;\n", (ll)m);
+  const char *xj = ld(b1, sizeof b1, x->dtype, at, "x[base + j]");
+  fprintf(f, "  const int64_t base = row * %lldLL;\n  %s mean = 0, sq;\n", (ll)m, at);
   if (center) {
-    fprintf(f, "  {\n    double acc = 0;\n");
+    fprintf(f, "  {\n    %s acc = 0;\n", at);
     kl_cg_rows_loop(f, &p, "    ");
     fprintf(f, "      acc += %s;\n    }\n", xj);
-    kl_cg_rows_combine(f, &p, "    ", "double", "acc += v;", "part_mean");
-    fprintf(f, "    mean = acc / (double)%lldLL;\n  }\n", (ll)m);
+    kl_cg_rows_combine(f, &p, "    ", at, "acc += v;", "part_mean");
+    fprintf(f, "    mean = acc / (%s)%lldLL;\n  }\n", at, (ll)m);
   }
-  fprintf(f, "  {\n    double acc = 0;\n");
+  fprintf(f, "  {\n    %s acc = 0;\n", at);
   kl_cg_rows_loop(f, &p, "    ");
-  fprintf(f, "      const double d = %s - mean;\n      acc += d * d;\n    }\n", xj);
-  kl_cg_rows_combine(f, &p, "    ", "double", "acc += v;", "part_sq");
+  fprintf(f, "      const %s d = %s - mean;\n      acc += d * d;\n    }\n", at, xj);
+  kl_cg_rows_combine(f, &p, "    ", at, "acc += v;", "part_sq");
   fprintf(f, "    sq = acc;\n  }\n");
-  fprintf(f, "  const double inv = 1.0 / sqrt(sq / (double)%lldLL + %.17g);\n", (ll)m, eps);
+  fprintf(f, "  const %s inv = (%s)1 / sqrt%s(sq / (%s)%lldLL + (%s)%.17g);\n", at, at, sf, at, (ll)m, at, eps);
   kl_cg_rows_loop(f, &p, "  ");
   char val[256];
   snprintf(val, sizeof val, "(%s - mean) * inv", xj);
@@ -163,13 +166,13 @@ static int emit_norm(kl_cg_emitter *e, const kl_node *n) {
     bcast_offset(f, "    ", "j", "os", &n->inputs[1]->shape, &ns);
     char s[96];
     strncat(val, " * ", sizeof val - strlen(val) - 1);
-    strncat(val, ld(s, sizeof s, n->inputs[1]->dtype, "double", "scale[os]"), sizeof val - strlen(val) - 1);
+    strncat(val, ld(s, sizeof s, n->inputs[1]->dtype, at, "scale[os]"), sizeof val - strlen(val) - 1);
   }
   if (n->ninputs > 2) {
     bcast_offset(f, "    ", "j", "ob", &n->inputs[2]->shape, &ns);
     char s[96];
     strncat(val, " + ", sizeof val - strlen(val) - 1);
-    strncat(val, ld(s, sizeof s, n->inputs[2]->dtype, "double", "bias[ob]"), sizeof val - strlen(val) - 1);
+    strncat(val, ld(s, sizeof s, n->inputs[2]->dtype, at, "bias[ob]"), sizeof val - strlen(val) - 1);
   }
   fprintf(f, "    ");
   st(f, y->dtype, "out[base + j]", val);
@@ -693,7 +696,9 @@ static bool handles_gap(const kl_node *n) {
   return n->op == KL_OP_GLOBAL_AVG_POOL && kl_dtype_is_float(n->inputs[0]->dtype);
 }
 
-/* One thread per plane, summing in double. */
+/* One thread per plane, summing in the real type (f32; f64 for f64),
+ * compensated (Kahan) for planes long enough for the rounding of a plain
+ * running sum to show. */
 static int emit_gap(kl_cg_emitter *e, const kl_node *n) {
   const kl_value *x = n->inputs[0], *y = n->outputs[0];
   int64_t planes = kl_shape_numel(&y->shape);
@@ -708,10 +713,16 @@ static int emit_gap(kl_cg_emitter *e, const kl_node *n) {
   loop(f, planes);
   char at[64];
   snprintf(at, sizeof at, "x[i * %lldLL + j]", (ll)size);
-  fprintf(f, "    double acc = 0;\n    for (int64_t j = 0; j < %lldLL; j++) acc += %s;\n    ",
-          (ll)size, ld(b1, sizeof b1, x->dtype, "double", at));
+  const char *rt = kl_cg_real_type(x->dtype);
+  if (size > 256)
+    fprintf(f, "    %s acc = 0, lost = 0;\n    for (int64_t j = 0; j < %lldLL; j++) {\n"
+               "      const %s y = %s - lost, t = acc + y;\n      lost = (t - acc) - y;\n      acc = t;\n    }\n    ",
+            rt, (ll)size, rt, ld(b1, sizeof b1, x->dtype, rt, at));
+  else
+    fprintf(f, "    %s acc = 0;\n    for (int64_t j = 0; j < %lldLL; j++) acc += %s;\n    ", rt,
+            (ll)size, ld(b1, sizeof b1, x->dtype, rt, at));
   char val[64];
-  snprintf(val, sizeof val, "acc / (double)%lldLL", (ll)size);
+  snprintf(val, sizeof val, "acc / (%s)%lldLL", rt, (ll)size);
   st(f, y->dtype, "out[i]", val);
   fprintf(f, "  }\n");
   kend(f, name, a, 2);
@@ -780,22 +791,30 @@ static reduction get_reduction(const kl_node *n) {
   return !strcmp(s, "sum") ? RED_SUM : !strcmp(s, "none") ? RED_NONE : RED_MEAN;
 }
 
-/* The final reduction: one thread sums the per-item losses (scratch,
- * double) in order; with `pairs` the scratch holds (loss, weight) per item
- * and the mean divides by the sum of the weights. */
+/* The type of the per-item losses: the real type of the logits (f32 for
+ * f32 and half logits, f64 for f64). */
+static const char *loss_type(const kl_node *n) { return kl_cg_real_type(n->inputs[0]->dtype); }
+
+/* The final reduction: one thread sums the per-item losses (scratch, in
+ * loss_type) in order, compensated (Kahan); with `pairs` the scratch holds
+ * (loss, weight) per item and the mean divides by the sum of the weights. */
 static void emit_final(kl_cg_emitter *e, const kl_node *n, const char *scr, int64_t items,
                        reduction red, bool pairs) {
   const kl_value *y = n->outputs[0];
+  const char *lt = loss_type(n);
   char name[32], py[160];
   int k = kl_cg_new_kernel(e, name, sizeof name);
   FILE *f = kl_cg_kernels(e);
-  karg a[2] = {{"const double *", "loss"}, out_arg(y->dtype, "out")};
+  karg a[2] = {{"", "loss"}, out_arg(y->dtype, "out")};
+  snprintf(a[0].type, sizeof a[0].type, "const %s *", lt);
   kbegin(f, n, name, red == RED_SUM ? " sum" : " mean", a, 2);
   loop(f, 1);
-  fprintf(f, "    double total = 0, wsum = 0;\n"
-             "    for (int64_t j = 0; j < %lldLL; j++) {\n", (ll)items);
-  if (pairs) fprintf(f, "      total += loss[2 * j];\n      wsum += loss[2 * j + 1];\n");
-  else fprintf(f, "      total += loss[j];\n      wsum += 1;\n");
+  fprintf(f, "    %s total = 0, lost = 0, wsum = 0;\n"
+             "    for (int64_t j = 0; j < %lldLL; j++) {\n", lt, (ll)items);
+  fprintf(f, "      const %s y = loss[%s] - lost, t = total + y;\n"
+             "      lost = (t - total) - y;\n      total = t;\n", lt, pairs ? "2 * j" : "j");
+  if (pairs) fprintf(f, "      wsum += loss[2 * j + 1];\n");
+  else fprintf(f, "      wsum += 1;\n");
   fprintf(f, "    }\n    ");
   st(f, y->dtype, "out[i]", red == RED_SUM ? "total" : "total / wsum");
   fprintf(f, "  }\n");
@@ -808,7 +827,7 @@ static bool handles_cross_entropy(const kl_node *n) {
   return n->op == KL_OP_CROSS_ENTROPY && kl_dtype_is_float(n->inputs[0]->dtype);
 }
 
-/* One thread per item: log-sum-exp over the class axis in double, then the
+/* One thread per item: log-sum-exp over the class axis in the real type, then the
  * loss of an index label (NaN for a label out of range: a GPU cannot stop
  * the run) or of a probability row. */
 /* The per-item losses before the reduction (16 bytes for none), and the
@@ -825,7 +844,7 @@ static int scratch_cross_entropy(const kl_node *n, size_t *bytes) {
     if (red != RED_NONE) bytes[count++] = 16;
     return count;
   }
-  if (red != RED_NONE) bytes[count++] = (size_t)items * sizeof(double);
+  if (red != RED_NONE) bytes[count++] = (size_t)items * (x->dtype == KL_F64 ? 8 : 4);
   return count;
 }
 
@@ -848,13 +867,15 @@ static int emit_cross_entropy(kl_cg_emitter *e, const kl_node *n) {
     emit_final(e, n, scr, 0, red, false);
     return 0;
   }
-  if (red != RED_NONE) kl_cg_scratch(e, (size_t)items * sizeof(double), scr, sizeof scr);
+  const char *lt = loss_type(n), *sf = kl_cg_real_suffix(lt);
+  if (red != RED_NONE) kl_cg_scratch(e, (size_t)items * (x->dtype == KL_F64 ? 8 : 4), scr, sizeof scr);
   char name[32], b1[128], at[96];
   int k = kl_cg_new_kernel(e, name, sizeof name);
   FILE *f = kl_cg_kernels(e);
   karg a[4] = {in_arg(x, "x"), in_arg(l, "labels"),
-               red == RED_NONE ? out_arg(y->dtype, "out") : (karg){"double *", "loss_"},
+               red == RED_NONE ? out_arg(y->dtype, "out") : (karg){"", "loss_"},
                {"unsigned *", "bad_"}};
+  if (red != RED_NONE) snprintf(a[2].type, sizeof a[2].type, "%s *", lt);
   int na = indices ? 4 : 3;
   char flag[160] = "";
   int flag_no = indices ? kl_cg_flag(e, flag, sizeof flag) : -1;
@@ -863,28 +884,28 @@ static int emit_cross_entropy(kl_cg_emitter *e, const kl_node *n) {
   fprintf(f, "    const int64_t base = (i / %lldLL) * %lldLL + i %% %lldLL;\n", (ll)inner,
           (ll)(c * inner), (ll)inner);
   snprintf(at, sizeof at, "x[base + j * %lldLL]", (ll)inner);
-  fprintf(f, "    double m = -KL_INF;\n"
+  fprintf(f, "    %s m = -KL_INF;\n"
              "    for (int64_t j = 0; j < %lldLL; j++) {\n"
-             "      const double v = %s;\n"
-             "      if (v > m || v != v) m = v;\n    }\n", (ll)c, ld(b1, sizeof b1, x->dtype, "double", at));
-  fprintf(f, "    double s = 0;\n"
-             "    for (int64_t j = 0; j < %lldLL; j++) s += exp(%s - m);\n"
-             "    const double lse = m + log(s);\n", (ll)c, ld(b1, sizeof b1, x->dtype, "double", at));
+             "      const %s v = %s;\n"
+             "      if (v > m || v != v) m = v;\n    }\n", lt, (ll)c, lt, ld(b1, sizeof b1, x->dtype, lt, at));
+  fprintf(f, "    %s s = 0;\n"
+             "    for (int64_t j = 0; j < %lldLL; j++) s += exp%s(%s - m);\n"
+             "    const %s lse = m + log%s(s);\n", lt, (ll)c, sf, ld(b1, sizeof b1, x->dtype, lt, at), lt, sf);
   if (indices) {
     snprintf(at, sizeof at, "x[base + lab * %lldLL]", (ll)inner);
     fprintf(f, "    const int64_t lab = (int64_t)labels[i];\n"
-               "    double loss = KL_NAN;\n"
+               "    %s loss = KL_NAN;\n"
                "    if (lab >= 0 && lab < %lldLL) loss = lse - %s;\n"
-               "    else atomicMax(bad_, 0xFFFFFFFFu - (unsigned)i);\n", (ll)c,
-            ld(b1, sizeof b1, x->dtype, "double", at));
+               "    else atomicMax(bad_, 0xFFFFFFFFu - (unsigned)i);\n", lt, (ll)c,
+            ld(b1, sizeof b1, x->dtype, lt, at));
   } else {
     char b2[128], at2[96];
     snprintf(at2, sizeof at2, "labels[base + j * %lldLL]", (ll)inner);
-    fprintf(f, "    double loss = 0;\n"
+    fprintf(f, "    %s loss = 0;\n"
                "    for (int64_t j = 0; j < %lldLL; j++) {\n"
-               "      const double p = %s;\n"
-               "      if (p != 0) loss -= p * (%s - lse);\n    }\n", (ll)c,
-            ld(b2, sizeof b2, l->dtype, "double", at2), ld(b1, sizeof b1, x->dtype, "double", at));
+               "      const %s p = %s;\n"
+               "      if (p != 0) loss -= p * (%s - lse);\n    }\n", lt, (ll)c, lt,
+            ld(b2, sizeof b2, l->dtype, lt, at2), ld(b1, sizeof b1, x->dtype, lt, at));
   }
   fprintf(f, "    ");
   if (red == RED_NONE) st(f, y->dtype, "out[i]", "loss");
@@ -918,7 +939,7 @@ static int scratch_nll(const kl_node *n, size_t *bytes) {
     if (red != RED_NONE) bytes[count++] = 16;
     return (int)count;
   }
-  if (red != RED_NONE) bytes[count++] = (size_t)items * 2 * sizeof(double);
+  if (red != RED_NONE) bytes[count++] = (size_t)items * 2 * (x->dtype == KL_F64 ? 8 : 4);
   return (int)count;
 }
 
@@ -939,7 +960,10 @@ static int emit_nll(kl_cg_emitter *e, const kl_node *n) {
     emit_final(e, n, scr, 0, red, true);
     return 0;
   }
-  if (red != RED_NONE) kl_cg_scratch(e, (size_t)items * 2 * sizeof(double), scr, sizeof scr);
+  const char *lt = loss_type(n);
+  char one[32];
+  snprintf(one, sizeof one, "(%s)1", lt);
+  if (red != RED_NONE) kl_cg_scratch(e, (size_t)items * 2 * (x->dtype == KL_F64 ? 8 : 4), scr, sizeof scr);
   char name[32], b1[128], b2[128];
   int k = kl_cg_new_kernel(e, name, sizeof name);
   FILE *f = kl_cg_kernels(e);
@@ -950,12 +974,13 @@ static int emit_nll(kl_cg_emitter *e, const kl_node *n) {
   a[na++] = in_arg(x, "x");
   a[na++] = in_arg(t, "target");
   if (w) a[na++] = in_arg(w, "weight");
-  a[na++] = red == RED_NONE ? out_arg(y->dtype, "out") : (karg){"double *", "loss_"};
+  a[na++] = red == RED_NONE ? out_arg(y->dtype, "out") : (karg){"", "loss_"};
+  if (red != RED_NONE) snprintf(a[na - 1].type, sizeof a[na - 1].type, "%s *", lt);
   a[na++] = (karg){"unsigned *", "bad_"};
   kbegin(f, n, name, red == RED_NONE ? " per item" : " per item (then reduced)", a, na);
   loop(f, items);
   fprintf(f, "    const int64_t cls = (int64_t)target[i];\n"
-             "    double loss = 0, wt = 0;\n");
+             "    %s loss = 0, wt = 0;\n", lt);
   if (has_ii) fprintf(f, "    if (cls != %lldLL) {\n", (ll)ii);
   else fprintf(f, "    {\n");
   char at[96];
@@ -967,8 +992,8 @@ static int emit_nll(kl_cg_emitter *e, const kl_node *n) {
              "      } else {\n"
              "        wt = %s;\n"
              "        loss = -%s * wt;\n      }\n    }\n",
-          (ll)c, w ? ld(b2, sizeof b2, w->dtype, "double", "weight[cls]") : "1.0",
-          ld(b1, sizeof b1, x->dtype, "double", at));
+          (ll)c, w ? ld(b2, sizeof b2, w->dtype, lt, "weight[cls]") : one,
+          ld(b1, sizeof b1, x->dtype, lt, at));
   fprintf(f, "    ");
   if (red == RED_NONE) {
     st(f, y->dtype, "out[i]", "loss");
