@@ -279,13 +279,13 @@ void kiln_remove_build_dir(const char *dir) {
   if (system(cmd)) { /* best effort */ }
 }
 
-void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
+void *kiln_build_host(const kl_codegen_result *cg, const char *dir, int gpu_sm,
                       const krt_model_api **api) {
   if (kiln_write_sources(cg, dir, false)) return NULL;
-  /* For the GPU: NVRTC's images for the GPU's architecture family, in
-   * gpu_images.c beside the host kernels (auto may still pick the host). */
-  static const int archs[] = {80, 90};
-  if (gpu && cg->nkernels && kiln_gpu_images(cg, dir, archs, 2, false, false)) return NULL;
+  /* For the GPU here: NVRTC's cubin for its architecture (and PTX), in
+   * gpu_images.c beside the host kernels. */
+  bool gpu = gpu_sm > 0;
+  if (gpu && cg->nkernels && kiln_gpu_images(cg, dir, &gpu_sm, 1, false, false)) return NULL;
   char qdir[4200], qrt[4200], cmd[65536];
   kiln_shell_quote(qdir, sizeof qdir, dir);
   kiln_shell_quote(qrt, sizeof qrt, kiln_runtime_dir());

@@ -115,7 +115,7 @@ static int measure(const kl_graph *g, bool fuse, krt_device *dev, void **in, lon
     fprintf(stderr, "kiln: error: cannot make a build folder: %s\n", strerror(errno));
     goto done;
   }
-  handle = kiln_build_host(&cg, dir, krt_device_kind_of(dev) == KRT_DEVICE_CUDA, &api);
+  handle = kiln_build_host(&cg, dir, krt_device_sm(dev), &api);
   s->compile_ms = krt_now_ms() - t0;
   if (!handle) goto done;
   if (api->create(dev, &model, msg, sizeof msg)) {
@@ -268,11 +268,12 @@ static int train_split(const kl_graph *g, krt_device_kind kind, const char *data
   snprintf(steps, sizeof steps, "%ld", iters < 50 ? 50 : iters);
   int rc = KILN_EXIT_ERROR;
   bool made = mkdtemp(dir) != NULL, gpu = false;
+  int gpu_sm = 0;
   krt_device *probe = NULL;
-  if (!krt_device_open(kind, &probe, msg, sizeof msg)) gpu = krt_device_kind_of(probe) == KRT_DEVICE_CUDA;
+  if (!krt_device_open(kind, &probe, msg, sizeof msg)) gpu_sm = krt_device_sm(probe), gpu = gpu_sm > 0;
   krt_device_close(probe);
   const krt_model_api *api;
-  void *handle = made ? kiln_build_host(&cg, dir, gpu, &api) : NULL;
+  void *handle = made ? kiln_build_host(&cg, dir, gpu_sm, &api) : NULL;
   if (handle) {
     char *argv[] = {"kiln bench --data", "--data", (char *)data, "--steps", steps, "--device",
                     gpu ? "cuda" : "host", NULL};

@@ -27,7 +27,7 @@ static const char compile_help[] =
     "                        static libraries and kiln_NAME.pc for pkg-config\n"
     "                        (kiln_NAME_pb.pc adds krt_pb_read, pb/kilnrt_pb.h)\n"
     "  --arch LIST           GPU architectures, PTX for the last (default: the GPU\n"
-    "                        here when there is one, else sm_80,sm_90)\n"
+    "                        here when there is one, else sm_80,sm_90,sm_100)\n"
     "  --no-nvrtc            skip the GPU images (host device only)\n"
     "  --Werror              NVRTC warnings are errors\n"
     "  --time                print the time of each phase on stderr, the rate at\n"
@@ -331,7 +331,9 @@ int kiln_cmd_compile(int argc, char **argv) {
     } else argv[kept++] = argv[i];
   }
   argc = kept;
-  int sm[8] = {80, 90}, nsm = 2;
+  /* cubins for the Ampere, Hopper and Blackwell data-centre families (an
+   * sm_86/sm_89 card runs sm_80's), PTX for the newest, for what comes next */
+  int sm[8] = {80, 90, 100}, nsm = 3;
   bool nvrtc = true, werror = false, timing = false, arch_given = false;
   int c;
   while ((c = getopt_long(argc, argv, "ho:", longopts, NULL)) != -1) {

@@ -258,7 +258,7 @@ int kiln_run_compiled(const kl_graph *g, krt_device_kind kind, const kiln_compil
     fprintf(stderr, "kiln: error: %s\n", msg);
     goto done;
   }
-  if (!(handle = kiln_build_host(&cg, dir, krt_device_kind_of(dev) == KRT_DEVICE_CUDA, &api)))
+  if (!(handle = kiln_build_host(&cg, dir, krt_device_sm(dev), &api)))
     goto done;
   if (api->create(dev, &model, msg, sizeof msg)) {
     fprintf(stderr, "kiln: error: %s\n", msg);

@@ -120,11 +120,11 @@ int kiln_cmd_train(int argc, char **argv) {
   }
   /* GPU images only when the device will be a GPU */
   krt_device *probe = NULL;
-  bool gpu = false;
-  if (!krt_device_open(kind, &probe, msg, sizeof msg)) gpu = krt_device_kind_of(probe) == KRT_DEVICE_CUDA;
+  int gpu_sm = 0;
+  if (!krt_device_open(kind, &probe, msg, sizeof msg)) gpu_sm = krt_device_sm(probe);
   krt_device_close(probe);
   const krt_model_api *api;
-  if (!(handle = kiln_build_host(&cg, dir, gpu, &api))) goto done;
+  if (!(handle = kiln_build_host(&cg, dir, gpu_sm, &api))) goto done;
   /* under mpirun every rank compiles the same step and joins the others */
   rc = krt_train_main_with(api, nrest, rest, krt_comm_mpi_open);
 done:

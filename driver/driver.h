@@ -170,9 +170,10 @@ int kiln_parse_mem_limit(const char *cmd, const char *arg, size_t *out);
 int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm, int nsm,
                     bool werror, bool timing);
 /* Build them into a shared object and load the model (dlclose the handle
- * when done): host kernels always, GPU images too when `gpu`; NULL after
+ * when done): host kernels always, GPU images too when gpu_sm is a GPU's
+ * compute capability (x 10; 0: none): its cubin and its PTX; NULL after
  * printing the error. */
-void *kiln_build_host(const kl_codegen_result *cg, const char *dir, bool gpu,
+void *kiln_build_host(const kl_codegen_result *cg, const char *dir, int gpu_sm,
                       const krt_model_api **api);
 
 /* Where runtime/ (kilnrt.h, emu/, pb/) is: KILN_RUNTIME_DIR when set (a kiln

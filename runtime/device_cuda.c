@@ -42,7 +42,7 @@
   X(cuCtxSynchronize) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemcpyHtoD_v2)                  \
   X(cuMemcpyDtoH_v2) X(cuMemsetD8_v2) X(cuMemGetInfo_v2) X(cuModuleLoadDataEx)             \
   X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncSetAttribute) X(cuLaunchKernel)         \
-  X(cuGetErrorName) X(cuGetErrorString) X(cuDeviceGetCount) X(cuStreamCreate)                \
+  X(cuGetErrorName) X(cuGetErrorString) X(cuDeviceGetCount) X(cuStreamCreate) X(cuDriverGetVersion) \
   X(cuStreamDestroy_v2) X(cuMemsetD8Async) X(cuStreamBeginCapture_v2) X(cuStreamEndCapture)  \
   X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)
 
@@ -127,20 +127,21 @@ out:
   return rc;
 }
 
-/* dlopen the first of `names` that loads (the versioned name is the ABI
- * this file was written against; the unversioned one is what a developer
- * install provides; the toolkit's own folder covers an install that is not
- * on the loader's path); NULL with err set when none does. */
-static void *open_first(const char *const *names, size_t n, const char *what, char *err,
-                        size_t errlen) {
+/* dlopen the first of `names` (NULL-terminated) that loads: the versioned
+ * names of the ABI range this file was written against, newest first, then
+ * the unversioned one a developer install provides, then the toolkit's own
+ * folder for an install not on the loader's path; NULL with err set (every
+ * name tried) when none does. */
+static void *open_first(const char *const *names, const char *what, char *err, size_t errlen) {
   void *lib = NULL;
-  char first_error[256] = "";
-  for (size_t i = 0; i < n && !lib; i++) {
+  char first_error[256] = "", tried[512] = "";
+  for (size_t i = 0; names[i] && !lib; i++) {
     lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
     if (!lib && i == 0) snprintf(first_error, sizeof first_error, "%s", dlerror());
+    size_t k = strlen(tried);
+    if (!lib) snprintf(tried + k, sizeof tried - k, "%s%s", k ? ", " : "", names[i]);
   }
-  if (!lib)
-    krt_err(err, errlen, "%s not found (%s, %s): %s", what, names[0], names[1], first_error);
+  if (!lib) krt_err(err, errlen, "%s not found (tried %s): %s", what, tried, first_error);
   return lib;
 }
 
@@ -158,7 +159,7 @@ static int load_library(const char *const *names, const char *what, const char *
   pthread_mutex_lock(&load_lock);
   int rc = 0;
   if (!*loaded) {
-    void *lib = open_first(names, 3, what, err, errlen);
+    void *lib = open_first(names, what, err, errlen);
     rc = lib ? 0 : -1;
     for (size_t i = 0; i < n && rc == 0; i++)
       rc = resolve(lib, libname, entries[i].name, entries[i].fnptr, err, errlen);
@@ -171,22 +172,25 @@ static int load_library(const char *const *names, const char *what, const char *
 }
 
 static int load_cublas(char *err, size_t errlen) {
-  static const char *const names[] = {"libcublas.so.13", "libcublas.so",
-                                      "/usr/local/cuda/lib64/libcublas.so.13"};
+  /* the GEMM and cuBLASLt entry points used here are the same in 12 and 13 */
+  static const char *const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so",
+                                      "/usr/local/cuda/lib64/libcublas.so.13",
+                                      "/usr/local/cuda/lib64/libcublas.so.12", NULL};
 #define ENTRY(f) {#f, &blas.f},
   static const entry entries[] = {BLAS_FUNCS(ENTRY)};
 #undef ENTRY
-  return load_library(names, "cuBLAS", "libcublas", entries, sizeof entries / sizeof *entries,
+  return load_library(names, "cuBLAS 12 or 13", "libcublas", entries, sizeof entries / sizeof *entries,
                       &blas.loaded, &blas, sizeof blas, err, errlen);
 }
 
 static int load_cublaslt(char *err, size_t errlen) {
-  static const char *const names[] = {"libcublasLt.so.13", "libcublasLt.so",
-                                      "/usr/local/cuda/lib64/libcublasLt.so.13"};
+  static const char *const names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so",
+                                      "/usr/local/cuda/lib64/libcublasLt.so.13",
+                                      "/usr/local/cuda/lib64/libcublasLt.so.12", NULL};
 #define ENTRY(f) {#f, &lt.f},
   static const entry entries[] = {LT_FUNCS(ENTRY)};
 #undef ENTRY
-  return load_library(names, "cuBLASLt", "libcublasLt", entries, sizeof entries / sizeof *entries,
+  return load_library(names, "cuBLASLt 12 or 13", "libcublasLt", entries, sizeof entries / sizeof *entries,
                       &lt.loaded, &lt, sizeof lt, err, errlen);
 }
 
@@ -252,6 +256,16 @@ static int cuda_open(krt_device *d, char *err, size_t errlen) {
   if (load_driver(err, errlen)) return -1;
   CUresult r = cu.cuInit(0);
   if (r != CUDA_SUCCESS) return cu_fail(r, err, errlen, "cuInit");
+  /* The GPU code NVRTC built here, and cuBLAS, need a driver of this
+   * toolkit's major version or newer: say so, rather than fail later at a
+   * module load with CUDA_ERROR_UNSUPPORTED_PTX_VERSION. */
+  int driver = 0;
+  if ((r = cu.cuDriverGetVersion(&driver)) != CUDA_SUCCESS) return cu_fail(r, err, errlen, "cuDriverGetVersion");
+  if (driver / 1000 < CUDA_VERSION / 1000)
+    return krt_err(err, errlen, "the GPU driver supports CUDA %d.%d; this program was built with CUDA %d.%d "
+                   "and needs a driver for CUDA %d or newer (update the NVIDIA driver)",
+                   driver / 1000, driver % 1000 / 10, CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10,
+                   CUDA_VERSION / 1000);
   cuda_dev *c = calloc(1, sizeof *c);
   if (!c) return krt_err(err, errlen, "krt_device_open: out of memory");
   int major = 0, minor = 0;
@@ -431,26 +445,27 @@ static int cuda_module_load(krt_module *m, const krt_module_desc *desc, char *er
     return krt_err(err, errlen, "krt_module_load: out of memory");
   }
   m->priv = cm;
-  /* A cubin runs only on the architecture it was built for (exactly: sm_90a
-   * code does not run on sm_100); PTX is JIT-compiled by the driver for
-   * whatever GPU is there, at a cost paid at every load. */
-  const krt_cubin *cubin = NULL; /* its size is not needed: a cubin is an ELF
-                                   * image that carries its own length */
-  for (int i = 0; i < desc->ncubins; i++)
-    if (desc->cubins[i].sm == c->sm && desc->cubins[i].data) cubin = &desc->cubins[i];
+  /* The image by the driver's rules (krt_pick_image); a cubin's size is not
+   * needed: it is an ELF image that carries its own length. */
+  int pick = krt_pick_image(c->sm, desc->cubins, desc->ncubins, desc->ptx);
+  const krt_cubin *cubin = pick >= 0 ? &desc->cubins[pick] : NULL;
   int rc = -1;
   if (cubin) rc = load_image(c, &cm->mod, cubin->data, "cubin", err, errlen);
-  if (rc && desc->ptx) rc = load_image(c, &cm->mod, desc->ptx, "PTX", err, errlen);
-  if (rc && !cubin && !desc->ptx) {
+  /* (a cubin the driver refuses after all: the PTX, when it may run) */
+  if (rc && desc->ptx && krt_ptx_target(desc->ptx) <= c->sm)
+    rc = load_image(c, &cm->mod, desc->ptx, "PTX", err, errlen);
+  if (rc && pick == -2) {
     char have[256] = "";
     size_t len = 0;
     for (int i = 0; i < desc->ncubins && len + 16 < sizeof have; i++)
       len += (size_t)snprintf(have + len, sizeof have - len, "%ssm_%d", i ? ", " : "",
                               desc->cubins[i].sm);
+    char ptx[64] = "no PTX";
+    if (desc->ptx) snprintf(ptx, sizeof ptx, "PTX for compute_%d", krt_ptx_target(desc->ptx));
     krt_err(err, errlen,
-            "no code for this GPU (%s, sm_%d): the program has cubins for %s and no PTX; "
+            "no code for this GPU (%s, sm_%d): the program has cubins for %s and %s; "
             "compile it for sm_%d",
-            m->dev->name, c->sm, len ? have : "no architecture", c->sm);
+            m->dev->name, c->sm, len ? have : "no architecture", ptx, c->sm);
   }
   if (rc) goto fail;
   for (int i = 0; i < m->nkernels; i++) {
@@ -464,6 +479,29 @@ static int cuda_module_load(krt_module *m, const krt_module_desc *desc, char *er
 fail:
   cuda_module_unload(m);
   return -1;
+}
+
+/* ---- which image a GPU runs ------------------------------------------------
+ * The driver's rules: a cubin built for sm_XY runs on a GPU of the same
+ * major version X and a minor of Y or above (sm_80's runs on an sm_86 or
+ * sm_89 card, never on sm_90); PTX for compute_XY is compiled by the
+ * driver for any GPU of XY or above, at a cost paid at every load. */
+int krt_ptx_target(const char *ptx) {
+  const char *t = ptx ? strstr(ptx, ".target sm_") : NULL;
+  int sm = 0;
+  if (t) sscanf(t + 11, "%d", &sm);
+  return sm; /* 0: none said, which any GPU takes */
+}
+
+int krt_pick_image(int sm, const krt_cubin *cubins, int n, const char *ptx) {
+  int best = -1;
+  for (int i = 0; i < n; i++) {
+    int s = cubins[i].sm;
+    if (!cubins[i].data || s / 10 != sm / 10 || s % 10 > sm % 10) continue;
+    if (best < 0 || s > cubins[best].sm) best = i;
+  }
+  if (best >= 0) return best;
+  return ptx && krt_ptx_target(ptx) <= sm ? -1 : -2;
 }
 
 /* Above 48 KiB of dynamic shared memory a kernel must opt in, once. */
@@ -724,8 +762,8 @@ static int load_nccl(char *err, size_t errlen) {
   if (rc) return -1;
   /* KILN_NCCL_LIBRARY names another build (and lets the tests name none) */
   const char *own = getenv("KILN_NCCL_LIBRARY");
-  const char *const names[] = {own && *own ? own : "libnccl.so.2", own && *own ? own : "libnccl.so",
-                               own && *own ? own : "/usr/local/cuda/lib/libnccl.so.2"};
+  const char *const names[] = {own && *own ? own : "libnccl.so.2", own && *own ? NULL : "libnccl.so",
+                               "/usr/local/cuda/lib/libnccl.so.2", NULL};
 #define ENTRY(f) {#f, &nc.f},
   static const entry entries[] = {NCCL_FUNCS(ENTRY)};
 #undef ENTRY

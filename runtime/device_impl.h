@@ -89,6 +89,13 @@ extern const krt_device_ops krt_cuda_ops;
 int krt_err(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The image a GPU of compute capability sm (x 10) runs, by the driver's
+ * rules (device_cuda.c): the index of the newest cubin of the same major
+ * version and a minor at most the GPU's; else -1 for the PTX when its
+ * .target (krt_ptx_target, 0 when it says none) is at most sm; else -2. */
+int krt_pick_image(int sm, const krt_cubin *cubins, int n, const char *ptx);
+int krt_ptx_target(const char *ptx);
+
 /* Host GEMM through CBLAS on plain host pointers (blas_host.c). */
 int krt_blas_gemm(const krt_gemm_desc *g, char *err, size_t errlen);
 

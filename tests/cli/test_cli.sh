@@ -68,7 +68,7 @@ expect compile_out_folder_missing 1 "-o /nonexistent/dir/prog: the folder /nonex
 expect compile_out_not_folder 1 "-o m.kl: exists and is not a folder" -- "$kiln" compile m.kl --emit=cu -o m.kl
 # progress on stderr once a compile has taken KILN_PROGRESS_AFTER seconds
 # (default 1): every phase, NVRTC per architecture
-expect compile_progress 0 "kiln: \[[0-9.]+ s\] NVRTC: compute_90 of" -- \
+expect compile_progress 0 "kiln: \[[0-9.]+ s\] NVRTC: compute_100 of" -- \
   env KILN_PROGRESS_AFTER=0 "$kiln" compile m.kl --emit=exe -o m_progress
 expect compile_version 0 "^kiln [0-9]+\.[0-9]+\.[0-9]+ \(CUDA toolkit [0-9]+\.[0-9]+\)" -- "$kiln" --version
 expect run_files 0 "output 1 'z': i64\[2\]" -- "$kiln" run --device=interp m.kl --input x=x.npy --input i=i.npy --output-dir out
@@ -101,6 +101,12 @@ expect device_host 0 "device: host" -- "$kiln" run m.kl --device=host
 expect device_auto_falls_back 0 "device: host" -- "$kiln" run m.kl --device=auto
 if ! grep -q libcuda.so.1 <<<"$(ldconfig -p 2>/dev/null)"; then
   expect device_cuda_without_driver 1 "no CUDA driver" -- "$kiln" run m.kl --device=cuda
+  # no GPU here: cubins for sm_80 (which sm_86/sm_89 cards run too), sm_90
+  # and sm_100, and compute_100 PTX
+  expect default_archs 0 "^cubin_sm100 cubin_sm80 cubin_sm90 $" -- bash -c \
+    "'$kiln' compile m.kl --emit=cu -o cu_default >/dev/null 2>&1 && grep -o 'cubin_sm[0-9]*\\[' cu_default/gpu_images.c | tr -d '[' | sort -u | tr '\\n' ' '"
+else
+  expect default_archs 0 "" -- true
 fi
 expect emit_cu 0 "wrote .*kernels.cu" -- "$kiln" compile m.kl --emit=cu -o cu_out
 expect emit_cu_needs_o 2 "needs -o" -- "$kiln" compile m.kl --emit=cu

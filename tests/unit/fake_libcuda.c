@@ -94,6 +94,13 @@ EXPORT CUresult cuInit(unsigned flags) {
   return getenv("FAKE_CUDA_NODEV") ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
 }
 
+/* FAKE_CUDA_DRIVER: the CUDA version the driver supports (default 13000) */
+EXPORT CUresult cuDriverGetVersion(int *v) {
+  const char *e = getenv("FAKE_CUDA_DRIVER");
+  *v = e ? atoi(e) : 13000;
+  return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
   if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
   *d = 0;
@@ -431,6 +438,16 @@ EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned nopt
     return CUDA_ERROR_INVALID_PTX;
   }
   if (strncmp(s, "cubin:", 6) != 0 && strncmp(s, "ptx:", 4) != 0) return CUDA_ERROR_INVALID_IMAGE;
+  /* the driver's rules: a cubin of the GPU's major version and a minor at
+   * most its own; PTX whose .target is at most the GPU's */
+  const char *e = getenv("FAKE_CUDA_SM");
+  int gpu = e ? atoi(e) : 90, sm = 0;
+  const char *t = strstr(s, ".target sm_");
+  if (strncmp(s, "cubin:sm_", 9) == 0 && sscanf(s + 9, "%d", &sm) == 1 &&
+      (sm / 10 != gpu / 10 || sm % 10 > gpu % 10))
+    return CUDA_ERROR_NO_BINARY_FOR_GPU;
+  if (strncmp(s, "ptx:", 4) == 0 && t && sscanf(t + 11, "%d", &sm) == 1 && sm > gpu)
+    return CUDA_ERROR_NO_BINARY_FOR_GPU;
   *m = calloc(1, sizeof **m);
   return *m ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -526,6 +543,7 @@ EXPORT CUresult cuGetErrorName(CUresult r, const char **s) {
   case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; break;
   case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: *s = "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"; break;
   case CUDA_ERROR_ILLEGAL_STATE: *s = "CUDA_ERROR_ILLEGAL_STATE"; break;
+  case CUDA_ERROR_NO_BINARY_FOR_GPU: *s = "CUDA_ERROR_NO_BINARY_FOR_GPU"; break;
   default: *s = NULL; return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include <dlfcn.h>
+#include <cuda.h> /* CUDA_VERSION: the toolkit libkilnrt was built with */
 #include <nccl.h>
 #include <unistd.h>
 
@@ -689,6 +690,29 @@ static const char *fake_last_image(void) {
   return f();
 }
 
+/* A driver older than the toolkit's major version: refused at open, named. */
+static void test_fake_cuda_old_driver(void **state) {
+  (void)state;
+  if (!fake_cuda()) skip();
+  char err[512] = "";
+  krt_device *d = NULL;
+  setenv("FAKE_CUDA_DRIVER", "12080", 1);
+  assert_int_equal(krt_device_open(KRT_DEVICE_CUDA, &d, err, sizeof err), -1);
+  assert_null(d);
+  char want[256];
+  snprintf(want, sizeof want, "the GPU driver supports CUDA 12.8; this program was built with CUDA %d.%d and "
+           "needs a driver for CUDA %d or newer (update the NVIDIA driver)", CUDA_VERSION / 1000,
+           CUDA_VERSION % 1000 / 10, CUDA_VERSION / 1000);
+  assert_string_equal(err, want);
+  /* auto passes over it to the host device */
+  OK(krt_device_open(KRT_DEVICE_AUTO, &d, err, sizeof err));
+  assert_int_equal(krt_device_kind_of(d), KRT_DEVICE_HOST);
+  krt_device_close(d);
+  unsetenv("FAKE_CUDA_DRIVER");
+  OK(krt_device_open(KRT_DEVICE_CUDA, &d, err, sizeof err));
+  krt_device_close(d);
+}
+
 static void test_fake_cuda_open(void **state) {
   (void)state;
   if (!fake_cuda()) skip();
@@ -768,6 +792,39 @@ static void test_fake_cuda_modules(void **state) {
   assert_int_equal(krt_module_load(d, &desc, &m, err, sizeof err), -1);
   assert_string_equal(err, "cuModuleLoadDataEx(PTX for sm_100): CUDA_ERROR_INVALID_PTX (a PTX JIT "
                            "compilation failed)\nptxas fatal: Unresolved extern function 'nope'");
+  krt_device_close(d);
+  unsetenv("FAKE_CUDA_SM");
+
+  /* The driver's rules, which the fake enforces too: an sm_86 card runs
+   * the sm_80 cubin (same major, lower minor); sm_75 runs neither cubin nor
+   * compute_90 PTX; sm_120 runs none of the cubins but JITs the PTX. */
+  desc.ptx = "ptx:\n.version 8.0\n.target sm_90\n";
+  setenv("FAKE_CUDA_SM", "86", 1);
+  d = open_cuda();
+  OK(krt_module_load(d, &desc, &m, err, sizeof err));
+  assert_string_equal(fake_last_image(), "cubin:sm_80");
+  krt_module_unload(m);
+  krt_device_close(d);
+  setenv("FAKE_CUDA_SM", "75", 1);
+  d = open_cuda();
+  assert_int_equal(krt_module_load(d, &desc, &m, err, sizeof err), -1);
+  assert_string_equal(err, "no code for this GPU (cuda: Fake GPU, sm_75): the program has cubins "
+                           "for sm_80, sm_90 and PTX for compute_90; compile it for sm_75");
+  krt_device_close(d);
+  setenv("FAKE_CUDA_SM", "120", 1);
+  d = open_cuda();
+  OK(krt_module_load(d, &desc, &m, err, sizeof err));
+  assert_string_equal(fake_last_image(), "ptx:\n.version 8.0\n.target sm_90\n");
+  krt_module_unload(m);
+  krt_device_close(d);
+  /* the fake refuses what a driver would: a cubin of another major */
+  static const unsigned char cubin90_only[] = "cubin:sm_90";
+  krt_cubin mislabelled = {86, cubin90_only, sizeof cubin90_only};
+  krt_module_desc wrong = {kernels, 2, &mislabelled, 1, NULL};
+  setenv("FAKE_CUDA_SM", "86", 1);
+  d = open_cuda();
+  assert_int_equal(krt_module_load(d, &wrong, &m, err, sizeof err), -1);
+  assert_non_null(strstr(err, "CUDA_ERROR_NO_BINARY_FOR_GPU"));
   krt_device_close(d);
   unsetenv("FAKE_CUDA_SM");
 
@@ -883,7 +940,7 @@ static void test_fake_cuda_exchange(void **state) {
   OK(krt_upload(d, src[1], b, sizeof b, err, sizeof err));
   const int64_t numel[2] = {A, B};
   assert_int_equal(krt_all_reduce_start(d, 0, 2, src, dst, numel, KRT_F32, err, sizeof err), -1);
-  assert_prefix(err, "NCCL (the data-parallel gradient exchange on GPUs) not found (/nonexistent/libnccl.so.2");
+  assert_prefix(err, "NCCL (the data-parallel gradient exchange on GPUs) not found (tried /nonexistent/libnccl.so.2)");
   unsetenv("KILN_NCCL_LIBRARY");
 
   /* rank 0 of 2: the sums (the fake's other rank holds the same) and the
@@ -1113,6 +1170,7 @@ int main(void) {
       cmocka_unit_test(test_fake_cuda_launch),
       cmocka_unit_test(test_fake_cuda_exchange),
       cmocka_unit_test(test_fake_cuda_graph),
+      cmocka_unit_test_setup_teardown(test_fake_cuda_old_driver, save_env, restore_env),
       cmocka_unit_test(test_host_graph),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
