@@ -135,6 +135,7 @@ int krt_synchronize(krt_device *d, char *err, size_t errlen) {
 /* ---- CUDA Graphs ------------------------------------------------------- */
 struct krt_graph {
   void *exec;   /* the instantiated graph */
+  int warm;     /* one plain run done: libraries loaded, handles made */
   int refused;  /* the driver refused the capture: plain launches */
 };
 
@@ -157,10 +158,17 @@ int krt_graph_run(krt_device *d, krt_graph **graph, int capturable, krt_compute_
   krt_graph *g = *graph;
   /* the profiler times each kernel between marks: plain launches */
   if (!capturable || !krt_device_graphs(d) || d->nmarks || (g && g->refused))
-    return compute(self, err, errlen);
+    return compute(self, err, errlen) ? -1 : 0;
   if (!g) {
     if (!(g = calloc(1, sizeof *g))) return krt_err(err, errlen, "krt_graph_run: out of memory");
     *graph = g;
+  }
+  if (!g->warm) {
+    /* The first run is plain: what a run does once (cuBLAS's handle and
+     * workspace, a kernel's shared-memory opt-in) allocates or sets state,
+     * which a capture may not; the second is captured. */
+    g->warm = 1;
+    return compute(self, err, errlen) ? -1 : 0;
   }
   if (!g->exec) {
     /* A call the driver refuses while capturing fails and invalidates the
@@ -176,7 +184,7 @@ int krt_graph_run(krt_device *d, krt_graph **graph, int capturable, krt_compute_
       g->refused = 1;
       fprintf(stderr, "kiln: the CUDA graph capture was refused (%s%s%s); running with plain launches\n",
               rc ? call : "", rc ? "; " : "", why);
-      return compute(self, err, errlen);
+      return compute(self, err, errlen) ? -1 : 0;
     }
     if (rc) {
       d->ops->graph_destroy(d, exec);

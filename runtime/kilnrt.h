@@ -167,8 +167,10 @@ int krt_synchronize(krt_device *d, char *err, size_t errlen);
 /* CUDA Graphs.  A compiled model's run() enqueues the same work every time
  * (kernels, GEMMs, zeroing) on buffers fixed at create: krt_graph_run calls
  * compute(self), which only enqueues work on d, and on a cuda device with
- * graphs on, the first call captures what it enqueues into a CUDA graph
- * that every later call replays in one launch.  Elsewhere (the host
+ * graphs on, the first call runs it plainly (a warm-up: libraries and
+ * handles are made then, which a capture may not do), the second captures
+ * what it enqueues into a CUDA graph and every later call replays it in
+ * one launch.  Elsewhere (the host
  * device, graphs off, the profiler on, capturable 0: a run that must talk
  * to the host mid-way, like a data-parallel step) it just calls compute.  A capture
  * the driver refuses is said once on stderr, and the model runs with plain

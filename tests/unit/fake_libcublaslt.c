@@ -40,6 +40,7 @@ _Static_assert(sizeof(fake_desc) <= sizeof(cublasLtMatmulDescOpaque_t), "desc fi
 _Static_assert(sizeof(fake_layout) <= sizeof(cublasLtMatrixLayoutOpaque_t), "layout fits");
 
 EXPORT cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+  if (fake_capturing()) return CUBLAS_STATUS_ALLOC_FAILED;
   *h = calloc(1, sizeof **h);
   return *h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
 }

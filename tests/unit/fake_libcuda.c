@@ -178,6 +178,10 @@ static void ops_free(fake_ops *r) {
 
 static void run_op(const fake_op *op);
 
+/* 1 while a stream captures: the fake cuBLAS refuses to make a handle then
+ * (a real one allocates its workspace, which a capture forbids). */
+EXPORT int fake_cuda_in_capture(void) { return in_capture != NULL; }
+
 /* Run fn(data) now, or record it when s captures (1: recorded). */
 EXPORT int fake_cuda_defer(CUstream s, void (*fn)(void *), const void *data, size_t bytes) {
   if (!s || !s->capturing) return 0;

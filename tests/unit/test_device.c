@@ -1040,7 +1040,9 @@ static int graph_compute(void *self, char *err, size_t errlen) {
   krt_gemm_desc g = {.dtype = KRT_F32, .m = 1, .n = 1, .k = w->n, .batch = 1, .a = w->x, .lda = w->n,
                      .b = w->x, .ldb = 1, .c = w->c, .ldc = 1, .alpha = 1, .beta = 1, .relu = 1};
   return krt_gemm(w->d, &g, err, errlen) ||
-         krt_launch(w->m, 0, d3(1, 1, 1), d3(128, 1, 1), 0, args, err, errlen);
+                 krt_launch(w->m, 0, d3(1, 1, 1), d3(128, 1, 1), 0, args, err, errlen)
+             ? -1
+             : 0;
 }
 
 static void test_fake_cuda_graph(void **state) {
@@ -1061,11 +1063,12 @@ static void test_fake_cuda_graph(void **state) {
   OK(krt_malloc(w.d, sizeof c, &w.c, err, sizeof err));
   assert_int_equal(krt_device_graphs(w.d), 1);
 
-  /* the first run captures (nothing runs then) and launches; each later
-   * run replays the same work: y grows by 2a x per run, c = x^T x */
+  /* the first run is plain (a warm-up), the second captures (nothing runs
+   * then) and launches; each later run replays the same work: y grows by
+   * 2a x per run, c = x^T x */
   krt_graph *g = NULL;
   long before = run_count(), captures, replays;
-  for (int run = 1; run <= 3; run++) {
+  for (int run = 1; run <= 4; run++) {
     OK(krt_graph_run(w.d, &g, 1, graph_compute, &w, err, sizeof err));
     OK(krt_synchronize(w.d, err, sizeof err));
     OK(krt_download(w.d, back, w.y, sizeof back, err, sizeof err));
@@ -1073,8 +1076,8 @@ static void test_fake_cuda_graph(void **state) {
     for (int i = 0; i < 8; i++) assert_true(back[i] == 1.0f + 4.0f * (float)run * x[i]);
     assert_true(c == 204.0f); /* 1 + 4 + ... + 64 onto c, zeroed in each replay */
   }
-  assert_int_equal(w.calls, 1);                  /* compute ran once: the capture */
-  assert_int_equal(run_count() - before, 6);     /* two kernels a replay */
+  assert_int_equal(w.calls, 2);                  /* compute ran twice: warm-up, capture */
+  assert_int_equal(run_count() - before, 8);     /* two kernels a run */
   krt_device_graph_counts(w.d, &captures, &replays);
   assert_int_equal(captures, 1);
   assert_int_equal(replays, 3);
@@ -1098,16 +1101,18 @@ static void test_fake_cuda_graph(void **state) {
   g = NULL;
   OK(krt_graph_run(w.d, &g, 1, graph_compute, &bad, err, sizeof err));
   OK(krt_graph_run(w.d, &g, 1, graph_compute, &bad, err, sizeof err));
-  assert_int_equal(bad.calls, 3); /* the refused capture, then plain twice */
+  assert_int_equal(bad.calls, 3); /* warm-up, the refused capture, then plain */
   OK(krt_synchronize(w.d, err, sizeof err));
   OK(krt_download(w.d, back, w.y, sizeof back, err, sizeof err));
   for (int i = 0; i < 8; i++) assert_true(back[i] == 1.0f + 8.0f * x[i]);
   krt_graph_free(w.d, g);
 
-  /* an error of compute's own (a GEMM the device rejects) ends the run */
+  /* an error of compute's own (a GEMM the device rejects) ends the run,
+   * in the warm-up and in the capture */
   g = NULL;
   graph_work wrong = w;
   wrong.n = -1;
+  assert_int_equal(krt_graph_run(w.d, &g, 1, graph_compute, &wrong, err, sizeof err), -1);
   assert_int_equal(krt_graph_run(w.d, &g, 1, graph_compute, &wrong, err, sizeof err), -1);
   krt_graph_free(w.d, g);
 
