@@ -21,6 +21,7 @@
  * use the device from any thread. */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,7 +56,9 @@
   X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtMatmulDescCreate)                         \
   X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)                           \
   X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)                             \
-  X(cublasLtMatrixLayoutSetAttribute) X(cublasLtMatmul)
+  X(cublasLtMatrixLayoutSetAttribute) X(cublasLtMatmul) X(cublasLtMatmulPreferenceCreate)       \
+  X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)                 \
+  X(cublasLtMatmulAlgoGetHeuristic)
 
 /* The profiler's, resolved only when it is first used: a driver without
  * them still runs models. */
@@ -241,7 +244,13 @@ typedef struct {
   CUstream stream;         /* everything enqueued; captured into graphs */
   char last_kernel[128];   /* for asynchronous errors seen at a synchronize */
   struct cuda_nccl *nccl;  /* data-parallel: made at the first exchange */
+  struct lt_site *sites;   /* cuBLASLt call sites seen (cuda_gemm_lt) */
+  int nsites;
+  CUdeviceptr workspace;   /* cuBLASLt's, made at its first call */
+  size_t workspace_bytes;
 } cuda_dev;
+
+static void lt_sites_free(cuda_dev *c);
 
 static void nccl_free(cuda_dev *c);
 
@@ -318,7 +327,9 @@ fail:
 static void cuda_close(krt_device *d) {
   cuda_dev *c = d->priv;
   if (c->blas && use_ctx(c, NULL, 0) == 0) blas.cublasDestroy_v2(c->blas);
+  if (c->sites && use_ctx(c, NULL, 0) == 0) lt_sites_free(c);
   if (c->lt && use_ctx(c, NULL, 0) == 0) lt.cublasLtDestroy(c->lt);
+  if (c->workspace && use_ctx(c, NULL, 0) == 0) cu.cuMemFree_v2(c->workspace);
   if (c->nccl && use_ctx(c, NULL, 0) == 0) nccl_free(c);
   if (c->stream && use_ctx(c, NULL, 0) == 0) cu.cuStreamDestroy_v2(c->stream);
   /* Releasing the last reference destroys the context and with it every
@@ -542,6 +553,60 @@ static int blas_fail(cublasStatus_t s, char *err, size_t errlen, const char *wha
                  blas.cublasGetStatusString(s));
 }
 
+/* ---- cuBLASLt: a GEMM with its epilogue ----------------------------------
+ * One cublasLtMatmul: D = act(alpha * op(B)^T op(A)^T + beta * C_in^T +
+ * bias), column-major as below, the bias one value per row of D^T, i.e.
+ * per column of our row-major C.
+ *
+ * Each call site's descriptors and the algorithm are made once, at its
+ * first call (a compiled model's warm-up run), and kept: a site is the
+ * whole krt_gemm_desc, pointers included, which a compiled call repeats
+ * every run.  The heuristic is told how the operands are really aligned
+ * (a GEMM on a view starts at any element; by default cuBLASLt assumes 256
+ * bytes and refuses, CUBLAS_STATUS_NOT_SUPPORTED, what is not) and how
+ * much workspace there is: LT_WORKSPACE, made at the first call. */
+enum { LT_SITES = 1024 };
+#define LT_WORKSPACE ((size_t)32 << 20)
+
+typedef struct lt_site {
+  krt_gemm_desc key;
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t la, lb, lc, ld;
+  cublasLtMatmulAlgo_t algo;
+} lt_site;
+
+static bool same_gemm(const krt_gemm_desc *x, const krt_gemm_desc *y) {
+  return x->dtype == y->dtype && x->trans_a == y->trans_a && x->trans_b == y->trans_b &&
+         x->m == y->m && x->n == y->n && x->k == y->k && x->batch == y->batch && x->a == y->a &&
+         x->lda == y->lda && x->stride_a == y->stride_a && x->b == y->b && x->ldb == y->ldb &&
+         x->stride_b == y->stride_b && x->c == y->c && x->ldc == y->ldc &&
+         x->stride_c == y->stride_c && x->c_in == y->c_in && x->bias == y->bias && x->relu == y->relu;
+}
+
+static void lt_site_free(lt_site *s) {
+  if (s->ld) lt.cublasLtMatrixLayoutDestroy(s->ld);
+  if (s->lc) lt.cublasLtMatrixLayoutDestroy(s->lc);
+  if (s->lb) lt.cublasLtMatrixLayoutDestroy(s->lb);
+  if (s->la) lt.cublasLtMatrixLayoutDestroy(s->la);
+  if (s->op) lt.cublasLtMatmulDescDestroy(s->op);
+  memset(s, 0, sizeof *s);
+}
+
+static void lt_sites_free(cuda_dev *c) {
+  for (int i = 0; i < c->nsites; i++) lt_site_free(&c->sites[i]);
+  free(c->sites);
+  c->sites = NULL;
+  c->nsites = 0;
+}
+
+/* The largest power of two (at most 256) the address is a multiple of. */
+static uint32_t alignment_of(const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  uint32_t al = 256;
+  while (al > 1 && a % al) al /= 2;
+  return al;
+}
+
 /* A layout of cuBLASLt: rows x cols column-major at ld, `batch` of them
  * `stride` elements apart. */
 static cublasStatus_t lt_layout(cublasLtMatrixLayout_t *l, cudaDataType t, int64_t rows,
@@ -557,10 +622,68 @@ static cublasStatus_t lt_layout(cublasLtMatrixLayout_t *l, cudaDataType t, int64
   return s;
 }
 
-/* The GEMM with its epilogue in one cublasLtMatmul: D = act(alpha * op(B)^T
- * op(A)^T + beta * C_in^T + bias), column-major as below, the bias one
- * value per row of D^T, i.e. per column of our row-major C.  No
- * workspace, and the library's heuristic picks the algorithm. */
+/* Make site s for g: descriptors, then the heuristic's algorithm for the
+ * operands' alignments and the workspace; *what names the call that
+ * failed. */
+static cublasStatus_t lt_site_make(cuda_dev *c, lt_site *s, const krt_gemm_desc *g, cudaDataType t,
+                                   cublasComputeType_t compute, cudaDataType scale, const char **what) {
+  memset(s, 0, sizeof *s);
+  s->key = *g;
+  cublasOperation_t ta = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                    tb = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasLtEpilogue_t epi = g->bias ? (g->relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                                   : (g->relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+  *what = "cublasLtMatmulDescCreate";
+  cublasStatus_t st = lt.cublasLtMatmulDescCreate(&s->op, compute, scale);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    *what = "cublasLtMatmulDescSetAttribute",
+    st = lt.cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = lt.cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = lt.cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+  if (st == CUBLAS_STATUS_SUCCESS && g->bias)
+    st = lt.cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                           sizeof g->bias);
+  /* our B is cuBLAS's A: n x k (or k x n transposed), and our A its B */
+  if (st == CUBLAS_STATUS_SUCCESS)
+    *what = "cublasLtMatrixLayoutCreate",
+    st = lt_layout(&s->la, t, g->trans_b ? g->k : g->n, g->trans_b ? g->n : g->k, g->ldb, g->batch,
+                   g->stride_b);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = lt_layout(&s->lb, t, g->trans_a ? g->m : g->k, g->trans_a ? g->k : g->m, g->lda, g->batch,
+                   g->stride_a);
+  if (st == CUBLAS_STATUS_SUCCESS) st = lt_layout(&s->lc, t, g->n, g->m, g->ldc, g->batch, g->stride_c);
+  if (st == CUBLAS_STATUS_SUCCESS) st = lt_layout(&s->ld, t, g->n, g->m, g->ldc, g->batch, g->stride_c);
+  /* cuBLAS's A, B, C, D are our b, a, c_in (or c), c */
+  uint32_t al[4] = {alignment_of(g->b), alignment_of(g->a), alignment_of(g->c_in ? g->c_in : g->c),
+                    alignment_of(g->c)};
+  uint64_t ws = c->workspace_bytes;
+  cublasLtMatmulPreference_t pref = NULL;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    *what = "cublasLtMatmulPreference", st = lt.cublasLtMatmulPreferenceCreate(&pref);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                 sizeof ws);
+  static const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++)
+    st = lt.cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &al[i], sizeof al[i]);
+  cublasLtMatmulHeuristicResult_t result;
+  int found = 0;
+  memset(&result, 0, sizeof result);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    *what = "cublasLtMatmulAlgoGetHeuristic",
+    st = lt.cublasLtMatmulAlgoGetHeuristic(c->lt, s->op, s->la, s->lb, s->lc, s->ld, pref, 1, &result,
+                                           &found);
+  if (pref) lt.cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && found < 1) st = CUBLAS_STATUS_NOT_SUPPORTED;
+  if (st == CUBLAS_STATUS_SUCCESS) s->algo = result.algo;
+  else lt_site_free(s);
+  return st;
+}
+
 static int cuda_gemm_lt(cuda_dev *c, const krt_gemm_desc *g, cudaDataType t,
                         cublasComputeType_t compute, cudaDataType scale, const void *alpha,
                         const void *beta, char *err, size_t errlen) {
@@ -571,50 +694,35 @@ static int cuda_gemm_lt(cuda_dev *c, const krt_gemm_desc *g, cudaDataType t,
       c->lt = NULL;
       return blas_fail(s, err, errlen, "cublasLtCreate");
     }
+    /* without the workspace, the algorithms that need none */
+    if (cu.cuMemAlloc_v2(&c->workspace, LT_WORKSPACE) == CUDA_SUCCESS) c->workspace_bytes = LT_WORKSPACE;
+    else c->workspace = 0;
   }
-  cublasLtMatmulDesc_t op = NULL;
-  cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL, ld = NULL;
-  cublasOperation_t ta = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                    tb = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasLtEpilogue_t epi = g->bias ? (g->relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
-                                   : (g->relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
-  const char *what = "cublasLtMatmulDescCreate";
-  cublasStatus_t s = lt.cublasLtMatmulDescCreate(&op, compute, scale);
-  if (s == CUBLAS_STATUS_SUCCESS)
-    what = "cublasLtMatmulDescSetAttribute",
-    s = lt.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-  if (s == CUBLAS_STATUS_SUCCESS)
-    s = lt.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-  if (s == CUBLAS_STATUS_SUCCESS)
-    s = lt.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
-  if (s == CUBLAS_STATUS_SUCCESS && g->bias)
-    s = lt.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
-                                          sizeof g->bias);
-  /* our B is cuBLAS's A: n x k (or k x n transposed), and our A its B */
-  if (s == CUBLAS_STATUS_SUCCESS)
-    what = "cublasLtMatrixLayoutCreate",
-    s = lt_layout(&la, t, g->trans_b ? g->k : g->n, g->trans_b ? g->n : g->k, g->ldb, g->batch,
-                  g->stride_b);
-  if (s == CUBLAS_STATUS_SUCCESS)
-    s = lt_layout(&lb, t, g->trans_a ? g->m : g->k, g->trans_a ? g->k : g->m, g->lda, g->batch,
-                  g->stride_a);
-  if (s == CUBLAS_STATUS_SUCCESS) s = lt_layout(&lc, t, g->n, g->m, g->ldc, g->batch, g->stride_c);
-  if (s == CUBLAS_STATUS_SUCCESS) s = lt_layout(&ld, t, g->n, g->m, g->ldc, g->batch, g->stride_c);
+  lt_site *site = NULL, once;
+  for (int i = 0; i < c->nsites && !site; i++)
+    if (same_gemm(&c->sites[i].key, g)) site = &c->sites[i];
+  const char *what = "cublasLtMatmul";
+  cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+  if (!site) {
+    if (!c->sites && !(c->sites = calloc(LT_SITES, sizeof *c->sites)))
+      return krt_err(err, errlen, "krt_gemm: out of memory");
+    /* past LT_SITES call sites, the descriptors are made for the call */
+    site = c->nsites < LT_SITES ? &c->sites[c->nsites] : &once;
+    s = lt_site_make(c, site, g, t, compute, scale, &what);
+    if (s == CUBLAS_STATUS_SUCCESS && site != &once) c->nsites++;
+  }
   if (s == CUBLAS_STATUS_SUCCESS)
     what = "cublasLtMatmul",
-    s = lt.cublasLtMatmul(c->lt, op, alpha, g->b, la, g->a, lb, beta, g->c_in ? g->c_in : g->c,
-                          lc, g->c, ld, NULL, NULL, 0, (cudaStream_t)c->stream);
-  if (ld) lt.cublasLtMatrixLayoutDestroy(ld);
-  if (lc) lt.cublasLtMatrixLayoutDestroy(lc);
-  if (lb) lt.cublasLtMatrixLayoutDestroy(lb);
-  if (la) lt.cublasLtMatrixLayoutDestroy(la);
-  if (op) lt.cublasLtMatmulDescDestroy(op);
+    s = lt.cublasLtMatmul(c->lt, site->op, alpha, g->b, site->la, g->a, site->lb, beta,
+                          g->c_in ? g->c_in : g->c, site->lc, g->c, site->ld, &site->algo,
+                          (void *)(uintptr_t)c->workspace, c->workspace_bytes, (cudaStream_t)c->stream);
+  if (site == &once) lt_site_free(&once);
   if (s == CUBLAS_STATUS_SUCCESS) return 0;
-  char msg[200];
-  snprintf(msg, sizeof msg, "%s(%s, m=%lld n=%lld k=%lld batch=%lld, epilogue%s%s%s)", what,
-           krt_dtype_name(g->dtype), (long long)g->m, (long long)g->n, (long long)g->k,
-           (long long)g->batch, g->bias ? " bias" : "", g->relu ? " relu" : "",
-           g->c_in ? " c_in" : "");
+  char msg[300];
+  snprintf(msg, sizeof msg, "%s(%s, m=%lld n=%lld k=%lld batch=%lld, epilogue%s%s%s; alignment a %u, b %u, c %u)",
+           what, krt_dtype_name(g->dtype), (long long)g->m, (long long)g->n, (long long)g->k,
+           (long long)g->batch, g->bias ? " bias" : "", g->relu ? " relu" : "", g->c_in ? " c_in" : "",
+           alignment_of(g->a), alignment_of(g->b), alignment_of(g->c));
   return blas_fail(s, err, errlen, msg);
 }
 

@@ -36,7 +36,68 @@ typedef struct {
   int32_t batch;
 } fake_layout;
 
+/* a heuristic preference: the workspace it may use and the operands'
+ * alignments (A, B, C, D), cuBLASLt's defaults 0 and 256 bytes */
+typedef struct {
+  uint64_t max_workspace;
+  uint32_t align[4];
+} fake_pref;
+
 _Static_assert(sizeof(fake_desc) <= sizeof(cublasLtMatmulDescOpaque_t), "desc fits");
+_Static_assert(sizeof(fake_pref) <= sizeof(cublasLtMatmulPreferenceOpaque_t), "pref fits");
+
+static long heuristic_calls;
+EXPORT long fake_cublaslt_heuristic_calls(void) { return heuristic_calls; }
+
+EXPORT cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+  fake_pref *f = calloc(1, sizeof(cublasLtMatmulPreferenceOpaque_t));
+  if (!f) return CUBLAS_STATUS_ALLOC_FAILED;
+  for (int i = 0; i < 4; i++) f->align[i] = 256;
+  *p = (cublasLtMatmulPreference_t)f;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+EXPORT cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+  free(p);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+EXPORT cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                           cublasLtMatmulPreferenceAttributes_t a,
+                                                           const void *buf, size_t size) {
+  fake_pref *f = (fake_pref *)p;
+  if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES && size == sizeof(uint64_t)) {
+    memcpy(&f->max_workspace, buf, size);
+  } else if (a >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES &&
+             a <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES && size == sizeof(uint32_t)) {
+    memcpy(&f->align[a - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, size);
+  } else {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+/* One algorithm, which works for the alignments the preference states
+ * (kept in it: data[0..3]) and wants up to 4 MiB of the workspace
+ * allowed (data[4]). */
+EXPORT cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t op,
+                                                     cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                                     cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                                     cublasLtMatmulPreference_t p, int requested,
+                                                     cublasLtMatmulHeuristicResult_t *results, int *count) {
+  if (!h || !op || !a || !b || !c || !d || !p || requested < 1 || !results || !count)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  const fake_pref *f = (const fake_pref *)p;
+  heuristic_calls++;
+  memset(&results[0], 0, sizeof results[0]);
+  for (int i = 0; i < 4; i++) results[0].algo.data[i] = f->align[i];
+  uint64_t want = f->max_workspace < (4u << 20) ? f->max_workspace : (4u << 20);
+  results[0].algo.data[4] = want;
+  results[0].workspaceSize = want;
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  *count = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
 _Static_assert(sizeof(fake_layout) <= sizeof(cublasLtMatrixLayoutOpaque_t), "layout fits");
 
 EXPORT cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
@@ -175,7 +236,15 @@ EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t de
                                      const void *C, cublasLtMatrixLayout_t cl, void *D,
                                      cublasLtMatrixLayout_t dl, const cublasLtMatmulAlgo_t *algo,
                                      void *ws, size_t wss, cudaStream_t stream) {
-  (void)algo, (void)ws, (void)wss;
+  /* what a real cuBLASLt refuses: operands less aligned than the
+   * algorithm was chosen for (256 bytes when none was chosen), a workspace
+   * smaller than it needs */
+  const void *ptr[4] = {A, B, C, D};
+  for (int i = 0; i < 4; i++) {
+    uint64_t need = algo ? algo->data[i] : 256;
+    if (need && (uintptr_t)ptr[i] % need) return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (algo && algo->data[4] && (!ws || wss < algo->data[4])) return CUBLAS_STATUS_INVALID_VALUE;
   const fake_desc *f = (const fake_desc *)desc;
   const fake_layout *a = (const fake_layout *)al, *b = (const fake_layout *)bl,
                     *c = (const fake_layout *)cl, *d = (const fake_layout *)dl;

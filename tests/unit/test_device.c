@@ -1015,6 +1015,58 @@ static void test_fake_cuda_exchange(void **state) {
   unlink(log);
 }
 
+/* ---- cuBLASLt on views ------------------------------------------------------
+ * A GEMM on a view that starts one element into its buffer (4-byte
+ * alignment, where cuBLASLt assumes 256 unless told) goes through
+ * cuBLASLt's path (a bias) and is right; the fake cuBLASLt refuses, as a
+ * real one does, operands less aligned than the algorithm was chosen for.
+ * A call site's algorithm is chosen once: the same call again asks the
+ * heuristic nothing, another call site asks it once more. */
+static void test_fake_cuda_gemm_view_offset(void **state) {
+  (void)state;
+  if (!fake_cuda()) skip();
+  char err[512] = "";
+  krt_device *d = open_cuda();
+  enum { M = 3, K = 4, N = 5 };
+  float a[1 + M * K], b[K * N], bias[N], c[M * N];
+  for (int i = 0; i < 1 + M * K; i++) a[i] = (float)((i * 3 % 7) - 3);
+  for (int i = 0; i < K * N; i++) b[i] = (float)((i * 5 % 9) - 4);
+  for (int i = 0; i < N; i++) bias[i] = (float)i / 2;
+  void *da = to_device(d, a, sizeof a), *db = to_device(d, b, sizeof b), *dbias = to_device(d, bias, sizeof bias);
+  void *dc = NULL;
+  OK(krt_malloc(d, sizeof c, &dc, err, sizeof err));
+  krt_gemm_desc g = {.dtype = KRT_F32, .m = M, .n = N, .k = K, .batch = 1, .a = (float *)da + 1, .lda = K,
+                     .b = db, .ldb = N, .c = dc, .ldc = N, .alpha = 1, .beta = 0, .bias = dbias};
+  long (*calls)(void);
+  void *lib = dlopen("libcublasLt.so.13", RTLD_NOW | RTLD_NOLOAD), *p = NULL;
+  OK(krt_gemm(d, &g, err, sizeof err)); /* (loads cuBLASLt) */
+  if (!lib) lib = dlopen("libcublasLt.so.13", RTLD_NOW | RTLD_NOLOAD);
+  assert_non_null(lib);
+  p = dlsym(lib, "fake_cublaslt_heuristic_calls");
+  assert_non_null(p);
+  memcpy(&calls, &p, sizeof p);
+  long first = calls();
+  OK(krt_gemm(d, &g, err, sizeof err));
+  assert_int_equal(calls(), first); /* the same call site: its algorithm kept */
+  OK(krt_download(d, c, dc, sizeof c, err, sizeof err));
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      float want = bias[j];
+      for (int q = 0; q < K; q++) want += a[1 + i * K + q] * b[q * N + j];
+      assert_true(fabsf(c[i * N + j] - want) <= 1e-5f * (1 + fabsf(want)));
+    }
+  g.relu = 1; /* another call site */
+  OK(krt_gemm(d, &g, err, sizeof err));
+  assert_int_equal(calls(), first + 1);
+  dlclose(lib);
+  krt_free(d, da);
+  krt_free(d, db);
+  krt_free(d, dbias);
+  krt_free(d, dc);
+  krt_device_close(d);
+  assert_int_equal(fake_used(), 0);
+}
+
 /* ---- CUDA Graphs ---------------------------------------------------------- */
 typedef struct {
   krt_device *d;
@@ -1175,6 +1227,7 @@ int main(void) {
       cmocka_unit_test(test_fake_cuda_launch),
       cmocka_unit_test(test_fake_cuda_exchange),
       cmocka_unit_test(test_fake_cuda_graph),
+      cmocka_unit_test(test_fake_cuda_gemm_view_offset),
       cmocka_unit_test_setup_teardown(test_fake_cuda_old_driver, save_env, restore_env),
       cmocka_unit_test(test_host_graph),
   };
