@@ -83,12 +83,26 @@ typedef struct {
 
 /* NVRTC, loaded at run time: false (and why) when the library is not
  * there.  kl_nvrtc_compile builds `src` (kernels.cu) against the prelude
- * text for sm_XX (a cubin) or, with ptx, compute_XX (PTX text); *out is
- * malloc'd.  *log (malloc'd, may be NULL) receives NVRTC's messages:
- * warnings are there even when the compile succeeds. */
+ * text for sm_XX (a cubin) or, with KL_NVRTC_PTX, compute_XX (PTX text);
+ * *out is malloc'd.  *log (malloc'd, may be NULL) receives NVRTC's
+ * messages: warnings are there even when the compile succeeds, and with
+ * KL_NVRTC_RESOURCES (a cubin) ptxas's report of each kernel's registers,
+ * spills, stack and shared memory (kl_nvrtc_resources reads it). */
+enum { KL_NVRTC_PTX = 1, KL_NVRTC_RESOURCES = 2 };
 bool kl_nvrtc_available(char *why, size_t len);
-int kl_nvrtc_compile(const char *src, const char *prelude, int sm, bool ptx, unsigned char **out,
+int kl_nvrtc_compile(const char *src, const char *prelude, int sm, int flags, unsigned char **out,
                      size_t *out_len, char **log, kl_error *err);
+
+/* One kernel's resources, from ptxas's report in an NVRTC log. */
+typedef struct {
+  char name[64];
+  int registers;
+  long stack_bytes, spill_bytes, shared_bytes;
+} kl_kernel_resources;
+/* The kernels of a log, up to cap; how many there were. */
+int kl_nvrtc_resources(const char *log, kl_kernel_resources *out, int cap);
+/* Instructions with a .f64 type in PTX text (cvt.f64.f32, fma.rn.f64, ...). */
+int kl_ptx_f64_instructions(const char *ptx);
 
 /* The text of the plan the pipeline (passes/pipeline.c) made. */
 int kl_codegen(const kl_plan *plan, const kl_codegen_options *opt, kl_codegen_result *out,

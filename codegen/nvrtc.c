@@ -69,8 +69,9 @@ bool kl_nvrtc_available(char *why, size_t len) {
   return ok;
 }
 
-int kl_nvrtc_compile(const char *src, const char *prelude, int sm, bool ptx, unsigned char **out,
+int kl_nvrtc_compile(const char *src, const char *prelude, int sm, int flags, unsigned char **out,
                      size_t *out_len, char **log_out, kl_error *err) {
+  bool ptx = flags & KL_NVRTC_PTX, report = !ptx && (flags & KL_NVRTC_RESOURCES);
   *out = NULL;
   *out_len = 0;
   if (log_out) *log_out = NULL;
@@ -88,8 +89,8 @@ int kl_nvrtc_compile(const char *src, const char *prelude, int sm, bool ptx, uns
    * rounds once where a multiply then an add round twice, so it is as
    * accurate or more; results differ from the host device's (no FMA) in
    * the last bits, which the GPU check's f32 tolerances allow. */
-  const char *opts[] = {arch, "--std=c++17", "-default-device", "--fmad=true"};
-  r = lib.compile(prog, (int)(sizeof opts / sizeof *opts), opts);
+  const char *opts[] = {arch, "--std=c++17", "-default-device", "--fmad=true", "--ptxas-options=-v"};
+  r = lib.compile(prog, (int)(sizeof opts / sizeof *opts) - !report, opts);
   size_t n = 0;
   char *log = NULL;
   if (lib.log_size(prog, &n) == NVRTC_SUCCESS && n > 1 && (log = malloc(n)))
@@ -114,4 +115,70 @@ int kl_nvrtc_compile(const char *src, const char *prelude, int sm, bool ptx, uns
   else free(log);
   lib.destroy(&prog);
   return rc;
+}
+
+/* ptxas -v, per kernel:
+ *   ptxas info    : Compiling entry function 'k0' for 'sm_90'
+ *   ptxas info    : Function properties for k0
+ *       0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ *   ptxas info    : Used 16 registers, used 0 barriers, 1024 bytes smem, 380 bytes cmem[0] */
+int kl_nvrtc_resources(const char *log, kl_kernel_resources *out, int cap) {
+  int n = -1;
+  for (const char *next = log; next && *next;) {
+    /* one line at a time: the searches below must not run into the next */
+    char line[512];
+    const char *end = strchr(next, '\n');
+    size_t len = end ? (size_t)(end - next) : strlen(next);
+    snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line ? len : sizeof line - 1), next);
+    next = end ? end + 1 : NULL;
+    const char *at, *props;
+    long stack, stores, loads;
+    int regs;
+    if ((at = strstr(line, "Compiling entry function '"))) {
+      n++;
+      if (n < cap) {
+        memset(&out[n], 0, sizeof out[n]);
+        sscanf(at + 26, "%63[^']", out[n].name);
+      }
+    } else if (n < 0 || n >= cap) {
+      continue;
+    } else if ((props = strstr(line, "bytes stack frame"))) {
+      /* "ptxas . 0 bytes stack frame, ..." (NVRTC) or "    0 bytes ..." */
+      const char *p = props;
+      while (p > line && (p[-1] == ' ' || (p[-1] >= '0' && p[-1] <= '9'))) p--;
+      if (sscanf(p, " %ld bytes stack frame, %ld bytes spill stores, %ld bytes spill loads", &stack, &stores,
+                 &loads) == 3)
+        out[n].stack_bytes = stack, out[n].spill_bytes = stores + loads;
+    } else if ((at = strstr(line, "Used ")) && sscanf(at, "Used %d registers", &regs) == 1) {
+      out[n].registers = regs;
+      const char *smem = strstr(at, " bytes smem");
+      if (smem) {
+        const char *p = smem;
+        while (p > at && p[-1] >= '0' && p[-1] <= '9') p--;
+        out[n].shared_bytes = strtol(p, NULL, 10);
+      }
+    }
+  }
+  return n + 1;
+}
+
+int kl_ptx_f64_instructions(const char *ptx) {
+  int count = 0;
+  for (const char *line = ptx; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+    const char *p = line;
+    while (*p == ' ' || *p == '\t') p++;
+    if (*p == '@') { /* a predicate: @%p1 or @!%p1 */
+      while (*p && *p != ' ' && *p != '\t' && *p != '\n') p++;
+      while (*p == ' ' || *p == '\t') p++;
+    }
+    if (*p < 'a' || *p > 'z') continue; /* directives (.reg .f64), labels, braces */
+    const char *end = p;
+    while (*end && *end != ' ' && *end != '\t' && *end != '\n' && *end != ';') end++;
+    for (const char *q = p; q + 4 <= end; q++)
+      if (!strncmp(q, ".f64", 4) && (q + 4 == end || q[4] == '.')) {
+        count++;
+        break;
+      }
+  }
+  return count;
 }

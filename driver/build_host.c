@@ -175,6 +175,31 @@ void kiln_progress(const char *fmt, ...) {
   va_end(ap);
 }
 
+/* kiln compile --time: what ptxas said of each kernel for sm_XX, summed
+ * up on one line, and a line for each kernel that spills. */
+static void report_resources(int arch, const char *log) {
+  enum { CAP = 4096 };
+  kl_kernel_resources *r = malloc(CAP * sizeof *r);
+  if (!r) return;
+  int n = kl_nvrtc_resources(log, r, CAP), most = 0;
+  long spills = 0, stack = 0, shared = 0;
+  for (int i = 0; i < n && i < CAP; i++) {
+    if (r[i].registers > r[most].registers) most = i;
+    spills += r[i].spill_bytes;
+    stack = r[i].stack_bytes > stack ? r[i].stack_bytes : stack;
+    shared = r[i].shared_bytes > shared ? r[i].shared_bytes : shared;
+  }
+  if (n > 0)
+    fprintf(stderr, "kiln: resources sm_%d: %d kernels, registers at most %d (%s), %ld spill bytes, "
+                    "stack at most %ld bytes, static shared memory at most %ld bytes\n",
+            arch, n, r[most].registers, r[most].name, spills, stack, shared);
+  for (int i = 0; i < n && i < CAP; i++)
+    if (r[i].spill_bytes)
+      fprintf(stderr, "kiln: resources sm_%d: kernel %s spills %ld bytes (%d registers)\n", arch, r[i].name,
+              r[i].spill_bytes, r[i].registers);
+  free(r);
+}
+
 int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm, int nsm,
                     bool werror, bool timing) {
   char *prelude = kiln_read_prelude();
@@ -202,7 +227,8 @@ int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm,
     kl_error err;
     double t0 = krt_now_ms();
     kiln_progress("NVRTC: %s_%d of %d kernels", ptx ? "compute" : "sm", arch, cg->nkernels);
-    if (kl_nvrtc_compile(cg->kernels_cu, prelude, arch, ptx, &img, &len, &log, &err)) {
+    int flags = (ptx ? KL_NVRTC_PTX : 0) | (timing ? KL_NVRTC_RESOURCES : 0);
+    if (kl_nvrtc_compile(cg->kernels_cu, prelude, arch, flags, &img, &len, &log, &err)) {
       kl_error_print(stderr, &err);
       rc = -1;
     } else {
@@ -213,6 +239,10 @@ int kiln_gpu_images(const kl_codegen_result *cg, const char *dir, const int *sm,
       if (timing)
         fprintf(stderr, "kiln: time: nvrtc %s_%d %.1f ms (%zu bytes)\n", ptx ? "compute" : "sm", arch,
                 krt_now_ms() - t0, len);
+      if (timing && !ptx) report_resources(arch, log);
+      if (timing && ptx)
+        fprintf(stderr, "kiln: resources compute_%d: %d f64 instructions in the PTX\n", arch,
+                kl_ptx_f64_instructions((const char *)img));
       if (ptx) {
         fprintf(f, "const char kiln_ptx[] = {");
         write_bytes(f, img, len + 1);

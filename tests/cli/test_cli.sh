@@ -70,6 +70,12 @@ expect compile_out_not_folder 1 "-o m.kl: exists and is not a folder" -- "$kiln"
 # (default 1): every phase, NVRTC per architecture
 expect compile_progress 0 "kiln: \[[0-9.]+ s\] NVRTC: compute_100 of" -- \
   env KILN_PROGRESS_AFTER=0 "$kiln" compile m.kl --emit=exe -o m_progress
+# --time: ptxas's report of the kernels NVRTC built, and the PTX's f64 count
+expect compile_time_resources 0 "kiln: resources sm_90: 1 kernels, registers at most [0-9]+ \(k0\), 0 spill bytes" -- \
+  "$kiln" compile m.kl --emit=cu -o cu_time --time --arch sm_90
+printf 'input x: f64[4, 64]\noutput y = softmax(x)\n' > m_f64.kl
+expect compile_time_f64_counted 0 "kiln: resources compute_90: [1-9][0-9]* f64 instructions in the PTX" -- \
+  "$kiln" compile m_f64.kl --emit=cu -o cu_f64 --time --arch sm_90
 expect compile_version 0 "^kiln [0-9]+\.[0-9]+\.[0-9]+ \(CUDA toolkit [0-9]+\.[0-9]+\)" -- "$kiln" --version
 expect run_files 0 "output 1 'z': i64\[2\]" -- "$kiln" run --device=interp m.kl --input x=x.npy --input i=i.npy --output-dir out
 "${PYTHON:-python3}" -c "
