@@ -83,28 +83,41 @@ done_shards=$(grep -cE '^conformance: [0-9]+ passed' "$out/conf.txt")
 echo "  $line ($done_shards of $shards shards finished)"
 summary+=("conformance on $dev: $line ($done_shards of $shards shards finished in 300 s)")
 
-echo "== examples: $dev vs host vs interpreter, same inputs"
-for ex in mlp cnn transformer; do
-  devs=(interp host)
-  [ "$dev" = host ] || devs+=("$dev")
-  for d in "${devs[@]}"; do
-    t 120 "$kiln" run "examples/$ex.kl" --device="$d" --output-dir "$out/$ex-$d" >"$out/$ex-$d.log" 2>&1 ||
-      echo "  $ex on $d failed: $(tail -1 "$out/$ex-$d.log")"
-  done
-  line=$("${PYTHON:-python3}" - "$out" "$ex" "$dev" <<'PY'
+echo "== examples: $dev vs host vs interpreter, same inputs, fp32, fp16 and bf16"
+# a check passes when |a - b| <= t * max|b| everywhere, t = 2 (8u + 3 sqrt(K) 2^-24):
+# u the precision's unit roundoff, K = 1024 a bound on the examples' longest
+# reduction (both sides carry that error, hence the 2; as check_precision.py)
+for prec in fp32 fp16 bf16; do
+  for ex in mlp cnn transformer; do
+    devs=(interp host)
+    [ "$dev" = host ] || devs+=("$dev")
+    for d in "${devs[@]}"; do
+      t 120 "$kiln" run "examples/$ex.kl" --device="$d" --precision=$prec --output-dir "$out/$ex-$prec-$d" \
+        >"$out/$ex-$prec-$d.log" 2>&1 || echo "  $ex $prec on $d failed: $(tail -1 "$out/$ex-$prec-$d.log")"
+    done
+    line=$("${PYTHON:-python3}" - "$out" "$ex" "$prec" "$dev" <<'PY'
 import sys, numpy as np, glob, os
-out, ex, dev = sys.argv[1:4]
+out, ex, prec, dev = sys.argv[1:5]
+u = {"fp32": 2.0 ** -24, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}[prec]
+t = 2 * (8 * u + 3 * 1024 ** 0.5 * 2.0 ** -24)
 def load(d):
-    return [np.load(f) for f in sorted(glob.glob(os.path.join(out, f"{ex}-{d}", "output_*.npy")))]
+    return [np.load(f).astype(np.float64) for f in sorted(glob.glob(os.path.join(out, f"{ex}-{prec}-{d}", "output_*.npy")))]
 ref, host, gpu = load("interp"), load("host"), load(dev)
-def rel(a, b):
-    if not a or len(a) != len(b): return "missing"
-    return "%.2e" % max(float(np.max(np.abs(x - y) / (np.abs(y) + 1e-6))) for x, y in zip(a, b))
-print(f"{ex}: max rel diff {dev}/interp {rel(gpu, ref)}, {dev}/host {rel(gpu, host)}, host/interp {rel(host, ref)}")
+def check(a, b):
+    if not a or len(a) != len(b): return "missing", False
+    worst = max(float(np.max(np.abs(x - y)) / max(float(np.max(np.abs(y))), 1e-30)) for x, y in zip(a, b))
+    return "%.1e" % worst, worst <= t
+parts, ok = [], True
+for name, a, b in ((dev + "/interp", gpu, ref), (dev + "/host", gpu, host), ("host/interp", host, ref)):
+    d, good = check(a, b)
+    parts.append(f"{name} {d}")
+    ok &= good
+print(("PASS" if ok else "FAIL") + f" {ex} {prec}: " + ", ".join(parts) + f" (bound {t:.1e} of max|ref|)")
 PY
 )
-  echo "  $line"
-  summary+=("$line")
+    echo "  $line"
+    summary+=("$line")
+  done
 done
 
 echo "== fused vs unfused, fp32 and fp16, on $dev (kiln bench; run_ms includes the"
