@@ -85,7 +85,7 @@ static void emit_attention(kl_cg_emitter *e, const kl_attention *a) {
 
 /* A step the profiler times: a name a C string can hold as it is. */
 static void profile_step(kl_cg_ctx *c, const kl_group *gr, kl_node *const *members, int launches,
-                         size_t bytes) {
+                         size_t bytes, const char *part) {
   if (c->nprofile == c->cap_profile) {
     c->cap_profile = c->cap_profile ? 2 * c->cap_profile : 32;
     c->profile = realloc(c->profile, (size_t)c->cap_profile * sizeof *c->profile);
@@ -101,6 +101,10 @@ static void profile_step(kl_cg_ctx *c, const kl_group *gr, kl_node *const *membe
              last->name);
   else
     snprintf(p->name, sizeof p->name, "%s: %s", kl_ops[last->op].name, last->name);
+  if (part) { /* one of the step's several launches */
+    size_t len = strlen(p->name);
+    snprintf(p->name + len, sizeof p->name - len, " [%s]", part);
+  }
   for (char *q = p->name; *q; q++)
     if (*q == '"' || *q == '\\' || *q == '?' || (unsigned char)*q < 32) *q = '_';
   p->launches = launches;
@@ -179,12 +183,27 @@ static int write_all(kl_cg_ctx *c, const char *prefix, kl_codegen_result *out) {
     }
     if (!rc && c->plan_error[0]) rc = kl_fail(c->err, (kl_loc){0}, "%s", c->plan_error);
     fclose(e.rf);
-    if (c->step_launches > launches0) {
-      profile_step(c, gr, members, c->step_launches - launches0, c->dram_bytes - bytes0);
-      fprintf(run_f, "  if (krt_step_mark(m->dev, %d, steps[%d].name, err, errlen)) return -1;\n",
-              c->nprofile - 1, c->nprofile - 1);
+    /* a profiler step per kernel or library call: each launch's mark
+     * where the emitter left its place; the group's DRAM bytes go to its
+     * last launch, the one that writes the group's output */
+    int nmarks = 0;
+    for (const char *q = step_text; q && (q = strstr(q, "/*@mark ")); q++) nmarks++;
+    (void)launches0;
+    const char *at = step_text;
+    for (int mk = 0; mk < nmarks; mk++) {
+      const char *q = strstr(at, "  /*@mark ");
+      char what[32] = "", line[200];
+      int launches = 1;
+      sscanf(q + 10, "%31s %d", what, &launches);
+      fwrite(at, 1, (size_t)(q - at), run_f);
+      profile_step(c, gr, members, launches, mk == nmarks - 1 ? c->dram_bytes - bytes0 : 0,
+                   nmarks > 1 ? what : NULL);
+      snprintf(line, sizeof line, "  if (krt_step_mark(m->dev, %d, steps[%d].name, err, errlen)) return -1;\n",
+               c->nprofile - 1, c->nprofile - 1);
+      fputs(line, run_f);
+      at = strchr(q, '\n') + 1;
     }
-    fwrite(step_text, 1, step_len, run_f);
+    fputs(at, run_f);
     free(step_text);
   }
   fprintf(run_f, "  if (krt_step_mark(m->dev, %d, NULL, err, errlen)) return -1;\n", c->nprofile);

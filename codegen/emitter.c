@@ -118,7 +118,8 @@ void kl_cg_launch_grid(kl_cg_emitter *e, int k, int64_t grid_x, int block_x,
   if (grid_x <= 0) return;
   e->c->step_launches++;
   FILE *f = e->rf;
-  fprintf(f, "  {\n");
+  /* where the profiler's mark of this launch goes (emit_model.c) */
+  fprintf(f, "  /*@mark k%d 1*/\n  {\n", k);
   for (int i = 0; i < nargs; i++) fprintf(f, "    void *p%d = %s;\n", i, args[i]);
   fprintf(f, "    void *args[] = {");
   for (int i = 0; i < nargs; i++) fprintf(f, "%s&p%d", i ? ", " : "", i);
@@ -139,6 +140,7 @@ void kl_cg_launch_node_grid(kl_cg_emitter *e, int k, int64_t grid_x, int block_x
 }
 
 void kl_cg_emit_gemm(kl_cg_emitter *e, const kl_cg_gemm *g) {
+  fprintf(e->rf, "  /*@mark gemm %lld*/\n", (long long)(g->batch2 > 1 ? g->batch2 : 1));
   fprintf(e->rf, "  {\n    krt_gemm_desc d = {.dtype = (krt_dtype)%d, .trans_a = %d, .trans_b = %d,\n"
                  "      .m = %lld, .n = %lld, .k = %lld, .batch = %lld,\n"
                  "      .a = %s, .lda = %lld, .stride_a = %lld,\n"

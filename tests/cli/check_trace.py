@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """check_trace.py TRACE.json MODEL_C RUNS - a compiled program's --profile
 trace is what Perfetto reads, and its kernel events are the generated
-code's steps one to one: for each of RUNS runs, one complete event per
-entry of model.c's steps[] table, in order, with that name; their
-launches add up to the krt_launch and krt_gemm calls of compute(), what
+code's kernel launches and library calls one to one: for each of RUNS
+runs, one complete event per entry of model.c's steps[] table, in order,
+with that name, as many as compute() has krt_launch and krt_gemm calls;
+their launches add up to the krt_launch and krt_gemm calls of compute(), what
 run() enqueues (and a GPU captures as a CUDA graph).  Prints PASS or
 FAIL lines and `N passed, N failed`."""
 import json
@@ -53,5 +54,7 @@ for r in range(runs):
     launches = sum(e.get("args", {}).get("launches", 0) for e in mine)
     report(launches == calls, "run %d: their launches add up to compute()'s %d kernel and library calls" % (r, calls),
            "got %d" % launches)
+    report(len(mine) == calls, "run %d: one event per kernel or library call (%d)" % (r, calls),
+           "%d events" % len(mine))
 print("%d passed, %d failed" % (passed, failed))
 sys.exit(1 if failed else 0)

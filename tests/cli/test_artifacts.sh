@@ -87,7 +87,8 @@ expect exe_host_device 0 "device: host" -- ./mlp_exe --input x=x.npy --input lab
 
 # The profiler's Chrome trace: --profile of a program, KILN_PROFILE of the
 # generated create/run/destroy (a library's); its kernel events are the
-# generated code's steps one to one (check_trace.py, against model.c)
+# generated code's kernel launches and library calls one to one
+# (check_trace.py, against model.c)
 "$kiln" compile "$root/examples/mlp.kl" --emit=cu --no-nvrtc -o mlp_cu >/dev/null 2>&1
 expect exe_profile 0 "wrote the trace mlp_trace.json" -- ./mlp_exe --device host --iters 2 --profile mlp_trace.json
 if out=$("$py" "$here/check_trace.py" mlp_trace.json mlp_cu/model.c 2 2>&1); then ok trace_matches_steps
@@ -95,6 +96,16 @@ else bad trace_matches_steps "$out"; fi
 expect lib_profile_env 0 "profile of 'mlp'" -- env KILN_PROFILE=lib_trace.json ./mlp_exe --device host
 if out=$("$py" "$here/check_trace.py" lib_trace.json mlp_cu/model.c 1 2>&1); then ok trace_from_kiln_profile_env
 else bad trace_from_kiln_profile_env "$out"; fi
+
+# a node of two kernels (cross_entropy: the per-item losses, then their
+# mean) is two events, one per kernel
+printf 'input x: f32[8, 10]\ninput t: i64[8]\noutput loss = cross_entropy(x, t)\n' > ce.kl
+"$kiln" compile ce.kl --emit=cu --no-nvrtc -o ce_cu >/dev/null 2>&1
+expect ce_exe 0 "wrote ce_exe" -- "$kiln" compile ce.kl --emit=exe --no-nvrtc -o ce_exe
+expect ce_profile 0 "wrote the trace ce_trace.json" -- ./ce_exe --device host --profile ce_trace.json
+if out=$("$py" "$here/check_trace.py" ce_trace.json ce_cu/model.c 1 2>&1) && grep -q "one event per kernel or library call (2)" <<<"$out"
+then ok trace_two_kernels_two_events
+else bad trace_two_kernels_two_events "$out"; fi
 
 # Bad input at run time: a clear message and a non-zero exit.
 expect exe_missing_file 1 "input 'x': nothere.npy: No such file" -- \
