@@ -49,41 +49,34 @@ done
 kiln=$bin/kiln
 # sizes: the GPU's, or the examples' own (and a slice of the conformance
 # tests) on the host device
-if [ "$dev" = cuda ]; then big_t=(--dim B=32 --dim T=512); big_c=(--dim B=512); iters=50; conf=()
+if [ "$dev" = cuda ]; then big_t=(--dim B=128 --dim T=512); big_c=(--dim B=2048); iters=50; conf=()
 else big_t=(); big_c=(); iters=2; conf=(--filter test_softmax); fi
 
-echo "== the machine"
+echo "== [${SECONDS}s] the machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 # each step is bounded: one hang must not spend the whole lease
 t() { local s=$1; shift; timeout "$s" "$@"; }
 
 if [ "$dev" = cuda ]; then
-  echo "== the runtime's device tests on the GPU (no fake libcuda)"
-  if t 120 "$tests/test_device" >"$out/device.txt" 2>&1; then r=ok; else r=FAILED; fi
-  tail -3 "$out/device.txt"
+  echo "== [${SECONDS}s] the runtime's device tests on the GPU (no fake libcuda)"
+  # test_gpu_module_launch: device_kernels.cu through NVRTC, cubin then PTX
+  # alone, launched and timed by events on the GPU (skipped where no GPU)
+  if KILN_TEST_KERNELS_CU=$PWD/tests/unit/device_kernels.cu KILN_RUNTIME_DIR=$PWD/runtime \
+     t 120 "$tests/test_device" >"$out/device.txt" 2>&1; then r=ok; else r=FAILED; fi
+  grep -q 'OK \] test_gpu_module_launch' "$out/device.txt" || r="$r (the GPU launch test did not pass)"
+  grep -E '^\[  (FAILED|SKIPPED|PASSED)|^\[  ERROR' "$out/device.txt" | head -20
   summary+=("runtime device tests on cuda: $r")
 fi
 
-echo "== ONNX conformance compiled for $dev (host: lines of expected_pass guard it),"
-echo "   in shards side by side (each test compiles with cc and NVRTC)"
-shards=$(( $(nproc) > 2 ? $(nproc) / 2 : 1 ))
+echo "== [${SECONDS}s] ONNX conformance compiled for $dev, in the background (shards side by side;"
+echo "   each test compiles with cc and NVRTC; collected at the end)"
+shards=$(( $(nproc) > 4 ? $(nproc) / 4 : 1 ))
 for k in $(seq 0 $((shards - 1))); do
-  t 300 "$tests/conformance" "$data" --device "$dev" "${conf[@]}" --shard "$k/$shards" \
+  t 240 "$tests/conformance" "$data" --device "$dev" "${conf[@]}" --shard "$k/$shards" \
     --expected tests/conformance/expected_pass.txt >"$out/conf-$k.txt" 2>&1 &
 done
-wait
-cat "$out"/conf-*.txt >"$out/conf.txt"
-grep -hE '^(REGRESSION|FAIL|host FAIL)' "$out/conf.txt" | head -20
-# the shards' counts added up: passed, failed, unsupported, guarded, regressions
-# (the runner's own error lines also start "conformance:", without counts)
-line=$(grep -hE '^conformance: [0-9]+ passed' "$out"/conf-*.txt |
-  awk '{ gsub(/[^0-9]+/, " "); n = split($0, a, " "); for (i = 1; i <= n; i++) s[i] += a[i] }
-       END { printf "%d passed, %d failed, %d unsupported; %d guarded, %d regressions", s[1], s[2], s[3], s[4], s[5] }')
-done_shards=$(grep -cE '^conformance: [0-9]+ passed' "$out/conf.txt")
-echo "  $line ($done_shards of $shards shards finished)"
-summary+=("conformance on $dev: $line ($done_shards of $shards shards finished in 300 s)")
 
-echo "== examples: $dev vs host vs interpreter, same inputs, fp32, fp16 and bf16"
+echo "== [${SECONDS}s] examples: $dev vs host vs interpreter, same inputs, fp32, fp16 and bf16"
 # a check passes when |a - b| <= t * max|b| everywhere, t = 2 (8u + 3 sqrt(K) 2^-24):
 # u the precision's unit roundoff, K = 1024 a bound on the examples' longest
 # reduction (both sides carry that error, hence the 2; as check_precision.py)
@@ -120,7 +113,7 @@ PY
   done
 done
 
-echo "== fused vs unfused, fp32 and fp16, on $dev (kiln bench; run_ms includes the"
+echo "== [${SECONDS}s] fused vs unfused, fp32 and fp16, on $dev (kiln bench; run_ms includes the"
 echo "   host<->device copies of inputs and outputs that run() makes; on a GPU each side is"
 echo "   timed replaying a CUDA graph, then kernel by kernel: the \"run ms, no graph\" row)"
 for ex in transformer cnn; do
@@ -132,7 +125,58 @@ for ex in transformer cnn; do
   done
 done
 
-echo "== the profiler: each step's bandwidth against the device's own device-to-device"
+echo "== [${SECONDS}s] cut-offs: each choice between a direct kernel and the library, both sides"
+echo "   timed on $dev (kiln profile: the steps' device time summed, inputs resident)"
+# total device ms of one model under KILN_CUTOFFS=$1, the rest kiln profile's arguments
+device_ms() {
+  local spec=$1; shift
+  KILN_CUTOFFS=$spec t 120 "$kiln" profile "$@" --device="$dev" --iters "$prof_iters" 2>>"$out/cutoffs.log" |
+    tee -a "$out/cutoffs.log" | awk '/^total \(steps summed\)/ { print $(NF-1) }'
+}
+# sweep KNOB LABEL MODEL VALUE_DIM FACTOR "VALUES" FIXED_DIMS...: for each value
+# of the swept dim, the model's time with the knob at 0 (library side) and
+# at "everything" (direct side); prints a line per value and sets $crossover
+# to the largest length (value x FACTOR) up to which the direct side was
+# never slower
+sweep() {
+  local knob=$1 label=$2 model=$3 vdim=$4 factor=$5 values=$6; shift 6
+  local v lib direct alive=1
+  crossover=0
+  for v in $values; do
+    lib=$(device_ms "$knob=0" "$model" --dim "$vdim=$v" "$@")
+    direct=$(device_ms "$knob=100000000" "$model" --dim "$vdim=$v" "$@")
+    local len=$((v * factor)) verdict
+    verdict=$(awk -v a="$direct" -v b="$lib" 'BEGIN { if (a == "" || b == "") print "?"; else if (a <= b) print "direct"; else print "library" }')
+    printf '  %-28s %6s = %-6d direct %10s ms   library %10s ms   %s\n' "$label" "$vdim" "$v" "$direct" "$lib" "$verdict"
+    summary+=("cut-off $label $vdim=$v (length $len): direct ${direct:-?} ms, library ${lib:-?} ms")
+    if [ "$verdict" = direct ] && [ $alive = 1 ]; then crossover=$len; else alive=0; fi
+  done
+}
+if [ "$dev" = cuda ]; then
+  prof_iters=20
+  conv_c="16 32 64 128 256 512"; conv_dims=(--dim B=32 --dim O=128 --dim S=32)
+  mm_k="32 64 128 256 512 1024"; mm_dims=(--dim M=16384 --dim N=1024)
+  att_t="128 256 512 1024"; att_dims=(--dim B=4 --dim H=16)
+else
+  prof_iters=2
+  conv_c="4 16"; conv_dims=(--dim B=1 --dim O=8 --dim S=8)
+  mm_k="16 64"; mm_dims=(--dim M=64 --dim N=32)
+  att_t="16 32"; att_dims=(--dim B=1 --dim H=2)
+fi
+sweep direct_conv_max_k "conv3x3+bn+relu" bench/models/conv_block.kl C 9 "$conv_c" "${conv_dims[@]}"
+conv_k=$crossover
+sweep direct_matmul_max_k "gemm+bias+gelu" bench/models/matmul_block.kl K 1 "$mm_k" "${mm_dims[@]}"
+mm_k_best=$crossover
+sweep attention_max_keys "causal attention, D=64" bench/models/attention.kl T 1 "$att_t" "${att_dims[@]}"
+att_best=$crossover
+sm_here=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+row="    {${sm_here:-0}, $conv_k, $mm_k_best, $att_best, \"${gpu_name:-$dev}, $(date -u +%Y-%m-%d), bench/gpu-check.sh\"},"
+echo "  the row for codegen/cutoffs.c: $row"
+echo "$row" >"$out/cutoffs-row.txt"
+summary+=("cut-off row for codegen/cutoffs.c (sm, conv K, matmul K, attention keys): $row")
+
+echo "== [${SECONDS}s] the profiler: each step's bandwidth against the device's own device-to-device"
 echo "   copy; the issue's aim is 80% or more for steps that move over 64 MB"
 t 180 "$kiln" profile examples/transformer.kl --device="$dev" "${big_t[@]}" --iters 20 \
   >"$out/profile-transformer.txt" 2>&1
@@ -152,10 +196,10 @@ if [ "$dev" = cuda ]; then
   summary+=("bench transformer B=8 T=128: $(grep -E '^(kernels|dram|run ms|CUDA graph)' "$out/bench-transformer-8x128.txt" | tr -s ' ' | tr '\n' ';')")
 fi
 
-echo "== training: a step on $dev against the host device, then fp32 vs fp16"
+echo "== [${SECONDS}s] training: a step on $dev against the host device, then fp32 vs fp16"
 # the same 40 steps on both devices (same seed, same data order): the losses
 # agree to f32 rounding; then the step's time and arena, fp32 against fp16
-.venv/bin/python examples/data/digits.py "$out/digits" >/dev/null 2>&1 || true
+"${PYTHON:-python3}" examples/data/digits.py "$out/digits" >/dev/null 2>&1 || true
 if [ -f "$out/digits/train_x.npy" ]; then
   for d in host "$dev"; do
     t 300 "$kiln" train examples/train_cnn.kl --data "$out/digits" --steps 40 --device "$d" \
@@ -169,12 +213,12 @@ if [ -f "$out/digits/train_x.npy" ]; then
       --iters 50 >"$out/bench-train-$p.txt" 2>&1
     summary+=("train_cnn B=256 $p: $(grep -E '^(kernels|arena bytes|run ms)' "$out/bench-train-$p.txt" | tr -s ' ' | tr '\n' ';')")
   done
-  f32=$(awk '/^run ms/ { print $3 }' "$out/bench-train-fp32.txt"); f16=$(awk '/^run ms/ { print $3 }' "$out/bench-train-fp16.txt")
+  f32=$(awk '/^run ms/ { print $4 }' "$out/bench-train-fp32.txt"); f16=$(awk '/^run ms/ { print $4 }' "$out/bench-train-fp16.txt")
   a32=$(awk '/^arena bytes/ { print $3 }' "$out/bench-train-fp32.txt"); a16=$(awk '/^arena bytes/ { print $3 }' "$out/bench-train-fp16.txt")
   summary+=("train_cnn B=256 fp16 vs fp32: speedup $(awk -v a="$f32" -v b="$f16" 'BEGIN { if (b > 0) printf "%.2f", a / b }'), arena saved $(awk -v a="$a32" -v b="$a16" 'BEGIN { if (a > 0) printf "%.0f%%", 100 * (a - b) / a }')")
 fi
 
-echo "== data-parallel: a 1-GPU NCCL smoke test (issue 15)"
+echo "== [${SECONDS}s] data-parallel: a 1-GPU NCCL smoke test (issue 15)"
 # one rank that still exchanges (KILN_EXCHANGE_ONE_RANK=1, no mpirun needed):
 # NCCL loaded, its communicator made, every bucket summed on its own stream
 # and ordered by events; the losses must equal the plain step's on this
@@ -192,7 +236,7 @@ if [ -f "$out/digits/train_x.npy" ]; then
 fi
 
 if [ "$dev" = cuda ]; then
-  echo "== kiln compile without --arch: the GPU here's cubin and PTX (issue 17)"
+  echo "== [${SECONDS}s] kiln compile without --arch: the GPU here's cubin and PTX (issue 17)"
   sm_here=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
   t 120 "$kiln" compile examples/mlp.kl --emit=cu -o "$out/arch-default" >"$out/arch-default.log" 2>&1
   got=$(grep -o 'cubin_sm[0-9]*\[' "$out/arch-default/gpu_images.c" 2>/dev/null | tr -d '[' | sort -u | tr '\n' ' ')
@@ -203,13 +247,23 @@ if [ "$dev" = cuda ]; then
   fi
 fi
 
-echo "== compile time (NVRTC included)"
-PYTHON=${PYTHON:-.venv/bin/python} t 300 bench/compile_time.sh "$kiln" | tee "$out/compile.md"
+echo "== [${SECONDS}s] ONNX conformance on $dev (host: lines of expected_pass guard it)"
+wait
+cat "$out"/conf-*.txt >"$out/conf.txt"
+grep -hE '^(REGRESSION|FAIL|host FAIL)' "$out/conf.txt" | head -20
+# the shards' counts added up: passed, failed, unsupported, guarded, regressions
+# (the runner's own error lines also start "conformance:", without counts)
+line=$(grep -hE '^conformance: [0-9]+ passed' "$out"/conf-*.txt |
+  awk '{ gsub(/[^0-9]+/, " "); n = split($0, a, " "); for (i = 1; i <= n; i++) s[i] += a[i] }
+       END { printf "%d passed, %d failed, %d unsupported; %d guarded, %d regressions", s[1], s[2], s[3], s[4], s[5] }')
+done_shards=$(grep -cE '^conformance: [0-9]+ passed' "$out/conf.txt")
+echo "  $line ($done_shards of $shards shards finished)"
+summary+=("conformance on $dev: $line ($done_shards of $shards shards finished in 240 s)")
 
 echo
-echo "== summary ($(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
+echo "== [${SECONDS}s] summary ($(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
 # the device tool brings back what is under $OUT: every log, in one file
 if [ -n "${OUT:-}" ]; then
-  tar czf "$OUT/gpu-check-logs.tar.gz" -C "$out" --exclude='*.npy' . && cp "$out/summary.txt" "$OUT/"
+  tar czf "$OUT/gpu-check-logs.tar.gz" -C "$out" --exclude='*.npy' . && cp "$out/summary.txt" "$out/cutoffs-row.txt" "$OUT/" 2>/dev/null
 fi

@@ -17,6 +17,14 @@ typedef struct {
 
 /* What this code generator's kernels can do, for the passes (target.c). */
 extern const kl_target kl_cg_target;
+/* kl_cg_target with the cut-offs measured for GPU architecture sm (90 for
+ * sm_90; 0: unknown) and KILN_CUTOFFS's overrides (cutoffs.c); points at
+ * static storage that the next call replaces. */
+const kl_target *kl_cg_target_for(int sm);
+/* Apply "name=count,..." to *t; -1 with the reason in why. */
+int kl_cg_apply_cutoffs(kl_target *t, const char *spec, char *why, size_t why_len);
+/* Where the row used for sm came from (a GPU and date, or the guesses). */
+const char *kl_cg_cutoff_source(int sm);
 
 /* For tests only: the IR name of an elementwise op ("relu") whose scalar
  * expression is made wrong (a/2 is added where operand a < 0), so that

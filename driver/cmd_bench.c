@@ -94,6 +94,7 @@ static int measure(const kl_graph *g, bool fuse, krt_device *dev, void **in, lon
                    char *device_name, size_t n, const profile_opts *po) {
   kl_codegen_result cg;
   kiln_compile_opts copt = {.no_fuse = !fuse};
+  kiln_cutoff_sm = krt_device_sm(dev);
   double t0 = krt_now_ms();
   if (kiln_generate(g, &copt, &cg)) return -1;
   s->kernels = cg.nkernels;
@@ -261,6 +262,7 @@ static int train_split(const kl_graph *g, krt_device_kind kind, const char *data
   }
   kiln_compile_opts co = {.prefix = "model"};
   kl_codegen_result cg;
+  kiln_cutoffs_for_device(kind);
   if (kiln_generate(g, &co, &cg)) return KILN_EXIT_ERROR;
   char dir[4096], steps[32], msg[256];
   const char *tmp = getenv("TMPDIR");

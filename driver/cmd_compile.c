@@ -420,6 +420,7 @@ int kiln_cmd_compile(int argc, char **argv) {
       sm[0] = krt_device_sm(gpu_here), nsm = 1;
     krt_device_close(gpu_here);
   }
+  kiln_cutoff_sm = nvrtc && strcmp(emit, "ir") ? sm[0] : 0;
   if ((md || depfile) && !out_path) {
     fprintf(stderr, "kiln compile: -MD/-MF need -o OUT (the depfile's target)\n");
     return KILN_EXIT_USAGE;

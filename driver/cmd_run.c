@@ -236,6 +236,7 @@ int kiln_input_file_opt(const char *cmd, char *arg, kiln_named_file *files, int 
 int kiln_run_compiled(const kl_graph *g, krt_device_kind kind, const kiln_compile_opts *base,
                       kl_tensor **in, kl_tensor **out, char *device_name, size_t n) {
   kl_codegen_result cg;
+  kiln_cutoffs_for_device(kind);
   if (kiln_generate(g, base, &cg)) return -1;
   char dir[4096], msg[1024];
   const char *tmp = getenv("TMPDIR");

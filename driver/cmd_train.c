@@ -110,6 +110,7 @@ int kiln_cmd_train(int argc, char **argv) {
   void *handle = NULL;
   char dir[4096], msg[512];
   if (!g) goto done;
+  kiln_cutoffs_for_device(kind);
   if (kiln_generate(g, &co, &cg)) goto done;
   generated = true;
   const char *tmp = getenv("TMPDIR");

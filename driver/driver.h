@@ -135,6 +135,12 @@ typedef struct {
 /* The planning passes (passes/pipeline.c), then the code generator, into
  * *cg; -1 after printing the error. */
 int kiln_generate(const kl_graph *g, const kiln_compile_opts *co, kl_codegen_result *cg);
+/* The GPU architecture whose cut-offs (codegen/cutoffs.c) the passes use:
+ * the first --arch of kiln compile, the GPU a run, bench or train step
+ * meets; 0 (the default row) else. */
+extern int kiln_cutoff_sm;
+/* Set kiln_cutoff_sm from the device of that kind, opened and closed. */
+void kiln_cutoffs_for_device(krt_device_kind kind);
 /* The same with the error in *err, not printed. */
 int kiln_generate_err(const kl_graph *g, const kiln_compile_opts *co, kl_codegen_result *cg,
                       kl_error *err);

@@ -248,7 +248,7 @@ kl_graph *kiln_load_model(const char *path, const kiln_model_opts *o) {
 
 int kiln_apply_precision(kl_graph *g, const kiln_model_opts *o) {
   kl_error err;
-  kl_pipeline_options po = {.precision = o->precision ? &o->prec : NULL, .target = &kl_cg_target,
+  kl_pipeline_options po = {.precision = o->precision ? &o->prec : NULL, .target = kl_cg_target_for(kiln_cutoff_sm),
                             .dump = stdout, .dump_after = o->dump_after, .train = o->train,
                             .mem_limit = o->mem_limit, .no_fuse = o->no_fuse, .notes = stderr};
   if (o->train && !g->train) {

@@ -1,0 +1,85 @@
+/* cutoffs.c - the choices between a generated direct kernel and a library
+ * call (cuBLAS), per GPU architecture.  The rows come from measurements:
+ * bench/gpu-check.sh times both sides of each choice on a lent GPU and
+ * prints the row to paste here.  An architecture without a row of its own
+ * takes the closest older one of the same major version, else the default
+ * (kl_cg_target's own numbers).  KILN_CUTOFFS=name=value,... overrides any
+ * of them for one run: that is how the check measures both sides. */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen_impl.h"
+
+typedef struct {
+  int sm;                      /* 90 for sm_90; 0: the default row */
+  int64_t direct_conv_max_k;   /* -1: kl_cg_target's */
+  int64_t direct_matmul_max_k;
+  int64_t attention_max_keys;
+  const char *source;          /* where the figures came from */
+} cutoff_row;
+
+static const cutoff_row rows[] = {
+    {0, -1, -1, -1, "kl_cg_target's guesses (no GPU measured)"},
+};
+
+static const struct {
+  const char *name;
+  size_t offset;
+} knobs[] = {
+    {"direct_conv_max_k", offsetof(kl_target, direct_conv_max_k)},
+    {"direct_matmul_max_k", offsetof(kl_target, direct_matmul_max_k)},
+    {"attention_max_keys", offsetof(kl_target, attention_max_keys)},
+};
+
+static void set(kl_target *t, size_t offset, int64_t v) {
+  if (v >= 0) *(int64_t *)((char *)t + offset) = v;
+}
+
+static const cutoff_row *row_for(int sm) {
+  const cutoff_row *best = &rows[0];
+  for (size_t i = 1; i < sizeof rows / sizeof rows[0]; i++)
+    if (sm > 0 && rows[i].sm / 10 == sm / 10 && rows[i].sm <= sm && rows[i].sm > best->sm) best = &rows[i];
+  return best;
+}
+
+int kl_cg_apply_cutoffs(kl_target *t, const char *spec, char *why, size_t why_len) {
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", spec);
+  for (char *save = NULL, *item = strtok_r(buf, ", ", &save); item; item = strtok_r(NULL, ", ", &save)) {
+    char *eq = strchr(item, '=');
+    char *end = NULL;
+    long long v = eq ? strtoll(eq + 1, &end, 10) : -1;
+    size_t i = 0;
+    if (eq) *eq = 0;
+    while (i < sizeof knobs / sizeof knobs[0] && strcmp(knobs[i].name, item)) i++;
+    if (!eq || i == sizeof knobs / sizeof knobs[0] || !end || *end || end == eq + 1 || v < 0) {
+      snprintf(why, why_len, "'%s' is not NAME=COUNT with NAME one of direct_conv_max_k, "
+                             "direct_matmul_max_k, attention_max_keys", item);
+      return -1;
+    }
+    set(t, knobs[i].offset, v);
+  }
+  return 0;
+}
+
+const kl_target *kl_cg_target_for(int sm) {
+  static kl_target t;
+  static int warned;
+  t = kl_cg_target;
+  const cutoff_row *r = row_for(sm);
+  set(&t, offsetof(kl_target, direct_conv_max_k), r->direct_conv_max_k);
+  set(&t, offsetof(kl_target, direct_matmul_max_k), r->direct_matmul_max_k);
+  set(&t, offsetof(kl_target, attention_max_keys), r->attention_max_keys);
+  const char *env = getenv("KILN_CUTOFFS");
+  char why[300];
+  if (env && *env && kl_cg_apply_cutoffs(&t, env, why, sizeof why) && !warned++)
+    fprintf(stderr, "kiln: warning: KILN_CUTOFFS ignored: %s\n", why);
+  /* the attention kernel holds at most this many keys: a row may lower it */
+  if (t.attention_max_keys > kl_cg_target.attention_max_keys)
+    t.attention_max_keys = kl_cg_target.attention_max_keys;
+  return &t;
+}
+
+const char *kl_cg_cutoff_source(int sm) { return row_for(sm)->source; }
