@@ -73,7 +73,8 @@ echo "   each test compiles with cc and NVRTC; collected at the end)"
 shards=$(( $(nproc) > 4 ? $(nproc) / 4 : 1 ))
 for k in $(seq 0 $((shards - 1))); do
   t 240 "$tests/conformance" "$data" --device "$dev" "${conf[@]}" --shard "$k/$shards" \
-    --expected tests/conformance/expected_pass.txt >"$out/conf-$k.txt" 2>&1 &
+    --expected tests/conformance/expected_pass.txt \
+    --known-failures tests/conformance/known_failures.txt >"$out/conf-$k.txt" 2>&1 &
 done
 
 echo "== [${SECONDS}s] examples: $dev vs host vs interpreter, same inputs, fp32, fp16 and bf16"

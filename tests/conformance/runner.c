@@ -208,17 +208,17 @@ static void run_host(const kl_graph *g, kl_tensor **in, const char *dir, const c
   }
   char bdir[] = "/tmp/kiln-conf-XXXXXX", msg[1024], path[4600];
   const krt_model_api *api = NULL;
-  void *h = mkdtemp(bdir)
-                ? kiln_build_host(&cg, bdir, compiled_kind == KRT_DEVICE_CUDA, &api)
-                : NULL;
+  /* the device first: a GPU's code is built for its architecture */
   krt_device *dev = NULL;
+  bool opened = !krt_device_open(compiled_kind, &dev, msg, sizeof msg);
+  void *h = opened && mkdtemp(bdir) ? kiln_build_host(&cg, bdir, krt_device_sm(dev), &api) : NULL;
   void *model = NULL;
   int nin = g->inputs.len, nout = g->outputs.len;
   void **rin = calloc((size_t)nin + 1, sizeof *rin), **rout = calloc((size_t)nout + 1, sizeof *rout);
   r->host_status = FAIL;
-  if (!h) snprintf(r->host_reason, sizeof r->host_reason, "the generated code did not build");
-  else if (krt_device_open(compiled_kind, &dev, msg, sizeof msg) ||
-           api->create(dev, &model, msg, sizeof msg))
+  if (!opened) snprintf(r->host_reason, sizeof r->host_reason, "%s", msg);
+  else if (!h) snprintf(r->host_reason, sizeof r->host_reason, "the generated code did not build");
+  else if (api->create(dev, &model, msg, sizeof msg))
     snprintf(r->host_reason, sizeof r->host_reason, "%s", msg);
   else {
     for (int i = 0; i < nin; i++) {
