@@ -76,9 +76,6 @@ const kl_target *kl_cg_target_for(int sm) {
   char why[300];
   if (env && *env && kl_cg_apply_cutoffs(&t, env, why, sizeof why) && !warned++)
     fprintf(stderr, "kiln: warning: KILN_CUTOFFS ignored: %s\n", why);
-  /* the attention kernel holds at most this many keys: a row may lower it */
-  if (t.attention_max_keys > kl_cg_target.attention_max_keys)
-    t.attention_max_keys = kl_cg_target.attention_max_keys;
   return &t;
 }
 

@@ -69,10 +69,233 @@ static void load_chain_inputs(FILE *f, kl_node *const *nodes, int n, const kl_gr
   }
 }
 
+
+/* ---- the tiled kernel (FlashAttention-2's scheme) -------------------------
+ * A block of 4 warps per (batch, tile of 4R query rows); K and V pass
+ * through shared memory 32 keys at a time, loaded once per tile with
+ * consecutive threads on consecutive elements, and every query row of the
+ * tile reuses them: global loads per key element are one per query tile,
+ * not per query row, and any number of keys fits.  A warp owns R rows:
+ * lane j scores key j of the tile, the pre chain applied (its index the
+ * score's flat index, as unfused); each row keeps its running max and sum,
+ * and its output row in registers (lane e holds columns e, e + 32, ...).
+ *
+ * One pass when the probabilities go to the second product as softmax
+ * computes them (in f32 or f64, no post chain): the output is rescaled by
+ * exp(m_old - m_new) when a tile raises the max and divided by the sum at
+ * the end.  Otherwise (a post chain, probabilities stored in a half type,
+ * log_softmax) two: the first finds each row's max and sum, the second
+ * recomputes the scores and forms the probabilities exactly as the
+ * softmax kernel would, through the post chain, so that fused and unfused
+ * round alike; the scores' product is done twice there. */
+typedef struct {
+  FILE *f;
+  const kl_attention *a;
+  const kl_view *q, *k, *v, *out;
+  const kl_group_io *io;
+  const char *acc, *acc2, *ct, *sf;
+  int R, nextra;
+  int64_t tq, tk, d, dv, bq, nc;
+} tiled;
+
+static void tile_loads(const tiled *t, bool with_v) {
+  typedef long long ll;
+  FILE *f = t->f;
+  char ld[200], src[160];
+  int kk = t->io->nin - 2, kv = t->io->nin - 1, kr = t->k->shape.rank, vr = t->v->shape.rank;
+  fprintf(f, "    __syncthreads();\n");
+  fprintf(f, "    for (int t = (int)threadIdx.x; t < %lld; t += 128) {\n"
+             "      const int jj = t / %lld, e = t %% %lld;\n      const int64_t key = k0 + jj;\n",
+          (ll)(32 * t->d), (ll)t->d, (ll)t->d);
+  snprintf(src, sizeof src, "in%d[ok + key * %lldLL + e * %lldLL]", kk, (ll)t->k->strides[kr - 1],
+           (ll)t->k->strides[kr - 2]);
+  fprintf(f, "      ks[jj * %lld + e] = key < %lldLL ? %s : (%s)0;\n    }\n", (ll)(t->d + 1), (ll)t->tk,
+          kl_cg_load(ld, sizeof ld, t->k->base->dtype, t->acc, src), t->acc);
+  if (with_v) {
+    fprintf(f, "    for (int t = (int)threadIdx.x; t < %lld; t += 128) {\n"
+               "      const int jj = t / %lld, e = t %% %lld;\n      const int64_t key = k0 + jj;\n",
+            (ll)(32 * t->dv), (ll)t->dv, (ll)t->dv);
+    snprintf(src, sizeof src, "in%d[ov + key * %lldLL + e * %lldLL]", kv, (ll)t->v->strides[vr - 2],
+             (ll)t->v->strides[vr - 1]);
+    fprintf(f, "      vs[jj * %lld + e] = key < %lldLL ? %s : (%s)0;\n    }\n", (ll)t->dv, (ll)t->tk,
+            kl_cg_load(ld, sizeof ld, t->v->base->dtype, t->acc2, src), t->acc2);
+  }
+  fprintf(f, "    __syncthreads();\n");
+}
+
+/* The tile's scores for the warp's rows (lane j: key k0 + j), then opens
+ * the loop over its rows with `live` and `xv`, the softmax's input. */
+static void tile_scores(const tiled *t) {
+  typedef long long ll;
+  FILE *f = t->f;
+  const kl_value *s = t->a->qk->outputs[0], *x = t->a->softmax->inputs[0];
+  char buf[256];
+  fprintf(f, "    %s dot[%d];\n    for (int rr = 0; rr < %d; rr++) dot[rr] = 0;\n", t->acc, t->R, t->R);
+  fprintf(f, "    for (int e = 0; e < %lld; e++) {\n      const %s kv = ks[lane * %lld + e];\n"
+             "      for (int rr = 0; rr < %d; rr++) dot[rr] += qs[(warp * %d + rr) * %lld + e] * kv;\n    }\n",
+          (ll)t->d, t->acc, (ll)(t->d + 1), t->R, t->R, (ll)(t->d + 1));
+  fprintf(f, "    for (int rr = 0; rr < %d; rr++) {\n      const int64_t iq = q0 + warp * %d + rr, j = k0 + lane;\n"
+             "      const int live = iq < %lldLL && j < %lldLL;\n      %s xv = -KL_INF;\n      if (live) {\n",
+          t->R, t->R, (ll)t->tq, (ll)t->tk, t->ct);
+  fprintf(f, "        const int64_t row = batch * %lldLL + iq, i = row * %lldLL + j;\n        (void)i;\n",
+          (ll)t->tq, (ll)t->tk);
+  fprintf(f, "        %s sd; ", kl_cg_storage(s->dtype));
+  kl_cg_store(f, s->dtype, "sd", "dot[rr]");
+  fprintf(f, "        const %s v%d = %s;\n", kl_cg_compute_type(s->dtype), s->id,
+          kl_cg_load(buf, sizeof buf, s->dtype, kl_cg_compute_type(s->dtype), "sd"));
+  load_chain_inputs(f, t->a->pre, t->a->npre, t->io, t->nextra, &s->shape);
+  kl_cg_fused_members(f, t->a->pre, t->a->npre, t->io, "out%d[i]", "i", x);
+  fprintf(f, "        xv = (%s)v%d;\n      }\n", t->ct, x->id);
+}
+
+/* The online max and sum of the row rr over this tile's scores; with
+ * `scale_out`, the output row rescaled and pj (the unnormalised
+ * probability) left for the product. */
+static void online_softmax(const tiled *t, bool scale_out) {
+  FILE *f = t->f;
+  const char *ct = t->ct, *sf = t->sf;
+  fprintf(f, "      %s tm = xv;\n      for (int w = 16; w > 0; w >>= 1) {\n"
+             "        const %s u = __shfl_xor_sync(0xffffffffu, tm, w);\n        tm = (u != u || u > tm) ? u : tm;\n      }\n",
+          ct, ct);
+  /* NaN wins, as in the row kernel; a row masked so far to -inf subtracts
+   * 0 (exp(-inf) = 0, not NaN) */
+  fprintf(f, "      const %s mn = (tm != tm || rm[rr] != rm[rr]) ? tm + rm[rr] : (tm > rm[rr] ? tm : rm[rr]);\n", ct);
+  fprintf(f, "      const %s base = mn == -KL_INF ? (%s)0 : mn;\n", ct, ct);
+  fprintf(f, "      const %s scale = exp%s(rm[rr] - base);\n", ct, sf);
+  fprintf(f, "      const %s pj = live ? exp%s(xv - base) : (%s)0;\n", ct, sf, ct);
+  fprintf(f, "      %s sum = pj;\n      for (int w = 16; w > 0; w >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, w);\n", ct);
+  fprintf(f, "      rl[rr] = rl[rr] * scale + sum;\n      rm[rr] = mn;\n");
+  if (scale_out)
+    fprintf(f, "      for (int c = 0; c < %lld; c++) o[rr][c] *= (%s)scale;\n", (long long)t->nc, t->acc2);
+}
+
+/* Closes the row loop: the probabilities into ps, then the second
+ * product (each lane its columns of V, the rows' probabilities broadcast). */
+static void tile_product(const tiled *t, const char *pvalue) {
+  typedef long long ll;
+  FILE *f = t->f;
+  fprintf(f, "      ps[(warp * %d + rr) * 33 + lane] = %s;\n    }\n    __syncwarp(0xffffffffu);\n", t->R, pvalue);
+  fprintf(f, "    for (int jj = 0; jj < 32; jj++) {\n      for (int c = 0; c < %lld; c++) {\n"
+             "        const int e = lane + 32 * c;\n        const %s vv = e < %lld ? vs[jj * %lld + e] : (%s)0;\n"
+             "        for (int rr = 0; rr < %d; rr++) o[rr][c] += ps[(warp * %d + rr) * 33 + jj] * vv;\n      }\n    }\n"
+             "    __syncwarp(0xffffffffu);\n",
+          (ll)t->nc, t->acc2, (ll)t->dv, (ll)t->dv, t->acc2, t->R, t->R);
+}
+
+static kl_cg_grid tiled_kernel(FILE *f, const char *name, const kl_attention *a, const kl_view *q,
+                               const kl_view *k, const kl_view *v, const kl_view *out,
+                               const kl_group_io *io) {
+  typedef long long ll;
+  const kl_value *s = a->qk->outputs[0], *x = a->softmax->inputs[0], *p = a->softmax->outputs[0];
+  const kl_value *pl = a->pv->inputs[0], *y = a->pv->outputs[0];
+  const kl_shape *S = &s->shape;
+  int r = S->rank, nb = r - 2;
+  tiled t = {.f = f, .a = a, .q = q, .k = k, .v = v, .out = out, .io = io};
+  t.acc = kl_cg_real_type(s->dtype), t.acc2 = kl_cg_real_type(y->dtype);
+  t.ct = kl_cg_compute_type(x->dtype), t.sf = !strcmp(t.ct, "double") ? "" : "f";
+  t.nextra = io->nin - 3;
+  t.tq = S->dims[r - 2], t.tk = S->dims[r - 1], t.d = q->shape.dims[q->shape.rank - 1];
+  t.dv = v->shape.dims[v->shape.rank - 1];
+  t.R = kl_attention_rows_per_warp(t.d, t.dv, !strcmp(t.acc, "double") ? 8 : 4, !strcmp(t.acc2, "double") ? 8 : 4);
+  t.bq = 4 * t.R, t.nc = (t.dv + 31) / 32;
+  int64_t batches = kl_shape_numel(S) / (t.tq * t.tk), qtiles = (t.tq + t.bq - 1) / t.bq;
+  bool one_pass = a->softmax->op == KL_OP_SOFTMAX && a->npost == 0 && (pl->dtype == KL_F32 || pl->dtype == KL_F64);
+  int64_t sq[KL_MAX_RANK], sk[KL_MAX_RANK], sv[KL_MAX_RANK], so[KL_MAX_RANK];
+  batch_strides(q, nb, sq), batch_strides(k, nb, sk), batch_strides(v, nb, sv),
+      batch_strides(out, nb, so);
+  char text[160], buf[256], ld[200], src[160];
+  fprintf(f, "/* attention %s .. %s, tiled: softmax(", a->qk->name, a->pv->name);
+  for (int m = a->npre - 1; m >= 0; m--) fprintf(f, "%s(", kl_ops[a->pre[m]->op].name);
+  fprintf(f, "Q @ K");
+  for (int m = 0; m < a->npre; m++) fprintf(f, ")");
+  fprintf(f, ")");
+  for (int m = 0; m < a->npost; m++) fprintf(f, " -> %s", kl_ops[a->post[m]->op].name);
+  fprintf(f, " @ V over the scores %s: a block per %lld query rows, keys 32 at a time, %s */\n",
+          kl_shape_str(S, text, sizeof text), (ll)t.bq, one_pass ? "one pass" : "two passes");
+  kl_cg_fused_params(f, name, io);
+  fprintf(f, "  KL_SHARED(%s, qs, [%lld]);\n  KL_SHARED(%s, ks, [%lld]);\n", t.acc, (ll)(t.bq * (t.d + 1)),
+          t.acc, (ll)(32 * (t.d + 1)));
+  fprintf(f, "  KL_SHARED(%s, vs, [%lld]);\n  KL_SHARED(%s, ps, [%lld]);\n", t.acc2, (ll)(32 * t.dv), t.acc2,
+          (ll)(t.bq * 33));
+  fprintf(f, "  const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);\n");
+  fprintf(f, "  const int64_t batch = blockIdx.x / %lldLL, q0 = (blockIdx.x %% %lldLL) * %lldLL;\n",
+          (ll)qtiles, (ll)qtiles, (ll)t.bq);
+  fprintf(f, "  int64_t oq = %lldLL, ok = %lldLL, ov = %lldLL, oo = %lldLL;\n", (ll)q->offset,
+          (ll)k->offset, (ll)v->offset, (ll)out->offset);
+  /* each batch dim's offsets into Q, K, V and the output (none when the
+   * scores have no batch) */
+  if (batches > 1) fprintf(f, "  {\n    int64_t rest = batch;\n");
+  for (int bd = nb - 1; bd >= 0 && batches > 1; bd--) {
+    if (S->dims[bd] == 1) continue;
+    fprintf(f, "    { const int64_t b = rest %% %lldLL; rest /= %lldLL;", (ll)S->dims[bd], (ll)S->dims[bd]);
+    const int64_t *st[4] = {sq, sk, sv, so};
+    const char *names[4] = {"oq", "ok", "ov", "oo"};
+    for (int w = 0; w < 4; w++)
+      if (st[w][bd]) fprintf(f, " %s += b * %lldLL;", names[w], (ll)st[w][bd]);
+    fprintf(f, " }\n");
+  }
+  if (batches > 1) fprintf(f, "  }\n");
+  int kq = io->nin - 3, qr = q->shape.rank;
+  /* Q's tile, coalesced along the head */
+  fprintf(f, "  for (int t = (int)threadIdx.x; t < %lld; t += 128) {\n"
+             "    const int rr = t / %lld, e = t %% %lld;\n    const int64_t iq = q0 + rr;\n",
+          (ll)(t.bq * t.d), (ll)t.d, (ll)t.d);
+  snprintf(src, sizeof src, "in%d[oq + iq * %lldLL + e * %lldLL]", kq, (ll)q->strides[qr - 2], (ll)q->strides[qr - 1]);
+  fprintf(f, "    qs[rr * %lld + e] = iq < %lldLL ? %s : (%s)0;\n  }\n", (ll)(t.d + 1), (ll)t.tq,
+          kl_cg_load(ld, sizeof ld, q->base->dtype, t.acc, src), t.acc);
+  fprintf(f, "  %s rm[%d], rl[%d];\n  %s o[%d][%lld];\n", t.ct, t.R, t.R, t.acc2, t.R, (ll)t.nc);
+  fprintf(f, "  for (int rr = 0; rr < %d; rr++) {\n    rm[rr] = -KL_INF;\n    rl[rr] = 0;\n"
+             "    for (int c = 0; c < %lld; c++) o[rr][c] = 0;\n  }\n", t.R, (ll)t.nc);
+  if (one_pass) {
+    fprintf(f, "  for (int64_t k0 = 0; k0 < %lldLL; k0 += 32) {\n", (ll)t.tk);
+    tile_loads(&t, true);
+    tile_scores(&t);
+    online_softmax(&t, true);
+    snprintf(buf, sizeof buf, "(%s)pj", t.acc2);
+    tile_product(&t, buf);
+    fprintf(f, "  }\n");
+  } else {
+    /* 1: each row's max and sum */
+    fprintf(f, "  for (int64_t k0 = 0; k0 < %lldLL; k0 += 32) {\n", (ll)t.tk);
+    tile_loads(&t, false);
+    tile_scores(&t);
+    online_softmax(&t, false);
+    fprintf(f, "    }\n  }\n");
+    /* 2: the probabilities as the softmax kernel writes them, the post
+     * chain, the product */
+    fprintf(f, "  for (int64_t k0 = 0; k0 < %lldLL; k0 += 32) {\n", (ll)t.tk);
+    tile_loads(&t, true);
+    tile_scores(&t);
+    fprintf(f, "      %s pv = 0;\n      if (live) {\n", t.acc2);
+    fprintf(f, "        const int64_t i = (batch * %lldLL + iq) * %lldLL + j;\n        (void)i;\n", (ll)t.tq, (ll)t.tk);
+    fprintf(f, "        const %s v = xv, m = rm[rr], sum = rl[rr];\n        %s sp; ", t.ct, kl_cg_storage(p->dtype));
+    kl_cg_store(f, p->dtype, "sp", kl_cg_softmax_value(a->softmax, !strcmp(t.ct, "double")));
+    fprintf(f, "        const %s v%d = %s;\n", kl_cg_compute_type(p->dtype), p->id,
+            kl_cg_load(buf, sizeof buf, p->dtype, kl_cg_compute_type(p->dtype), "sp"));
+    load_chain_inputs(f, a->post, a->npost, io, t.nextra, S);
+    kl_cg_fused_members(f, a->post, a->npost, io, "out%d[i]", "i", pl);
+    fprintf(f, "        pv = (%s)v%d;\n      }\n", t.acc2, pl->id);
+    tile_product(&t, "pv");
+    fprintf(f, "  }\n");
+  }
+  /* the rows out (divided by their sums after one pass) */
+  fprintf(f, "  for (int rr = 0; rr < %d; rr++) {\n    const int64_t iq = q0 + warp * %d + rr;\n"
+             "    if (iq >= %lldLL) continue;\n    for (int c = 0; c < %lld; c++) {\n      const int e = lane + 32 * c;\n"
+             "      if (e >= %lld) continue;\n      const %s val = o[rr][c]%s;\n      %s so; ",
+          t.R, t.R, (ll)t.tq, (ll)t.nc, (ll)t.dv, t.acc2, one_pass ? " / rl[rr]" : "", kl_cg_storage(y->dtype));
+  kl_cg_store(f, y->dtype, "so", "val");
+  fprintf(f, "      out0[oo + iq * %lldLL + e * %lldLL] = so;\n    }\n  }\n}\n", (ll)out->strides[r - 2],
+          (ll)out->strides[r - 1]);
+  kl_cg_fused_entry(f, name, io);
+  kl_cg_grid g = {batches * qtiles, 128};
+  return g;
+}
+
 kl_cg_grid kl_cg_attention_kernel(FILE *f, const char *name, const kl_attention *a,
                                   const kl_view *q, const kl_view *k, const kl_view *v,
                                   const kl_view *out, const kl_group_io *io) {
   typedef long long ll;
+  if (a->tiled) return tiled_kernel(f, name, a, q, k, v, out, io);
   const kl_value *s = a->qk->outputs[0], *x = a->softmax->inputs[0], *p = a->softmax->outputs[0];
   const kl_value *pl = a->pv->inputs[0], *y = a->pv->outputs[0];
   const kl_shape *S = &s->shape;

@@ -20,10 +20,14 @@ const kl_target kl_cg_target = {
      * tiles do better, and once K passes ~128 the GEMM's time outweighs
      * the store and load of the result that fusing saves. */
     .direct_matmul_max_k = 128,
-    /* emit_attention.c: a warp per row of scores, 32 per lane, the
-     * probabilities in shared memory; wider heads make the two products
-     * the work, where cuBLAS's tiling pays more than the traffic saved */
-    .attention_max_keys = 1024,
+    /* emit_attention.c: the tiled kernel takes any number of keys (the
+     * cut-off table may lower this); the warp-per-row kernel, for post-
+     * softmax chains that are not only casts, holds 32 scores a lane and
+     * the probabilities in shared memory; wider heads make the two
+     * products the work, where cuBLAS's tiling pays more than the traffic
+     * saved */
+    .attention_max_keys = INT64_MAX,
+    .attention_row_max_keys = 1024,
     .attention_max_head = 256,
     .attention_max_chain = KL_MAX_CHAIN,
     /* cuBLASLt's epilogues (and the host BLAS wrapper's) */

@@ -201,7 +201,8 @@ struct kl_target {
   int max_kernel_args;          /* pointers one fused kernel takes */
   int64_t direct_conv_max_k;    /* longest dot product of a direct convolution */
   int64_t direct_matmul_max_k;  /* ... of a GEMM inside an elementwise kernel */
-  int64_t attention_max_keys, attention_max_head; /* one-kernel attention */
+  int64_t attention_max_keys;   /* longest key row a fused attention takes */
+  int64_t attention_row_max_keys, attention_max_head; /* the warp-per-row kernel's */
   int attention_max_chain;      /* elementwise nodes before / after its softmax */
   bool gemm_bias, gemm_residual, gemm_relu; /* epilogues the GEMM library does */
   bool (*scalar)(const kl_node *n);
@@ -234,7 +235,14 @@ typedef struct {
   const kl_node *qk, *softmax, *pv;
   kl_node *pre[KL_MAX_CHAIN], *post[KL_MAX_CHAIN];
   int npre, npost;
+  /* the tiled kernel (any number of keys; a post chain of casts only),
+   * else a warp per row of scores (attention_row_max_keys at most) */
+  bool tiled;
 } kl_attention;
+/* Query rows per warp of the tiled attention kernel for heads of d (Q, K)
+ * and dv (V) with products in types of these sizes (4 or 8 bytes): its
+ * tiles must fit in 48 KB of shared memory; 0 when none fits. */
+int kl_attention_rows_per_warp(int64_t d, int64_t dv, int qk_bytes, int pv_bytes);
 
 /* Where a value lives: in the weights blob (offset), the arena (buffer
  * index), the model's input or output buffers (index), or nowhere of its

@@ -45,8 +45,7 @@ static bool match_attention(const kl_plan *p, const kl_node *qk, kl_attention *o
   const kl_shape *S = &s->shape;
   int r = S->rank;
   int64_t tk = S->dims[r - 1], d = qk->inputs[0]->shape.dims[qk->inputs[0]->shape.rank - 1];
-  if (kl_shape_numel(S) == 0 || tk > t->attention_max_keys || d < 1 || d > t->attention_max_head)
-    return false;
+  if (kl_shape_numel(S) == 0 || tk > t->attention_max_keys || d < 1) return false;
   out->qk = qk;
   const kl_value *cur = s;
   const kl_node *n;
@@ -69,13 +68,18 @@ static bool match_attention(const kl_plan *p, const kl_node *qk, kl_attention *o
    * broadcasts into them), so one row of scores makes one output row */
   const kl_value *v = n->inputs[1], *o = n->outputs[0];
   int64_t dv = v->shape.dims[v->shape.rank - 1];
-  if (v->shape.dims[v->shape.rank - 2] != tk || dv < 1 || dv > t->attention_max_head ||
-      o->shape.rank != r || v->dtype != o->dtype || cur->dtype != o->dtype)
+  if (v->shape.dims[v->shape.rank - 2] != tk || dv < 1 || o->shape.rank != r ||
+      v->dtype != o->dtype || cur->dtype != o->dtype)
     return false;
   for (int i = 0; i < r - 2; i++)
     if (o->shape.dims[i] != S->dims[i]) return false;
   out->pv = n;
-  return true;
+  /* the tiled kernel where its tiles fit (heads up to 128); else the row
+   * kernel */
+  int qk_bytes = s->dtype == KL_F64 ? 8 : 4, pv_bytes = o->dtype == KL_F64 ? 8 : 4;
+  out->tiled = kl_attention_rows_per_warp(d, dv, qk_bytes, pv_bytes) > 0;
+  return out->tiled || (tk <= t->attention_row_max_keys && d <= t->attention_max_head &&
+                        dv <= t->attention_max_head);
 }
 
 /* Its nodes after the first matmul run in one kernel at the second

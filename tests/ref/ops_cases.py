@@ -920,20 +920,35 @@ def gen_contract():
     case("matmul_f16", [("a", a), ("b", b)], "output y = a @ b",
          [(a.astype(np.float64) @ b.astype(np.float64)).astype(np.float16)],
          tol={"rtol": 1e-2, "atol": 1e-2})
-    # attention: softmax between two matmuls (one kernel when compiled,
-    # within its limits: at most 1024 keys, heads up to 256 wide)
+    # attention: softmax between two matmuls (one kernel when compiled:
+    # the tiled kernel for any number of keys and heads up to 128 wide, the
+    # row kernel for a post chain that is not casts, up to 1024 keys)
     r = rng_for("attention")
     d64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
     for n, sq, sk, sv, nkeys in [("heads", (2, 3, 10, 8), (2, 3, 8, 12), (2, 3, 12, 6), 12),
                                  ("kv_bcast", (2, 4, 5, 8), (1, 8, 7), (4, 7, 9), 7),
                                  ("2d", (6, 5), (5, 33), (33, 3), 33),
-                                 ("long", (1, 3, 4), (1, 4, 1100), (1, 1100, 2), 1100)]:
+                                 ("long", (1, 3, 4), (1, 4, 1100), (1, 1100, 2), 1100),
+                                 ("tiles", (2, 37, 16), (2, 16, 4100), (2, 4100, 40), 4100),
+                                 ("wide_head", (2, 5, 160), (2, 160, 20), (2, 20, 140), 20)]:
         q, k, v = randn(r, sq), randn(r, sk), randn(r, sv)
         mask = np.where(r.random((sq[-2], nkeys)) < 0.3, -np.inf, 0).astype(np.float32)
         mask[:, 0] = 0  # every row keeps a key
         want = softmax(d64(q) @ d64(k) * 0.35 + mask) @ d64(v)
+        # f32 dot products of 160 carry ~160 u of their magnitude, which
+        # exp turns into relative error of the output
         case("attention_" + n, [("q", q), ("k", k), ("v", v), ("mask", mask)],
-             "output y = softmax((q @ k) * 0.35 + mask, axis=-1) @ v", [f32(want)])
+             "output y = softmax((q @ k) * 0.35 + mask, axis=-1) @ v", [f32(want)],
+             tol={"rtol": 1e-4, "atol": 1e-5} if sq[-1] > 64 else None)
+    # f64 heads (the tiled kernel in double), and a post chain that is not
+    # only casts (the row kernel: it needs the row's sum before the product)
+    q, k, v = randn(r, (3, 7, 8), np.float64), randn(r, (3, 8, 70), np.float64), randn(r, (3, 70, 5), np.float64)
+    case("attention_f64", [("q", q), ("k", k), ("v", v)],
+         "output y = softmax((q @ k) * 0.35, axis=-1) @ v", [softmax(q @ k * 0.35) @ v])
+    q, k, v = randn(r, (2, 6, 4)), randn(r, (2, 4, 50)), randn(r, (2, 50, 5))
+    case("attention_post_scale", [("q", q), ("k", k), ("v", v)],
+         "output y = (softmax(q @ k, axis=-1) * 0.5) @ v",
+         [f32((softmax(d64(q) @ d64(k)) * 0.5) @ d64(v))])
     q, k, v = randn(r, (2, 6, 4)), randn(r, (2, 4, 6)), randn(r, (2, 6, 5))
     causal = np.tril(np.ones((6, 6), bool))
     p = softmax(np.where(causal, d64(q) @ d64(k), -1e9))
