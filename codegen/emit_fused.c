@@ -105,6 +105,9 @@ static void store_sum(FILE *f, const kl_value *out, const kl_group_io *io, bool 
  * GEMM computes, with no im2col matrix in memory.  Threads of a warp take
  * neighbouring output columns of one channel, so weight loads are the
  * same address (a broadcast) and input loads are adjacent. */
+/* The convolution a tiled kernel is being written for (its sums in tacc[u][t8]). */
+static const kl_node *tiled_conv;
+
 static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool later,
                         const char *idx, const char *store) {
   const kl_value *x = nd->inputs[0], *w = nd->inputs[1], *out = nd->outputs[0];
@@ -118,6 +121,18 @@ static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool 
   const char *acc = kl_cg_real_type(x->dtype); /* f32 sums; f64 for f64 */
   int kx = index_of(io->in, io->nin, x), kw = index_of(io->in, io->nin, w);
   char lx[96], lw[96], lb[96], src[64];
+  if (nd == tiled_conv) { /* tiled_conv_group summed it: its epilogue only */
+    if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
+    fprintf(f, "    { /* %s: conv2d, tiled */\n      const int64_t co = (%s / %lldLL) %% %lldLL;\n"
+               "      (void)co;\n      %s sum = tacc[u][t8];\n",
+            nd->name, idx, (long long)(yd[2] * yd[3]), (long long)yd[1], acc);
+    if (nd->ninputs > 2) {
+      snprintf(src, sizeof src, "in%d[co]", index_of(io->in, io->nin, nd->inputs[2]));
+      fprintf(f, "      sum += %s;\n", kl_cg_load(lb, sizeof lb, nd->inputs[2]->dtype, acc, src));
+    }
+    store_sum(f, out, io, later, store);
+    return;
+  }
   kl_cg_load(lx, sizeof lx, x->dtype, acc, "xr[ix]");
   kl_cg_load(lw, sizeof lw, w->dtype, acc, "wr[kx]");
   typedef long long ll;
@@ -313,8 +328,116 @@ static void vector_path(FILE *f, kl_node *const *nodes, int n, const kl_group_io
   fprintf(f, "  }\n  return;\n  }\n");
 }
 
-void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, int n,
-                             const kl_group_io *io) {
+
+/* ---- a convolution group, tiled (implicit GEMM) ---------------------------
+ * The group's one convolution as a GEMM of the weights (OC x K, K = C x KH
+ * x KW) by the input patches (K x P, P = batch x output pixels): a block
+ * of 256 threads per tile of up to 32 channels x 256 pixels, K in steps.
+ * Each step stages the patches (the im2col columns, gathered with the
+ * padding, never in memory) and the weights in shared memory, loaded once
+ * a block with consecutive threads on consecutive addresses: every input
+ * value then serves the tile's channels and every weight its pixels, where
+ * one output a thread reloads both for each.  A thread sums 8 channels of
+ * up to 4 pixels in registers (the k order of the direct loop, so the sums
+ * agree), then runs the group's other members, the epilogue, on each.
+ * Grouped convolutions and groups of several keep one output a thread. */
+static const kl_node *tileable_conv(kl_node *const *nodes, int n) {
+  const kl_node *conv = NULL;
+  for (int m = 0; m < n; m++)
+    if (nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL) {
+      if (conv || nodes[m]->op == KL_OP_MATMUL) return NULL;
+      conv = nodes[m];
+    }
+  if (!conv || kl_attr_int(conv, "groups", 1) != 1 || conv->inputs[0]->shape.rank != 4) return NULL;
+  return kl_shape_equal(&conv->outputs[0]->shape, &nodes[n - 1]->outputs[0]->shape) ? conv : NULL;
+}
+
+static kl_cg_grid tiled_conv_group(FILE *f, const char *name, kl_node *const *nodes, int n,
+                                   const kl_group_io *io, const kl_node *conv) {
+  typedef long long ll;
+  const kl_value *x = conv->inputs[0], *w = conv->inputs[1], *y = conv->outputs[0];
+  const int64_t *xd = x->shape.dims, *yd = y->shape.dims, *wd = w->shape.dims;
+  int64_t st[2] = {1, 1}, dil[2] = {1, 1}, pad[4] = {0, 0, 0, 0};
+  const int64_t *v;
+  if (kl_attr_ints(conv, "strides", &v) == 2) st[0] = v[0], st[1] = v[1];
+  if (kl_attr_ints(conv, "dilations", &v) == 2) dil[0] = v[0], dil[1] = v[1];
+  if (kl_attr_ints(conv, "pads", &v) == 4) pad[0] = v[0], pad[1] = v[1];
+  int64_t K = xd[1] * wd[2] * wd[3], win = wd[2] * wd[3], plane = yd[2] * yd[3], P = xd[0] * plane;
+  const char *acc = kl_cg_real_type(x->dtype);
+  /* the tile: 8 channels a thread, 1..4 groups of them; the rest of the 256
+   * threads on pixels, each up to 4 (at most 256 pixels a tile) */
+  int toc = yd[1] >= 32 ? 32 : yd[1] > 8 ? 16 : 8, cg = toc / 8, tpx = 256 / cg;
+  int ppt = 256 / tpx;
+  while (ppt > 1 && (int64_t)tpx * ppt / 2 >= P) ppt /= 2;
+  int tile_px = tpx * ppt, tk = !strcmp(acc, "double") ? 16 : 32;
+  int64_t ptiles = (P + tile_px - 1) / tile_px, ctiles = (yd[1] + toc - 1) / toc;
+  int kx = index_of(io->in, io->nin, x), kw = index_of(io->in, io->nin, w);
+  char lx[200], lw[160], text[160], buf[256], src[160];
+  fprintf(f, "/* fused group of %d nodes -> %s, %s tiled (implicit GEMM, K = %lld; %d channels x %d pixels a block):",
+          n, kl_shape_str(&y->shape, text, sizeof text), conv->name, (ll)K, toc, tile_px);
+  for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
+  fprintf(f, " */\n");
+  kl_cg_fused_params(f, name, io);
+  fprintf(f, "  KL_SHARED(%s, xs, [%d]);\n  KL_SHARED(%s, ws, [%d]);\n", acc, tk * tile_px, acc, tk * (toc + 1));
+  fprintf(f, "  const int64_t pt = blockIdx.x %% %lldLL, oc0 = (blockIdx.x / %lldLL) * %d;\n"
+             "  const int px = (int)(threadIdx.x %% %d), ocg = (int)(threadIdx.x / %d);\n"
+             "  %s tacc[%d][8];\n  for (int u = 0; u < %d; u++)\n    for (int t8 = 0; t8 < 8; t8++) tacc[u][t8] = 0;\n",
+          (ll)ptiles, (ll)ptiles, toc, tpx, tpx, acc, ppt, ppt);
+  fprintf(f, "  for (int64_t k0 = 0; k0 < %lldLL; k0 += %d) {\n    __syncthreads();\n", (ll)K, tk);
+  /* the patches: consecutive threads on consecutive pixels */
+  snprintf(src, sizeof src, "in%d[((b * %lldLL + ci) * %lldLL + iy) * %lldLL + ix]", kx, (ll)xd[1], (ll)xd[2],
+           (ll)xd[3]);
+  fprintf(f, "    for (int t = (int)threadIdx.x; t < %d; t += 256) {\n"
+             "      const int kk = t / %d, pp = t %% %d;\n      const int64_t k = k0 + kk, q = pt * %d + pp;\n"
+             "      %s val = 0;\n      if (k < %lldLL && q < %lldLL) {\n"
+             "        const int64_t b = q / %lldLL, op = q %% %lldLL, ci = k / %lldLL, r = k %% %lldLL;\n"
+             "        const int64_t iy = op / %lldLL * %lldLL - %lldLL + r / %lldLL * %lldLL;\n"
+             "        const int64_t ix = op %% %lldLL * %lldLL - %lldLL + r %% %lldLL * %lldLL;\n"
+             "        if (iy >= 0 && iy < %lldLL && ix >= 0 && ix < %lldLL) val = %s;\n"
+             "      }\n      xs[kk * %d + pp] = val;\n    }\n",
+          tk * tile_px, tile_px, tile_px, tile_px, acc, (ll)K, (ll)P, (ll)plane, (ll)plane, (ll)win, (ll)win,
+          (ll)yd[3], (ll)st[0], (ll)pad[0], (ll)wd[3], (ll)dil[0], (ll)yd[3], (ll)st[1], (ll)pad[1], (ll)wd[3],
+          (ll)dil[1], (ll)xd[2], (ll)xd[3], kl_cg_load(lx, sizeof lx, x->dtype, acc, src), tile_px);
+  /* the weights: consecutive threads along K (a row of w) */
+  snprintf(src, sizeof src, "in%d[o * %lldLL + k]", kw, (ll)K);
+  fprintf(f, "    for (int t = (int)threadIdx.x; t < %d; t += 256) {\n"
+             "      const int oc = t / %d, kk = t %% %d;\n      const int64_t k = k0 + kk, o = oc0 + oc;\n"
+             "      ws[kk * %d + oc] = k < %lldLL && o < %lldLL ? %s : (%s)0;\n    }\n    __syncthreads();\n",
+          tk * toc, tk, tk, toc + 1, (ll)K, (ll)yd[1], kl_cg_load(lw, sizeof lw, w->dtype, acc, src), acc);
+  fprintf(f, "    for (int kk = 0; kk < %d; kk++) {\n      %s wv[8];\n"
+             "      for (int t8 = 0; t8 < 8; t8++) wv[t8] = ws[kk * %d + ocg * 8 + t8];\n"
+             "      for (int u = 0; u < %d; u++) {\n        const %s xv = xs[kk * %d + px + u * %d];\n"
+             "        for (int t8 = 0; t8 < 8; t8++) tacc[u][t8] += wv[t8] * xv;\n      }\n    }\n  }\n",
+          tk, acc, toc + 1, ppt, acc, tile_px, tpx);
+  /* the epilogue, output by output */
+  fprintf(f, "  for (int u = 0; u < %d; u++) {\n    const int64_t q = pt * %d + px + u * %d;\n"
+             "    for (int t8 = 0; t8 < 8; t8++) {\n    const int64_t co = oc0 + ocg * 8 + t8;\n"
+             "    if (co >= %lldLL || q >= %lldLL) continue;\n"
+             "    const int64_t i = (q / %lldLL * %lldLL + co) * %lldLL + q %% %lldLL;\n",
+          ppt, tile_px, tpx, (ll)yd[1], (ll)P, (ll)plane, (ll)yd[1], (ll)plane, (ll)plane);
+  const kl_value *loads[KL_MAX_GROUP_IO];
+  int nloads = 0, slot[KL_MAX_GROUP_IO];
+  for (int k = 0; k < io->nin; k++)
+    if (io->elementwise_read[k]) slot[nloads] = k, loads[nloads++] = io->in[k];
+  if (nloads) kl_cg_index_math(f, &y->shape, loads, nloads);
+  for (int q = 0; q < nloads; q++) {
+    snprintf(src, sizeof src, "in%d[o%d]", slot[q], q);
+    fprintf(f, "    const %s x%d = %s;\n", kl_cg_compute_type(loads[q]->dtype), slot[q],
+            kl_cg_load(buf, sizeof buf, loads[q]->dtype, kl_cg_compute_type(loads[q]->dtype), src));
+  }
+  tiled_conv = conv;
+  kl_cg_fused_members(f, nodes, n, io, "out%d[i]", "i", NULL);
+  tiled_conv = NULL;
+  fprintf(f, "  }\n  }\n}\n");
+  kl_cg_fused_entry(f, name, io);
+  kl_cg_grid g = {ptiles * ctiles, 256};
+  return g;
+}
+
+kl_cg_grid kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, int n,
+                                   const kl_group_io *io) {
+  const kl_node *conv = tileable_conv(nodes, n);
+  if (conv) return tiled_conv_group(f, name, nodes, n, io, conv);
   const kl_shape *shape = &nodes[n - 1]->outputs[0]->shape;
   int64_t numel = kl_shape_numel(shape);
   char text[160], buf[256];
@@ -324,9 +447,9 @@ void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, i
   kl_cg_fused_params(f, name, io);
   /* a convolution's (or a GEMM's) dot product is the work, not the loads: no float4
    * copy of it (four inlined copies would only slow NVRTC down) */
-  bool conv = false;
-  for (int m = 0; m < n; m++) conv |= nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL;
-  if (vectorizable(shape) && !conv) vector_path(f, nodes, n, io, shape);
+  bool has_conv = false;
+  for (int m = 0; m < n; m++) has_conv |= nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL;
+  if (vectorizable(shape) && !has_conv) vector_path(f, nodes, n, io, shape);
   kl_cg_grid_stride_loop(f, numel);
   /* offsets for the inputs read element for element (o0.. in their order) */
   const kl_value *loads[KL_MAX_GROUP_IO];
@@ -344,4 +467,6 @@ void kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, i
   kl_cg_fused_members(f, nodes, n, io, "out%d[i]", "i", NULL);
   fprintf(f, "  }\n}\n");
   kl_cg_fused_entry(f, name, io);
+  kl_cg_grid none = {0, 0};
+  return none;
 }

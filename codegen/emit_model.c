@@ -29,7 +29,7 @@ static void emit_fused_group(kl_cg_emitter *e, const kl_group *gr, kl_node *cons
   kl_cg_grid grid = {0, 0};
   if (gr->kind == KL_GROUP_ROWS)
     grid = kl_cg_fused_rows(e->kf, name, members, count, &gr->shape, gr->row_axes, &io);
-  else kl_cg_fused_elementwise(e->kf, name, members, count, &io);
+  else grid = kl_cg_fused_elementwise(e->kf, name, members, count, &io);
   const kl_shape *s = &gr->shape;
   fprintf(e->rf, "  /* fused: %d nodes, %s .. %s -> %s */\n", count, members[0]->name,
           members[count - 1]->name, kl_shape_str(s, shape, sizeof shape));
