@@ -114,6 +114,26 @@ PY
   done
 done
 
+echo "== [${SECONDS}s] attention at T = 4096 (the tiled kernel): $dev vs the interpreter"
+if [ "$dev" = cuda ]; then t4=(--dim B=1 --dim T=4096); else t4=(--dim B=1 --dim T=1100); fi
+for d in interp "$dev"; do
+  t 300 "$kiln" run examples/transformer.kl --device="$d" "${t4[@]}" --output-dir "$out/t4k-$d" \
+    >"$out/t4k-$d.log" 2>&1 || echo "  transformer T=4096 on $d failed: $(tail -1 "$out/t4k-$d.log")"
+done
+line=$("${PYTHON:-python3}" - "$out" "$dev" <<'PY'
+import sys, glob, os, numpy as np
+out, dev = sys.argv[1:3]
+a = [np.load(f).astype(np.float64) for f in sorted(glob.glob(os.path.join(out, f"t4k-{dev}", "output_*.npy")))]
+b = [np.load(f).astype(np.float64) for f in sorted(glob.glob(os.path.join(out, "t4k-interp", "output_*.npy")))]
+t = 2 * (8 * 2.0 ** -24 + 3 * 4096 ** 0.5 * 2.0 ** -24)
+if not a or len(a) != len(b): print("FAIL transformer long rows: missing outputs"); sys.exit()
+w = max(float(np.max(np.abs(x - y)) / max(float(np.max(np.abs(y))), 1e-30)) for x, y in zip(a, b))
+print(("PASS" if w <= t else "FAIL") + f" transformer long rows fp32: {dev}/interp {w:.1e} (bound {t:.1e})")
+PY
+)
+echo "  $line"
+summary+=("$line")
+
 echo "== [${SECONDS}s] fused vs unfused, fp32 and fp16, on $dev (kiln bench; run_ms includes the"
 echo "   host<->device copies of inputs and outputs that run() makes; on a GPU each side is"
 echo "   timed replaying a CUDA graph, then kernel by kernel: the \"run ms, no graph\" row)"
@@ -157,15 +177,19 @@ if [ "$dev" = cuda ]; then
   prof_iters=20
   conv_c="16 32 64 128 256 512"; conv_dims=(--dim B=32 --dim O=128 --dim S=32)
   mm_k="32 64 128 256 512 1024"; mm_dims=(--dim M=16384 --dim N=1024)
-  att_t="128 256 512 1024"; att_dims=(--dim B=4 --dim H=16)
+  att_t="128 256 512 1024 2048 4096"; att_dims=(--dim B=4 --dim H=16)
+  small_c="16 32"; small_dims=(--dim B=8 --dim O=16 --dim S=16)
 else
   prof_iters=2
   conv_c="4 16"; conv_dims=(--dim B=1 --dim O=8 --dim S=8)
   mm_k="16 64"; mm_dims=(--dim M=64 --dim N=32)
   att_t="16 32"; att_dims=(--dim B=1 --dim H=2)
+  small_c="4"; small_dims=(--dim B=1 --dim O=8 --dim S=4)
 fi
 sweep direct_conv_max_k "conv3x3+bn+relu" bench/models/conv_block.kl C 9 "$conv_c" "${conv_dims[@]}"
 conv_k=$crossover
+# the cnn example's sizes: small layers, where launches and traffic weigh more
+sweep direct_conv_max_k "conv3x3+bn+relu, small" bench/models/conv_block.kl C 9 "$small_c" "${small_dims[@]}"
 sweep direct_matmul_max_k "gemm+bias+gelu" bench/models/matmul_block.kl K 1 "$mm_k" "${mm_dims[@]}"
 mm_k_best=$crossover
 sweep attention_max_keys "causal attention, D=64" bench/models/attention.kl T 1 "$att_t" "${att_dims[@]}"
