@@ -12,6 +12,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dev=${KILN_GPU_CHECK_DEVICE:-cuda}
+# KILN_GPU_CHECK_ONLY=cutoffs,bench,...: only those parts (device, conformance,
+# examples, long, bench, cutoffs, profile, train, arch), to spend a short lease
+only=${KILN_GPU_CHECK_ONLY:-}
+want() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
 out=$(mktemp -d)
 summary=()
 if [ -f .gpu/kiln-gpu.tar.gz ]; then
@@ -57,6 +61,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 # each step is bounded: one hang must not spend the whole lease
 t() { local s=$1; shift; timeout "$s" "$@"; }
 
+if want device; then
 if [ "$dev" = cuda ]; then
   echo "== [${SECONDS}s] the runtime's device tests on the GPU (no fake libcuda)"
   # test_gpu_module_launch: device_kernels.cu through NVRTC, cubin then PTX
@@ -67,7 +72,9 @@ if [ "$dev" = cuda ]; then
   grep -E '^\[  (FAILED|SKIPPED|PASSED)|^\[  ERROR' "$out/device.txt" | head -20
   summary+=("runtime device tests on cuda: $r")
 fi
+fi
 
+if want conformance; then
 echo "== [${SECONDS}s] ONNX conformance compiled for $dev, in the background (shards side by side;"
 echo "   each test compiles with cc and NVRTC; collected at the end)"
 shards=$(( $(nproc) > 4 ? $(nproc) / 4 : 1 ))
@@ -76,7 +83,9 @@ for k in $(seq 0 $((shards - 1))); do
     --expected tests/conformance/expected_pass.txt \
     --known-failures tests/conformance/known_failures.txt >"$out/conf-$k.txt" 2>&1 &
 done
+fi
 
+if want examples; then
 echo "== [${SECONDS}s] examples: $dev vs host vs interpreter, same inputs, fp32, fp16 and bf16"
 # a check passes when |a - b| <= t * max|b| everywhere, t = 2 (8u + 3 sqrt(K) 2^-24):
 # u the precision's unit roundoff, K = 1024 a bound on the examples' longest
@@ -113,7 +122,9 @@ PY
     summary+=("$line")
   done
 done
+fi
 
+if want long; then
 echo "== [${SECONDS}s] attention at T = 4096 (the tiled kernel): $dev vs the interpreter"
 if [ "$dev" = cuda ]; then t4=(--dim B=1 --dim T=4096); else t4=(--dim B=1 --dim T=1100); fi
 for d in interp "$dev"; do
@@ -133,7 +144,9 @@ PY
 )
 echo "  $line"
 summary+=("$line")
+fi
 
+if want bench; then
 echo "== [${SECONDS}s] fused vs unfused, fp32 and fp16, on $dev (kiln bench; run_ms includes the"
 echo "   host<->device copies of inputs and outputs that run() makes; on a GPU each side is"
 echo "   timed replaying a CUDA graph, then kernel by kernel: the \"run ms, no graph\" row)"
@@ -145,7 +158,9 @@ for ex in transformer cnn; do
     summary+=("bench $ex $prec: $(grep -E '^(kernels|dram|run ms|CUDA graph)' "$out/bench-$ex-$prec.txt" | tr -s ' ' | tr '\n' ';')")
   done
 done
+fi
 
+if want cutoffs; then
 echo "== [${SECONDS}s] cut-offs: each choice between a direct kernel and the library, both sides"
 echo "   timed on $dev (kiln profile: the steps' device time summed, inputs resident)"
 # total device ms of one model under KILN_CUTOFFS=$1, the rest kiln profile's arguments
@@ -165,7 +180,7 @@ sweep() {
   crossover=0
   for v in $values; do
     lib=$(device_ms "$knob=0" "$model" --dim "$vdim=$v" "$@")
-    direct=$(device_ms "$knob=100000000" "$model" --dim "$vdim=$v" "$@")
+    direct=$(device_ms "$knob=1000000000000000000" "$model" --dim "$vdim=$v" "$@")
     local len=$((v * factor)) verdict
     verdict=$(awk -v a="$direct" -v b="$lib" 'BEGIN { if (a == "" || b == "") print "?"; else if (a <= b) print "direct"; else print "library" }')
     printf '  %-28s %6s = %-6d direct %10s ms   library %10s ms   %s\n' "$label" "$vdim" "$v" "$direct" "$lib" "$verdict"
@@ -175,32 +190,46 @@ sweep() {
 }
 if [ "$dev" = cuda ]; then
   prof_iters=20
-  conv_c="16 32 64 128 256 512"; conv_dims=(--dim B=32 --dim O=128 --dim S=32)
-  mm_k="32 64 128 256 512 1024"; mm_dims=(--dim M=16384 --dim N=1024)
+  # the dot product's length at a small layer's size (the cnn example's),
+  # then the size at a fixed length (batches), then large layers
+  ck_c="16 32 64 128 256"; ck_dims=(--dim B=8 --dim O=16 --dim S=16)
+  cm_b="1 2 4 8 16 32"; cm_dims=(--dim C=64 --dim O=64 --dim S=32)
+  big_c="16 128 512"; big_dims=(--dim B=32 --dim O=128 --dim S=32)
+  mk_k="32 64 128 256"; mk_dims=(--dim M=1024 --dim N=256)
+  mm_m="256 1024 4096 16384"; mm_dims=(--dim K=64 --dim N=256)
   att_t="128 256 512 1024 2048 4096"; att_dims=(--dim B=4 --dim H=16)
-  small_c="16 32"; small_dims=(--dim B=8 --dim O=16 --dim S=16)
 else
   prof_iters=2
-  conv_c="4 16"; conv_dims=(--dim B=1 --dim O=8 --dim S=8)
-  mm_k="16 64"; mm_dims=(--dim M=64 --dim N=32)
+  ck_c="4 8"; ck_dims=(--dim B=1 --dim O=8 --dim S=4)
+  cm_b="1 2"; cm_dims=(--dim C=4 --dim O=8 --dim S=4)
+  big_c="4"; big_dims=(--dim B=1 --dim O=8 --dim S=8)
+  mk_k="16 32"; mk_dims=(--dim M=64 --dim N=32)
+  mm_m="16 64"; mm_dims=(--dim K=16 --dim N=32)
   att_t="16 32"; att_dims=(--dim B=1 --dim H=2)
-  small_c="4"; small_dims=(--dim B=1 --dim O=8 --dim S=4)
 fi
-sweep direct_conv_max_k "conv3x3+bn+relu" bench/models/conv_block.kl C 9 "$conv_c" "${conv_dims[@]}"
+sweep direct_conv_max_k "conv3x3+bn+relu, small" bench/models/conv_block.kl C 9 "$ck_c" "${ck_dims[@]}"
 conv_k=$crossover
-# the cnn example's sizes: small layers, where launches and traffic weigh more
-sweep direct_conv_max_k "conv3x3+bn+relu, small" bench/models/conv_block.kl C 9 "$small_c" "${small_dims[@]}"
-sweep direct_matmul_max_k "gemm+bias+gelu" bench/models/matmul_block.kl K 1 "$mm_k" "${mm_dims[@]}"
+# multiply-adds per batch image: 64 channels x 32 x 32 pixels x K (9 x C)
+sweep direct_conv_max_macs "conv3x3+bn+relu, ${cm_dims[1]}" bench/models/conv_block.kl B $((64 * 1024 * 9 * ${cm_dims[1]#C=})) \
+  "$cm_b" "${cm_dims[@]}"
+conv_macs=$crossover
+sweep direct_conv_max_k "conv3x3+bn+relu, large" bench/models/conv_block.kl C 9 "$big_c" "${big_dims[@]}"
+sweep direct_matmul_max_k "gemm+bias+gelu, M=1024" bench/models/matmul_block.kl K 1 "$mk_k" "${mk_dims[@]}"
 mm_k_best=$crossover
+sweep direct_matmul_max_macs "gemm+bias+gelu, ${mm_dims[1]}" bench/models/matmul_block.kl M $((${mm_dims[1]#K=} * ${mm_dims[3]#N=})) \
+  "$mm_m" "${mm_dims[@]}"
+mm_macs=$crossover
 sweep attention_max_keys "causal attention, D=64" bench/models/attention.kl T 1 "$att_t" "${att_dims[@]}"
 att_best=$crossover
 sm_here=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-row="    {${sm_here:-0}, $conv_k, $mm_k_best, $att_best, \"${gpu_name:-$dev}, $(date -u +%Y-%m-%d), bench/gpu-check.sh\"},"
+row="    {${sm_here:-0}, $conv_k, $mm_k_best, $att_best, $conv_macs, $mm_macs, \"${gpu_name:-$dev}, $(date -u +%Y-%m-%d), bench/gpu-check.sh\"},"
 echo "  the row for codegen/cutoffs.c: $row"
 echo "$row" >"$out/cutoffs-row.txt"
-summary+=("cut-off row for codegen/cutoffs.c (sm, conv K, matmul K, attention keys): $row")
+summary+=("cut-off row for codegen/cutoffs.c (sm, conv K, matmul K, attention keys, conv MACs, matmul MACs): $row")
+fi
 
+if want profile; then
 echo "== [${SECONDS}s] the profiler: each step's bandwidth against the device's own device-to-device"
 echo "   copy; the issue's aim is 80% or more for steps that move over 64 MB"
 t 180 "$kiln" profile examples/transformer.kl --device="$dev" "${big_t[@]}" --iters 20 \
@@ -220,7 +249,9 @@ if [ "$dev" = cuda ]; then
   cat "$out/bench-transformer-8x128.txt"
   summary+=("bench transformer B=8 T=128: $(grep -E '^(kernels|dram|run ms|CUDA graph)' "$out/bench-transformer-8x128.txt" | tr -s ' ' | tr '\n' ';')")
 fi
+fi
 
+if want train; then
 echo "== [${SECONDS}s] training: a step on $dev against the host device, then fp32 vs fp16"
 # the same 40 steps on both devices (same seed, same data order): the losses
 # agree to f32 rounding; then the step's time and arena, fp32 against fp16
@@ -259,7 +290,9 @@ if [ -f "$out/digits/train_x.npy" ]; then
     summary+=("NCCL smoke test on $dev: FAIL ($(tail -1 "$out/nccl-one.log"))")
   fi
 fi
+fi
 
+if want arch; then
 if [ "$dev" = cuda ]; then
   echo "== [${SECONDS}s] kiln compile without --arch: the GPU here's cubin and PTX (issue 17)"
   sm_here=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
@@ -271,7 +304,9 @@ if [ "$dev" = cuda ]; then
     summary+=("default --arch on $dev: FAIL (GPU sm_$sm_here, images: $got)")
   fi
 fi
+fi
 
+if want conformance; then
 echo "== [${SECONDS}s] ONNX conformance on $dev (host: lines of expected_pass guard it)"
 wait
 cat "$out"/conf-*.txt >"$out/conf.txt"
@@ -284,6 +319,7 @@ line=$(grep -hE '^conformance: [0-9]+ passed' "$out"/conf-*.txt |
 done_shards=$(grep -cE '^conformance: [0-9]+ passed' "$out/conf.txt")
 echo "  $line ($done_shards of $shards shards finished)"
 summary+=("conformance on $dev: $line ($done_shards of $shards shards finished in 240 s)")
+fi
 
 echo
 echo "== [${SECONDS}s] summary ($(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"

@@ -185,6 +185,9 @@ void kl_cg_fused_params(FILE *f, const char *name, const kl_group_io *io);
 void kl_cg_fused_entry(FILE *f, const char *name, const kl_group_io *io);
 /* The kernel of an elementwise group: nodes[0..n) of one output shape in
  * schedule order. */
+/* Blocks a tiled convolution needs (kl_target.tile_min_blocks of the
+ * plan being written; kl_codegen sets it). */
+extern int64_t kl_cg_min_blocks;
 /* The launch of a tiled convolution group; {0, 0}: one thread an element. */
 kl_cg_grid kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, int n,
                              const kl_group_io *io);

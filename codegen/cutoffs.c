@@ -17,11 +17,13 @@ typedef struct {
   int64_t direct_conv_max_k;   /* -1: kl_cg_target's */
   int64_t direct_matmul_max_k;
   int64_t attention_max_keys;
+  int64_t direct_conv_max_macs;
+  int64_t direct_matmul_max_macs;
   const char *source;          /* where the figures came from */
 } cutoff_row;
 
 static const cutoff_row rows[] = {
-    {0, -1, -1, -1, "kl_cg_target's guesses (no GPU measured)"},
+    {0, -1, -1, -1, -1, -1, "kl_cg_target's guesses (no GPU measured)"},
 };
 
 static const struct {
@@ -31,6 +33,9 @@ static const struct {
     {"direct_conv_max_k", offsetof(kl_target, direct_conv_max_k)},
     {"direct_matmul_max_k", offsetof(kl_target, direct_matmul_max_k)},
     {"attention_max_keys", offsetof(kl_target, attention_max_keys)},
+    {"tile_min_blocks", offsetof(kl_target, tile_min_blocks)},
+    {"direct_conv_max_macs", offsetof(kl_target, direct_conv_max_macs)},
+    {"direct_matmul_max_macs", offsetof(kl_target, direct_matmul_max_macs)},
 };
 
 static void set(kl_target *t, size_t offset, int64_t v) {
@@ -56,7 +61,8 @@ int kl_cg_apply_cutoffs(kl_target *t, const char *spec, char *why, size_t why_le
     while (i < sizeof knobs / sizeof knobs[0] && strcmp(knobs[i].name, item)) i++;
     if (!eq || i == sizeof knobs / sizeof knobs[0] || !end || *end || end == eq + 1 || v < 0) {
       snprintf(why, why_len, "'%s' is not NAME=COUNT with NAME one of direct_conv_max_k, "
-                             "direct_matmul_max_k, attention_max_keys", item);
+                             "direct_matmul_max_k, attention_max_keys, tile_min_blocks, direct_conv_max_macs, "
+                             "direct_matmul_max_macs", item);
       return -1;
     }
     set(t, knobs[i].offset, v);
@@ -72,6 +78,8 @@ const kl_target *kl_cg_target_for(int sm) {
   set(&t, offsetof(kl_target, direct_conv_max_k), r->direct_conv_max_k);
   set(&t, offsetof(kl_target, direct_matmul_max_k), r->direct_matmul_max_k);
   set(&t, offsetof(kl_target, attention_max_keys), r->attention_max_keys);
+  set(&t, offsetof(kl_target, direct_conv_max_macs), r->direct_conv_max_macs);
+  set(&t, offsetof(kl_target, direct_matmul_max_macs), r->direct_matmul_max_macs);
   const char *env = getenv("KILN_CUTOFFS");
   char why[300];
   if (env && *env && kl_cg_apply_cutoffs(&t, env, why, sizeof why) && !warned++)

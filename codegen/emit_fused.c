@@ -105,6 +105,8 @@ static void store_sum(FILE *f, const kl_value *out, const kl_group_io *io, bool 
  * GEMM computes, with no im2col matrix in memory.  Threads of a warp take
  * neighbouring output columns of one channel, so weight loads are the
  * same address (a broadcast) and input loads are adjacent. */
+int64_t kl_cg_min_blocks = 264;
+
 /* The convolution a tiled kernel is being written for (its sums in tacc[u][t8]). */
 static const kl_node *tiled_conv;
 
@@ -341,6 +343,27 @@ static void vector_path(FILE *f, kl_node *const *nodes, int n, const kl_group_io
  * up to 4 pixels in registers (the k order of the direct loop, so the sums
  * agree), then runs the group's other members, the epilogue, on each.
  * Grouped convolutions and groups of several keep one output a thread. */
+typedef struct {
+  int toc, cg, tpx, ppt, tile_px; /* channels, their groups of 8, threads and pixels */
+  int64_t ptiles, ctiles;
+} conv_tiles;
+
+/* The tile for y (8 channels a thread, 1..4 groups of them; the rest of
+ * the 256 threads on pixels, each up to 4, fewer where that leaves the
+ * GPU short of blocks). */
+static conv_tiles tiles_for(const kl_value *y) {
+  const int64_t *yd = y->shape.dims;
+  int64_t P = yd[0] * yd[2] * yd[3];
+  conv_tiles t;
+  t.toc = yd[1] >= 32 ? 32 : yd[1] > 8 ? 16 : 8, t.cg = t.toc / 8, t.tpx = 256 / t.cg;
+  t.ctiles = (yd[1] + t.toc - 1) / t.toc;
+  for (t.ppt = 256 / t.tpx; ; t.ppt /= 2) {
+    t.tile_px = t.tpx * t.ppt, t.ptiles = (P + t.tile_px - 1) / t.tile_px;
+    if (t.ppt == 1 || t.ptiles * t.ctiles >= kl_cg_min_blocks) break;
+  }
+  return t;
+}
+
 static const kl_node *tileable_conv(kl_node *const *nodes, int n) {
   const kl_node *conv = NULL;
   for (int m = 0; m < n; m++)
@@ -349,7 +372,11 @@ static const kl_node *tileable_conv(kl_node *const *nodes, int n) {
       conv = nodes[m];
     }
   if (!conv || kl_attr_int(conv, "groups", 1) != 1 || conv->inputs[0]->shape.rank != 4) return NULL;
-  return kl_shape_equal(&conv->outputs[0]->shape, &nodes[n - 1]->outputs[0]->shape) ? conv : NULL;
+  if (!kl_shape_equal(&conv->outputs[0]->shape, &nodes[n - 1]->outputs[0]->shape)) return NULL;
+  /* too few tiles to fill the GPU: one output a thread spreads wider (an
+   * H200 measured the small cnn example 3x faster that way) */
+  conv_tiles t = tiles_for(conv->outputs[0]);
+  return t.ptiles * t.ctiles >= kl_cg_min_blocks ? conv : NULL;
 }
 
 static kl_cg_grid tiled_conv_group(FILE *f, const char *name, kl_node *const *nodes, int n,
@@ -364,13 +391,9 @@ static kl_cg_grid tiled_conv_group(FILE *f, const char *name, kl_node *const *no
   if (kl_attr_ints(conv, "pads", &v) == 4) pad[0] = v[0], pad[1] = v[1];
   int64_t K = xd[1] * wd[2] * wd[3], win = wd[2] * wd[3], plane = yd[2] * yd[3], P = xd[0] * plane;
   const char *acc = kl_cg_real_type(x->dtype);
-  /* the tile: 8 channels a thread, 1..4 groups of them; the rest of the 256
-   * threads on pixels, each up to 4 (at most 256 pixels a tile) */
-  int toc = yd[1] >= 32 ? 32 : yd[1] > 8 ? 16 : 8, cg = toc / 8, tpx = 256 / cg;
-  int ppt = 256 / tpx;
-  while (ppt > 1 && (int64_t)tpx * ppt / 2 >= P) ppt /= 2;
-  int tile_px = tpx * ppt, tk = !strcmp(acc, "double") ? 16 : 32;
-  int64_t ptiles = (P + tile_px - 1) / tile_px, ctiles = (yd[1] + toc - 1) / toc;
+  conv_tiles ts = tiles_for(y);
+  int toc = ts.toc, tpx = ts.tpx, ppt = ts.ppt, tile_px = ts.tile_px, tk = !strcmp(acc, "double") ? 16 : 32;
+  int64_t ptiles = ts.ptiles, ctiles = ts.ctiles;
   int kx = index_of(io->in, io->nin, x), kw = index_of(io->in, io->nin, w);
   char lx[200], lw[160], text[160], buf[256], src[160];
   fprintf(f, "/* fused group of %d nodes -> %s, %s tiled (implicit GEMM, K = %lld; %d channels x %d pixels a block):",

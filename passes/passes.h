@@ -201,6 +201,10 @@ struct kl_target {
   int max_kernel_args;          /* pointers one fused kernel takes */
   int64_t direct_conv_max_k;    /* longest dot product of a direct convolution */
   int64_t direct_matmul_max_k;  /* ... of a GEMM inside an elementwise kernel */
+  /* and the most multiply-adds of one (past them the library's tiles win
+   * whatever the dot product's length) */
+  int64_t direct_conv_max_macs, direct_matmul_max_macs;
+  int64_t tile_min_blocks;      /* a tiled convolution needs this many blocks, else one output a thread */
   int64_t attention_max_keys;   /* longest key row a fused attention takes */
   int64_t attention_row_max_keys, attention_max_head; /* the warp-per-row kernel's */
   int attention_max_chain;      /* elementwise nodes before / after its softmax */

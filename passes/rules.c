@@ -74,7 +74,9 @@ bool kl_is_direct_conv(const kl_node *n, const kl_target *t) {
   return kl_dtype_is_float(y->dtype) && x->dtype == y->dtype && w->dtype == y->dtype &&
          (n->ninputs < 3 || n->inputs[2]->dtype == y->dtype) && x->shape.rank == 4 &&
          w->shape.rank == 4 && kl_shape_numel(&y->shape) > 0 &&
-         w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3] <= t->direct_conv_max_k;
+         w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3] <= t->direct_conv_max_k &&
+         kl_shape_numel(&y->shape) * w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3] <=
+             t->direct_conv_max_macs;
 }
 
 bool kl_is_direct_matmul(const kl_node *n, const kl_target *t) {
@@ -84,7 +86,8 @@ bool kl_is_direct_matmul(const kl_node *n, const kl_target *t) {
   return (y->dtype == KL_F32 || y->dtype == KL_F64) && a->dtype == y->dtype &&
          b->dtype == y->dtype && a->shape.rank >= 2 && b->shape.rank >= 2 &&
          kl_shape_numel(&y->shape) > 0 && a->shape.dims[a->shape.rank - 1] >= 1 &&
-         a->shape.dims[a->shape.rank - 1] <= t->direct_matmul_max_k;
+         a->shape.dims[a->shape.rank - 1] <= t->direct_matmul_max_k &&
+         kl_shape_numel(&y->shape) * a->shape.dims[a->shape.rank - 1] <= t->direct_matmul_max_macs;
 }
 
 bool kl_is_fusible(const kl_node *n, const kl_target *t) {

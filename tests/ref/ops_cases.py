@@ -1051,6 +1051,15 @@ def gen_contract():
     case("conv2d_f64", [("x", x), ("w", w)],
          "output y = conv2d(x, w, pads=[1, 1, 1, 1])",
          [conv2d(x, w, pads=(1, 1, 1, 1))])
+    # f16 in and out, summed in f32 (a tiled kernel's shared tiles are f32);
+    # 10 output channels: a tile's second group of 8 is part empty
+    x, w = randn(r, (2, 3, 9, 7), np.float16), randn(r, (10, 3, 3, 3), np.float16)
+    bias = randn(r, (10,), np.float16)
+    case("conv2d_f16_relu", [("x", x), ("w", w), ("b", bias)],
+         "output y = relu(conv2d(x, w, b, pads=[1, 0, 1, 2], strides=[2, 1]))",
+         [np.maximum(conv2d(x.astype(np.float64), w.astype(np.float64), bias.astype(np.float64),
+                            pads=(1, 0, 1, 2), strides=(2, 1)), 0).astype(np.float16)],
+         tol={"rtol": 2e-3, "atol": 2e-3})
 
     # conv2d_weight_grad: the correlation of x with dy summed over the
     # batch, from the definition (each tap a sum of products), with dy's
