@@ -172,12 +172,12 @@ device_ms() {
 # sweep KNOB LABEL MODEL VALUE_DIM FACTOR "VALUES" FIXED_DIMS...: for each value
 # of the swept dim, the model's time with the knob at 0 (library side) and
 # at "everything" (direct side); prints a line per value and sets $crossover
-# to the largest length (value x FACTOR) up to which the direct side was
-# never slower
+# to the threshold on the length (value x FACTOR) that makes the swept
+# models' summed time least: 0 (always the library), a measured length, or
+# with OPEN=1 set, -1 when the largest wins (no bound: the knob's default)
 sweep() {
   local knob=$1 label=$2 model=$3 vdim=$4 factor=$5 values=$6; shift 6
-  local v lib direct alive=1
-  crossover=0
+  local v lib direct points=""
   for v in $values; do
     lib=$(device_ms "$knob=0" "$model" --dim "$vdim=$v" "$@")
     direct=$(device_ms "$knob=1000000000000000000" "$model" --dim "$vdim=$v" "$@")
@@ -185,8 +185,15 @@ sweep() {
     verdict=$(awk -v a="$direct" -v b="$lib" 'BEGIN { if (a == "" || b == "") print "?"; else if (a <= b) print "direct"; else print "library" }')
     printf '  %-28s %6s = %-6d direct %10s ms   library %10s ms   %s\n' "$label" "$vdim" "$v" "$direct" "$lib" "$verdict"
     summary+=("cut-off $label $vdim=$v (length $len): direct ${direct:-?} ms, library ${lib:-?} ms")
-    if [ "$verdict" = direct ] && [ $alive = 1 ]; then crossover=$len; else alive=0; fi
+    points+="$len ${direct:-1e9} ${lib:-1e9}"$'\n'
   done
+  crossover=$(printf '%s' "$points" | awk -v open="${OPEN:-0}" '
+    { len[NR] = $1; d[NR] = $2; l[NR] = $3 }
+    END { best = 0; bestc = 0; for (i = 1; i <= NR; i++) bestc += l[i]
+          for (j = 1; j <= NR; j++) { c = 0; for (i = 1; i <= NR; i++) c += len[i] <= len[j] ? d[i] : l[i]
+                                      if (c < bestc) { bestc = c; best = len[j] } }
+          if (open == 1 && NR > 0 && best == len[NR]) best = -1
+          print best }')
 }
 if [ "$dev" = cuda ]; then
   prof_iters=20
@@ -210,13 +217,13 @@ fi
 sweep direct_conv_max_k "conv3x3+bn+relu, small" bench/models/conv_block.kl C 9 "$ck_c" "${ck_dims[@]}"
 conv_k=$crossover
 # multiply-adds per batch image: 64 channels x 32 x 32 pixels x K (9 x C)
-sweep direct_conv_max_macs "conv3x3+bn+relu, ${cm_dims[1]}" bench/models/conv_block.kl B $((64 * 1024 * 9 * ${cm_dims[1]#C=})) \
+OPEN=1 sweep direct_conv_max_macs "conv3x3+bn+relu, ${cm_dims[1]}" bench/models/conv_block.kl B $((64 * 1024 * 9 * ${cm_dims[1]#C=})) \
   "$cm_b" "${cm_dims[@]}"
 conv_macs=$crossover
 sweep direct_conv_max_k "conv3x3+bn+relu, large" bench/models/conv_block.kl C 9 "$big_c" "${big_dims[@]}"
 sweep direct_matmul_max_k "gemm+bias+gelu, M=1024" bench/models/matmul_block.kl K 1 "$mk_k" "${mk_dims[@]}"
 mm_k_best=$crossover
-sweep direct_matmul_max_macs "gemm+bias+gelu, ${mm_dims[1]}" bench/models/matmul_block.kl M $((${mm_dims[1]#K=} * ${mm_dims[3]#N=})) \
+OPEN=1 sweep direct_matmul_max_macs "gemm+bias+gelu, ${mm_dims[1]}" bench/models/matmul_block.kl M $((${mm_dims[1]#K=} * ${mm_dims[3]#N=})) \
   "$mm_m" "${mm_dims[@]}"
 mm_macs=$crossover
 sweep attention_max_keys "causal attention, D=64" bench/models/attention.kl T 1 "$att_t" "${att_dims[@]}"

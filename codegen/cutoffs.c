@@ -12,6 +12,7 @@
 
 #include "codegen_impl.h"
 
+/* Columns: sm, then each knob's value (-1: kl_cg_target's own). */
 typedef struct {
   int sm;                      /* 90 for sm_90; 0: the default row */
   int64_t direct_conv_max_k;   /* -1: kl_cg_target's */
@@ -24,6 +25,11 @@ typedef struct {
 
 static const cutoff_row rows[] = {
     {0, -1, -1, -1, -1, -1, "kl_cg_target's guesses (no GPU measured)"},
+    /* an H200's: fused convolutions up to the longest dot product measured
+     * (2304) at any size; GEMMs in the elementwise kernel up to K = 128 and
+     * 16.8M multiply-adds; attention through cuBLAS and softmax (the tiled
+     * f32 kernel was 1.3-1.7x slower from 128 keys on) */
+    {90, 2304, 128, 0, -1, 16777216, "NVIDIA H200 (driver 580.159.04), 2026-12-04, bench/gpu-check.sh"},
 };
 
 static const struct {

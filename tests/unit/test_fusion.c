@@ -218,6 +218,36 @@ static void test_gemm_epilogue(void **state) {
   done(&t);
 }
 
+/* The cut-off table: an architecture takes its own row, else the closest
+ * older one of its major version, else the defaults; KILN_CUTOFFS overrides
+ * a knob and refuses what it does not know. */
+static void test_cutoffs(void **state) {
+  (void)state;
+  unsetenv("KILN_CUTOFFS");
+  const kl_target *t = kl_cg_target_for(0);
+  assert_int_equal(t->direct_conv_max_k, kl_cg_target.direct_conv_max_k);
+  assert_true(t->attention_max_keys == kl_cg_target.attention_max_keys);
+  t = kl_cg_target_for(90); /* the H200's measured row */
+  assert_int_equal(t->direct_conv_max_k, 2304);
+  assert_int_equal(t->attention_max_keys, 0);
+  assert_true(t->direct_conv_max_macs == kl_cg_target.direct_conv_max_macs); /* -1: the default */
+  assert_int_equal(kl_cg_target_for(89)->direct_conv_max_k, kl_cg_target.direct_conv_max_k);
+  assert_int_equal(kl_cg_target_for(100)->direct_conv_max_k, kl_cg_target.direct_conv_max_k);
+  assert_non_null(strstr(kl_cg_cutoff_source(90), "H200"));
+  kl_target o = kl_cg_target;
+  char why[300];
+  assert_int_equal(kl_cg_apply_cutoffs(&o, "direct_conv_max_k=7, tile_min_blocks=1", why, sizeof why), 0);
+  assert_int_equal(o.direct_conv_max_k, 7);
+  assert_int_equal(o.tile_min_blocks, 1);
+  assert_int_equal(kl_cg_apply_cutoffs(&o, "direct_conv_max_k=x", why, sizeof why), -1);
+  assert_non_null(strstr(why, "'direct_conv_max_k' is not NAME=COUNT"));
+  assert_int_equal(kl_cg_apply_cutoffs(&o, "warp_size=32", why, sizeof why), -1);
+  assert_int_equal(kl_cg_apply_cutoffs(&o, "direct_conv_max_k=-3", why, sizeof why), -1);
+  setenv("KILN_CUTOFFS", "direct_conv_max_k=5", 1);
+  assert_int_equal(kl_cg_target_for(90)->direct_conv_max_k, 5);
+  unsetenv("KILN_CUTOFFS");
+}
+
 static void test_attention(void **state) {
   (void)state;
   planned t;
@@ -475,6 +505,7 @@ int main(void) {
       cmocka_unit_test(test_direct_gemm),
       cmocka_unit_test(test_gemm_epilogue),
       cmocka_unit_test(test_attention),
+      cmocka_unit_test(test_cutoffs),
       cmocka_unit_test(test_transpose_is_a_view),
       cmocka_unit_test(test_rows_refuse_other_shape),
       cmocka_unit_test(test_rows_refuse_other_row_axes),
