@@ -188,6 +188,11 @@ void kl_cg_fused_entry(FILE *f, const char *name, const kl_group_io *io);
 /* Blocks a tiled convolution needs (kl_target.tile_min_blocks of the
  * plan being written; kl_codegen sets it). */
 extern int64_t kl_cg_min_blocks;
+/* A direct convolution member at element idx (emit_rows.c's row groups):
+ * into dst (a declared register) when not NULL, stored to its group
+ * output when `store`. */
+void kl_cg_conv_at(FILE *f, const kl_node *nd, const kl_group_io *io, const char *idx,
+                   const char *dst, bool store);
 /* The launch of a tiled convolution group; {0, 0}: one thread an element. */
 kl_cg_grid kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, int n,
                              const kl_group_io *io);

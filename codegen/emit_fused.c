@@ -168,6 +168,16 @@ static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool 
   store_sum(f, out, io, later, store);
 }
 
+void kl_cg_conv_at(FILE *f, const kl_node *nd, const kl_group_io *io, const char *idx,
+                   const char *dst, bool store) {
+  kl_group_io only_in = *io;
+  if (!store) only_in.nout = 0; /* the caller stores, or nothing does */
+  fprintf(f, "      {\n");
+  direct_conv(f, nd, &only_in, dst != NULL, idx, "out%d[i]");
+  if (dst) fprintf(f, "      %s = v%d;\n", dst, nd->outputs[0]->id);
+  fprintf(f, "      }\n");
+}
+
 /* A matmul member (in a group only when emit_model.c chose it direct):
  * y[.., r, c] = sum over k of a[.., r, k] * b[.., k, c], batch dims
  * broadcast, accumulated as direct_conv does and rounded once.  Threads of

@@ -92,7 +92,9 @@ static void need_row(const rows_ctx *c, const kl_value *v, bool *member, bool *i
   member[m] = true;
   const kl_node *nd = c->nodes[m];
   /* softmax's value reads its input; other row values (norms: with their
-   * scale and bias) their operands */
+   * scale and bias) their operands; a convolution reads its window
+   * itself */
+  if (nd->op == KL_OP_CONV2D) return;
   for (int i = 0; i < (kl_row_kind(nd) == 2 ? 1 : nd->ninputs); i++)
     need_row(c, nd->inputs[i], member, input);
 }
@@ -139,6 +141,10 @@ static void row_body(const rows_ctx *c, const kl_value *want, bool store) {
     snprintf(dst, sizeof dst, "r%d", out->id);
     snprintf(at, sizeof at, "out%d[i]", ko_of[m]);
     if (read) fprintf(f, "      %s r%d;\n", kl_cg_compute_type(out->dtype), out->id);
+    if (nd->op == KL_OP_CONV2D) { /* a direct convolution: its window, at i */
+      kl_cg_conv_at(f, nd, c->io, "i", read ? dst : NULL, ko_of[m] >= 0);
+      continue;
+    }
     if (kl_row_kind(nd) == 3) { /* a norm: of the row's mean and 1/deviation */
       char val[400], r[32], t[96];
       const char *rt = kl_cg_real_type(nd->inputs[0]->dtype);

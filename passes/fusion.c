@@ -193,8 +193,12 @@ static int fits(const fuse_ctx *c, const kl_node *n, int g) {
      * when the row kernel can take all its members */
     if (row_kind(c, n) && kl_shape_equal(&n->inputs[0]->shape, &gr->shape) &&
         n->inputs[0]->producer && c->group_of[n->inputs[0]->producer->id] == g) {
+      /* direct convolutions too before a plain reduction (its one pass
+       * computes each output once: conv -> relu -> global pool is one kernel) */
       for (int m = 0; m < c->nmembers[g]; m++)
-        if (!row_elementwise(c, c->members[g][m])) return NO;
+        if (!row_elementwise(c, c->members[g][m]) &&
+            !(reads_window(c, c->members[g][m]) && row_kind(c, n) == 1))
+          return NO;
       return JOIN_AS_ROWS;
     }
     return NO;

@@ -4,9 +4,15 @@
  * code generator. */
 #include "passes.h"
 
-/* The fewest innermost axes a kept-dims reduction from s to o spans (the
- * other dims unchanged; axes of size 1 may count either way); 0 for none. */
+/* The fewest innermost axes a reduction from s to o spans (the other dims
+ * unchanged; axes of size 1 may count either way); 0 for none.  Without
+ * kept dims, o is s's leading dims: the same rows, laid out alike. */
 static int reduced_axes(const kl_shape *s, const kl_shape *o) {
+  if (o->rank < s->rank) {
+    for (int d = 0; d < o->rank; d++)
+      if (o->dims[d] != s->dims[d]) return 0;
+    return s->rank - o->rank;
+  }
   if (o->rank != s->rank) return 0;
   for (int k = 1; k <= s->rank; k++) {
     bool fits = true;
