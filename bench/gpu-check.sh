@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 dev=${KILN_GPU_CHECK_DEVICE:-cuda}
 # KILN_GPU_CHECK_ONLY=cutoffs,bench,...: only those parts (device, conformance,
-# examples, long, bench, cutoffs, profile, train, arch), to spend a short lease
+# examples, long, models, bench, cutoffs, profile, train, arch), to spend a short lease
 only=${KILN_GPU_CHECK_ONLY:-}
 want() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
 out=$(mktemp -d)
@@ -144,6 +144,37 @@ PY
 )
 echo "  $line"
 summary+=("$line")
+fi
+
+if want models; then
+echo "== [${SECONDS}s] the ONNX model-shaped graphs on $dev against ONNX Runtime, then each"
+echo "   fused: launches and run time, with the tables' convolution cut-off and with every"
+echo "   convolution direct (K up to 4608)"
+t 300 "${PYTHON:-python3}" tests/onnx_models/check_models.py "$kiln" "$out/onnx" --build \
+  --kiln-arg=--device="$dev" -j 4 >"$out/models.txt" 2>&1
+grep -E '^(FAIL|UNSUPPORTED)' "$out/models.txt" | head -10
+summary+=("ONNX models on $dev vs ONNX Runtime: $(tail -1 "$out/models.txt")")
+for m in resnet18 mobilenetv2 bert_block gpt2_block; do
+  for spec in "" direct_conv_max_k=4608; do
+    case $m in bert*|gpt2*) [ -n "$spec" ] && continue ;; esac
+    KILN_CUTOFFS=$spec t 120 "$kiln" bench "$out/onnx/$m/model.onnx" --device="$dev" --iters "$iters" --json \
+      >"$out/bench-$m${spec:+-all-direct}.json" 2>>"$out/models.txt"
+    line=$("${PYTHON:-python3}" - "$out/bench-$m${spec:+-all-direct}.json" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(f"no result ({e})"); sys.exit()
+f, u = d["fused"], d["unfused"]
+def ms(s, k): return "%.3f" % s[k] if isinstance(s.get(k), (int, float)) else "-"
+print(f"launches {f['launches']} (unfused {u['launches']}), run ms {ms(f, 'run_ms')} (unfused {ms(u, 'run_ms')}), "
+      f"no graph {ms(f, 'plain_run_ms')} (unfused {ms(u, 'plain_run_ms')})")
+PY
+)
+    echo "  $m ${spec:-(table)}: $line"
+    summary+=("bench $m on $dev, ${spec:-table cut-offs}: $line")
+  done
+done
 fi
 
 if want bench; then
