@@ -27,6 +27,7 @@ const kl_target kl_cg_target = {
     /* no bound on size but the cut-off table's */
     .direct_conv_max_macs = INT64_MAX,
     .direct_matmul_max_macs = INT64_MAX,
+    .direct_conv_min_outputs_per_k = 0,
     /* emit_attention.c: the tiled kernel takes any number of keys (the
      * cut-off table may lower this); the warp-per-row kernel, for post-
      * softmax chains that are not only casts, holds 32 scores a lane and

@@ -204,6 +204,9 @@ struct kl_target {
   /* and the most multiply-adds of one (past them the library's tiles win
    * whatever the dot product's length) */
   int64_t direct_conv_max_macs, direct_matmul_max_macs;
+  /* a direct convolution's outputs (its threads) per unit of its dot
+   * product's length, at least: fewer make it latency-bound */
+  int64_t direct_conv_min_outputs_per_k;
   int64_t tile_min_blocks;      /* a tiled convolution needs this many blocks, else one output a thread */
   int64_t attention_max_keys;   /* longest key row a fused attention takes */
   int64_t attention_row_max_keys, attention_max_head; /* the warp-per-row kernel's */

@@ -7,11 +7,20 @@
 /* The fewest innermost axes a reduction from s to o spans (the other dims
  * unchanged; axes of size 1 may count either way); 0 for none.  Without
  * kept dims, o is s's leading dims: the same rows, laid out alike. */
-static int reduced_axes(const kl_shape *s, const kl_shape *o) {
-  if (o->rank < s->rank) {
-    for (int d = 0; d < o->rank; d++)
-      if (o->dims[d] != s->dims[d]) return 0;
-    return s->rank - o->rank;
+static int reduced_axes(const kl_node *n, const kl_shape *s, const kl_shape *o) {
+  if (o->rank < s->rank) { /* the axes say which: equal sizes could mislead */
+    int k = s->rank - o->rank;
+    const int64_t *axes;
+    int na = kl_attr_ints(n, "axes", &axes);
+    if (na <= 0) return o->rank == 0 ? k : 0; /* no axes: all of them */
+    if (na != k) return 0;
+    bool inner[KL_MAX_RANK] = {0};
+    for (int i = 0; i < na; i++) {
+      int64_t a = axes[i] < 0 ? axes[i] + s->rank : axes[i];
+      if (a < s->rank - k || a >= s->rank || inner[a]) return 0;
+      inner[a] = true;
+    }
+    return k;
   }
   if (o->rank != s->rank) return 0;
   for (int k = 1; k <= s->rank; k++) {
@@ -34,7 +43,7 @@ int kl_row_axes(const kl_node *n) {
     int64_t axis = kl_attr_int(n, "axis", -1);
     return axis == -1 || axis == s->rank - 1 ? 1 : 0;
   }
-  return reduced_axes(s, &n->outputs[0]->shape);
+  return reduced_axes(n, s, &n->outputs[0]->shape);
 }
 
 int kl_row_kind(const kl_node *n) {
@@ -82,7 +91,9 @@ bool kl_is_direct_conv(const kl_node *n, const kl_target *t) {
          w->shape.rank == 4 && kl_shape_numel(&y->shape) > 0 &&
          w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3] <= t->direct_conv_max_k &&
          kl_shape_numel(&y->shape) * w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3] <=
-             t->direct_conv_max_macs;
+             t->direct_conv_max_macs &&
+         kl_shape_numel(&y->shape) / (w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3]) >=
+             t->direct_conv_min_outputs_per_k;
 }
 
 bool kl_is_direct_matmul(const kl_node *n, const kl_target *t) {

@@ -1051,6 +1051,18 @@ def gen_contract():
     case("conv2d_f64", [("x", x), ("w", w)],
          "output y = conv2d(x, w, pads=[1, 1, 1, 1])",
          [conv2d(x, w, pads=(1, 1, 1, 1))])
+    # a convolution, its epilogue and a global pool in one row kernel (the
+    # pool without kept dims: rows all the same)
+    x, w = randn(r, (2, 3, 6, 5)), randn(r, (4, 3, 3, 3))
+    pooled = np.maximum(conv2d(x, w, pads=(1, 1, 1, 1)), 0).mean(axis=(2, 3))
+    case("conv2d_relu_pool", [("x", x), ("w", w)],
+         "output y = reduce_mean(relu(conv2d(x, w, pads=[1, 1, 1, 1])), axes=[2, 3], keepdims=0)",
+         [f32(pooled)], tol={"rtol": 1e-5, "atol": 1e-6})
+    # no kept dims over a middle axis the same size as the last: not a row
+    x = randn(r, (3, 2, 2))
+    case("reduce_sum_middle_axis_nokeep", [("x", x)],
+         "output y = reduce_sum(x * x, axes=[1], keepdims=0)",
+         [f32((np.asarray(x, np.float64) ** 2).sum(axis=1))])
     # f16 in and out, summed in f32 (a tiled kernel's shared tiles are f32);
     # 10 output channels: a tile's second group of 8 is part empty
     x, w = randn(r, (2, 3, 9, 7), np.float16), randn(r, (10, 3, 3, 3), np.float16)

@@ -231,6 +231,7 @@ static void test_cutoffs(void **state) {
   assert_int_equal(t->direct_conv_max_k, 2304);
   assert_int_equal(t->attention_max_keys, 0);
   assert_true(t->direct_conv_max_macs == kl_cg_target.direct_conv_max_macs); /* -1: the default */
+  assert_int_equal(t->direct_conv_min_outputs_per_k, 16);
   assert_int_equal(kl_cg_target_for(89)->direct_conv_max_k, kl_cg_target.direct_conv_max_k);
   assert_int_equal(kl_cg_target_for(100)->direct_conv_max_k, kl_cg_target.direct_conv_max_k);
   assert_non_null(strstr(kl_cg_cutoff_source(90), "H200"));
