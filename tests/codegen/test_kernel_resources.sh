@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Kernels written for a GPU (issue 16): every generated kernel of the
-# examples (and the training examples' steps), in fp32, fp16 and bf16, is
+# examples (and the training examples' steps) and of the ONNX model-shaped
+# graphs (ResNet-18, MobileNetV2, BERT and GPT-2 blocks, a detector), in
+# fp32, fp16 and bf16, is
 # compiled to PTX for sm_90 and assembled by ptxas: no f64 instruction (f32
 # and half models compute in f32) and no register spill.  The counts come
 # from the toolkit itself (the PTX text, ptxas -v), not from kiln.
@@ -43,9 +45,21 @@ check() { # NAME PRECISION MODEL FLAGS...
     grep -nE '^[[:space:]]*(@!?%p[0-9]+[[:space:]]+)?[a-z][a-z0-9_.]*\.f64' "$out/kernels.ptx" | head -5 | sed 's/^/  /'
   fi
 }
+# the real-model-shaped ONNX graphs (tests/onnx_models), built here
+py=${PYTHON:-python3}
+if ! "$py" "$root/tests/onnx_models/build_models.py" "$tmp/onnx" >"$tmp/build.log" 2>&1; then
+  echo "FAIL: tests/onnx_models/build_models.py:"; tail -5 "$tmp/build.log"
+  failed=$((failed + 1))
+fi
+want=15
 for prec in fp32 fp16 bf16; do
   for ex in mlp cnn transformer; do check "$ex" "$prec" "$root/examples/$ex.kl"; done
   for ex in train_mlp train_cnn; do check "${ex}_step" "$prec" "$root/examples/$ex.kl" --train; done
+  for m in resnet18 mobilenetv2 bert_block gpt2_block detector; do
+    [ -f "$tmp/onnx/$m/model.onnx" ] || continue
+    check "$m" "$prec" "$tmp/onnx/$m/model.onnx"
+  done
 done
+[ -d "$tmp/onnx" ] && want=30
 echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ] && [ "$passed" -eq 15 ]
+[ "$failed" -eq 0 ] && [ "$passed" -eq "$want" ]
