@@ -15,7 +15,7 @@ trap 'rm -rf "$tmp"' EXIT
 echo "| model | precision | side | kernels | launches | DRAM bytes | arena | lower bound |"
 echo "|---|---|---|---|---|---|---|---|"
 for m in examples/mlp.kl examples/cnn.kl examples/transformer.kl \
-         "$tmp"/onnx/{resnet18,mobilenetv2,bert_block,gpt2_block,detector}/model.onnx; do
+         "$tmp"/onnx/{resnet18,mobilenetv2,bert_block,gpt2_block,detector,se_net,fpn}/model.onnx; do
   name=$(basename "$m" .kl)
   [ "$name" = model.onnx ] && name=$(basename "$(dirname "$m")")
   for p in fp32 fp16; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Kernels written for a GPU (issue 16): every generated kernel of the
 # examples (and the training examples' steps) and of the ONNX model-shaped
-# graphs (ResNet-18, MobileNetV2, BERT and GPT-2 blocks, a detector), in
+# graphs (ResNet-18, MobileNetV2, BERT and GPT-2 blocks, a detector, SE
+# blocks, an FPN neck), in
 # fp32, fp16 and bf16, is
 # compiled to PTX for sm_90 and assembled by ptxas: no f64 instruction (f32
 # and half models compute in f32) and no register spill.  The counts come
@@ -55,11 +56,11 @@ want=15
 for prec in fp32 fp16 bf16; do
   for ex in mlp cnn transformer; do check "$ex" "$prec" "$root/examples/$ex.kl"; done
   for ex in train_mlp train_cnn; do check "${ex}_step" "$prec" "$root/examples/$ex.kl" --train; done
-  for m in resnet18 mobilenetv2 bert_block gpt2_block detector; do
+  for m in resnet18 mobilenetv2 bert_block gpt2_block detector se_net fpn; do
     [ -f "$tmp/onnx/$m/model.onnx" ] || continue
     check "$m" "$prec" "$tmp/onnx/$m/model.onnx"
   done
 done
-[ -d "$tmp/onnx" ] && want=30
+[ -d "$tmp/onnx" ] && want=36
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -eq "$want" ]

@@ -456,6 +456,74 @@ def crnn():
     return m, feeds, ["--dim", "input.1_dim0=%d" % batch]
 
 
+def se_net():
+    """Squeeze-and-excitation blocks (SE-ResNet's, MobileNetV3's): each
+    block's features scaled per channel by a gate computed from their own
+    global average: GlobalAveragePool -> 1x1 Conv -> Relu -> 1x1 Conv ->
+    Sigmoid (HardSigmoid in the last block, as MobileNetV3) -> Mul, then a
+    residual Add and Relu."""
+    g = Graph(31)
+    x = "input"
+    y = g.op("Relu", [g.conv_bn(x, 3, 32, 3, stride=2)])
+    c = 32
+    for i, (cout, stride) in enumerate([(32, 1), (64, 2), (64, 1)]):
+        h = g.op("Relu", [g.conv_bn(y, c, cout, 3, stride)])
+        h = g.conv_bn(h, cout, cout, 3)
+        pooled = g.op("GlobalAveragePool", [h])
+        sq = g.op("Relu", [g.op("Conv", [pooled, g.weight("se_w1", (cout // 4, cout, 1, 1), cout),
+                                         g.uniform("se_b1", (cout // 4,), -0.1, 0.1)],
+                                kernel_shape=[1, 1])])
+        ex = g.op("Conv", [sq, g.weight("se_w2", (cout, cout // 4, 1, 1), cout // 4),
+                           g.uniform("se_b2", (cout,), -0.1, 0.1)], kernel_shape=[1, 1])
+        gate = g.op("HardSigmoid", [ex], alpha=1.0 / 6, beta=0.5) if i == 2 else g.op("Sigmoid", [ex])
+        h = g.op("Mul", [h, gate])
+        short = y if stride == 1 and c == cout else g.conv_bn(y, c, cout, 1, stride)
+        y = g.op("Relu", [g.op("Add", [h, short])])
+        c = cout
+    y = g.op("Flatten", [g.op("GlobalAveragePool", [y])], axis=1)
+    g.gemm_head(y, c, 10)
+    g.output("logits")
+    m = g.model("se_net", [helper.make_tensor_value_info(x, F32, [2, 3, 32, 32])],
+                [helper.make_tensor_value_info("logits", F32, [2, 10])], 13)
+    feeds = {x: np.random.default_rng(31).standard_normal((2, 3, 32, 32)).astype(np.float32)}
+    return m, feeds
+
+
+def fpn():
+    """An FPN-style neck, as detectors and OCR text detectors (DBNet) have:
+    a backbone of three stride-2 stages, 1x1 lateral convolutions, a
+    top-down path adding each level to the nearest-neighbour upsampling
+    (Resize) of the one above, and the levels upsampled to the finest and
+    concatenated along channels before a 3x3 head."""
+    g = Graph(37)
+    x = "image"
+    feats, y, c = [], x, 3
+    for cout in (16, 32, 64):
+        y = g.op("Relu", [g.conv_bn(y, c, cout, 3, stride=2)])
+        feats.append((y, cout))
+        c = cout
+    lat = [g.op("Conv", [f, g.weight("lat_w", (32, cf, 1, 1), cf), g.uniform("lat_b", (32,), -0.1, 0.1)],
+                kernel_shape=[1, 1]) for f, cf in feats]
+    empty = g.init("roi", np.zeros((0,), np.float32))
+
+    def up(v, k):
+        sc = g.init("scales", np.array([1, 1, k, k], np.float32))
+        return g.op("Resize", [v, empty, sc], mode="nearest",
+                    coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    p3 = lat[2]
+    p2 = g.op("Add", [lat[1], up(p3, 2)])
+    p1 = g.op("Add", [lat[0], up(p2, 2)])
+    cat = g.op("Concat", [p1, up(p2, 2), up(p3, 4)], axis=1)
+    head = g.op("Relu", [g.conv_bn(cat, 96, 32, 3)])
+    g.op("Sigmoid", [g.op("Conv", [head, g.weight("head_w", (2, 32, 1, 1), 32),
+                                   g.uniform("head_b", (2,), -0.1, 0.1)], kernel_shape=[1, 1])])
+    g.output("maps")
+    m = g.model("fpn", [helper.make_tensor_value_info(x, F32, [1, 3, 64, 64])],
+                [helper.make_tensor_value_info("maps", F32, [1, 2, 32, 32])], 13)
+    feeds = {x: np.random.default_rng(37).standard_normal((1, 3, 64, 64)).astype(np.float32)}
+    return m, feeds
+
+
 MODELS = {"resnet18": resnet18, "mobilenetv2": mobilenetv2,
           "bert_block": bert_block, "bert_dynamic": bert_dynamic,
           "gpt2_block": gpt2_block, "crnn": crnn}
@@ -471,6 +539,8 @@ def reference(model, feeds):
 
 
 MODELS["detector"] = detector
+MODELS["se_net"] = se_net
+MODELS["fpn"] = fpn
 
 
 def write(outdir, name, model, feeds, args=None):
