@@ -452,6 +452,19 @@ EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned nopt
     return CUDA_ERROR_NO_BINARY_FOR_GPU;
   if (strncmp(s, "ptx:", 4) == 0 && t && sscanf(t + 11, "%d", &sm) == 1 && sm > gpu)
     return CUDA_ERROR_NO_BINARY_FOR_GPU;
+  /* and PTX of an ISA the driver knows: a driver for CUDA 12.x takes PTX
+   * 8.x up to its own (12.4: 8.4; 12.6: 8.5, 12.8: 8.7, 12.9: 8.8), one for
+   * 13.0 PTX 9.0; newer PTX (a newer toolkit's NVRTC) it refuses */
+  int major, minor, drv;
+  const char *ver = strstr(s, ".version ");
+  cuDriverGetVersion(&drv);
+  if (strncmp(s, "ptx:", 4) == 0 && ver && sscanf(ver + 9, "%d.%d", &major, &minor) == 2) {
+    int dmaj = drv / 1000, dmin = drv % 1000 / 10, isa;
+    if (dmaj >= 13) isa = 90 + (dmaj - 13) * 10 + dmin;
+    else if (dmaj == 12) isa = 80 + (dmin <= 5 ? dmin : dmin - 1);
+    else isa = 70 + dmin;
+    if (major * 10 + minor > isa) return CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+  }
   *m = calloc(1, sizeof **m);
   return *m ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -548,6 +561,7 @@ EXPORT CUresult cuGetErrorName(CUresult r, const char **s) {
   case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: *s = "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"; break;
   case CUDA_ERROR_ILLEGAL_STATE: *s = "CUDA_ERROR_ILLEGAL_STATE"; break;
   case CUDA_ERROR_NO_BINARY_FOR_GPU: *s = "CUDA_ERROR_NO_BINARY_FOR_GPU"; break;
+  case CUDA_ERROR_UNSUPPORTED_PTX_VERSION: *s = "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"; break;
   default: *s = NULL; return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
@@ -561,6 +575,8 @@ EXPORT CUresult cuGetErrorString(CUresult r, const char **s) {
   case CUDA_ERROR_NOT_FOUND: *s = "named symbol not found"; break;
   case CUDA_ERROR_ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered"; break;
   case CUDA_ERROR_INVALID_VALUE: *s = "invalid argument"; break;
+  case CUDA_ERROR_UNSUPPORTED_PTX_VERSION:
+    *s = "the provided PTX was compiled with an unsupported toolchain."; break;
   default: *s = "unknown error"; break;
   }
   return CUDA_SUCCESS;

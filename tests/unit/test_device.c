@@ -831,6 +831,19 @@ static void test_fake_cuda_modules(void **state) {
   assert_non_null(strstr(err, "CUDA_ERROR_NO_BINARY_FOR_GPU"));
   krt_device_close(d);
   unsetenv("FAKE_CUDA_SM");
+  /* ... and PTX of an ISA newer than the driver's (CUDA 13.0 knows PTX 9.0;
+   * 9.1 is a newer toolkit's): refused by name, like a real driver */
+  setenv("FAKE_CUDA_SM", "120", 1); /* no cubin fits: the PTX must */
+  krt_module_desc future = desc;
+  future.ptx = "ptx:\n.version 9.1\n.target sm_90\n";
+  d = open_cuda();
+  assert_int_equal(krt_module_load(d, &future, &m, err, sizeof err), -1);
+  assert_non_null(strstr(err, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"));
+  future.ptx = "ptx:\n.version 9.0\n.target sm_90\n";
+  OK(krt_module_load(d, &future, &m, err, sizeof err));
+  krt_module_unload(m);
+  krt_device_close(d);
+  unsetenv("FAKE_CUDA_SM");
 
   d = open_cuda();
   krt_kernel_desc missing[] = {{"axpy", NULL}, {"missing", NULL}};
