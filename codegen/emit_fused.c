@@ -168,12 +168,62 @@ static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool 
   store_sum(f, out, io, later, store);
 }
 
+/* A conv_transpose2d member computed directly, one output element (idx) a
+ * thread: each (input channel, tap) whose input position lands on a whole
+ * stride step adds its product, summed as direct_conv sums, plus the bias,
+ * rounded once. */
+static void direct_conv_transpose(FILE *f, const kl_node *nd, const kl_group_io *io, bool later,
+                                  const char *idx, const char *store) {
+  typedef long long ll;
+  const kl_value *x = nd->inputs[0], *w = nd->inputs[1], *out = nd->outputs[0];
+  const int64_t *xd = x->shape.dims, *yd = out->shape.dims, *wd = w->shape.dims;
+  int64_t groups = kl_attr_int(nd, "groups", 1), cpg = xd[1] / groups, mpg = yd[1] / groups;
+  int64_t st[2] = {1, 1}, dil[2] = {1, 1}, pad[4] = {0, 0, 0, 0};
+  const int64_t *v;
+  if (kl_attr_ints(nd, "strides", &v) == 2) st[0] = v[0], st[1] = v[1];
+  if (kl_attr_ints(nd, "dilations", &v) == 2) dil[0] = v[0], dil[1] = v[1];
+  if (kl_attr_ints(nd, "pads", &v) == 4) pad[0] = v[0], pad[1] = v[1];
+  const char *acc = kl_cg_real_type(x->dtype);
+  int kx = index_of(io->in, io->nin, x), kw = index_of(io->in, io->nin, w);
+  char lx[160], lw[160], lb[96], src[160];
+  snprintf(src, sizeof src, "in%d[((b * %lldLL + ci) * %lldLL + iy) * %lldLL + ix]", kx, (ll)xd[1], (ll)xd[2],
+           (ll)xd[3]);
+  kl_cg_load(lx, sizeof lx, x->dtype, acc, src);
+  snprintf(src, sizeof src, "in%d[((ci * %lldLL + cm) * %lldLL + ky) * %lldLL + kx]", kw, (ll)mpg, (ll)wd[2],
+           (ll)wd[3]);
+  kl_cg_load(lw, sizeof lw, w->dtype, acc, src);
+  if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
+  fprintf(f, "    { /* %s: conv_transpose2d, direct */\n", nd->name);
+  fprintf(f, "      int64_t q = %s;\n      const int64_t ox = q %% %lldLL; q /= %lldLL;\n"
+             "      const int64_t oy = q %% %lldLL; q /= %lldLL;\n"
+             "      const int64_t co = q %% %lldLL, b = q / %lldLL;\n"
+             "      const int64_t c0 = co / %lldLL * %lldLL, cm = co %% %lldLL;\n      %s sum = 0;\n",
+          idx, (ll)yd[3], (ll)yd[3], (ll)yd[2], (ll)yd[2], (ll)yd[1], (ll)yd[1], (ll)mpg, (ll)cpg, (ll)mpg, acc);
+  fprintf(f, "      for (int64_t ci = c0; ci < c0 + %lldLL; ci++)\n"
+             "        for (int64_t ky = 0; ky < %lldLL; ky++) {\n"
+             "          const int64_t ty = oy + %lldLL - ky * %lldLL;\n"
+             "          if (ty < 0 || ty %% %lldLL) continue;\n          const int64_t iy = ty / %lldLL;\n"
+             "          if (iy >= %lldLL) continue;\n"
+             "          for (int64_t kx = 0; kx < %lldLL; kx++) {\n"
+             "            const int64_t tx = ox + %lldLL - kx * %lldLL;\n"
+             "            if (tx < 0 || tx %% %lldLL) continue;\n            const int64_t ix = tx / %lldLL;\n"
+             "            if (ix < %lldLL) sum += %s * %s;\n          }\n        }\n",
+          (ll)cpg, (ll)wd[2], (ll)pad[0], (ll)dil[0], (ll)st[0], (ll)st[0], (ll)xd[2], (ll)wd[3], (ll)pad[1],
+          (ll)dil[1], (ll)st[1], (ll)st[1], (ll)xd[3], lx, lw);
+  if (nd->ninputs > 2) {
+    snprintf(src, sizeof src, "in%d[co]", index_of(io->in, io->nin, nd->inputs[2]));
+    fprintf(f, "      sum += %s;\n", kl_cg_load(lb, sizeof lb, nd->inputs[2]->dtype, acc, src));
+  }
+  store_sum(f, out, io, later, store);
+}
+
 void kl_cg_conv_at(FILE *f, const kl_node *nd, const kl_group_io *io, const char *idx,
                    const char *dst, bool store) {
   kl_group_io only_in = *io;
   if (!store) only_in.nout = 0; /* the caller stores, or nothing does */
   fprintf(f, "      {\n");
-  direct_conv(f, nd, &only_in, dst != NULL, idx, "out%d[i]");
+  if (nd->op == KL_OP_CONV_TRANSPOSE2D) direct_conv_transpose(f, nd, &only_in, dst != NULL, idx, "out%d[i]");
+  else direct_conv(f, nd, &only_in, dst != NULL, idx, "out%d[i]");
   if (dst) fprintf(f, "      %s = v%d;\n", dst, nd->outputs[0]->id);
   fprintf(f, "      }\n");
 }
@@ -240,6 +290,10 @@ void kl_cg_fused_members(FILE *f, kl_node *const *nodes, int n, const kl_group_i
     }
     if (nd->op == KL_OP_CONV2D) { /* only direct ones join a group */
       direct_conv(f, nd, io, out == keep || read_later(nodes, n, m, out), idx, store);
+      continue;
+    }
+    if (nd->op == KL_OP_CONV_TRANSPOSE2D) {
+      direct_conv_transpose(f, nd, io, out == keep || read_later(nodes, n, m, out), idx, store);
       continue;
     }
     if (nd->op == KL_OP_MATMUL) {
@@ -377,8 +431,8 @@ static conv_tiles tiles_for(const kl_value *y) {
 static const kl_node *tileable_conv(kl_node *const *nodes, int n) {
   const kl_node *conv = NULL;
   for (int m = 0; m < n; m++)
-    if (nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL) {
-      if (conv || nodes[m]->op == KL_OP_MATMUL) return NULL;
+    if (nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL || nodes[m]->op == KL_OP_CONV_TRANSPOSE2D) {
+      if (conv || nodes[m]->op != KL_OP_CONV2D) return NULL;
       conv = nodes[m];
     }
   if (!conv || kl_attr_int(conv, "groups", 1) != 1 || conv->inputs[0]->shape.rank != 4) return NULL;
@@ -481,7 +535,8 @@ kl_cg_grid kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *no
   /* a convolution's (or a GEMM's) dot product is the work, not the loads: no float4
    * copy of it (four inlined copies would only slow NVRTC down) */
   bool has_conv = false;
-  for (int m = 0; m < n; m++) has_conv |= nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL;
+  for (int m = 0; m < n; m++)
+    has_conv |= nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL || nodes[m]->op == KL_OP_CONV_TRANSPOSE2D;
   if (vectorizable(shape) && !has_conv) vector_path(f, nodes, n, io, shape);
   kl_cg_grid_stride_loop(f, numel);
   /* offsets for the inputs read element for element (o0.. in their order) */

@@ -148,7 +148,7 @@ static int row_axes(const fuse_ctx *c, const kl_node *n) {
 /* an elementwise-group node that reads its inputs around its element (a
  * direct convolution): it never joins a group that makes one of them */
 static bool reads_window(const fuse_ctx *c, const kl_node *n) {
-  return kl_is_direct_conv(n, c->opt->target);
+  return kl_is_direct_conv(n, c->opt->target) || kl_is_direct_conv_transpose(n, c->opt->target);
 }
 
 /* what a row kernel takes besides its reductions */

@@ -18,13 +18,14 @@ kl_step_kind kl_plan_step_kind(const kl_plan *p, int group) {
     if (p->epi_last[n->id]) return KL_STEP_NONE; /* it runs at its epilogue's end */
     if (gemm) return p->attn_head[gemm->id] ? KL_STEP_ATTENTION : KL_STEP_GEMM;
     if (p->alias[n->id] || p->view_node[n->id] || p->absorbed[n->id]) return KL_STEP_NONE;
-    if (!kl_is_fusible(n, p->target) && !(p->fuse && kl_is_direct_conv(n, p->target)))
+    if (!kl_is_fusible(n, p->target) &&
+        !(p->fuse && (kl_is_direct_conv(n, p->target) || kl_is_direct_conv_transpose(n, p->target))))
       return n->op == KL_OP_MATMUL && kl_dtype_is_float(n->outputs[0]->dtype) ? KL_STEP_GEMM
                                                                                : KL_STEP_NODE;
   }
   if (gr->kind == KL_GROUP_ROWS) return KL_STEP_ROWS;
   for (int k = 0; k < gr->count; k++) {
-    if (m[k]->op == KL_OP_CONV2D) return KL_STEP_DIRECT_CONV;
+    if (m[k]->op == KL_OP_CONV2D || m[k]->op == KL_OP_CONV_TRANSPOSE2D) return KL_STEP_DIRECT_CONV;
     if (m[k]->op == KL_OP_MATMUL) return KL_STEP_DIRECT_GEMM;
   }
   return KL_STEP_ELEMENTWISE;

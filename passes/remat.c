@@ -85,6 +85,7 @@ static bool copyable(const kl_plan *p, const kl_node *n) {
   if (n->after || n->noutputs < 1) return false; /* a copy already */
   if (n->op == KL_OP_MAX_POOL2D_INDEX) return true;
   if (n->op == KL_OP_CONV2D) return kl_is_direct_conv(n, p->target);
+  if (n->op == KL_OP_CONV_TRANSPOSE2D) return kl_is_direct_conv_transpose(n, p->target);
   switch (kl_ops[n->op].kind) {
   case KL_KIND_ELEMENTWISE: case KL_KIND_NORMALIZATION: case KL_KIND_DATA_MOVEMENT:
   case KL_KIND_REDUCTION: return true;

@@ -96,6 +96,22 @@ bool kl_is_direct_conv(const kl_node *n, const kl_target *t) {
              t->direct_conv_min_outputs_per_k;
 }
 
+/* The same for a transposed convolution: each output gathers the inputs
+ * its window reaches (K = input channels per group x window), so its
+ * batch norm and activation run in the same kernel. */
+bool kl_is_direct_conv_transpose(const kl_node *n, const kl_target *t) {
+  if (n->op != KL_OP_CONV_TRANSPOSE2D || n->noutputs != 1) return false;
+  const kl_value *x = n->inputs[0], *w = n->inputs[1], *y = n->outputs[0];
+  int64_t groups = kl_attr_int(n, "groups", 1);
+  if (!kl_dtype_is_float(y->dtype) || x->dtype != y->dtype || w->dtype != y->dtype ||
+      (n->ninputs > 2 && n->inputs[2]->dtype != y->dtype) || x->shape.rank != 4 ||
+      w->shape.rank != 4 || kl_shape_numel(&y->shape) <= 0 || groups < 1)
+    return false;
+  int64_t k = x->shape.dims[1] / groups * w->shape.dims[2] * w->shape.dims[3];
+  return k <= t->direct_conv_max_k && kl_shape_numel(&y->shape) * k <= t->direct_conv_max_macs &&
+         kl_shape_numel(&y->shape) / k >= t->direct_conv_min_outputs_per_k;
+}
+
 bool kl_is_direct_matmul(const kl_node *n, const kl_target *t) {
   if (n->op != KL_OP_MATMUL || n->noutputs != 1) return false;
   const kl_value *a = n->inputs[0], *b = n->inputs[1], *y = n->outputs[0];

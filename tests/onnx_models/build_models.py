@@ -494,7 +494,8 @@ def fpn():
     a backbone of three stride-2 stages, 1x1 lateral convolutions, a
     top-down path adding each level to the nearest-neighbour upsampling
     (Resize) of the one above, and the levels upsampled to the finest and
-    concatenated along channels before a 3x3 head."""
+    concatenated along channels before a 3x3 head and a ConvTranspose
+    (with batch norm and relu) back to the input's size, as DBNet's."""
     g = Graph(37)
     x = "image"
     feats, y, c = [], x, 3
@@ -515,11 +516,19 @@ def fpn():
     p1 = g.op("Add", [lat[0], up(p2, 2)])
     cat = g.op("Concat", [p1, up(p2, 2), up(p3, 4)], axis=1)
     head = g.op("Relu", [g.conv_bn(cat, 96, 32, 3)])
-    g.op("Sigmoid", [g.op("Conv", [head, g.weight("head_w", (2, 32, 1, 1), 32),
+    # DBNet's head: a ConvTranspose back to the input's size, with its
+    # batch norm and relu
+    up2 = g.op("ConvTranspose", [head, g.weight("deconv_w", (32, 16, 2, 2), 32),
+                                 g.uniform("deconv_b", (16,), -0.1, 0.1)], kernel_shape=[2, 2],
+               strides=[2, 2])
+    up2 = g.op("Relu", [g.op("BatchNormalization", [
+        up2, g.uniform("bn_scale", (16,), 0.5, 1.5), g.uniform("bn_bias", (16,), -0.2, 0.2),
+        g.uniform("bn_mean", (16,), -0.2, 0.2), g.uniform("bn_var", (16,), 0.5, 2.0)], epsilon=1e-5)])
+    g.op("Sigmoid", [g.op("Conv", [up2, g.weight("head_w", (2, 16, 1, 1), 16),
                                    g.uniform("head_b", (2,), -0.1, 0.1)], kernel_shape=[1, 1])])
     g.output("maps")
     m = g.model("fpn", [helper.make_tensor_value_info(x, F32, [1, 3, 64, 64])],
-                [helper.make_tensor_value_info("maps", F32, [1, 2, 32, 32])], 13)
+                [helper.make_tensor_value_info("maps", F32, [1, 2, 64, 64])], 13)
     feeds = {x: np.random.default_rng(37).standard_normal((1, 3, 64, 64)).astype(np.float32)}
     return m, feeds
 

@@ -2416,6 +2416,19 @@ def gen_ext_nn():
             ", ".join(n for n, _ in ins), src),
             [f32(conv_transpose2d_ref(x, w, b, **kw))],
             tol={"rtol": 1e-5, "atol": 1e-5})
+        # with an epilogue: compiled, the transposed convolution is computed
+        # inside the epilogue's kernel, each output gathering its window
+        case(name + "_relu_fused", ins, "output y = relu(conv_transpose2d(%s%s)) * 0.5" % (
+            ", ".join(n for n, _ in ins), src),
+            [f32(np.maximum(conv_transpose2d_ref(x, w, b, **kw), 0) * 0.5)],
+            tol={"rtol": 1e-5, "atol": 1e-5})
+    r = rng_for("conv_transpose2d_f16")
+    x, w, b = randn(r, (1, 4, 5, 3), np.float16), randn(r, (4, 3, 3, 3), np.float16), randn(r, (3,), np.float16)
+    case("conv_transpose2d_f16_relu_fused", [("x", x), ("w", w), ("b", b)],
+         "output y = relu(conv_transpose2d(x, w, b, strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 0]))",
+         [np.maximum(conv_transpose2d_ref(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64),
+                                          strides=(2, 2), pads=(1, 1, 1, 1), output_padding=(1, 0)), 0)
+          .astype(np.float16)], tol={"rtol": 2e-3, "atol": 2e-3})
     r = rng_for("conv_transpose2d_f64")
     x, w = randn(r, (1, 2, 3, 3), np.float64), randn(r, (2, 2, 3, 3),
                                                      np.float64)
