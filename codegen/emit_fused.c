@@ -217,12 +217,40 @@ static void direct_conv_transpose(FILE *f, const kl_node *nd, const kl_group_io 
   store_sum(f, out, io, later, store);
 }
 
+/* A resize that repeats (kl_resize_ratios): output element idx reads
+ * input position (o_d / r_d) per axis; the value as it is, no arithmetic. */
+static void gather_resize(FILE *f, const kl_node *nd, const kl_group_io *io, bool later,
+                          const char *idx, const char *store) {
+  typedef long long ll;
+  const kl_value *x = nd->inputs[0], *out = nd->outputs[0];
+  int64_t ratio[KL_MAX_RANK], in_stride = 1;
+  kl_resize_ratios(nd, ratio);
+  int kx = index_of(io->in, io->nin, x), ko = index_of(io->out, io->nout, out);
+  char buf[160], at[64];
+  if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
+  fprintf(f, "    { /* %s: resize, each input repeated (x%s) */\n      int64_t q = %s, src = 0;\n", nd->name,
+          ratio[x->shape.rank - 1] > 1 ? "n" : "1", idx);
+  for (int d = x->shape.rank - 1; d >= 0; d--) {
+    if (d) fprintf(f, "      src += q %% %lldLL / %lldLL * %lldLL; q /= %lldLL;\n", (ll)out->shape.dims[d],
+                   (ll)ratio[d], (ll)in_stride, (ll)out->shape.dims[d]);
+    else fprintf(f, "      src += q / %lldLL * %lldLL;\n", (ll)ratio[d], (ll)in_stride);
+    in_stride *= x->shape.dims[d];
+  }
+  fprintf(f, "      const %s s = in%d[src];\n", kl_cg_storage(out->dtype), kx);
+  snprintf(at, sizeof at, store, ko);
+  if (ko >= 0) fprintf(f, "      %s = s;\n", at);
+  if (later)
+    fprintf(f, "      v%d = %s;\n", out->id, kl_cg_load(buf, sizeof buf, out->dtype, kl_cg_compute_type(out->dtype), "s"));
+  fprintf(f, "    }\n");
+}
+
 void kl_cg_conv_at(FILE *f, const kl_node *nd, const kl_group_io *io, const char *idx,
                    const char *dst, bool store) {
   kl_group_io only_in = *io;
   if (!store) only_in.nout = 0; /* the caller stores, or nothing does */
   fprintf(f, "      {\n");
-  if (nd->op == KL_OP_CONV_TRANSPOSE2D) direct_conv_transpose(f, nd, &only_in, dst != NULL, idx, "out%d[i]");
+  if (nd->op == KL_OP_RESIZE) gather_resize(f, nd, &only_in, dst != NULL, idx, "out%d[i]");
+  else if (nd->op == KL_OP_CONV_TRANSPOSE2D) direct_conv_transpose(f, nd, &only_in, dst != NULL, idx, "out%d[i]");
   else direct_conv(f, nd, &only_in, dst != NULL, idx, "out%d[i]");
   if (dst) fprintf(f, "      %s = v%d;\n", dst, nd->outputs[0]->id);
   fprintf(f, "      }\n");
@@ -294,6 +322,10 @@ void kl_cg_fused_members(FILE *f, kl_node *const *nodes, int n, const kl_group_i
     }
     if (nd->op == KL_OP_CONV_TRANSPOSE2D) {
       direct_conv_transpose(f, nd, io, out == keep || read_later(nodes, n, m, out), idx, store);
+      continue;
+    }
+    if (nd->op == KL_OP_RESIZE) {
+      gather_resize(f, nd, io, out == keep || read_later(nodes, n, m, out), idx, store);
       continue;
     }
     if (nd->op == KL_OP_MATMUL) {

@@ -94,7 +94,7 @@ static void need_row(const rows_ctx *c, const kl_value *v, bool *member, bool *i
   /* softmax's value reads its input; other row values (norms: with their
    * scale and bias) their operands; a convolution reads its window
    * itself */
-  if (nd->op == KL_OP_CONV2D || nd->op == KL_OP_CONV_TRANSPOSE2D) return;
+  if (nd->op == KL_OP_CONV2D || nd->op == KL_OP_CONV_TRANSPOSE2D || nd->op == KL_OP_RESIZE) return;
   for (int i = 0; i < (kl_row_kind(nd) == 2 ? 1 : nd->ninputs); i++)
     need_row(c, nd->inputs[i], member, input);
 }
@@ -141,7 +141,7 @@ static void row_body(const rows_ctx *c, const kl_value *want, bool store) {
     snprintf(dst, sizeof dst, "r%d", out->id);
     snprintf(at, sizeof at, "out%d[i]", ko_of[m]);
     if (read) fprintf(f, "      %s r%d;\n", kl_cg_compute_type(out->dtype), out->id);
-    if (nd->op == KL_OP_CONV2D || nd->op == KL_OP_CONV_TRANSPOSE2D) { /* its window, at i */
+    if (nd->op == KL_OP_CONV2D || nd->op == KL_OP_CONV_TRANSPOSE2D || nd->op == KL_OP_RESIZE) { /* its window, at i */
       kl_cg_conv_at(f, nd, c->io, "i", read ? dst : NULL, ko_of[m] >= 0);
       continue;
     }

@@ -38,6 +38,8 @@ typedef struct {
   int *nmembers, *mcap;
   kl_node ***readers; /* value id -> nodes reading it, so far */
   int *nreaders, *rcap;
+  kl_node *const *order; /* the nodes in order, and where pick_group is */
+  int norder, at;
 } fuse_ctx;
 
 static void push_node(kl_node ***arr, int *n, int *cap, kl_node *x) {
@@ -148,7 +150,9 @@ static int row_axes(const fuse_ctx *c, const kl_node *n) {
 /* an elementwise-group node that reads its inputs around its element (a
  * direct convolution): it never joins a group that makes one of them */
 static bool reads_window(const fuse_ctx *c, const kl_node *n) {
-  return kl_is_direct_conv(n, c->opt->target) || kl_is_direct_conv_transpose(n, c->opt->target);
+  int64_t ratio[KL_MAX_RANK];
+  return kl_is_direct_conv(n, c->opt->target) || kl_is_direct_conv_transpose(n, c->opt->target) ||
+         kl_resize_ratios(n, ratio);
 }
 
 /* what a row kernel takes besides its reductions */
@@ -282,6 +286,22 @@ static int pick_group(fuse_ctx *c, kl_node *n) {
       }
     }
   }
+  /* A window reader (an upsample, a convolution) whose result a later node
+   * combines with a value of another group: into that group, so that the
+   * combining node finds both there (lateral + upsample in an FPN is then
+   * one kernel, not two). */
+  if (reads_window(c, n))
+    for (int j = c->at + 1; j < c->norder; j++) {
+      const kl_node *r = c->order[j];
+      bool reads_n = false;
+      for (int i = 0; i < r->ninputs; i++) reads_n |= r->inputs[i] == n->outputs[0];
+      if (!reads_n || !elementwise(c, r)) continue;
+      for (int i = 0; i < r->ninputs; i++) {
+        int s = producer_group(c, r->inputs[i]);
+        if (r->inputs[i] == n->outputs[0] || s < 0) continue;
+        if ((how = can_join(c, n, s)) == JOIN) return s;
+      }
+    }
   return -1;
 }
 
@@ -399,8 +419,10 @@ int kl_fuse(const kl_graph *g, kl_node *const *order, int n, const kl_fusion_opt
       !c.members || !c.nmembers || !c.mcap || !c.readers || !c.nreaders || !c.rcap)
     abort();
   for (int i = 0; i < nn; i++) c.group_of[i] = -1;
+  c.order = order, c.norder = n;
   for (int i = 0; i < n; i++) {
     kl_node *node = order[i];
+    c.at = i;
     int gi = pick_group(&c, node);
     bool pinned = opt->pinned && opt->pinned[node->id];
     if (gi < 0 && pinned)

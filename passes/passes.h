@@ -231,6 +231,9 @@ bool kl_traps_zero_divisor(const kl_node *n);
 bool kl_is_channel_affine(const kl_node *n);
 /* A float conv2d an elementwise kernel computes element by element. */
 bool kl_is_direct_conv(const kl_node *n, const kl_target *t);
+/* A resize that repeats each input position r times per axis: ratio[d]
+ * gets r (an elementwise kernel gathers it). */
+bool kl_resize_ratios(const kl_node *n, int64_t *ratio);
 /* A float conv_transpose2d the same (each output gathers its window). */
 bool kl_is_direct_conv_transpose(const kl_node *n, const kl_target *t);
 /* A float matmul short enough for the same. */

@@ -142,7 +142,8 @@ void kl_group_io_of(kl_node *const *nodes, int n, const bool *stored, kl_group_i
       }
       /* a batch_norm's parameters are read by channel, a convolution's
        * operands by window */
-      if (nd->op == KL_OP_CONV2D || nd->op == KL_OP_CONV_TRANSPOSE2D || nd->op == KL_OP_MATMUL)
+      if (nd->op == KL_OP_CONV2D || nd->op == KL_OP_CONV_TRANSPOSE2D || nd->op == KL_OP_MATMUL ||
+          nd->op == KL_OP_RESIZE)
         io->window_read[k] = true;
       else if (!(kl_is_channel_affine(nd) && i > 0)) io->elementwise_read[k] = true;
     }

@@ -112,6 +112,29 @@ bool kl_is_direct_conv_transpose(const kl_node *n, const kl_target *t) {
          kl_shape_numel(&y->shape) / k >= t->direct_conv_min_outputs_per_k;
 }
 
+/* A resize that only repeats: every output position reads the one input
+ * position o / r of its axis (r = out / in, whole), with weight 1, by the
+ * interpreter's own taps (nearest, asymmetric + floor or half-pixel +
+ * round-prefer, at whole-number scales: an FPN's or a U-Net's upsample). */
+bool kl_resize_ratios(const kl_node *n, int64_t *ratio) {
+  if (n->op != KL_OP_RESIZE || n->noutputs != 1) return false;
+  const kl_shape *in = &n->inputs[0]->shape, *out = &n->outputs[0]->shape;
+  if (in->rank < 1 || in->rank != out->rank || kl_shape_numel(out) <= 0) return false;
+  int64_t total = 0;
+  for (int d = 0; d < in->rank; d++) {
+    if (out->dims[d] % in->dims[d]) return false;
+    ratio[d] = out->dims[d] / in->dims[d];
+    total += out->dims[d];
+  }
+  if (total > (1 << 20)) return false; /* the check below stays cheap */
+  kl_resize_taps tp;
+  for (int d = 0; d < in->rank; d++)
+    for (int64_t o = 0; o < out->dims[d]; o++)
+      if (kl_resize_tap_at(n, d, o, &tp) || tp.ntap != 1 || tp.w[0] != 1.0 || tp.idx[0] != o / ratio[d])
+        return false;
+  return true;
+}
+
 bool kl_is_direct_matmul(const kl_node *n, const kl_target *t) {
   if (n->op != KL_OP_MATMUL || n->noutputs != 1) return false;
   const kl_value *a = n->inputs[0], *b = n->inputs[1], *y = n->outputs[0];

@@ -2555,6 +2555,33 @@ def gen_ext_nn():
              "const c: f32[%s] = values([%s])\noutput y = resize(c, sizes=%s%s) + z"
              % (", ".join(map(str, x.shape)), values, klist(sizes), src),
              [f32(exp)], tol={"rtol": 1e-5, "atol": 1e-5})
+    # resizes that repeat (nearest at whole-number ratios) inside an
+    # elementwise kernel, each output gathering its input position; the
+    # last two are no repeats (a fraction; linear) and keep their kernel
+    r = rng_for("resize_fused")
+    for name, xs, sizes, src, kw in [
+            ("asym_floor_x2", (1, 3, 4, 5), [1, 3, 8, 10],
+             ", mode=nearest, coordinate_transformation_mode=asymmetric, nearest_mode=floor",
+             dict(coord="asymmetric", nearest_mode="floor")),
+            ("half_pixel_x3_x1", (2, 2, 3, 4), [2, 2, 9, 4], "", {}),
+            ("pytorch_x2_batch", (2, 3, 2, 2), [4, 3, 4, 2],
+             ", coordinate_transformation_mode=pytorch_half_pixel, nearest_mode=round_prefer_ceil",
+             dict(coord="pytorch_half_pixel", nearest_mode="round_prefer_ceil")),
+            ("fraction", (1, 2, 4, 4), [1, 2, 6, 6], "", {}),
+            ("linear_x2", (1, 2, 3, 3), [1, 2, 6, 6], ", mode=linear", dict(mode="linear"))]:
+        x, z = randn(r, xs), randn(r, tuple(sizes))
+        case("resize_fused_" + name, [("x", x), ("z", z)],
+             "output y = relu(resize(x, sizes=%s%s) + z)" % (klist(sizes), src),
+             [f32(np.maximum(resize_ref(x, sizes, **kw) + z.astype(np.float64), 0))],
+             tol={"rtol": 1e-5, "atol": 1e-5})
+    # an FPN's top-down step: a 1x1 lateral convolution plus the upsampled
+    # level above, one kernel (the upsample joins the convolution's group)
+    top, low, w = randn(r, (1, 4, 3, 3)), randn(r, (1, 5, 6, 6)), randn(r, (4, 5, 1, 1))
+    case("resize_fused_fpn_lateral", [("top", top), ("low", low), ("w", w)],
+         "output y = conv2d(low, w) + resize(top, sizes=[1, 4, 6, 6], mode=nearest, "
+         "coordinate_transformation_mode=asymmetric, nearest_mode=floor)",
+         [f32(conv2d(low, w) + resize_ref(top, [1, 4, 6, 6], coord="asymmetric", nearest_mode="floor"))],
+         tol={"rtol": 1e-5, "atol": 1e-5})
     # linear resize by an integer factor matches a hand-written lerp
     xx = np.array([[0.0, 4.0, 8.0]], np.float32)
     case("resize_linear_1d_hand", [("x", xx)],
