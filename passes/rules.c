@@ -81,6 +81,14 @@ bool kl_is_channel_affine(const kl_node *n) {
   return true;
 }
 
+/* A direct convolution of `outputs` dot products of length k within the
+ * target's bounds: k, the multiply-adds (divided, not multiplied: no
+ * overflow) and the outputs per unit of k. */
+static bool direct_size_ok(int64_t outputs, int64_t k, const kl_target *t) {
+  return k >= 1 && k <= t->direct_conv_max_k && outputs <= t->direct_conv_max_macs / k &&
+         outputs / k >= t->direct_conv_min_outputs_per_k;
+}
+
 /* Longer dot products go to im2col + the GEMM library, whose tiles reuse
  * each loaded value where the direct kernel relies on the caches. */
 bool kl_is_direct_conv(const kl_node *n, const kl_target *t) {
@@ -89,11 +97,8 @@ bool kl_is_direct_conv(const kl_node *n, const kl_target *t) {
   return kl_dtype_is_float(y->dtype) && x->dtype == y->dtype && w->dtype == y->dtype &&
          (n->ninputs < 3 || n->inputs[2]->dtype == y->dtype) && x->shape.rank == 4 &&
          w->shape.rank == 4 && kl_shape_numel(&y->shape) > 0 &&
-         w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3] <= t->direct_conv_max_k &&
-         kl_shape_numel(&y->shape) * w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3] <=
-             t->direct_conv_max_macs &&
-         kl_shape_numel(&y->shape) / (w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3]) >=
-             t->direct_conv_min_outputs_per_k;
+         direct_size_ok(kl_shape_numel(&y->shape), w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3],
+                        t);
 }
 
 /* The same for a transposed convolution: each output gathers the inputs
@@ -107,9 +112,8 @@ bool kl_is_direct_conv_transpose(const kl_node *n, const kl_target *t) {
       (n->ninputs > 2 && n->inputs[2]->dtype != y->dtype) || x->shape.rank != 4 ||
       w->shape.rank != 4 || kl_shape_numel(&y->shape) <= 0 || groups < 1)
     return false;
-  int64_t k = x->shape.dims[1] / groups * w->shape.dims[2] * w->shape.dims[3];
-  return k <= t->direct_conv_max_k && kl_shape_numel(&y->shape) * k <= t->direct_conv_max_macs &&
-         kl_shape_numel(&y->shape) / k >= t->direct_conv_min_outputs_per_k;
+  return direct_size_ok(kl_shape_numel(&y->shape), x->shape.dims[1] / groups * w->shape.dims[2] * w->shape.dims[3],
+                        t);
 }
 
 /* A resize that only repeats: every output position reads the one input
@@ -143,7 +147,7 @@ bool kl_is_direct_matmul(const kl_node *n, const kl_target *t) {
          b->dtype == y->dtype && a->shape.rank >= 2 && b->shape.rank >= 2 &&
          kl_shape_numel(&y->shape) > 0 && a->shape.dims[a->shape.rank - 1] >= 1 &&
          a->shape.dims[a->shape.rank - 1] <= t->direct_matmul_max_k &&
-         kl_shape_numel(&y->shape) * a->shape.dims[a->shape.rank - 1] <= t->direct_matmul_max_macs;
+         kl_shape_numel(&y->shape) <= t->direct_matmul_max_macs / a->shape.dims[a->shape.rank - 1];
 }
 
 bool kl_is_fusible(const kl_node *n, const kl_target *t) {
