@@ -95,8 +95,11 @@ const kl_target *kl_cg_target_for(int sm) {
   set(&t, offsetof(kl_target, direct_conv_min_outputs_per_k), r->direct_conv_min_outputs_per_k);
   const char *env = getenv("KILN_CUTOFFS");
   char why[300];
-  if (env && *env && kl_cg_apply_cutoffs(&t, env, why, sizeof why) && !warned++)
-    fprintf(stderr, "kiln: warning: KILN_CUTOFFS ignored: %s\n", why);
+  kl_target with = t; /* all of it or none */
+  if (env && *env) {
+    if (!kl_cg_apply_cutoffs(&with, env, why, sizeof why)) t = with;
+    else if (!warned++) fprintf(stderr, "kiln: warning: KILN_CUTOFFS ignored: %s\n", why);
+  }
   return &t;
 }
 

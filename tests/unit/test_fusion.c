@@ -246,6 +246,8 @@ static void test_cutoffs(void **state) {
   assert_int_equal(kl_cg_apply_cutoffs(&o, "direct_conv_max_k=-3", why, sizeof why), -1);
   setenv("KILN_CUTOFFS", "direct_conv_max_k=5", 1);
   assert_int_equal(kl_cg_target_for(90)->direct_conv_max_k, 5);
+  setenv("KILN_CUTOFFS", "direct_conv_max_k=5,bogus=1", 1); /* refused whole, said once */
+  assert_int_equal(kl_cg_target_for(90)->direct_conv_max_k, 2304);
   unsetenv("KILN_CUTOFFS");
 }
 
