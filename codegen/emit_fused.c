@@ -99,6 +99,29 @@ static void store_sum(FILE *f, const kl_value *out, const kl_group_io *io, bool 
   fprintf(f, "    }\n");
 }
 
+/* A convolution's strides, dilations and leading pads (top, left), each
+ * defaulted as ONNX does. */
+static void window_of(const kl_node *nd, int64_t *st, int64_t *dil, int64_t *pad) {
+  const int64_t *v;
+  st[0] = st[1] = dil[0] = dil[1] = 1;
+  pad[0] = pad[1] = 0;
+  if (kl_attr_ints(nd, "strides", &v) == 2) st[0] = v[0], st[1] = v[1];
+  if (kl_attr_ints(nd, "dilations", &v) == 2) dil[0] = v[0], dil[1] = v[1];
+  if (kl_attr_ints(nd, "pads", &v) == 4) pad[0] = v[0], pad[1] = v[1];
+}
+
+/* A convolution member's end: its bias (per output channel co) added to
+ * `sum`, then rounded and stored as store_sum does. */
+static void bias_and_store(FILE *f, const kl_node *nd, const kl_group_io *io, bool later,
+                           const char *store, const char *acc) {
+  char src[64], lb[96];
+  if (nd->ninputs > 2) {
+    snprintf(src, sizeof src, "in%d[co]", index_of(io->in, io->nin, nd->inputs[2]));
+    fprintf(f, "      sum += %s;\n", kl_cg_load(lb, sizeof lb, nd->inputs[2]->dtype, acc, src));
+  }
+  store_sum(f, nd->outputs[0], io, later, store);
+}
+
 /* A conv2d member computed directly, one output element (idx) a thread:
  * the window's dot product, summed in double (float for f16/bf16, the
  * GEMM's f32 accumulation), plus the bias, rounded once -- what im2col +
@@ -115,24 +138,17 @@ static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool 
   const kl_value *x = nd->inputs[0], *w = nd->inputs[1], *out = nd->outputs[0];
   const int64_t *xd = x->shape.dims, *yd = out->shape.dims, *wd = w->shape.dims;
   int64_t groups = kl_attr_int(nd, "groups", 1), cpg = xd[1] / groups, mpg = yd[1] / groups;
-  int64_t st[2] = {1, 1}, dil[2] = {1, 1}, pad[4] = {0, 0, 0, 0};
-  const int64_t *v;
-  if (kl_attr_ints(nd, "strides", &v) == 2) st[0] = v[0], st[1] = v[1];
-  if (kl_attr_ints(nd, "dilations", &v) == 2) dil[0] = v[0], dil[1] = v[1];
-  if (kl_attr_ints(nd, "pads", &v) == 4) pad[0] = v[0], pad[1] = v[1];
+  int64_t st[2], dil[2], pad[2];
+  window_of(nd, st, dil, pad);
   const char *acc = kl_cg_real_type(x->dtype); /* f32 sums; f64 for f64 */
   int kx = index_of(io->in, io->nin, x), kw = index_of(io->in, io->nin, w);
-  char lx[96], lw[96], lb[96], src[64];
+  char lx[96], lw[96];
   if (nd == tiled_conv) { /* tiled_conv_group summed it: its epilogue only */
     if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
     fprintf(f, "    { /* %s: conv2d, tiled */\n      const int64_t co = (%s / %lldLL) %% %lldLL;\n"
                "      (void)co;\n      %s sum = tacc[u][t8];\n",
             nd->name, idx, (long long)(yd[2] * yd[3]), (long long)yd[1], acc);
-    if (nd->ninputs > 2) {
-      snprintf(src, sizeof src, "in%d[co]", index_of(io->in, io->nin, nd->inputs[2]));
-      fprintf(f, "      sum += %s;\n", kl_cg_load(lb, sizeof lb, nd->inputs[2]->dtype, acc, src));
-    }
-    store_sum(f, out, io, later, store);
+    bias_and_store(f, nd, io, later, store, acc);
     return;
   }
   kl_cg_load(lx, sizeof lx, x->dtype, acc, "xr[ix]");
@@ -161,11 +177,7 @@ static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool 
           (ll)wd[2], (ll)st[0], (ll)pad[0], (ll)dil[0], (ll)xd[2], kl_cg_storage(x->dtype),
           (ll)xd[3], kl_cg_storage(w->dtype), (ll)wd[3], (ll)wd[3], (ll)st[1], (ll)pad[1],
           (ll)dil[1], (ll)xd[3], lx, lw);
-  if (nd->ninputs > 2) {
-    snprintf(src, sizeof src, "in%d[co]", index_of(io->in, io->nin, nd->inputs[2]));
-    fprintf(f, "      sum += %s;\n", kl_cg_load(lb, sizeof lb, nd->inputs[2]->dtype, acc, src));
-  }
-  store_sum(f, out, io, later, store);
+  bias_and_store(f, nd, io, later, store, acc);
 }
 
 /* A conv_transpose2d member computed directly, one output element (idx) a
@@ -178,14 +190,11 @@ static void direct_conv_transpose(FILE *f, const kl_node *nd, const kl_group_io 
   const kl_value *x = nd->inputs[0], *w = nd->inputs[1], *out = nd->outputs[0];
   const int64_t *xd = x->shape.dims, *yd = out->shape.dims, *wd = w->shape.dims;
   int64_t groups = kl_attr_int(nd, "groups", 1), cpg = xd[1] / groups, mpg = yd[1] / groups;
-  int64_t st[2] = {1, 1}, dil[2] = {1, 1}, pad[4] = {0, 0, 0, 0};
-  const int64_t *v;
-  if (kl_attr_ints(nd, "strides", &v) == 2) st[0] = v[0], st[1] = v[1];
-  if (kl_attr_ints(nd, "dilations", &v) == 2) dil[0] = v[0], dil[1] = v[1];
-  if (kl_attr_ints(nd, "pads", &v) == 4) pad[0] = v[0], pad[1] = v[1];
+  int64_t st[2], dil[2], pad[2];
+  window_of(nd, st, dil, pad);
   const char *acc = kl_cg_real_type(x->dtype);
   int kx = index_of(io->in, io->nin, x), kw = index_of(io->in, io->nin, w);
-  char lx[160], lw[160], lb[96], src[160];
+  char lx[160], lw[160], src[160];
   snprintf(src, sizeof src, "in%d[((b * %lldLL + ci) * %lldLL + iy) * %lldLL + ix]", kx, (ll)xd[1], (ll)xd[2],
            (ll)xd[3]);
   kl_cg_load(lx, sizeof lx, x->dtype, acc, src);
@@ -210,11 +219,7 @@ static void direct_conv_transpose(FILE *f, const kl_node *nd, const kl_group_io 
              "            if (ix < %lldLL) sum += %s * %s;\n          }\n        }\n",
           (ll)cpg, (ll)wd[2], (ll)pad[0], (ll)dil[0], (ll)st[0], (ll)st[0], (ll)xd[2], (ll)wd[3], (ll)pad[1],
           (ll)dil[1], (ll)st[1], (ll)st[1], (ll)xd[3], lx, lw);
-  if (nd->ninputs > 2) {
-    snprintf(src, sizeof src, "in%d[co]", index_of(io->in, io->nin, nd->inputs[2]));
-    fprintf(f, "      sum += %s;\n", kl_cg_load(lb, sizeof lb, nd->inputs[2]->dtype, acc, src));
-  }
-  store_sum(f, out, io, later, store);
+  bias_and_store(f, nd, io, later, store, acc);
 }
 
 /* A resize that repeats (kl_resize_ratios): output element idx reads
@@ -480,11 +485,8 @@ static kl_cg_grid tiled_conv_group(FILE *f, const char *name, kl_node *const *no
   typedef long long ll;
   const kl_value *x = conv->inputs[0], *w = conv->inputs[1], *y = conv->outputs[0];
   const int64_t *xd = x->shape.dims, *yd = y->shape.dims, *wd = w->shape.dims;
-  int64_t st[2] = {1, 1}, dil[2] = {1, 1}, pad[4] = {0, 0, 0, 0};
-  const int64_t *v;
-  if (kl_attr_ints(conv, "strides", &v) == 2) st[0] = v[0], st[1] = v[1];
-  if (kl_attr_ints(conv, "dilations", &v) == 2) dil[0] = v[0], dil[1] = v[1];
-  if (kl_attr_ints(conv, "pads", &v) == 4) pad[0] = v[0], pad[1] = v[1];
+  int64_t st[2], dil[2], pad[2];
+  window_of(conv, st, dil, pad);
   int64_t K = xd[1] * wd[2] * wd[3], win = wd[2] * wd[3], plane = yd[2] * yd[3], P = xd[0] * plane;
   const char *acc = kl_cg_real_type(x->dtype);
   conv_tiles ts = tiles_for(y);
