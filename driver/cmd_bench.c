@@ -264,16 +264,14 @@ static int train_split(const kl_graph *g, krt_device_kind kind, const char *data
   kl_codegen_result cg;
   kiln_cutoffs_for_device(kind);
   if (kiln_generate(g, &co, &cg)) return KILN_EXIT_ERROR;
-  char dir[4096], steps[32], msg[256];
+  char dir[4096], steps[32];
   const char *tmp = getenv("TMPDIR");
   snprintf(dir, sizeof dir, "%s/kiln-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   snprintf(steps, sizeof steps, "%ld", iters < 50 ? 50 : iters);
   int rc = KILN_EXIT_ERROR;
-  bool made = mkdtemp(dir) != NULL, gpu = false;
-  int gpu_sm = 0;
-  krt_device *probe = NULL;
-  if (!krt_device_open(kind, &probe, msg, sizeof msg)) gpu_sm = krt_device_sm(probe), gpu = gpu_sm > 0;
-  krt_device_close(probe);
+  /* the device was probed for the cut-offs: a GPU's images only on a GPU */
+  bool made = mkdtemp(dir) != NULL, gpu = kiln_cutoff_sm > 0;
+  int gpu_sm = kiln_cutoff_sm;
   const krt_model_api *api;
   void *handle = made ? kiln_build_host(&cg, dir, gpu_sm, &api) : NULL;
   if (handle) {

@@ -236,15 +236,24 @@ int kiln_input_file_opt(const char *cmd, char *arg, kiln_named_file *files, int 
 int kiln_run_compiled(const kl_graph *g, krt_device_kind kind, const kiln_compile_opts *base,
                       kl_tensor **in, kl_tensor **out, char *device_name, size_t n) {
   kl_codegen_result cg;
-  kiln_cutoffs_for_device(kind);
-  if (kiln_generate(g, base, &cg)) return -1;
   char dir[4096], msg[1024];
+  krt_device *dev = NULL;
+  /* the device first: its architecture picks the cut-offs, and auto
+   * decides whether GPU images are needed */
+  if (krt_device_open(kind, &dev, msg, sizeof msg)) {
+    fprintf(stderr, "kiln: error: %s\n", msg);
+    return -1;
+  }
+  kiln_cutoff_sm = krt_device_sm(dev);
+  if (kiln_generate(g, base, &cg)) {
+    krt_device_close(dev);
+    return -1;
+  }
   const char *tmp = getenv("TMPDIR");
   snprintf(dir, sizeof dir, "%s/kiln-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   int rc = -1;
   const krt_model_api *api = NULL;
   void *handle = NULL, *model = NULL;
-  krt_device *dev = NULL;
   void **raw_in = calloc((size_t)g->inputs.len + 1, sizeof *raw_in);
   void **raw_out = calloc((size_t)g->outputs.len + 1, sizeof *raw_out);
   if (!raw_in || !raw_out) abort();
@@ -252,11 +261,6 @@ int kiln_run_compiled(const kl_graph *g, krt_device_kind kind, const kiln_compil
   if (!made) {
     fprintf(stderr, "kiln: error: cannot make a build folder under %s: %s\n",
             tmp && *tmp ? tmp : "/tmp", strerror(errno));
-    goto done;
-  }
-  /* the device first: auto decides whether GPU images are needed */
-  if (krt_device_open(kind, &dev, msg, sizeof msg)) {
-    fprintf(stderr, "kiln: error: %s\n", msg);
     goto done;
   }
   if (!(handle = kiln_build_host(&cg, dir, krt_device_sm(dev), &api)))

@@ -108,7 +108,7 @@ int kiln_cmd_train(int argc, char **argv) {
   kl_codegen_result cg;
   bool generated = false, made = false;
   void *handle = NULL;
-  char dir[4096], msg[512];
+  char dir[4096];
   if (!g) goto done;
   kiln_cutoffs_for_device(kind);
   if (kiln_generate(g, &co, &cg)) goto done;
@@ -119,13 +119,9 @@ int kiln_cmd_train(int argc, char **argv) {
     fprintf(stderr, "kiln: error: cannot make a build folder: %s\n", strerror(errno));
     goto done;
   }
-  /* GPU images only when the device will be a GPU */
-  krt_device *probe = NULL;
-  int gpu_sm = 0;
-  if (!krt_device_open(kind, &probe, msg, sizeof msg)) gpu_sm = krt_device_sm(probe);
-  krt_device_close(probe);
+  /* GPU images only when the device will be a GPU (probed for the cut-offs) */
   const krt_model_api *api;
-  if (!(handle = kiln_build_host(&cg, dir, gpu_sm, &api))) goto done;
+  if (!(handle = kiln_build_host(&cg, dir, kiln_cutoff_sm, &api))) goto done;
   /* under mpirun every rank compiles the same step and joins the others */
   rc = krt_train_main_with(api, nrest, rest, krt_comm_mpi_open);
 done:
