@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 dev=${KILN_GPU_CHECK_DEVICE:-cuda}
 # KILN_GPU_CHECK_ONLY=cutoffs,bench,...: only those parts (device, conformance,
-# examples, long, models, bench, cutoffs, profile, train, arch), to spend a short lease
+# examples, long, models, bench, cutoffs, split, profile, train, arch), to spend a short lease
 only=${KILN_GPU_CHECK_ONLY:-}
 want() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
 out=$(mktemp -d)
@@ -265,6 +265,53 @@ row="    {${sm_here:-0}, $conv_k, $mm_k_best, $att_best, $conv_macs, $mm_macs, \
 echo "  the row for codegen/cutoffs.c: $row"
 echo "$row" >"$out/cutoffs-row.txt"
 summary+=("cut-off row for codegen/cutoffs.c (sm, conv K, matmul K, attention keys, conv MACs, matmul MACs): $row")
+fi
+
+if want split; then
+echo "== [${SECONDS}s] convolutions a warp an output (few outputs, long dot products): every direct"
+echo "   convolution split, checked against NumPy and ONNX Runtime on $dev; then the split"
+echo "   threshold (outputs per unit of K) swept on the model-shaped graphs (device ms, kiln profile)"
+all_split=direct_conv_min_outputs_per_k=0,direct_conv_split_below=1000000000
+"${PYTHON:-python3}" tests/ref/ops_cases.py "$out/ops" >/dev/null 2>&1
+KILN_CUTOFFS=$all_split t 300 "${PYTHON:-python3}" tests/ref/check.py "$kiln" "$out/ops" -k conv2d \
+  --kiln-arg=--device="$dev" >"$out/split-ops.txt" 2>&1 && r=PASS || r=FAIL
+grep -E '^FAIL' "$out/split-ops.txt" | head -5
+line="$r conv2d reference cases, every convolution split, on $dev: $(tail -1 "$out/split-ops.txt")"
+echo "  $line"; summary+=("$line")
+KILN_CUTOFFS=$all_split t 300 "${PYTHON:-python3}" tests/onnx_models/check_models.py "$kiln" "$out/onnx-split" --build \
+  --kiln-arg=--device="$dev" -j 4 >"$out/split-models.txt" 2>&1 && r=PASS || r=FAIL
+grep -E '^(FAIL|UNSUPPORTED)' "$out/split-models.txt" | head -5
+line="$r ONNX models, every direct convolution split, on $dev vs ONNX Runtime: $(tail -1 "$out/split-models.txt")"
+echo "  $line"; summary+=("$line")
+if [ "$dev" = cuda ]; then split_values="0 2 8 32 128"; else split_values="0 32"; fi
+split_points=""
+for m in resnet18 mobilenetv2 se_net fpn; do
+  [ -f "$out/onnx-split/$m/model.onnx" ] || continue
+  for n in $split_values; do
+    KILN_CUTOFFS=direct_conv_min_outputs_per_k=0,direct_conv_split_below=$n t 120 "$kiln" profile \
+      "$out/onnx-split/$m/model.onnx" --device="$dev" --iters 20 >"$out/split-$m-$n.txt" 2>&1
+    ms=$(awk '/^total \(steps summed\)/ { print $(NF-1) }' "$out/split-$m-$n.txt")
+    launches=$(awk '/^total \(steps summed\)/ { print $(NF-3) }' "$out/split-$m-$n.txt")
+    printf '  %-12s split below %4s outputs/K: %10s ms, %s launches\n' "$m" "$n" "${ms:-?}" "${launches:-?}"
+    summary+=("split $m below $n: ${ms:-?} ms device, ${launches:-?} launches")
+    split_points+="$n ${ms:-1e9}"$'\n'
+  done
+  KILN_CUTOFFS= t 120 "$kiln" profile "$out/onnx-split/$m/model.onnx" --device="$dev" --iters 20 >"$out/split-$m-table.txt" 2>&1
+  ms=$(awk '/^total \(steps summed\)/ { print $(NF-1) }' "$out/split-$m-table.txt")
+  summary+=("split $m with the committed row: ${ms:-?} ms device")
+  echo "  $m with the committed row: ${ms:-?} ms"
+done
+best=$(printf '%s' "$split_points" | awk '{ s[$1] += $2; if (!($1 in seen)) { seen[$1] = 1; o[++n] = $1 } }
+  END { b = o[1]; for (i = 2; i <= n; i++) if (s[o[i]] < s[b]) b = o[i]; print b }')
+line="split threshold with the least summed device time: direct_conv_split_below=$best (direct_conv_min_outputs_per_k=0)"
+echo "  $line"; summary+=("$line")
+for m in resnet18 mobilenetv2; do
+  [ -f "$out/onnx-split/$m/model.onnx" ] || continue
+  KILN_CUTOFFS=direct_conv_min_outputs_per_k=0,direct_conv_split_below=$best t 180 "$kiln" bench \
+    "$out/onnx-split/$m/model.onnx" --device="$dev" --iters "$iters" >"$out/split-bench-$m.txt" 2>&1
+  line="bench $m, split below $best: $(grep -E '^(launches|run ms)' "$out/split-bench-$m.txt" | tr -s ' ' | tr '\n' ';')"
+  echo "  $line"; summary+=("$line")
+done
 fi
 
 if want profile; then

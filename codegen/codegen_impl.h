@@ -188,6 +188,8 @@ void kl_cg_fused_entry(FILE *f, const char *name, const kl_group_io *io);
 /* Blocks a tiled convolution needs (kl_target.tile_min_blocks of the
  * plan being written; kl_codegen sets it). */
 extern int64_t kl_cg_min_blocks;
+/* The target of that plan (which convolutions a warp an output sums). */
+extern const kl_target *kl_cg_plan_target;
 /* A direct convolution member at element idx (emit_rows.c's row groups):
  * into dst (a declared register) when not NULL, stored to its group
  * output when `store`. */

@@ -130,8 +130,48 @@ static void bias_and_store(FILE *f, const kl_node *nd, const kl_group_io *io, bo
  * same address (a broadcast) and input loads are adjacent. */
 int64_t kl_cg_min_blocks = 264;
 
+const kl_target *kl_cg_plan_target = &kl_cg_target;
+
 /* The convolution a tiled kernel is being written for (its sums in tacc[u][t8]). */
 static const kl_node *tiled_conv;
+/* The convolution a warp-an-output kernel is being written for. */
+static const kl_node *split_conv;
+
+/* A split member: the lanes of a warp (KL_CONV_LANES of them: 32 on a GPU)
+ * take every KL_CONV_LANES-th element of the dot product, flattened over
+ * (input channel, ky, kx) as w's rows are, so a warp's weight loads are
+ * one row of w, consecutive; the partial sums meet through shuffles and
+ * every lane holds the total (the epilogue runs on each; lane 0 stores).
+ * With one lane (the host device) the order is the direct loop's. */
+static void split_conv_sum(FILE *f, const kl_node *nd, const kl_group_io *io, const char *idx,
+                           const char *acc) {
+  typedef long long ll;
+  const kl_value *x = nd->inputs[0], *w = nd->inputs[1], *out = nd->outputs[0];
+  const int64_t *xd = x->shape.dims, *yd = out->shape.dims, *wd = w->shape.dims;
+  int64_t groups = kl_attr_int(nd, "groups", 1), cpg = xd[1] / groups, mpg = yd[1] / groups;
+  int64_t st[2], dil[2], pad[2], win = wd[2] * wd[3], K = cpg * win;
+  window_of(nd, st, dil, pad);
+  char lx[200], lw[160], src[160];
+  snprintf(src, sizeof src, "in%d[((b * %lldLL + c0 + ci) * %lldLL + iy) * %lldLL + ix]",
+           index_of(io->in, io->nin, x), (ll)xd[1], (ll)xd[2], (ll)xd[3]);
+  kl_cg_load(lx, sizeof lx, x->dtype, acc, src);
+  snprintf(src, sizeof src, "in%d[co * %lldLL + k]", index_of(io->in, io->nin, w), (ll)K);
+  kl_cg_load(lw, sizeof lw, w->dtype, acc, src);
+  fprintf(f, "    { /* %s: conv2d, a warp an output (K = %lld) */\n", nd->name, (ll)K);
+  fprintf(f, "      int64_t q = %s;\n      const int64_t ox = q %% %lldLL; q /= %lldLL;\n"
+             "      const int64_t oy = q %% %lldLL; q /= %lldLL;\n"
+             "      const int64_t co = q %% %lldLL, b = q / %lldLL;\n"
+             "      const int64_t c0 = co / %lldLL * %lldLL;\n",
+          idx, (ll)yd[3], (ll)yd[3], (ll)yd[2], (ll)yd[2], (ll)yd[1], (ll)yd[1], (ll)mpg, (ll)cpg);
+  fprintf(f, "      %s sum = 0;\n      for (int64_t k = lane; k < %lldLL; k += KL_CONV_LANES) {\n"
+             "        const int64_t ci = k / %lldLL, r = k %% %lldLL;\n"
+             "        const int64_t iy = oy * %lldLL - %lldLL + r / %lldLL * %lldLL;\n"
+             "        const int64_t ix = ox * %lldLL - %lldLL + r %% %lldLL * %lldLL;\n"
+             "        if (iy >= 0 && iy < %lldLL && ix >= 0 && ix < %lldLL) sum += %s * %s;\n      }\n"
+             "      for (int o = KL_CONV_LANES / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);\n",
+          acc, (ll)K, (ll)win, (ll)win, (ll)st[0], (ll)pad[0], (ll)wd[3], (ll)dil[0], (ll)st[1], (ll)pad[1],
+          (ll)wd[3], (ll)dil[1], (ll)xd[2], (ll)xd[3], lx, lw);
+}
 
 static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool later,
                         const char *idx, const char *store) {
@@ -148,6 +188,12 @@ static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool 
     fprintf(f, "    { /* %s: conv2d, tiled */\n      const int64_t co = (%s / %lldLL) %% %lldLL;\n"
                "      (void)co;\n      %s sum = tacc[u][t8];\n",
             nd->name, idx, (long long)(yd[2] * yd[3]), (long long)yd[1], acc);
+    bias_and_store(f, nd, io, later, store, acc);
+    return;
+  }
+  if (nd == split_conv) {
+    if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
+    split_conv_sum(f, nd, io, idx, acc);
     bias_and_store(f, nd, io, later, store, acc);
     return;
   }
@@ -555,8 +601,60 @@ static kl_cg_grid tiled_conv_group(FILE *f, const char *name, kl_node *const *no
   return g;
 }
 
+/* The group's one convolution when the target has a warp sum each of
+ * its outputs (few, long dot products) and the group is of its shape. */
+static const kl_node *splittable_conv(kl_node *const *nodes, int n) {
+  const kl_node *conv = NULL;
+  for (int m = 0; m < n; m++)
+    if (nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL || nodes[m]->op == KL_OP_CONV_TRANSPOSE2D) {
+      if (conv || nodes[m]->op != KL_OP_CONV2D) return NULL;
+      conv = nodes[m];
+    }
+  if (!conv || !kl_is_split_conv(conv, kl_cg_plan_target)) return NULL;
+  return kl_shape_equal(&conv->outputs[0]->shape, &nodes[n - 1]->outputs[0]->shape) ? conv : NULL;
+}
+
+/* A warp an output element (KL_CONV_LANES lanes of it at work: 32 on a
+ * GPU, 1 on the host device, whose emulator would run every shuffle
+ * through fibers; the other 31 threads of a host warp leave at once). */
+static kl_cg_grid split_conv_group(FILE *f, const char *name, kl_node *const *nodes, int n,
+                                   const kl_group_io *io, const kl_node *conv) {
+  const kl_shape *shape = &conv->outputs[0]->shape;
+  int64_t numel = kl_shape_numel(shape);
+  char text[160], buf[256];
+  fprintf(f, "/* fused group of %d nodes -> %s, %s a warp an output:", n, kl_shape_str(shape, text, sizeof text),
+          conv->name);
+  for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
+  fprintf(f, " */\n");
+  kl_cg_fused_params(f, name, io);
+  fprintf(f, "  const int lane = (int)(threadIdx.x %% 32);\n  if (lane >= KL_CONV_LANES) return;\n"
+             "  for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; i < %lldLL;\n"
+             "       i += (int64_t)gridDim.x * (blockDim.x / 32)) {\n", (long long)numel);
+  const kl_value *loads[KL_MAX_GROUP_IO];
+  int nloads = 0, slot[KL_MAX_GROUP_IO];
+  for (int k = 0; k < io->nin; k++)
+    if (io->elementwise_read[k]) slot[nloads] = k, loads[nloads++] = io->in[k];
+  if (nloads) kl_cg_index_math(f, shape, loads, nloads);
+  for (int q = 0; q < nloads; q++) {
+    char src[32];
+    snprintf(src, sizeof src, "in%d[o%d]", slot[q], q);
+    fprintf(f, "    const %s x%d = %s;\n", kl_cg_compute_type(loads[q]->dtype), slot[q],
+            kl_cg_load(buf, sizeof buf, loads[q]->dtype, kl_cg_compute_type(loads[q]->dtype), src));
+  }
+  split_conv = conv;
+  kl_cg_fused_members(f, nodes, n, io, "if (lane == 0) out%d[i]", "i", NULL);
+  split_conv = NULL;
+  fprintf(f, "  }\n}\n");
+  kl_cg_fused_entry(f, name, io);
+  int64_t blocks = (numel * 32 + 255) / 256;
+  kl_cg_grid g = {blocks < 65535 ? blocks : 65535, 256};
+  return g;
+}
+
 kl_cg_grid kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, int n,
                                    const kl_group_io *io) {
+  const kl_node *split = splittable_conv(nodes, n);
+  if (split) return split_conv_group(f, name, nodes, n, io, split);
   const kl_node *conv = tileable_conv(nodes, n);
   if (conv) return tiled_conv_group(f, name, nodes, n, io, conv);
   const kl_shape *shape = &nodes[n - 1]->outputs[0]->shape;

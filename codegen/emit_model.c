@@ -246,6 +246,7 @@ int kl_codegen(const kl_plan *p, const kl_codegen_options *opt, kl_codegen_resul
   kl_cg_ctx c = {.g = g, .p = p, .err = err};
   int nn = g->nodes.len, rc = 0;
   kl_cg_min_blocks = p->target ? p->target->tile_min_blocks : kl_cg_target.tile_min_blocks;
+  kl_cg_plan_target = p->target ? p->target : &kl_cg_target;
   /* Every op without a template, at once. */
   char msg[900];
   size_t used = 0;

@@ -28,6 +28,10 @@ const kl_target kl_cg_target = {
     .direct_conv_max_macs = INT64_MAX,
     .direct_matmul_max_macs = INT64_MAX,
     .direct_conv_min_outputs_per_k = 0,
+    /* a warp an output below 16 outputs per unit of K: an H200 ran
+     * ResNet-18's deep layers (16K down to 2K outputs, K 576 to 4608)
+     * latency-bound at one output a thread */
+    .direct_conv_split_below = 16,
     /* emit_attention.c: the tiled kernel takes any number of keys (the
      * cut-off table may lower this); the warp-per-row kernel, for post-
      * softmax chains that are not only casts, holds 32 scores a lane and

@@ -201,7 +201,8 @@ static int fits(const fuse_ctx *c, const kl_node *n, int g) {
        * computes each output once: conv -> relu -> global pool is one kernel) */
       for (int m = 0; m < c->nmembers[g]; m++)
         if (!row_elementwise(c, c->members[g][m]) &&
-            !(reads_window(c, c->members[g][m]) && row_kind(c, n) == 1))
+            !(reads_window(c, c->members[g][m]) && row_kind(c, n) == 1 &&
+              !kl_is_split_conv(c->members[g][m], c->opt->target)))
           return NO;
       return JOIN_AS_ROWS;
     }

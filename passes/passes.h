@@ -207,6 +207,10 @@ struct kl_target {
   /* a direct convolution's outputs (its threads) per unit of its dot
    * product's length, at least: fewer make it latency-bound */
   int64_t direct_conv_min_outputs_per_k;
+  /* ... and below this many outputs per unit of it a warp sums each output
+   * (its lanes split the dot product): few long dot products keep the GPU
+   * busy that way, where one a thread leaves it idle */
+  int64_t direct_conv_split_below;
   int64_t tile_min_blocks;      /* a tiled convolution needs this many blocks, else one output a thread */
   int64_t attention_max_keys;   /* longest key row a fused attention takes */
   int64_t attention_row_max_keys, attention_max_head; /* the warp-per-row kernel's */
@@ -231,6 +235,10 @@ bool kl_traps_zero_divisor(const kl_node *n);
 bool kl_is_channel_affine(const kl_node *n);
 /* A float conv2d an elementwise kernel computes element by element. */
 bool kl_is_direct_conv(const kl_node *n, const kl_target *t);
+/* ... one whose outputs a warp each sums (few, with long dot products:
+ * kl_target.direct_conv_split_below); it never joins a row kernel, whose
+ * lanes are its rows' elements. */
+bool kl_is_split_conv(const kl_node *n, const kl_target *t);
 /* A resize that repeats each input position r times per axis: ratio[d]
  * gets r (an elementwise kernel gathers it). */
 bool kl_resize_ratios(const kl_node *n, int64_t *ratio);

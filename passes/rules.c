@@ -82,15 +82,19 @@ bool kl_is_channel_affine(const kl_node *n) {
 }
 
 /* A direct convolution of `outputs` dot products of length k within the
- * target's bounds: k, the multiply-adds (divided, not multiplied: no
- * overflow) and the outputs per unit of k. */
-static bool direct_size_ok(int64_t outputs, int64_t k, const kl_target *t) {
-  return k >= 1 && k <= t->direct_conv_max_k && outputs <= t->direct_conv_max_macs / k &&
-         outputs / k >= t->direct_conv_min_outputs_per_k;
+ * target's bounds: the multiply-adds (divided, not multiplied: no
+ * overflow), the outputs per unit of k, and k, unless a warp sums each
+ * output (split: few outputs, where the library's tiles have little to
+ * reuse across and a warp's lanes share the length). */
+static bool direct_size_ok(int64_t outputs, int64_t k, const kl_target *t, bool can_split) {
+  if (k < 1 || outputs > t->direct_conv_max_macs / k || outputs / k < t->direct_conv_min_outputs_per_k)
+    return false;
+  return k <= t->direct_conv_max_k || (can_split && outputs / k < t->direct_conv_split_below);
 }
 
 /* Longer dot products go to im2col + the GEMM library, whose tiles reuse
- * each loaded value where the direct kernel relies on the caches. */
+ * each loaded value where the direct kernel relies on the caches (but a
+ * split one takes any length). */
 bool kl_is_direct_conv(const kl_node *n, const kl_target *t) {
   if (n->op != KL_OP_CONV2D || n->noutputs != 1) return false;
   const kl_value *x = n->inputs[0], *w = n->inputs[1], *y = n->outputs[0];
@@ -98,7 +102,14 @@ bool kl_is_direct_conv(const kl_node *n, const kl_target *t) {
          (n->ninputs < 3 || n->inputs[2]->dtype == y->dtype) && x->shape.rank == 4 &&
          w->shape.rank == 4 && kl_shape_numel(&y->shape) > 0 &&
          direct_size_ok(kl_shape_numel(&y->shape), w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3],
-                        t);
+                        t, true);
+}
+
+bool kl_is_split_conv(const kl_node *n, const kl_target *t) {
+  if (!kl_is_direct_conv(n, t)) return false;
+  const kl_value *w = n->inputs[1];
+  int64_t k = w->shape.dims[1] * w->shape.dims[2] * w->shape.dims[3];
+  return kl_shape_numel(&n->outputs[0]->shape) / k < t->direct_conv_split_below;
 }
 
 /* The same for a transposed convolution: each output gathers the inputs
@@ -113,7 +124,7 @@ bool kl_is_direct_conv_transpose(const kl_node *n, const kl_target *t) {
       w->shape.rank != 4 || kl_shape_numel(&y->shape) <= 0 || groups < 1)
     return false;
   return direct_size_ok(kl_shape_numel(&y->shape), x->shape.dims[1] / groups * w->shape.dims[2] * w->shape.dims[3],
-                        t);
+                        t, false);
 }
 
 /* A resize that only repeats: every output position reads the one input

@@ -101,6 +101,17 @@ __device__ __forceinline__ __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) 
 #else /* host */
 #include "kiln_emu.h"
 #endif
+
+/* The lanes of a warp that share one output's dot product in a
+ * warp-an-output kernel (emit_fused.c): the whole warp on a GPU; one on
+ * the host device, where every shuffle would switch the block to fibers,
+ * so lane 0 sums it alone (in the direct loop's order) and the others
+ * return at once. */
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#define KL_CONV_LANES 32
+#elif !defined(KL_CONV_LANES) /* a test may ask for a GPU's 32 */
+#define KL_CONV_LANES 1
+#endif
 #endif /* KL_PRELUDE_CONVERSIONS_ONLY */
 
 /* Integer power as the interpreter computes it (i_pow in

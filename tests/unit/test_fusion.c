@@ -26,11 +26,11 @@ typedef struct {
 
 /* Parse src and plan it (fused unless no_fuse); the memory plan is
  * checked. */
-static void plan_src(planned *t, const char *src, bool no_fuse) {
+static void plan_for(planned *t, const char *src, bool no_fuse, const kl_target *target) {
   kl_error err;
   t->g = kl_parse_string(src, strlen(src), "t.kl", NULL, &err);
   if (!t->g) fail_msg("%s", err.msg);
-  kl_pipeline_options po = {.target = &kl_cg_target, .no_fuse = no_fuse};
+  kl_pipeline_options po = {.target = target, .no_fuse = no_fuse};
   if (kl_pipeline(t->g, &po, &t->plan, &err)) {
     kl_plan_free(&t->plan);
     kl_graph_free(t->g);
@@ -40,6 +40,8 @@ static void plan_src(planned *t, const char *src, bool no_fuse) {
   if (kl_memplan_check(t->plan.bufs, t->plan.nbufs, t->plan.mem.arena, msg, sizeof msg))
     fail_msg("memory plan: %s", msg);
 }
+
+static void plan_src(planned *t, const char *src, bool no_fuse) { plan_for(t, src, no_fuse, &kl_cg_target); }
 
 static void done(planned *t) {
   kl_plan_free(&t->plan);
@@ -172,6 +174,33 @@ static void test_direct_conv(void **state) {
   done(&t);
 }
 
+/* A direct convolution with few outputs for its dot product (128 of
+ * K = 576) is summed a warp an output: it keeps its own kernel before a
+ * global pool, whose row kernel's lanes are the rows' elements; below the
+ * target's split threshold it joins the pool's row kernel. */
+static void test_split_conv_keeps_out_of_rows(void **state) {
+  (void)state;
+  const char *src = "input x: f32[1, 64, 4, 4]\n"
+                    "param w: f32[8, 64, 3, 3] = randn(0.05, seed=1)\n"
+                    "let c = conv2d(x, w, pads=[1, 1, 1, 1])\n"
+                    "let r = relu(c)\n"
+                    "output y = reduce_mean(r, axes=[2, 3], keepdims=0)\n";
+  planned t;
+  plan_src(&t, src, false);
+  assert_true(kl_is_split_conv(node(&t, "c"), &kl_cg_target));
+  assert_int_equal(group(&t, "c"), group(&t, "r"));
+  assert_true(group(&t, "r") != group(&t, "y"));
+  done(&t);
+  kl_target whole = kl_cg_target;
+  whole.direct_conv_split_below = 0;
+  plan_for(&t, src, false, &whole);
+  assert_false(kl_is_split_conv(node(&t, "c"), &whole));
+  assert_true(kl_is_direct_conv(node(&t, "c"), &whole));
+  assert_int_equal(group(&t, "c"), group(&t, "y"));
+  assert_int_equal(group_at(&t, "y")->kind, KL_GROUP_ROWS);
+  done(&t);
+}
+
 /* K = 16 <= direct_matmul_max_k, f32, then a GELU no epilogue does */
 static void test_direct_gemm(void **state) {
   (void)state;
@@ -232,6 +261,7 @@ static void test_cutoffs(void **state) {
   assert_int_equal(t->attention_max_keys, 0);
   assert_true(t->direct_conv_max_macs == kl_cg_target.direct_conv_max_macs); /* -1: the default */
   assert_int_equal(t->direct_conv_min_outputs_per_k, 16);
+  assert_int_equal(t->direct_conv_split_below, kl_cg_target.direct_conv_split_below);
   assert_int_equal(kl_cg_target_for(89)->direct_conv_max_k, kl_cg_target.direct_conv_max_k);
   assert_int_equal(kl_cg_target_for(100)->direct_conv_max_k, kl_cg_target.direct_conv_max_k);
   assert_non_null(strstr(kl_cg_cutoff_source(90), "H200"));
@@ -504,6 +534,7 @@ int main(void) {
       cmocka_unit_test(test_rows_softmax),
       cmocka_unit_test(test_rows_layer_norm),
       cmocka_unit_test(test_rows_reduce_mean),
+      cmocka_unit_test(test_split_conv_keeps_out_of_rows),
       cmocka_unit_test(test_direct_conv),
       cmocka_unit_test(test_direct_gemm),
       cmocka_unit_test(test_gemm_epilogue),
