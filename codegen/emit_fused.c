@@ -173,6 +173,57 @@ static void split_conv_sum(FILE *f, const kl_node *nd, const kl_group_io *io, co
           (ll)wd[3], (ll)dil[1], (ll)xd[2], (ll)xd[3], lx, lw);
 }
 
+/* The member a strip kernel has summed (sacc[sj] holds output i0 + sj). */
+static const kl_node *strip_core;
+
+/* A strip's convolution sums: outputs i0 .. i0 + ns - 1, consecutive
+ * columns of one output row; each tap's weight is loaded once for the
+ * strip and the columns it reaches are a run whose bounds are worked out
+ * once (the padding), so on the host device the run vectorises.  Each
+ * output sums in the direct loop's order. */
+static void strip_conv_core(FILE *f, const kl_node *nd, const kl_group_io *io, const char *acc) {
+  typedef long long ll;
+  const kl_value *x = nd->inputs[0], *w = nd->inputs[1], *out = nd->outputs[0];
+  const int64_t *xd = x->shape.dims, *yd = out->shape.dims, *wd = w->shape.dims;
+  int64_t groups = kl_attr_int(nd, "groups", 1), cpg = xd[1] / groups, mpg = yd[1] / groups;
+  int64_t st[2], dil[2], pad[2];
+  window_of(nd, st, dil, pad);
+  char lx[200], lw[160], src[96];
+  kl_cg_load(lw, sizeof lw, w->dtype, acc, "wr[kx]");
+  if (st[1] == 1) snprintf(src, sizeof src, "xr[base + sj]");
+  else snprintf(src, sizeof src, "xr[base + sj * %lldLL]", (ll)st[1]);
+  kl_cg_load(lx, sizeof lx, x->dtype, acc, src);
+  fprintf(f, "    { /* %s: conv2d, a strip of columns */\n", nd->name);
+  fprintf(f, "      int64_t q = i0;\n      const int64_t ox0 = q %% %lldLL; q /= %lldLL;\n"
+             "      const int64_t oy = q %% %lldLL; q /= %lldLL;\n"
+             "      const int64_t co = q %% %lldLL, b = q / %lldLL;\n"
+             "      const int64_t c0 = co / %lldLL * %lldLL;\n",
+          (ll)yd[3], (ll)yd[3], (ll)yd[2], (ll)yd[2], (ll)yd[1], (ll)yd[1], (ll)mpg, (ll)cpg);
+  fprintf(f, "      for (int64_t ci = 0; ci < %lldLL; ci++) {\n"
+             "        const %s *xp = in%d + ((b * %lldLL + c0 + ci) * %lldLL) * %lldLL;\n"
+             "        const %s *wp = in%d + (co * %lldLL + ci) * %lldLL;\n",
+          (ll)cpg, kl_cg_storage(x->dtype), index_of(io->in, io->nin, x), (ll)xd[1], (ll)xd[2], (ll)xd[3],
+          kl_cg_storage(w->dtype), index_of(io->in, io->nin, w), (ll)cpg, (ll)(wd[2] * wd[3]));
+  fprintf(f, "        for (int64_t ky = 0; ky < %lldLL; ky++) {\n"
+             "          const int64_t iy = oy * %lldLL - %lldLL + ky * %lldLL;\n"
+             "          if (iy < 0 || iy >= %lldLL) continue;\n"
+             "          const %s *xr = xp + iy * %lldLL;\n          const %s *wr = wp + ky * %lldLL;\n"
+             "          for (int64_t kx = 0; kx < %lldLL; kx++) {\n"
+             "            const %s wv = %s;\n"
+             "            const int64_t base = ox0 * %lldLL - %lldLL + kx * %lldLL;\n"
+             "            const int64_t lo = base >= 0 ? 0 : (-base + %lldLL) / %lldLL;\n"
+             "            int64_t hi = base >= %lldLL ? 0 : (%lldLL - base) / %lldLL + 1;\n"
+             "            if (hi > ns) hi = ns;\n"
+             "            if (lo == 0 && hi == KL_STRIP)\n"
+             "              KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) sacc[sj] += %s * wv;\n"
+             "            else\n"
+             "              for (int64_t sj = lo; sj < hi; sj++) sacc[sj] += %s * wv;\n"
+             "          }\n        }\n      }\n    }\n",
+          (ll)wd[2], (ll)st[0], (ll)pad[0], (ll)dil[0], (ll)xd[2], kl_cg_storage(x->dtype), (ll)xd[3],
+          kl_cg_storage(w->dtype), (ll)wd[3], (ll)wd[3], acc, lw, (ll)st[1], (ll)pad[1], (ll)dil[1],
+          (ll)(st[1] - 1), (ll)st[1], (ll)xd[3], (ll)(xd[3] - 1), (ll)st[1], lx, lx);
+}
+
 static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool later,
                         const char *idx, const char *store) {
   const kl_value *x = nd->inputs[0], *w = nd->inputs[1], *out = nd->outputs[0];
@@ -187,6 +238,14 @@ static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool 
     if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
     fprintf(f, "    { /* %s: conv2d, tiled */\n      const int64_t co = (%s / %lldLL) %% %lldLL;\n"
                "      (void)co;\n      %s sum = tacc[u][t8];\n",
+            nd->name, idx, (long long)(yd[2] * yd[3]), (long long)yd[1], acc);
+    bias_and_store(f, nd, io, later, store, acc);
+    return;
+  }
+  if (nd == strip_core) {
+    if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
+    fprintf(f, "    { /* %s: conv2d, summed for the strip */\n      const int64_t co = (%s / %lldLL) %% %lldLL;\n"
+               "      (void)co;\n      %s sum = sacc[sj];\n",
             nd->name, idx, (long long)(yd[2] * yd[3]), (long long)yd[1], acc);
     bias_and_store(f, nd, io, later, store, acc);
     return;
@@ -321,6 +380,12 @@ static void direct_matmul(FILE *f, const kl_node *nd, const kl_group_io *io, boo
   int64_t rows = ys->dims[ry - 2], cols = ys->dims[ry - 1], k = as->dims[as->rank - 1];
   const char *acc = kl_cg_real_type(a->dtype); /* f32 sums; f64 for f64 */
   char la[96], lb[96], buf[160];
+  if (nd == strip_core && strcmp(idx, "i0")) { /* the strip's sums are there */
+    if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
+    fprintf(f, "    { /* %s: matmul, summed for the strip */\n      %s sum = sacc[sj];\n", nd->name, acc);
+    store_sum(f, out, io, later, store);
+    return;
+  }
   if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
   fprintf(f, "    { /* %s: matmul, direct */\n      int64_t q = %s;\n"
              "      const int64_t col = q %% %lldLL; q /= %lldLL;\n"
@@ -345,6 +410,15 @@ static void direct_matmul(FILE *f, const kl_node *nd, const kl_group_io *io, boo
   }
   snprintf(buf, sizeof buf, "in%d[oa + kk]", index_of(io->in, io->nin, a));
   kl_cg_load(la, sizeof la, a->dtype, acc, buf);
+  if (nd == strip_core) { /* the strip's columns: B's row kk, consecutive */
+    snprintf(buf, sizeof buf, "in%d[ob + kk * %lldLL + sj]", index_of(io->in, io->nin, b), (ll)cols);
+    kl_cg_load(lb, sizeof lb, b->dtype, acc, buf);
+    fprintf(f, "      for (int64_t kk = 0; kk < %lldLL; kk++) {\n        const %s av = %s;\n"
+               "        if (ns == KL_STRIP)\n          KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) sacc[sj] += av * %s;\n"
+               "        else\n          for (int sj = 0; sj < ns; sj++) sacc[sj] += av * %s;\n      }\n    }\n",
+            (ll)k, acc, la, lb, lb);
+    return;
+  }
   snprintf(buf, sizeof buf, "in%d[ob + kk * %lldLL]", index_of(io->in, io->nin, b), (ll)cols);
   kl_cg_load(lb, sizeof lb, b->dtype, acc, buf);
   fprintf(f, "      %s sum = 0;\n      for (int64_t kk = 0; kk < %lldLL; kk++) sum += %s * %s;\n",
@@ -651,12 +725,76 @@ static kl_cg_grid split_conv_group(FILE *f, const char *name, kl_node *const *no
   return g;
 }
 
+/* The group's one convolution or GEMM, of the group's shape, for a strip
+ * kernel; NULL where there is none or more than one. */
+static const kl_node *strip_member(kl_node *const *nodes, int n) {
+  const kl_node *core = NULL;
+  for (int m = 0; m < n; m++)
+    if (nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL || nodes[m]->op == KL_OP_CONV_TRANSPOSE2D) {
+      if (core || nodes[m]->op == KL_OP_CONV_TRANSPOSE2D) return NULL;
+      core = nodes[m];
+    }
+  if (!core || core->outputs[0]->shape.rank < 2) return NULL;
+  return kl_shape_equal(&core->outputs[0]->shape, &nodes[n - 1]->outputs[0]->shape) ? core : NULL;
+}
+
+/* A convolution's or GEMM's group, a strip of KL_STRIP consecutive outputs
+ * of one row (the last axis) a thread: the strip's sums first, then the
+ * other members output by output.  A GPU takes strips of one (a thread an
+ * output, as wide as the GPU goes); the host device takes 16, so that
+ * its C compiler vectorises the strip's multiply-adds (one thread an
+ * output would be scalar code, 1 of 16 threads then has work).  Each
+ * output sums in the order of a thread an output's. */
+static kl_cg_grid strip_group(FILE *f, const char *name, kl_node *const *nodes, int n, const kl_group_io *io,
+                              const kl_node *core) {
+  typedef long long ll;
+  const kl_shape *shape = &core->outputs[0]->shape;
+  int64_t numel = kl_shape_numel(shape), width = shape->dims[shape->rank - 1];
+  const char *acc = kl_cg_real_type(core->inputs[0]->dtype);
+  char text[160], buf[256];
+  fprintf(f, "/* fused group of %d nodes -> %s, a strip of KL_STRIP outputs a thread:", n,
+          kl_shape_str(shape, text, sizeof text));
+  for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
+  fprintf(f, " */\n");
+  kl_cg_fused_params(f, name, io);
+  fprintf(f, "  const int64_t per_row = (%lldLL + KL_STRIP - 1) / KL_STRIP;\n"
+             "  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < %lldLL * per_row;\n"
+             "       t += (int64_t)blockDim.x * gridDim.x) {\n"
+             "    const int64_t j0 = t %% per_row * KL_STRIP, i0 = t / per_row * %lldLL + j0;\n"
+             "    const int ns = %lldLL - j0 < KL_STRIP ? (int)(%lldLL - j0) : KL_STRIP;\n"
+             "    %s sacc[KL_STRIP];\n    for (int sj = 0; sj < KL_STRIP; sj++) sacc[sj] = 0;\n",
+          (ll)width, (ll)(width ? numel / width : 0), (ll)width, (ll)width, (ll)width, acc);
+  strip_core = core;
+  if (core->op == KL_OP_CONV2D) strip_conv_core(f, core, io, acc);
+  else direct_matmul(f, core, io, false, "i0", "");
+  fprintf(f, "    for (int sj = 0; sj < ns; sj++) {\n    const int64_t i = i0 + sj;\n");
+  const kl_value *loads[KL_MAX_GROUP_IO];
+  int nloads = 0, slot[KL_MAX_GROUP_IO];
+  for (int k = 0; k < io->nin; k++)
+    if (io->elementwise_read[k]) slot[nloads] = k, loads[nloads++] = io->in[k];
+  if (nloads) kl_cg_index_math(f, shape, loads, nloads);
+  for (int q = 0; q < nloads; q++) {
+    char src[32];
+    snprintf(src, sizeof src, "in%d[o%d]", slot[q], q);
+    fprintf(f, "    const %s x%d = %s;\n", kl_cg_compute_type(loads[q]->dtype), slot[q],
+            kl_cg_load(buf, sizeof buf, loads[q]->dtype, kl_cg_compute_type(loads[q]->dtype), src));
+  }
+  kl_cg_fused_members(f, nodes, n, io, "out%d[i]", "i", NULL);
+  strip_core = NULL;
+  fprintf(f, "    }\n  }\n}\n");
+  kl_cg_fused_entry(f, name, io);
+  kl_cg_grid none = {0, 0};
+  return none;
+}
+
 kl_cg_grid kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *nodes, int n,
                                    const kl_group_io *io) {
   const kl_node *split = splittable_conv(nodes, n);
   if (split) return split_conv_group(f, name, nodes, n, io, split);
   const kl_node *conv = tileable_conv(nodes, n);
   if (conv) return tiled_conv_group(f, name, nodes, n, io, conv);
+  const kl_node *core = strip_member(nodes, n);
+  if (core) return strip_group(f, name, nodes, n, io, core);
   const kl_shape *shape = &nodes[n - 1]->outputs[0]->shape;
   int64_t numel = kl_shape_numel(shape);
   char text[160], buf[256];

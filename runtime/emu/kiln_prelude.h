@@ -112,6 +112,24 @@ __device__ __forceinline__ __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) 
 #elif !defined(KL_CONV_LANES) /* a test may ask for a GPU's 32 */
 #define KL_CONV_LANES 1
 #endif
+
+/* The outputs of a row one thread of a convolution's or GEMM's kernel
+ * sums (emit_fused.c's strip kernels): one on a GPU, where threads are
+ * many; 16 on the host device, whose C compiler vectorises a strip's
+ * multiply-adds where one output a thread is scalar code. */
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#define KL_STRIP 1
+#elif !defined(KL_STRIP) /* a test may ask for another */
+#define KL_STRIP 16
+#endif
+/* Before a strip's loop over its outputs: unrolled whole, its sums stay
+ * in registers (the host compiler keeps an array indexed by a loop in
+ * memory otherwise; NVRTC unrolls such loops of a constant count). */
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#define KL_UNROLL_STRIP _Pragma("unroll")
+#else
+#define KL_UNROLL_STRIP _Pragma("GCC unroll 16")
+#endif
 #endif /* KL_PRELUDE_CONVERSIONS_ONLY */
 
 /* Integer power as the interpreter computes it (i_pow in
