@@ -173,7 +173,7 @@ static void split_conv_sum(FILE *f, const kl_node *nd, const kl_group_io *io, co
           (ll)wd[3], (ll)dil[1], (ll)xd[2], (ll)xd[3], lx, lw);
 }
 
-/* The member a strip kernel has summed (sacc[sj] holds output i0 + sj). */
+/* The member a strip kernel has summed (sout[sj] holds output i0 + sj). */
 static const kl_node *strip_core;
 
 /* A strip's convolution sums: outputs i0 .. i0 + ns - 1, consecutive
@@ -217,11 +217,13 @@ static void strip_conv_core(FILE *f, const kl_node *nd, const kl_group_io *io, c
              "            if (lo == 0 && hi == KL_STRIP)\n"
              "              KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) sacc[sj] += %s * wv;\n"
              "            else\n"
-             "              for (int64_t sj = lo; sj < hi; sj++) sacc[sj] += %s * wv;\n"
+             "            {\n              %s xt[KL_STRIP];\n"
+             "              KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) xt[sj] = sj >= lo && sj < hi ? %s : 0;\n"
+             "              KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) sacc[sj] += xt[sj] * wv;\n            }\n"
              "          }\n        }\n      }\n    }\n",
           (ll)wd[2], (ll)st[0], (ll)pad[0], (ll)dil[0], (ll)xd[2], kl_cg_storage(x->dtype), (ll)xd[3],
           kl_cg_storage(w->dtype), (ll)wd[3], (ll)wd[3], acc, lw, (ll)st[1], (ll)pad[1], (ll)dil[1],
-          (ll)(st[1] - 1), (ll)st[1], (ll)xd[3], (ll)(xd[3] - 1), (ll)st[1], lx, lx);
+          (ll)(st[1] - 1), (ll)st[1], (ll)xd[3], (ll)(xd[3] - 1), (ll)st[1], lx, acc, lx);
 }
 
 static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool later,
@@ -245,7 +247,7 @@ static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool 
   if (nd == strip_core) {
     if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
     fprintf(f, "    { /* %s: conv2d, summed for the strip */\n      const int64_t co = (%s / %lldLL) %% %lldLL;\n"
-               "      (void)co;\n      %s sum = sacc[sj];\n",
+               "      (void)co;\n      %s sum = sout[sj];\n",
             nd->name, idx, (long long)(yd[2] * yd[3]), (long long)yd[1], acc);
     bias_and_store(f, nd, io, later, store, acc);
     return;
@@ -382,7 +384,7 @@ static void direct_matmul(FILE *f, const kl_node *nd, const kl_group_io *io, boo
   char la[96], lb[96], buf[160];
   if (nd == strip_core && strcmp(idx, "i0")) { /* the strip's sums are there */
     if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
-    fprintf(f, "    { /* %s: matmul, summed for the strip */\n      %s sum = sacc[sj];\n", nd->name, acc);
+    fprintf(f, "    { /* %s: matmul, summed for the strip */\n      %s sum = sout[sj];\n", nd->name, acc);
     store_sum(f, out, io, later, store);
     return;
   }
@@ -415,7 +417,7 @@ static void direct_matmul(FILE *f, const kl_node *nd, const kl_group_io *io, boo
     kl_cg_load(lb, sizeof lb, b->dtype, acc, buf);
     fprintf(f, "      for (int64_t kk = 0; kk < %lldLL; kk++) {\n        const %s av = %s;\n"
                "        if (ns == KL_STRIP)\n          KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) sacc[sj] += av * %s;\n"
-               "        else\n          for (int sj = 0; sj < ns; sj++) sacc[sj] += av * %s;\n      }\n    }\n",
+               "        else\n          KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) if (sj < ns) sacc[sj] += av * %s;\n      }\n    }\n",
             (ll)k, acc, la, lb, lb);
     return;
   }
@@ -762,12 +764,15 @@ static kl_cg_grid strip_group(FILE *f, const char *name, kl_node *const *nodes, 
              "       t += (int64_t)blockDim.x * gridDim.x) {\n"
              "    const int64_t j0 = t %% per_row * KL_STRIP, i0 = t / per_row * %lldLL + j0;\n"
              "    const int ns = %lldLL - j0 < KL_STRIP ? (int)(%lldLL - j0) : KL_STRIP;\n"
-             "    %s sacc[KL_STRIP];\n    for (int sj = 0; sj < KL_STRIP; sj++) sacc[sj] = 0;\n",
+             "    %s sacc[KL_STRIP];\n    KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) sacc[sj] = 0;\n",
           (ll)width, (ll)(width ? numel / width : 0), (ll)width, (ll)width, (ll)width, acc);
   strip_core = core;
   if (core->op == KL_OP_CONV2D) strip_conv_core(f, core, io, acc);
   else direct_matmul(f, core, io, false, "i0", "");
-  fprintf(f, "    for (int sj = 0; sj < ns; sj++) {\n    const int64_t i = i0 + sj;\n");
+  /* the sums leave their registers once (indexed by a loop they would
+   * live in memory all along) */
+  fprintf(f, "    %s sout[KL_STRIP];\n    KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) sout[sj] = sacc[sj];\n"
+             "    for (int sj = 0; sj < ns; sj++) {\n    const int64_t i = i0 + sj;\n", acc);
   const kl_value *loads[KL_MAX_GROUP_IO];
   int nloads = 0, slot[KL_MAX_GROUP_IO];
   for (int k = 0; k < io->nin; k++)
