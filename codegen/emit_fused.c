@@ -204,26 +204,46 @@ static void strip_conv_core(FILE *f, const kl_node *nd, const kl_group_io *io, c
              "        const %s *wp = in%d + (co * %lldLL + ci) * %lldLL;\n",
           (ll)cpg, kl_cg_storage(x->dtype), index_of(io->in, io->nin, x), (ll)xd[1], (ll)xd[2], (ll)xd[3],
           kl_cg_storage(w->dtype), index_of(io->in, io->nin, w), (ll)cpg, (ll)(wd[2] * wd[3]));
+  /* the strip's inputs straight from memory where they are consecutive
+   * values of the sums' type, else gathered into xt */
+  const char *sfx = strcmp(acc, "double") ? "f32" : "f64";
+  bool direct_load = st[1] == 1 && !strcmp(kl_cg_storage(x->dtype), acc);
+  char full[480];
+  if (direct_load) snprintf(full, sizeof full, "kl_strip_fma_%s(&sacc, xr + base, wv);", sfx);
+  else
+    snprintf(full, sizeof full, "%s xt[KL_STRIP];\n"
+             "              for (int sj = 0; sj < KL_STRIP; sj++) xt[sj] = %s;\n"
+             "              kl_strip_fma_%s(&sacc, xt, wv);", acc, lx, sfx);
   fprintf(f, "        for (int64_t ky = 0; ky < %lldLL; ky++) {\n"
              "          const int64_t iy = oy * %lldLL - %lldLL + ky * %lldLL;\n"
              "          if (iy < 0 || iy >= %lldLL) continue;\n"
              "          const %s *xr = xp + iy * %lldLL;\n          const %s *wr = wp + ky * %lldLL;\n"
              "          for (int64_t kx = 0; kx < %lldLL; kx++) {\n"
-             "            const %s wv = %s;\n"
-             "            const int64_t base = ox0 * %lldLL - %lldLL + kx * %lldLL;\n"
-             "            const int64_t lo = base >= 0 ? 0 : (-base + %lldLL) / %lldLL;\n"
-             "            int64_t hi = base >= %lldLL ? 0 : (%lldLL - base) / %lldLL + 1;\n"
-             "            if (hi > ns) hi = ns;\n"
-             "            if (lo == 0 && hi == KL_STRIP)\n"
-             "              KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) sacc[sj] += %s * wv;\n"
-             "            else\n"
-             "            {\n              %s xt[KL_STRIP];\n"
-             "              KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) xt[sj] = sj >= lo && sj < hi ? %s : 0;\n"
-             "              KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) sacc[sj] += xt[sj] * wv;\n            }\n"
-             "          }\n        }\n      }\n    }\n",
+             "            const %s wv = %s;\n",
           (ll)wd[2], (ll)st[0], (ll)pad[0], (ll)dil[0], (ll)xd[2], kl_cg_storage(x->dtype), (ll)xd[3],
-          kl_cg_storage(w->dtype), (ll)wd[3], (ll)wd[3], acc, lw, (ll)st[1], (ll)pad[1], (ll)dil[1],
-          (ll)(st[1] - 1), (ll)st[1], (ll)xd[3], (ll)(xd[3] - 1), (ll)st[1], lx, acc, lx);
+          kl_cg_storage(w->dtype), (ll)wd[3], (ll)wd[3], acc, lw);
+  /* the lanes [lo, hi) whose column reaches into the row (the rest is
+   * padding, or past the row's end); where the strip's span lies inside
+   * x (a neighbouring row's values past the edge), it is read whole and
+   * the other lanes' products cleared, else gathered */
+  fprintf(f, "            const int64_t base = ox0 * %lldLL - %lldLL + kx * %lldLL;\n"
+             "            int64_t lo = base >= 0 ? 0 : (-base + %lldLL) / %lldLL;\n"
+             "            int64_t hi = base >= %lldLL ? 0 : (%lldLL - base) / %lldLL + 1;\n"
+             "            if (hi > ns) hi = ns;\n            if (lo > hi) lo = hi;\n"
+             "            if (lo == 0 && hi == KL_STRIP) {\n              %s\n            } else if (lo < hi) {\n",
+          (ll)st[1], (ll)pad[1], (ll)dil[1], (ll)(st[1] - 1), (ll)st[1], (ll)xd[3], (ll)(xd[3] - 1), (ll)st[1], full);
+  if (direct_load)
+    fprintf(f, "              const int64_t at = (int64_t)(xr - in%d) + base;\n"
+               "              if (at >= 0 && at + KL_STRIP <= %lldLL) {\n"
+               "                kl_strip_fma_keep_%s(&sacc, xr + base, wv, lo, hi);\n              } else {\n",
+            index_of(io->in, io->nin, x), (ll)kl_shape_numel(&x->shape), sfx);
+  else
+    fprintf(f, "              {\n");
+  fprintf(f, "                %s xt[KL_STRIP];\n"
+             "                for (int sj = 0; sj < KL_STRIP; sj++) xt[sj] = sj >= lo && sj < hi ? %s : 0;\n"
+             "                kl_strip_fma_keep_%s(&sacc, xt, wv, lo, hi);\n              }\n            }\n"
+             "          }\n        }\n      }\n    }\n",
+          acc, lx, sfx);
 }
 
 static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool later,
@@ -415,10 +435,15 @@ static void direct_matmul(FILE *f, const kl_node *nd, const kl_group_io *io, boo
   if (nd == strip_core) { /* the strip's columns: B's row kk, consecutive */
     snprintf(buf, sizeof buf, "in%d[ob + kk * %lldLL + sj]", index_of(io->in, io->nin, b), (ll)cols);
     kl_cg_load(lb, sizeof lb, b->dtype, acc, buf);
-    fprintf(f, "      for (int64_t kk = 0; kk < %lldLL; kk++) {\n        const %s av = %s;\n"
-               "        if (ns == KL_STRIP)\n          KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) sacc[sj] += av * %s;\n"
-               "        else\n          KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) if (sj < ns) sacc[sj] += av * %s;\n      }\n    }\n",
-            (ll)k, acc, la, lb, lb);
+    const char *sfx = strcmp(acc, "double") ? "f32" : "f64";
+    fprintf(f, "      for (int64_t kk = 0; kk < %lldLL; kk++) {\n        const %s av = %s;\n", (ll)k, acc, la);
+    if (!strcmp(kl_cg_storage(b->dtype), acc))
+      fprintf(f, "        if (ns == KL_STRIP) {\n          kl_strip_fma_%s(&sacc, in%d + ob + kk * %lldLL, av);\n"
+                 "          continue;\n        }\n", sfx, index_of(io->in, io->nin, b), (ll)cols);
+    /* lanes past the row's end multiply zeros, and are never stored */
+    fprintf(f, "        %s bt[KL_STRIP];\n        for (int sj = 0; sj < KL_STRIP; sj++) bt[sj] = sj < ns ? %s : 0;\n"
+               "        kl_strip_fma_%s(&sacc, bt, av);\n      }\n    }\n",
+            acc, lb, sfx);
     return;
   }
   snprintf(buf, sizeof buf, "in%d[ob + kk * %lldLL]", index_of(io->in, io->nin, b), (ll)cols);
@@ -764,15 +789,16 @@ static kl_cg_grid strip_group(FILE *f, const char *name, kl_node *const *nodes, 
              "       t += (int64_t)blockDim.x * gridDim.x) {\n"
              "    const int64_t j0 = t %% per_row * KL_STRIP, i0 = t / per_row * %lldLL + j0;\n"
              "    const int ns = %lldLL - j0 < KL_STRIP ? (int)(%lldLL - j0) : KL_STRIP;\n"
-             "    %s sacc[KL_STRIP];\n    KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) sacc[sj] = 0;\n",
-          (ll)width, (ll)(width ? numel / width : 0), (ll)width, (ll)width, (ll)width, acc);
+             "    %s sacc = KL_STRIP_ZERO;\n",
+          (ll)width, (ll)(width ? numel / width : 0), (ll)width, (ll)width, (ll)width,
+          strcmp(acc, "double") ? "kl_strip_f32" : "kl_strip_f64");
   strip_core = core;
   if (core->op == KL_OP_CONV2D) strip_conv_core(f, core, io, acc);
   else direct_matmul(f, core, io, false, "i0", "");
-  /* the sums leave their registers once (indexed by a loop they would
-   * live in memory all along) */
-  fprintf(f, "    %s sout[KL_STRIP];\n    KL_UNROLL_STRIP for (int sj = 0; sj < KL_STRIP; sj++) sout[sj] = sacc[sj];\n"
-             "    for (int sj = 0; sj < ns; sj++) {\n    const int64_t i = i0 + sj;\n", acc);
+  /* the sums leave their registers once, for the members' loop */
+  fprintf(f, "    %s sout[KL_STRIP];\n    kl_strip_store_%s(sout, &sacc);\n"
+             "    for (int sj = 0; sj < ns; sj++) {\n    const int64_t i = i0 + sj;\n", acc,
+          strcmp(acc, "double") ? "f32" : "f64");
   const kl_value *loads[KL_MAX_GROUP_IO];
   int nloads = 0, slot[KL_MAX_GROUP_IO];
   for (int k = 0; k < io->nin; k++)

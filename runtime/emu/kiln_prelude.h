@@ -114,21 +114,72 @@ __device__ __forceinline__ __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) 
 #endif
 
 /* The outputs of a row one thread of a convolution's or GEMM's kernel
- * sums (emit_fused.c's strip kernels): one on a GPU, where threads are
- * many; 16 on the host device, whose C compiler vectorises a strip's
- * multiply-adds where one output a thread is scalar code. */
+ * sums (emit_fused.c's strip kernels), and their sums as one value:
+ *   - a GPU: one output a thread (threads are many), the sums a float or
+ *     double;
+ *   - the host device: 16, the sums four (eight for f64) 16-byte GCC
+ *     vectors, so that a strip's multiply-adds are SSE instructions on
+ *     registers whatever the compiler's vectoriser makes of a loop (one
+ *     output a thread is scalar code; an array of sums indexed by a loop,
+ *     or one wide vector, lives in memory).
+ * kl_strip_fma_T(&acc, x, w): lane j += x[j] * w for the KL_STRIP lanes;
+ * kl_strip_fma_keep_T(&acc, x, w, lo, hi): the same for lanes in [lo, hi),
+ * the others adding an exact +0 (their product's bits cleared, so a padded
+ * tap adds nothing even against an inf or NaN: as skipping it does);
+ * kl_strip_store_T(dst, &acc): the lanes to dst[0 .. KL_STRIP). */
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
 #define KL_STRIP 1
-#elif !defined(KL_STRIP) /* a test may ask for another */
+#define KL_STRIP_ZERO 0
+typedef float kl_strip_f32;
+typedef double kl_strip_f64;
+#define KL_STRIP_OPS(T, S)                                                                   \
+  __device__ __forceinline__ void kl_strip_fma_##S(T *acc, const T *x, T w) { *acc += x[0] * w; } \
+  __device__ __forceinline__ void kl_strip_fma_keep_##S(T *acc, const T *x, T w, int64_t lo, int64_t hi) { \
+    if (lo <= 0 && hi > 0) *acc += x[0] * w;                                                 \
+  }                                                                                          \
+  __device__ __forceinline__ void kl_strip_store_##S(T *dst, const T *acc) { dst[0] = *acc; }
+KL_STRIP_OPS(float, f32)
+KL_STRIP_OPS(double, f64)
+#else
+#ifndef KL_STRIP /* a test may ask for another multiple of 4 */
 #define KL_STRIP 16
 #endif
-/* Before a strip's loop over its outputs: unrolled whole, its sums stay
- * in registers (the host compiler keeps an array indexed by a loop in
- * memory otherwise; NVRTC unrolls such loops of a constant count). */
-#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
-#define KL_UNROLL_STRIP _Pragma("unroll")
-#else
-#define KL_UNROLL_STRIP _Pragma("GCC unroll 16")
+#define KL_STRIP_ZERO {{{0}}}
+typedef float kl_v4f32 __attribute__((vector_size(16)));
+typedef double kl_v2f64 __attribute__((vector_size(16)));
+typedef int32_t kl_v4i32 __attribute__((vector_size(16)));
+typedef int64_t kl_v2i64 __attribute__((vector_size(16)));
+typedef struct { kl_v4f32 v[KL_STRIP / 4]; } kl_strip_f32;
+typedef struct { kl_v2f64 v[KL_STRIP / 2]; } kl_strip_f64;
+/* T the element, S the suffix, N lanes a vector, V/I the vector types, E
+ * I's element (lo and hi are within 0 .. KL_STRIP) */
+#define KL_STRIP_OPS(T, S, N, V, I, E)                                                          \
+  static inline __attribute__((always_inline)) void kl_strip_fma_##S(kl_strip_##S *acc, const T *x, T w) { \
+    _Pragma("GCC unroll 16") for (int i = 0; i < KL_STRIP / N; i++) {                         \
+      V t;                                                                                   \
+      memcpy(&t, x + N * i, sizeof t);                                                       \
+      acc->v[i] += t * w;                                                                    \
+    }                                                                                        \
+  }                                                                                          \
+  static inline __attribute__((always_inline)) void kl_strip_fma_keep_##S(kl_strip_##S *acc, const T *x, T w, \
+                                                                          int64_t lo, int64_t hi) { \
+    _Pragma("GCC unroll 16") for (int i = 0; i < KL_STRIP / N; i++) {                         \
+      V t;                                                                                   \
+      I lane, bits;                                                                          \
+      memcpy(&t, x + N * i, sizeof t);                                                       \
+      t *= w;                                                                                \
+      for (int j = 0; j < N; j++) lane[j] = N * i + j;                                        \
+      memcpy(&bits, &t, sizeof t);                                                           \
+      bits &= (lane >= (E)lo) & (lane < (E)hi);                                              \
+      memcpy(&t, &bits, sizeof t);                                                           \
+      acc->v[i] += t;                                                                        \
+    }                                                                                        \
+  }                                                                                          \
+  static inline __attribute__((always_inline)) void kl_strip_store_##S(T *dst, const kl_strip_##S *acc) { \
+    memcpy(dst, acc->v, sizeof acc->v);                                                      \
+  }
+KL_STRIP_OPS(float, f32, 4, kl_v4f32, kl_v4i32, int32_t)
+KL_STRIP_OPS(double, f64, 2, kl_v2f64, kl_v2i64, int64_t)
 #endif
 #endif /* KL_PRELUDE_CONVERSIONS_ONLY */
 
