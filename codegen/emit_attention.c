@@ -98,21 +98,25 @@ typedef struct {
   int64_t tq, tk, d, dv, bq, nc;
 } tiled;
 
+/* The live threads of a block (4 warps of KL_LANES lanes) share the
+ * loads: tid counts them, 4 * KL_LANES of them. */
 static void tile_loads(const tiled *t, bool with_v) {
   typedef long long ll;
   FILE *f = t->f;
   char ld[200], src[160];
   int kk = t->io->nin - 2, kv = t->io->nin - 1, kr = t->k->shape.rank, vr = t->v->shape.rank;
   fprintf(f, "    __syncthreads();\n");
-  fprintf(f, "    for (int t = (int)threadIdx.x; t < %lld; t += 128) {\n"
+  /* K transposed (ks[e * 33 + key]): a lane's keys are consecutive for
+   * each e, and the stores, 33 apart, fall in distinct banks */
+  fprintf(f, "    for (int t = tid; t < %lld; t += 4 * KL_LANES) {\n"
              "      const int jj = t / %lld, e = t %% %lld;\n      const int64_t key = k0 + jj;\n",
           (ll)(32 * t->d), (ll)t->d, (ll)t->d);
   snprintf(src, sizeof src, "in%d[ok + key * %lldLL + e * %lldLL]", kk, (ll)t->k->strides[kr - 1],
            (ll)t->k->strides[kr - 2]);
-  fprintf(f, "      ks[jj * %lld + e] = key < %lldLL ? %s : (%s)0;\n    }\n", (ll)(t->d + 1), (ll)t->tk,
+  fprintf(f, "      ks[e * 33 + jj] = key < %lldLL ? %s : (%s)0;\n    }\n", (ll)t->tk,
           kl_cg_load(ld, sizeof ld, t->k->base->dtype, t->acc, src), t->acc);
   if (with_v) {
-    fprintf(f, "    for (int t = (int)threadIdx.x; t < %lld; t += 128) {\n"
+    fprintf(f, "    for (int t = tid; t < %lld; t += 4 * KL_LANES) {\n"
                "      const int jj = t / %lld, e = t %% %lld;\n      const int64_t key = k0 + jj;\n",
             (ll)(32 * t->dv), (ll)t->dv, (ll)t->dv);
     snprintf(src, sizeof src, "in%d[ov + key * %lldLL + e * %lldLL]", kv, (ll)t->v->strides[vr - 2],
@@ -123,63 +127,83 @@ static void tile_loads(const tiled *t, bool with_v) {
   fprintf(f, "    __syncthreads();\n");
 }
 
-/* The tile's scores for the warp's rows (lane j: key k0 + j), then opens
- * the loop over its rows with `live` and `xv`, the softmax's input. */
+/* The tile's scores for the warp's rows (virtual lane j = lane +
+ * KL_LANES * u: key k0 + j), then opens the loop over its rows with xv[u],
+ * the softmax's inputs (-inf where there is no score). */
 static void tile_scores(const tiled *t) {
   typedef long long ll;
   FILE *f = t->f;
   const kl_value *s = t->a->qk->outputs[0], *x = t->a->softmax->inputs[0];
   char buf[256];
-  fprintf(f, "    %s dot[%d];\n    for (int rr = 0; rr < %d; rr++) dot[rr] = 0;\n", t->acc, t->R, t->R);
-  fprintf(f, "    for (int e = 0; e < %lld; e++) {\n      const %s kv = ks[lane * %lld + e];\n"
-             "      for (int rr = 0; rr < %d; rr++) dot[rr] += qs[(warp * %d + rr) * %lld + e] * kv;\n    }\n",
-          (ll)t->d, t->acc, (ll)(t->d + 1), t->R, t->R, (ll)(t->d + 1));
-  fprintf(f, "    for (int rr = 0; rr < %d; rr++) {\n      const int64_t iq = q0 + warp * %d + rr, j = k0 + lane;\n"
-             "      const int live = iq < %lldLL && j < %lldLL;\n      %s xv = -KL_INF;\n      if (live) {\n",
-          t->R, t->R, (ll)t->tq, (ll)t->tk, t->ct);
+  fprintf(f, "    %s dot[%d][KL_VLANES];\n    for (int rr = 0; rr < %d; rr++)\n"
+             "      for (int u = 0; u < KL_VLANES; u++) dot[rr][u] = 0;\n",
+          t->acc, t->R, t->R);
+  fprintf(f, "    for (int e = 0; e < %lld; e++) {\n      for (int rr = 0; rr < %d; rr++) {\n"
+             "        const %s qv = qs[(warp * %d + rr) * %lld + e];\n"
+             "        for (int u = 0; u < KL_VLANES; u++) dot[rr][u] += qv * ks[e * 33 + lane + KL_LANES * u];\n"
+             "      }\n    }\n",
+          (ll)t->d, t->R, t->acc, t->R, (ll)(t->d + 1));
+  fprintf(f, "    for (int rr = 0; rr < %d; rr++) {\n      const int64_t iq = q0 + warp * %d + rr;\n"
+             "      %s xv[KL_VLANES];\n      for (int u = 0; u < KL_VLANES; u++) {\n"
+             "      const int64_t j = k0 + lane + KL_LANES * u;\n"
+             "      xv[u] = -KL_INF;\n      if (iq < %lldLL && j < %lldLL) {\n",
+          t->R, t->R, t->ct, (ll)t->tq, (ll)t->tk);
   fprintf(f, "        const int64_t row = batch * %lldLL + iq, i = row * %lldLL + j;\n        (void)i;\n",
           (ll)t->tq, (ll)t->tk);
   fprintf(f, "        %s sd; ", kl_cg_storage(s->dtype));
-  kl_cg_store(f, s->dtype, "sd", "dot[rr]");
+  kl_cg_store(f, s->dtype, "sd", "dot[rr][u]");
   fprintf(f, "        const %s v%d = %s;\n", kl_cg_compute_type(s->dtype), s->id,
           kl_cg_load(buf, sizeof buf, s->dtype, kl_cg_compute_type(s->dtype), "sd"));
   load_chain_inputs(f, t->a->pre, t->a->npre, t->io, t->nextra, &s->shape);
   kl_cg_fused_members(f, t->a->pre, t->a->npre, t->io, "out%d[i]", "i", x);
-  fprintf(f, "        xv = (%s)v%d;\n      }\n", t->ct, x->id);
+  fprintf(f, "        xv[u] = (%s)v%d;\n      }\n      }\n", t->ct, x->id);
 }
 
-/* The online max and sum of the row rr over this tile's scores; with
- * `scale_out`, the output row rescaled and pj (the unnormalised
- * probability) left for the product. */
+/* The online max and sum of the row rr over this tile's scores: first
+ * over a lane's virtual lanes, halving (the pairs of the shuffles' xor
+ * tree, widest first), then across lanes by the shuffles, so the sum is
+ * added in the same order for any KL_LANES; with `scale_out`, the output
+ * row rescaled and pj[u] (the unnormalised probabilities) left for the
+ * product. */
 static void online_softmax(const tiled *t, bool scale_out) {
+  typedef long long ll;
   FILE *f = t->f;
   const char *ct = t->ct, *sf = t->sf;
-  fprintf(f, "      %s tm = xv;\n      for (int w = 16; w > 0; w >>= 1) {\n"
-             "        const %s u = __shfl_xor_sync(0xffffffffu, tm, w);\n        tm = (u != u || u > tm) ? u : tm;\n      }\n",
+  fprintf(f, "      %s tm = xv[0];\n"
+             "      for (int u = 1; u < KL_VLANES; u++) tm = (xv[u] != xv[u] || xv[u] > tm) ? xv[u] : tm;\n"
+             "      for (int w = KL_LANES / 2; w > 0; w >>= 1) {\n"
+             "        const %s o = __shfl_xor_sync(0xffffffffu, tm, w);\n        tm = (o != o || o > tm) ? o : tm;\n      }\n",
           ct, ct);
   /* NaN wins, as in the row kernel; a row masked so far to -inf subtracts
    * 0 (exp(-inf) = 0, not NaN) */
   fprintf(f, "      const %s mn = (tm != tm || rm[rr] != rm[rr]) ? tm + rm[rr] : (tm > rm[rr] ? tm : rm[rr]);\n", ct);
   fprintf(f, "      const %s base = mn == -KL_INF ? (%s)0 : mn;\n", ct, ct);
   fprintf(f, "      const %s scale = exp%s(rm[rr] - base);\n", ct, sf);
-  fprintf(f, "      const %s pj = live ? exp%s(xv - base) : (%s)0;\n", ct, sf, ct);
-  fprintf(f, "      %s sum = pj;\n      for (int w = 16; w > 0; w >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, w);\n", ct);
+  fprintf(f, "      %s pj[KL_VLANES], sv[KL_VLANES];\n      for (int u = 0; u < KL_VLANES; u++) {\n"
+             "        const int64_t j = k0 + lane + KL_LANES * u;\n"
+             "        pj[u] = iq < %lldLL && j < %lldLL ? exp%s(xv[u] - base) : (%s)0;\n        sv[u] = pj[u];\n      }\n",
+          ct, (ll)t->tq, (ll)t->tk, sf, ct);
+  fprintf(f, "      for (int m = KL_VLANES / 2; m > 0; m >>= 1)\n        for (int u = 0; u < m; u++) sv[u] += sv[u + m];\n"
+             "      %s sum = sv[0];\n      for (int w = KL_LANES / 2; w > 0; w >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, w);\n",
+          ct);
   fprintf(f, "      rl[rr] = rl[rr] * scale + sum;\n      rm[rr] = mn;\n");
-  if (scale_out)
-    fprintf(f, "      for (int c = 0; c < %lld; c++) o[rr][c] *= (%s)scale;\n", (long long)t->nc, t->acc2);
+  if (scale_out) fprintf(f, "      for (int c = 0; c < NCV; c++) o[rr][c] *= (%s)scale;\n", t->acc2);
 }
 
-/* Closes the row loop: the probabilities into ps, then the second
- * product (each lane its columns of V, the rows' probabilities broadcast). */
+/* Closes the row loop: the probabilities (pvalue, an expression of u)
+ * into ps, then the second product (a lane's columns of V, e = lane +
+ * KL_LANES * c, the rows' probabilities broadcast). */
 static void tile_product(const tiled *t, const char *pvalue) {
   typedef long long ll;
   FILE *f = t->f;
-  fprintf(f, "      ps[(warp * %d + rr) * 33 + lane] = %s;\n    }\n    __syncwarp(0xffffffffu);\n", t->R, pvalue);
-  fprintf(f, "    for (int jj = 0; jj < 32; jj++) {\n      for (int c = 0; c < %lld; c++) {\n"
-             "        const int e = lane + 32 * c;\n        const %s vv = e < %lld ? vs[jj * %lld + e] : (%s)0;\n"
-             "        for (int rr = 0; rr < %d; rr++) o[rr][c] += ps[(warp * %d + rr) * 33 + jj] * vv;\n      }\n    }\n"
+  fprintf(f, "      for (int u = 0; u < KL_VLANES; u++) ps[(warp * %d + rr) * 33 + lane + KL_LANES * u] = %s;\n"
+             "    }\n    __syncwarp(0xffffffffu);\n", t->R, pvalue);
+  fprintf(f, "    for (int jj = 0; jj < 32; jj++) {\n      for (int rr = 0; rr < %d; rr++) {\n"
+             "        const %s pr = ps[(warp * %d + rr) * 33 + jj];\n"
+             "        for (int c = 0; c < NCV; c++) {\n          const int e = lane + KL_LANES * c;\n"
+             "          o[rr][c] += pr * (e < %lld ? vs[jj * %lld + e] : (%s)0);\n        }\n      }\n    }\n"
              "    __syncwarp(0xffffffffu);\n",
-          (ll)t->nc, t->acc2, (ll)t->dv, (ll)t->dv, t->acc2, t->R, t->R);
+          t->R, t->acc2, t->R, (ll)t->dv, (ll)t->dv, t->acc2);
 }
 
 static kl_cg_grid tiled_kernel(FILE *f, const char *name, const kl_attention *a, const kl_view *q,
@@ -214,10 +238,15 @@ static kl_cg_grid tiled_kernel(FILE *f, const char *name, const kl_attention *a,
           kl_shape_str(S, text, sizeof text), (ll)t.bq, one_pass ? "one pass" : "two passes");
   kl_cg_fused_params(f, name, io);
   fprintf(f, "  KL_SHARED(%s, qs, [%lld]);\n  KL_SHARED(%s, ks, [%lld]);\n", t.acc, (ll)(t.bq * (t.d + 1)),
-          t.acc, (ll)(32 * (t.d + 1)));
+          t.acc, (ll)(33 * t.d));
   fprintf(f, "  KL_SHARED(%s, vs, [%lld]);\n  KL_SHARED(%s, ps, [%lld]);\n", t.acc2, (ll)(32 * t.dv), t.acc2,
           (ll)(t.bq * 33));
-  fprintf(f, "  const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);\n");
+  /* the host device runs a warp as its lane 0 alone, over 32 virtual
+   * lanes (kiln_prelude.h's KL_LANES); the other threads leave, and
+   * count as arrived at every barrier */
+  fprintf(f, "#define NCV ((%lld + KL_LANES - 1) / KL_LANES)\n", (ll)t.dv);
+  fprintf(f, "  const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);\n"
+             "  if (lane >= KL_LANES) return;\n  const int tid = warp * KL_LANES + lane;\n");
   fprintf(f, "  const int64_t batch = blockIdx.x / %lldLL, q0 = (blockIdx.x %% %lldLL) * %lldLL;\n",
           (ll)qtiles, (ll)qtiles, (ll)t.bq);
   fprintf(f, "  int64_t oq = %lldLL, ok = %lldLL, ov = %lldLL, oo = %lldLL;\n", (ll)q->offset,
@@ -237,21 +266,21 @@ static kl_cg_grid tiled_kernel(FILE *f, const char *name, const kl_attention *a,
   if (batches > 1) fprintf(f, "  }\n");
   int kq = io->nin - 3, qr = q->shape.rank;
   /* Q's tile, coalesced along the head */
-  fprintf(f, "  for (int t = (int)threadIdx.x; t < %lld; t += 128) {\n"
+  fprintf(f, "  for (int t = tid; t < %lld; t += 4 * KL_LANES) {\n"
              "    const int rr = t / %lld, e = t %% %lld;\n    const int64_t iq = q0 + rr;\n",
           (ll)(t.bq * t.d), (ll)t.d, (ll)t.d);
   snprintf(src, sizeof src, "in%d[oq + iq * %lldLL + e * %lldLL]", kq, (ll)q->strides[qr - 2], (ll)q->strides[qr - 1]);
   fprintf(f, "    qs[rr * %lld + e] = iq < %lldLL ? %s : (%s)0;\n  }\n", (ll)(t.d + 1), (ll)t.tq,
           kl_cg_load(ld, sizeof ld, q->base->dtype, t.acc, src), t.acc);
-  fprintf(f, "  %s rm[%d], rl[%d];\n  %s o[%d][%lld];\n", t.ct, t.R, t.R, t.acc2, t.R, (ll)t.nc);
+  fprintf(f, "  %s rm[%d], rl[%d];\n  %s o[%d][NCV];\n", t.ct, t.R, t.R, t.acc2, t.R);
   fprintf(f, "  for (int rr = 0; rr < %d; rr++) {\n    rm[rr] = -KL_INF;\n    rl[rr] = 0;\n"
-             "    for (int c = 0; c < %lld; c++) o[rr][c] = 0;\n  }\n", t.R, (ll)t.nc);
+             "    for (int c = 0; c < NCV; c++) o[rr][c] = 0;\n  }\n", t.R);
   if (one_pass) {
     fprintf(f, "  for (int64_t k0 = 0; k0 < %lldLL; k0 += 32) {\n", (ll)t.tk);
     tile_loads(&t, true);
     tile_scores(&t);
     online_softmax(&t, true);
-    snprintf(buf, sizeof buf, "(%s)pj", t.acc2);
+    snprintf(buf, sizeof buf, "(%s)pj[u]", t.acc2);
     tile_product(&t, buf);
     fprintf(f, "  }\n");
   } else {
@@ -266,25 +295,27 @@ static kl_cg_grid tiled_kernel(FILE *f, const char *name, const kl_attention *a,
     fprintf(f, "  for (int64_t k0 = 0; k0 < %lldLL; k0 += 32) {\n", (ll)t.tk);
     tile_loads(&t, true);
     tile_scores(&t);
-    fprintf(f, "      %s pv = 0;\n      if (live) {\n", t.acc2);
+    fprintf(f, "      %s pvv[KL_VLANES];\n      for (int u = 0; u < KL_VLANES; u++) {\n"
+               "      const int64_t j = k0 + lane + KL_LANES * u;\n      pvv[u] = 0;\n"
+               "      if (iq < %lldLL && j < %lldLL) {\n", t.acc2, (ll)t.tq, (ll)t.tk);
     fprintf(f, "        const int64_t i = (batch * %lldLL + iq) * %lldLL + j;\n        (void)i;\n", (ll)t.tq, (ll)t.tk);
-    fprintf(f, "        const %s v = xv, m = rm[rr], sum = rl[rr];\n        %s sp; ", t.ct, kl_cg_storage(p->dtype));
+    fprintf(f, "        const %s v = xv[u], m = rm[rr], sum = rl[rr];\n        %s sp; ", t.ct, kl_cg_storage(p->dtype));
     kl_cg_store(f, p->dtype, "sp", kl_cg_softmax_value(a->softmax, !strcmp(t.ct, "double")));
     fprintf(f, "        const %s v%d = %s;\n", kl_cg_compute_type(p->dtype), p->id,
             kl_cg_load(buf, sizeof buf, p->dtype, kl_cg_compute_type(p->dtype), "sp"));
     load_chain_inputs(f, a->post, a->npost, io, t.nextra, S);
     kl_cg_fused_members(f, a->post, a->npost, io, "out%d[i]", "i", pl);
-    fprintf(f, "        pv = (%s)v%d;\n      }\n", t.acc2, pl->id);
-    tile_product(&t, "pv");
+    fprintf(f, "        pvv[u] = (%s)v%d;\n      }\n      }\n", t.acc2, pl->id);
+    tile_product(&t, "pvv[u]");
     fprintf(f, "  }\n");
   }
   /* the rows out (divided by their sums after one pass) */
   fprintf(f, "  for (int rr = 0; rr < %d; rr++) {\n    const int64_t iq = q0 + warp * %d + rr;\n"
-             "    if (iq >= %lldLL) continue;\n    for (int c = 0; c < %lld; c++) {\n      const int e = lane + 32 * c;\n"
+             "    if (iq >= %lldLL) continue;\n    for (int c = 0; c < NCV; c++) {\n      const int e = lane + KL_LANES * c;\n"
              "      if (e >= %lld) continue;\n      const %s val = o[rr][c]%s;\n      %s so; ",
-          t.R, t.R, (ll)t.tq, (ll)t.nc, (ll)t.dv, t.acc2, one_pass ? " / rl[rr]" : "", kl_cg_storage(y->dtype));
+          t.R, t.R, (ll)t.tq, (ll)t.dv, t.acc2, one_pass ? " / rl[rr]" : "", kl_cg_storage(y->dtype));
   kl_cg_store(f, y->dtype, "so", "val");
-  fprintf(f, "      out0[oo + iq * %lldLL + e * %lldLL] = so;\n    }\n  }\n}\n", (ll)out->strides[r - 2],
+  fprintf(f, "      out0[oo + iq * %lldLL + e * %lldLL] = so;\n    }\n  }\n}\n#undef NCV\n", (ll)out->strides[r - 2],
           (ll)out->strides[r - 1]);
   kl_cg_fused_entry(f, name, io);
   kl_cg_grid g = {batches * qtiles, 128};

@@ -167,15 +167,16 @@ bool kl_is_fusible(const kl_node *n, const kl_target *t) {
 }
 
 /* The tiled attention kernel's shared memory (codegen/emit_attention.c):
- * Q's tile (4 warps of R rows) and 32 keys of K, rows padded by one
- * against bank conflicts, in the first product's type; 32 rows of V and
+ * Q's tile (4 warps of R rows, rows padded by one) and 32 keys of K
+ * (transposed, 33 a head element: against bank conflicts), in the first
+ * product's type; 32 rows of V and
  * each warp's probabilities (33 a row) in the second's.  Heads up to 128
  * wide: wider ones keep the row kernel or the library. */
 int kl_attention_rows_per_warp(int64_t d, int64_t dv, int qk_bytes, int pv_bytes) {
   if (d < 1 || dv < 1 || d > 128 || dv > 128) return 0;
   for (int r = 8; r >= 1; r /= 2) {
     int64_t bq = 4 * r;
-    int64_t bytes = (bq + 32) * (d + 1) * qk_bytes + (32 * dv + bq * 33) * pv_bytes;
+    int64_t bytes = (bq * (d + 1) + 33 * d) * qk_bytes + (32 * dv + bq * 33) * pv_bytes;
     if (bytes <= 48 * 1024) return r;
   }
   return 0;

@@ -113,6 +113,19 @@ __device__ __forceinline__ __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) 
 #define KL_CONV_LANES 1
 #endif
 
+/* The lanes of a warp at work in a kernel written over virtual lanes
+ * (emit_attention.c's tiled kernel, where virtual lane j of a warp is
+ * lane j % KL_LANES, slot j / KL_LANES of KL_VLANES): all 32 on a GPU;
+ * one on the host device, which then runs each warp as a loop over its 32
+ * virtual lanes (vectorisable), where 32 lanes would switch fibers at
+ * every shuffle.  A test may ask the host for 32. */
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#define KL_LANES 32
+#elif !defined(KL_LANES)
+#define KL_LANES 1
+#endif
+#define KL_VLANES (32 / KL_LANES)
+
 /* The outputs of a row one thread of a convolution's or GEMM's kernel
  * sums (emit_fused.c's strip kernels), and their sums as one value:
  *   - a GPU: one output a thread (threads are many), the sums a float or
