@@ -160,7 +160,7 @@ def main():
     ap.add_argument("--rtol", type=float, default=1e-5)
     ap.add_argument("--atol", type=float, default=1e-6)
     ap.add_argument("-k", dest="filter", default="",
-                    help="only cases whose name contains this")
+                    help="only cases whose name contains this (or any of A,B,...)")
     ap.add_argument("-j", dest="jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--kiln-arg", action="append", default=[],
@@ -171,7 +171,7 @@ def main():
     kiln = os.path.abspath(args.kiln) if os.sep in args.kiln else args.kiln
     cases = sorted(os.path.join(args.cases, d) for d in os.listdir(args.cases)
                    if os.path.isdir(os.path.join(args.cases, d))
-                   and args.filter in d)
+                   and any(k in d for k in args.filter.split(",")))
     npass = nfail = nskip = 0
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as ex:
         futs = [ex.submit(run_case, kiln, c, args) for c in cases]
