@@ -176,6 +176,13 @@ static void split_conv_sum(FILE *f, const kl_node *nd, const kl_group_io *io, co
 /* The member a strip kernel has summed (sout[sj] holds output i0 + sj). */
 static const kl_node *strip_core;
 
+/* The kl_strip_fma_* suffix that reads elements of type t straight into
+ * sums of type acc (NULL: none; the elements go through a gather). */
+static const char *strip_reader(kl_dtype t, const char *acc) {
+  if (!strcmp(acc, "double")) return t == KL_F64 ? "f64" : NULL;
+  return t == KL_F32 ? "f32" : t == KL_F16 ? "f16" : t == KL_BF16 ? "bf16" : NULL;
+}
+
 /* A strip's convolution sums: outputs i0 .. i0 + ns - 1, consecutive
  * columns of one output row; each tap's weight is loaded once for the
  * strip and the columns it reaches are a run whose bounds are worked out
@@ -206,10 +213,10 @@ static void strip_conv_core(FILE *f, const kl_node *nd, const kl_group_io *io, c
           kl_cg_storage(w->dtype), index_of(io->in, io->nin, w), (ll)cpg, (ll)(wd[2] * wd[3]));
   /* the strip's inputs straight from memory where they are consecutive
    * values of the sums' type, else gathered into xt */
-  const char *sfx = strcmp(acc, "double") ? "f32" : "f64";
-  bool direct_load = st[1] == 1 && !strcmp(kl_cg_storage(x->dtype), acc);
+  const char *sfx = strcmp(acc, "double") ? "f32" : "f64", *reader = strip_reader(x->dtype, acc);
+  bool direct_load = st[1] == 1 && reader;
   char full[480];
-  if (direct_load) snprintf(full, sizeof full, "kl_strip_fma_%s(&sacc, xr + base, wv);", sfx);
+  if (direct_load) snprintf(full, sizeof full, "kl_strip_fma_%s(&sacc, xr + base, wv);", reader);
   else
     snprintf(full, sizeof full, "%s xt[KL_STRIP];\n"
              "              for (int sj = 0; sj < KL_STRIP; sj++) xt[sj] = %s;\n"
@@ -236,7 +243,7 @@ static void strip_conv_core(FILE *f, const kl_node *nd, const kl_group_io *io, c
     fprintf(f, "              const int64_t at = (int64_t)(xr - in%d) + base;\n"
                "              if (at >= 0 && at + KL_STRIP <= %lldLL) {\n"
                "                kl_strip_fma_keep_%s(&sacc, xr + base, wv, lo, hi);\n              } else {\n",
-            index_of(io->in, io->nin, x), (ll)kl_shape_numel(&x->shape), sfx);
+            index_of(io->in, io->nin, x), (ll)kl_shape_numel(&x->shape), reader);
   else
     fprintf(f, "              {\n");
   fprintf(f, "                %s xt[KL_STRIP];\n"
@@ -437,9 +444,10 @@ static void direct_matmul(FILE *f, const kl_node *nd, const kl_group_io *io, boo
     kl_cg_load(lb, sizeof lb, b->dtype, acc, buf);
     const char *sfx = strcmp(acc, "double") ? "f32" : "f64";
     fprintf(f, "      for (int64_t kk = 0; kk < %lldLL; kk++) {\n        const %s av = %s;\n", (ll)k, acc, la);
-    if (!strcmp(kl_cg_storage(b->dtype), acc))
+    const char *reader = strip_reader(b->dtype, acc);
+    if (reader)
       fprintf(f, "        if (ns == KL_STRIP) {\n          kl_strip_fma_%s(&sacc, in%d + ob + kk * %lldLL, av);\n"
-                 "          continue;\n        }\n", sfx, index_of(io->in, io->nin, b), (ll)cols);
+                 "          continue;\n        }\n", reader, index_of(io->in, io->nin, b), (ll)cols);
     /* lanes past the row's end multiply zeros, and are never stored */
     fprintf(f, "        %s bt[KL_STRIP];\n        for (int sj = 0; sj < KL_STRIP; sj++) bt[sj] = sj < ns ? %s : 0;\n"
                "        kl_strip_fma_%s(&sacc, bt, av);\n      }\n    }\n",

@@ -135,7 +135,8 @@ __device__ __forceinline__ __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) 
  *     registers whatever the compiler's vectoriser makes of a loop (one
  *     output a thread is scalar code; an array of sums indexed by a loop,
  *     or one wide vector, lives in memory).
- * kl_strip_fma_T(&acc, x, w): lane j += x[j] * w for the KL_STRIP lanes;
+ * kl_strip_fma_T(&acc, x, w): lane j += x[j] * w for the KL_STRIP lanes
+ * (T: f32, f64, and f16 or bf16 into f32 sums);
  * kl_strip_fma_keep_T(&acc, x, w, lo, hi): the same for lanes in [lo, hi),
  * the others adding an exact +0 (their product's bits cleared, so a padded
  * tap adds nothing even against an inf or NaN: as skipping it does);
@@ -153,6 +154,13 @@ typedef double kl_strip_f64;
   __device__ __forceinline__ void kl_strip_store_##S(T *dst, const T *acc) { dst[0] = *acc; }
 KL_STRIP_OPS(float, f32)
 KL_STRIP_OPS(double, f64)
+#define KL_STRIP_HALF_OPS(T, S, CVT)                                                         \
+  __device__ __forceinline__ void kl_strip_fma_##S(float *acc, const T *x, float w) { *acc += CVT(x[0]) * w; } \
+  __device__ __forceinline__ void kl_strip_fma_keep_##S(float *acc, const T *x, float w, int64_t lo, int64_t hi) { \
+    if (lo <= 0 && hi > 0) *acc += CVT(x[0]) * w;                                            \
+  }
+KL_STRIP_HALF_OPS(__half, f16, __half2float)
+KL_STRIP_HALF_OPS(__nv_bfloat16, bf16, __bfloat162float)
 #else
 #ifndef KL_STRIP /* a test may ask for another multiple of 4 */
 #define KL_STRIP 16
@@ -193,6 +201,54 @@ typedef struct { kl_v2f64 v[KL_STRIP / 2]; } kl_strip_f64;
   }
 KL_STRIP_OPS(float, f32, 4, kl_v4f32, kl_v4i32, int32_t)
 KL_STRIP_OPS(double, f64, 2, kl_v2f64, kl_v2i64, int64_t)
+/* Four halves (f16, bf16) to floats at once, bit for bit as __half2float
+ * and __bfloat162float (a NaN becomes the canonical NaN; subnormals by the
+ * exact 2^-14 subtraction); f32 sums, as the GPU's. */
+typedef uint16_t kl_v4u16 __attribute__((vector_size(8)));
+typedef uint32_t kl_v4u32 __attribute__((vector_size(16)));
+static inline __attribute__((always_inline)) kl_v4f32 kl_v4_f16(const void *p) {
+  kl_v4u16 h16;
+  memcpy(&h16, p, sizeof h16);
+  kl_v4u32 h = __builtin_convertvector(h16, kl_v4u32);
+  kl_v4u32 sign = (h & 0x8000u) << 16, hs = h & 0x7fffu, e = hs & 0x7c00u;
+  kl_v4u32 special = (kl_v4u32)(e == 0x7c00u), small = (kl_v4u32)(e == 0u);
+  kl_v4u32 o = (hs << 13) + (112u << 23) + (special & (112u << 23)) + (small & (1u << 23));
+  kl_v4u32 magic = small & (113u << 23), bits;
+  kl_v4f32 f, mf;
+  memcpy(&f, &o, sizeof f);
+  memcpy(&mf, &magic, sizeof mf);
+  f -= mf; /* m * 2^-24 where the half is subnormal; - 0 elsewhere */
+  memcpy(&bits, &f, sizeof bits);
+  kl_v4u32 nan = special & (kl_v4u32)((hs & 0x3ffu) != 0u);
+  bits = ((bits | sign) & ~nan) | (nan & 0x7fffffffu);
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+static inline __attribute__((always_inline)) kl_v4f32 kl_v4_bf16(const void *p) {
+  kl_v4u16 h16;
+  memcpy(&h16, p, sizeof h16);
+  kl_v4u32 bits = __builtin_convertvector(h16, kl_v4u32) << 16;
+  kl_v4f32 f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+#define KL_STRIP_HALF_OPS(T, S)                                                              \
+  static inline __attribute__((always_inline)) void kl_strip_fma_##S(kl_strip_f32 *acc, const T *x, float w) { \
+    _Pragma("GCC unroll 16") for (int i = 0; i < KL_STRIP / 4; i++) acc->v[i] += kl_v4_##S(x + 4 * i) * w; \
+  }                                                                                          \
+  static inline __attribute__((always_inline)) void kl_strip_fma_keep_##S(kl_strip_f32 *acc, const T *x, float w, \
+                                                                          int64_t lo, int64_t hi) { \
+    _Pragma("GCC unroll 16") for (int i = 0; i < KL_STRIP / 4; i++) {                         \
+      kl_v4f32 t = kl_v4_##S(x + 4 * i) * w;                                                 \
+      kl_v4i32 lane = {4 * i, 4 * i + 1, 4 * i + 2, 4 * i + 3}, bits;                          \
+      memcpy(&bits, &t, sizeof t);                                                           \
+      bits &= (lane >= (int32_t)lo) & (lane < (int32_t)hi);                                  \
+      memcpy(&t, &bits, sizeof t);                                                           \
+      acc->v[i] += t;                                                                        \
+    }                                                                                        \
+  }
+KL_STRIP_HALF_OPS(__half, f16)
+KL_STRIP_HALF_OPS(__nv_bfloat16, bf16)
 #endif
 #endif /* KL_PRELUDE_CONVERSIONS_ONLY */
 
