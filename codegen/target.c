@@ -28,10 +28,13 @@ const kl_target kl_cg_target = {
     .direct_conv_max_macs = INT64_MAX,
     .direct_matmul_max_macs = INT64_MAX,
     .direct_conv_min_outputs_per_k = 0,
-    /* a warp an output below 16 outputs per unit of K: an H200 ran
-     * ResNet-18's deep layers (16K down to 2K outputs, K 576 to 4608)
-     * latency-bound at one output a thread */
-    .direct_conv_split_below = 16,
+    /* a warp an output below 8 outputs per unit of K, a guess: an H200
+     * ran ResNet-18's deep layers (16K down to 2K outputs, K 576 to 4608,
+     * 28 down to 0.4 outputs per unit of K) latency-bound at one output a
+     * thread, but no GPU has run the split kernel yet; below 16, se_net's
+     * convolutions before a global pool would leave the pool's kernel
+     * (17 -> 19 launches) for no measured gain */
+    .direct_conv_split_below = 8,
     /* emit_attention.c: the tiled kernel takes any number of keys (the
      * cut-off table may lower this); the warp-per-row kernel, for post-
      * softmax chains that are not only casts, holds 32 scores a lane and
