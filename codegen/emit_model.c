@@ -158,7 +158,7 @@ static int write_all(kl_cg_ctx *c, const char *prefix, kl_codegen_result *out) {
       else
         fprintf(e.rf, "  /* %s: %s -> %s, %s: no kernel */\n", n->name, kl_ops[n->op].name,
                 kl_shape_str(&n->outputs[0]->shape, shape, sizeof shape),
-                c->p->alias[n->id]         ? "the input's buffer"
+                c->p->alias[n->id]         ? (n->op == KL_OP_CONCAT ? "its inputs written in place" : "the input's buffer")
                 : c->p->view_node[n->id]   ? "a view its GEMMs read through"
                 : n->op == KL_OP_TRANSPOSE ? "written there by its input's GEMM"
                                            : "in the epilogue of the GEMM before it");

@@ -22,10 +22,19 @@ const char *kl_cg_ptr_expr(const kl_cg_ctx *c, const kl_value *v, char *buf, siz
   switch (l->kind) {
   case KL_LOC_PARAM: snprintf(buf, len, "(void *)(m->params + %zu)", l->offset); break;
   case KL_LOC_ARENA:
-    snprintf(buf, len, "(void *)(m->arena + %s)", kl_cg_buf_macro(c, l->index, name, sizeof name));
+    if (l->offset)
+      snprintf(buf, len, "(void *)(m->arena + %s + %zu)", kl_cg_buf_macro(c, l->index, name, sizeof name),
+               l->offset);
+    else
+      snprintf(buf, len, "(void *)(m->arena + %s)", kl_cg_buf_macro(c, l->index, name, sizeof name));
     break;
   case KL_LOC_INPUT: snprintf(buf, len, "m->io[%d]", l->index); break;
-  case KL_LOC_OUTPUT: snprintf(buf, len, "m->io[%d]", c->g->inputs.len + l->index); break;
+  case KL_LOC_OUTPUT:
+    if (l->offset)
+      snprintf(buf, len, "(void *)((char *)m->io[%d] + %zu)", c->g->inputs.len + l->index, l->offset);
+    else
+      snprintf(buf, len, "m->io[%d]", c->g->inputs.len + l->index);
+    break;
   default: snprintf(buf, len, "NULL"); break;
   }
   return buf;

@@ -271,7 +271,7 @@ int kl_attention_rows_per_warp(int64_t d, int64_t dv, int qk_bytes, int pv_bytes
 typedef enum { KL_LOC_NONE, KL_LOC_PARAM, KL_LOC_ARENA, KL_LOC_INPUT, KL_LOC_OUTPUT, KL_LOC_VIEW } kl_loc_kind;
 typedef struct {
   kl_loc_kind kind;
-  size_t offset; /* PARAM */
+  size_t offset; /* PARAM; ARENA, OUTPUT: bytes into the buffer (a concat's piece) */
   int index;     /* INPUT, OUTPUT; ARENA: its buffer */
 } kl_location;
 
@@ -325,7 +325,9 @@ typedef struct {
    * (values first, then scratch) with their live steps and offsets; a
    * step's scratch is bufs[scratch_at[s] .. scratch_at[s + 1]) */
   kl_location *loc;         /* per value id */
-  bool *alias;              /* a reshape & co whose output is its input's buffer */
+  bool *alias;              /* a reshape & co whose output is its input's buffer,
+                             * or a concat its inputs' producers write in place */
+  const kl_node **piece_of; /* per value id: the concat it is written into, in place */
   kl_membuf *bufs;
   int nbufs, nvalue_bufs, cap_bufs;
   int *scratch_at;

@@ -37,6 +37,7 @@ void kl_plan_init(kl_plan *p, const kl_graph *g, const kl_target *t, bool fuse) 
   p->reader_at = zalloc((size_t)nv + 1, sizeof *p->reader_at);
   p->loc = zalloc((size_t)nv, sizeof *p->loc);
   p->alias = zalloc((size_t)nn, sizeof *p->alias);
+  p->piece_of = zalloc((size_t)nv, sizeof *p->piece_of);
 }
 
 void kl_plan_free(kl_plan *p) {
@@ -48,7 +49,7 @@ void kl_plan_free(kl_plan *p) {
   free(p->epi_last), free(p->epi_gemm), free(p->direct), free(p->attn_head), free(p->attn);
   free(p->view_node), free(p->absorbed), free(p->writes_into), free(p->view);
   free(p->readers), free(p->reader_at);
-  free(p->loc), free(p->alias), free(p->scratch_at);
+  free(p->loc), free(p->alias), free(p->piece_of), free(p->scratch_at);
   for (int b = 0; b < p->nbufs; b++) free((char *)p->bufs[b].name);
   free(p->bufs);
   kl_fusion_free(&p->fusion);

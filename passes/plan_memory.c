@@ -100,6 +100,63 @@ static bool is_alias(const kl_plan *p, const kl_node *n) {
          kl_shape_numel(&in->shape) == kl_shape_numel(&out->shape);
 }
 
+/* A concat whose pieces are contiguous in its output (every dim before
+ * the axis is 1: a batch-1 channel concat, a flat one) is written in
+ * place: each piece's producer writes its part of the concat's buffer and
+ * the concat runs no kernel.  A piece qualifies when a kernel of its own
+ * group or a GEMM writes it, straight: not a graph output (its buffer is
+ * the caller's), not a view, an alias or a GEMM's epilogue value, not
+ * another concat's output, and once in this concat. */
+static bool piece_ok(const kl_plan *p, const kl_node *n, int k) {
+  const kl_value *x = n->inputs[k];
+  if (x->kind != KL_VAL_NODE || x->dtype != n->outputs[0]->dtype || x->is_output ||
+      p->loc[x->id].kind != KL_LOC_NONE || p->piece_of[x->id])
+    return false;
+  for (int j = 0; j < k; j++)
+    if (n->inputs[j] == x) return false;
+  const kl_node *pr = x->producer;
+  if (!p->live[pr->id] || p->folded[pr->id] || p->view_node[pr->id] || p->writes_into[pr->id] ||
+      p->epi_last[pr->id] || p->epi_inner[pr->id] || pr->op == KL_OP_CONCAT || pr->op == KL_OP_RESHAPE ||
+      pr->op == KL_OP_FLATTEN || pr->op == KL_OP_SQUEEZE || pr->op == KL_OP_UNSQUEEZE ||
+      pr->op == KL_OP_ALL_REDUCE_WAIT || pr->op == KL_OP_CONSTANT)
+    return false;
+  return !kl_plan_in_group(p, pr) || p->fusion.stored[x->id];
+}
+
+static void choose_concats_in_place(kl_plan *p) {
+  const kl_graph *g = p->g;
+  for (int i = 0; i < g->nodes.len; i++) {
+    const kl_node *n = p->order[i];
+    if (n->op != KL_OP_CONCAT || n->noutputs != 1 || !p->live[n->id] || p->folded[n->id] ||
+        p->view_node[n->id] || kl_plan_in_group(p, n) || !kl_dtype_size(n->outputs[0]->dtype))
+      continue;
+    const kl_shape *y = &n->outputs[0]->shape;
+    int64_t axis = kl_attr_int(n, "axis", 0);
+    if (axis < 0) axis += y->rank;
+    bool ok = axis >= 0 && axis < y->rank && kl_shape_numel(y) > 0;
+    for (int d = 0; d < axis && ok; d++) ok = y->dims[d] == 1;
+    for (int k = 0; k < n->ninputs && ok; k++) ok = piece_ok(p, n, k);
+    if (!ok) continue;
+    for (int k = 0; k < n->ninputs; k++) p->piece_of[n->inputs[k]->id] = n;
+    p->alias[n->id] = true;
+  }
+}
+
+/* Piece v's place: its part of the concat's buffer, which the first piece
+ * made asks for (the concat's output may be a graph output: then the
+ * caller's buffer). */
+static void place_piece(kl_plan *p, const kl_value *v) {
+  const kl_node *c = p->piece_of[v->id];
+  const kl_value *y = c->outputs[0];
+  if (p->loc[y->id].kind == KL_LOC_NONE)
+    p->loc[y->id] = (kl_location){KL_LOC_ARENA, 0, add_buf(p, y->name, value_bytes(y))};
+  size_t off = 0;
+  for (int k = 0; k < c->ninputs && c->inputs[k] != v; k++) off += value_bytes(c->inputs[k]);
+  kl_location l = p->loc[y->id];
+  l.offset += off;
+  p->loc[v->id] = l;
+}
+
 static void place_values(kl_plan *p) {
   const kl_graph *g = p->g;
   for (int i = 0; i < g->inputs.len; i++)
@@ -115,6 +172,7 @@ static void place_values(kl_plan *p) {
     api++;
   }
   for (int i = 0; i < g->params.len; i++) add_param(p, g->params.items[i]);
+  choose_concats_in_place(p);
   /* a training step's new params and optimizer state overwrite the old
    * (check_updates says that nothing reads the old after) */
   for (int i = 0; i < g->outputs.len; i++)
@@ -136,6 +194,7 @@ static void place_values(kl_plan *p) {
       p->loc[n->outputs[0]->id] = (kl_location){KL_LOC_VIEW, 0, 0};
       continue;
     }
+    if (p->alias[n->id]) continue; /* a concat written in place: its pieces placed it */
     if (is_alias(p, n)) {
       p->alias[n->id] = true;
       p->loc[n->outputs[0]->id] = p->loc[n->inputs[0]->id];
@@ -147,7 +206,8 @@ static void place_values(kl_plan *p) {
     for (int k = 0; k < n->noutputs; k++) {
       kl_value *v = n->outputs[k];
       if (p->loc[v->id].kind != KL_LOC_NONE || (fused && !p->fusion.stored[v->id])) continue;
-      p->loc[v->id] = (kl_location){KL_LOC_ARENA, 0, add_buf(p, v->name, value_bytes(v))};
+      if (p->piece_of[v->id]) place_piece(p, v);
+      else p->loc[v->id] = (kl_location){KL_LOC_ARENA, 0, add_buf(p, v->name, value_bytes(v))};
     }
   }
   p->nvalue_bufs = p->nbufs;
@@ -262,7 +322,13 @@ static bool one_row_value(const kl_group_io *io, const kl_shape *rows) {
  * buffer goes to one output at most. */
 static void choose_in_place(kl_plan *p) {
   bool *taken = calloc((size_t)p->nbufs + 1, sizeof *taken);
-  if (!taken) abort();
+  /* a buffer that holds a concat's pieces neither takes another's place
+   * nor gives its own: a piece is part of it, its other parts written at
+   * other steps */
+  bool *pieces = calloc((size_t)p->nbufs + 1, sizeof *pieces);
+  if (!taken || !pieces) abort();
+  for (int v = 0; v < p->g->values.len; v++)
+    if (p->piece_of[v] && p->loc[v].kind == KL_LOC_ARENA) pieces[p->loc[v].index] = true;
   for (int s = 0; s < p->fusion.ngroups; s++) {
     const kl_group *gr = &p->fusion.groups[s];
     kl_node *const *members = p->fusion.nodes + gr->first;
@@ -287,7 +353,7 @@ static void choose_in_place(kl_plan *p) {
     }
     for (int o = 0; o < io.nout; o++) {
       const kl_location *lo = &p->loc[io.out[o]->id];
-      if (lo->kind != KL_LOC_ARENA) continue;
+      if (lo->kind != KL_LOC_ARENA || pieces[lo->index]) continue;
       /* a row kernel's lane 0 writes a row's scalars while other lanes may
        * still read that row's inputs: only its row values go in place */
       if (gr->kind == KL_GROUP_ROWS && !kl_shape_equal(&io.out[o]->shape, &gr->shape)) continue;
@@ -297,6 +363,7 @@ static void choose_in_place(kl_plan *p) {
         const kl_value *in = io.in[k];
         const kl_location *li = &p->loc[in->id];
         if (li->kind != KL_LOC_ARENA || li->index >= lo->index || taken[li->index] ||
+            pieces[li->index] ||
             (gr->count > 1 && window_buffer(p, &io, li->index)) ||
             kl_shape_numel(&in->shape) != numel ||
             kl_dtype_size(in->dtype) != kl_dtype_size(io.out[o]->dtype) || !out->bytes)
@@ -309,7 +376,7 @@ static void choose_in_place(kl_plan *p) {
       }
     }
   }
-  free(taken);
+  free(taken), free(pieces);
 }
 
 const kl_node *kl_plan_step_node(const kl_plan *p, int step) {
@@ -383,8 +450,12 @@ void kl_plan_print_memory(FILE *f, const kl_plan *p) {
     if (m->inplace_of >= 0) fprintf(f, ", in place of %s", p->bufs[m->inplace_of].name);
     fprintf(f, "\n");
   }
-  for (int i = 0; i < p->g->nodes.len; i++)
-    if (p->alias[p->order[i]->id])
-      fprintf(f, "  %s: no kernel, its input %s's buffer\n", p->order[i]->outputs[0]->name,
-              p->order[i]->inputs[0]->name);
+  for (int i = 0; i < p->g->nodes.len; i++) {
+    const kl_node *n = p->order[i];
+    if (!p->alias[n->id]) continue;
+    if (n->op == KL_OP_CONCAT)
+      fprintf(f, "  %s: no kernel, its %d inputs written in place\n", n->outputs[0]->name, n->ninputs);
+    else
+      fprintf(f, "  %s: no kernel, its input %s's buffer\n", n->outputs[0]->name, n->inputs[0]->name);
+  }
 }

@@ -57,7 +57,7 @@ static void print_step(FILE *f, const kl_plan *p, int gi) {
   } else if (kind == KL_STEP_NONE && p->epi_last[n->id]) {
     fprintf(f, " (runs at %s)", p->epi_last[n->id]->name);
   } else if (kind == KL_STEP_NONE && p->alias[n->id]) {
-    fprintf(f, " (its input's buffer)");
+    fprintf(f, n->op == KL_OP_CONCAT ? " (its inputs written in place)" : " (its input's buffer)");
   } else if (kind == KL_STEP_NONE && p->view_node[n->id]) {
     fprintf(f, " (a view)");
   } else if (kind == KL_STEP_NONE && p->attn_head[n->id]) {

@@ -11,7 +11,8 @@ norm: row groups; rows of two axes too), GEMMs with a bias, residual and relu af
 GEMM's epilogue), splits and transposes GEMMs read in place, batched
 head-style products with a transposed result, attention (softmax between
 two GEMMs, with masks, scales and casts around it), direct convolutions with
-sibling convolutions and an epilogue, and nodes fusion cannot take, so
+sibling convolutions and an epilogue, concats (written in place by their
+pieces' kernels when contiguous), and nodes fusion cannot take, so
 groups must form around them without cycles.  Several values are outputs,
 some from inside would-be groups.  Prints PASS/FAIL per graph and ends
 with `N passed, N failed`."""
@@ -135,7 +136,21 @@ def make_graph(seed):
                              "softmax({x}, axis=-1)", "log_softmax({x}, axis=-1)"])
             lines.append(f"let {t} = " + op.format(x=f"{a} + {rnd.choice(full + side)}") +
                          f" * {rnd.choice(full + side)}")
-        elif kind < 0.95 and rows == cols:  # transpose: a different index order
+        elif kind < 0.95:  # a concat (written in place by its pieces' kernels where the
+            # dims before its axis are 1), summed back to [R, C]; a piece is read again later
+            p1, p2, P = fresh(), fresh(), fresh()
+            b = rnd.choice(full)
+            lines.append(f"let {p1} = {rnd.choice(UNARY)}({a})")
+            lines.append(f"let {p2} = " + rnd.choice([f"{a} * {b}", b, f"{b} @ w"]))
+            if rnd.random() < 0.5:
+                lines.append(f"let {P} = concat({p1}, {p2}, {p1} * 2, axis=0)")
+                lines.append(f"let {t} = reshape(reduce_sum(reshape({P}, shape=[3, R, C]), axes=[0], "
+                             f"keepdims=0), shape=[R, C]) + {p1}")
+            else:
+                lines.append(f"let {P} = concat({p2}, {p1}, axis=1)")
+                lines.append(f"let {t} = reduce_max(reshape({P}, shape=[R, 2, C]), axes=[1], keepdims=0)")
+            full.append(p1)
+        elif kind < 0.955 and rows == cols:  # transpose: a different index order
             lines.append(f"let {t} = transpose({a}, perm=[1, 0])")
         elif kind < 0.98:
             lines.append(f"let {t} = tanh({a} @ transpose({rnd.choice(full)}, perm=[1, 0])) @ {a}")

@@ -237,6 +237,66 @@ static void test_after_orders_nodes(void **state) {
   kl_graph_free(g);
 }
 
+/* A concat whose pieces are contiguous (dims before its axis 1) runs no
+ * kernel: its pieces' producers write their parts of its buffer, at their
+ * byte offsets, and no in-place choice hands that buffer to another
+ * value.  Across a batch of 2, or with a graph input as a piece, it
+ * copies as before. */
+static void plan_concat(const char *src, kl_plan *p, kl_graph **g) {
+  kl_error err;
+  *g = kl_parse_string(src, strlen(src), "t.kl", NULL, &err);
+  if (!*g) fail_msg("%s", err.msg);
+  kl_pipeline_options po = {.target = &kl_cg_target};
+  if (kl_pipeline(*g, &po, p, &err)) fail_msg("%s", err.msg);
+  char msg[512];
+  if (kl_memplan_check(p->bufs, p->nbufs, p->mem.arena, msg, sizeof msg)) fail_msg("%s", msg);
+}
+
+static void test_concat_in_place(void **state) {
+  (void)state;
+  kl_plan p;
+  kl_graph *g;
+  plan_concat("input x: f32[1, 3, 8, 8]\n"
+              "let a = relu(x)\n"
+              "let b = tanh(x) * 2.0\n"
+              "let c = concat(a, b, axis=1)\n"
+              "output y = sigmoid(c) + 1.0\n",
+              &p, &g);
+  const kl_value *a = kl_graph_find_value(g, "a"), *b = kl_graph_find_value(g, "b"),
+                 *c = kl_graph_find_value(g, "c");
+  assert_true(p.alias[c->producer->id]);
+  assert_ptr_equal(p.piece_of[a->id], c->producer);
+  assert_int_equal(p.loc[c->id].kind, KL_LOC_ARENA);
+  assert_int_equal(p.loc[a->id].index, p.loc[c->id].index);
+  assert_int_equal(p.loc[b->id].index, p.loc[c->id].index);
+  assert_int_equal(p.loc[a->id].offset, 0);
+  assert_int_equal(p.loc[b->id].offset, 3 * 64 * 4);
+  assert_int_equal(p.bufs[p.loc[c->id].index].inplace_of, -1);
+  kl_plan_free(&p);
+  kl_graph_free(g);
+  /* the same across a batch of 2: pieces interleave, a copy */
+  plan_concat("input x: f32[2, 3, 8, 8]\n"
+              "let a = relu(x)\n"
+              "let b = tanh(x) * 2.0\n"
+              "let c = concat(a, b, axis=1)\n"
+              "output y = sigmoid(c) + 1.0\n",
+              &p, &g);
+  c = kl_graph_find_value(g, "c");
+  assert_false(p.alias[c->producer->id]);
+  kl_plan_free(&p);
+  kl_graph_free(g);
+  /* a piece that is the graph's input lives in the caller's buffer */
+  plan_concat("input x: f32[1, 3, 8, 8]\n"
+              "let b = tanh(x) * 2.0\n"
+              "let c = concat(x, b, axis=1)\n"
+              "output y = sigmoid(c) + 1.0\n",
+              &p, &g);
+  c = kl_graph_find_value(g, "c");
+  assert_false(p.alias[c->producer->id]);
+  kl_plan_free(&p);
+  kl_graph_free(g);
+}
+
 /* Rematerialization on the training example: under a limit below its
  * arena the copies land after the values they wait for, each after the
  * forward pass's steps, and the plan fits. */
@@ -329,6 +389,7 @@ int main(void) {
       cmocka_unit_test(test_examples),
       cmocka_unit_test(test_after_orders_nodes),
       cmocka_unit_test(test_remat_train_cnn),
+      cmocka_unit_test(test_concat_in_place),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
