@@ -530,38 +530,68 @@ static bool reads_four(const kl_value *v, const kl_shape *shape) {
   return v->shape.rank && v->shape.dims[v->shape.rank - 1] == shape->dims[shape->rank - 1];
 }
 
-/* The float4 path, taken when every float4 pointer is 16-byte aligned
- * (checked at run time: a kernel does not know where its buffers start);
- * else the scalar loop below runs. */
+/* The vector type of four elements of t (float4, or four halves in 8
+ * bytes), NULL for other types; its alignment in bytes. */
+static const char *vec4_type(kl_dtype t, int *align) {
+  *align = t == KL_F32 ? 16 : 8;
+  return t == KL_F32 ? "float4" : t == KL_F16 ? "kl_half4" : t == KL_BF16 ? "kl_bf164" : NULL;
+}
+
+/* lane l of vector register name (float4's .x .. .w, else .v[l]) */
+static void vec4_lane(char *buf, size_t len, kl_dtype t, const char *name, int l) {
+  static const char lanes[] = "xyzw";
+  if (t == KL_F32) snprintf(buf, len, "%s.%c", name, lanes[l]);
+  else snprintf(buf, len, "%s.v[%d]", name, l);
+}
+
+/* The vector path, taken when every vector pointer is aligned (checked at
+ * run time: a kernel does not know where its buffers start): four
+ * elements a thread, each f32, f16 or bf16 input and output that runs
+ * along the row loaded or stored as one float4 (16 bytes) or four halves
+ * (8 bytes); else the scalar loop below runs. */
 static void vector_path(FILE *f, kl_node *const *nodes, int n, const kl_group_io *io,
                         const kl_shape *shape) {
   int64_t numel = kl_shape_numel(shape);
   const kl_value *loads[KL_MAX_GROUP_IO];
-  int nloads = 0, slot[KL_MAX_GROUP_IO], q_of[KL_MAX_GROUP_IO];
+  int nloads = 0, slot[KL_MAX_GROUP_IO], q_of[KL_MAX_GROUP_IO], align;
   for (int k = 0; k < io->nin; k++)
     if (io->elementwise_read[k]) q_of[k] = nloads, slot[nloads] = k, loads[nloads++] = io->in[k];
-  /* outputs as float4 only when all are f32; else four stores each */
-  bool vec_out = true, any = false;
-  for (int k = 0; k < io->nout; k++) vec_out &= io->out[k]->dtype == KL_F32;
-  for (int k = 0; k < io->nin; k++)
-    any |= io->elementwise_read[k] && io->in[k]->dtype == KL_F32 && reads_four(io->in[k], shape);
-  if (!vec_out && !any) return; /* no float4 to load or store: nothing to gain */
+  /* outputs as vectors only when every one has a vector type, all float4
+   * or all halves (the members store through one format: float4's lanes
+   * are .x .. .w, the halves' .v[l]); else four stores each */
+  bool vec_out = true, all_f32 = true, no_f32 = true, any = false, vec_in[KL_MAX_GROUP_IO] = {0};
+  for (int k = 0; k < io->nout; k++) {
+    vec_out &= vec4_type(io->out[k]->dtype, &align) != NULL;
+    all_f32 &= io->out[k]->dtype == KL_F32, no_f32 &= io->out[k]->dtype != KL_F32;
+  }
+  vec_out &= all_f32 || no_f32;
+  for (int k = 0; k < io->nin; k++) {
+    vec_in[k] = io->elementwise_read[k] && vec4_type(io->in[k]->dtype, &align) && reads_four(io->in[k], shape);
+    any |= vec_in[k];
+  }
+  if (!vec_out && !any) return; /* no vector to load or store: nothing to gain */
   fprintf(f, "  if (((0ULL");
   for (int k = 0; k < io->nin; k++)
-    if (io->elementwise_read[k] && io->in[k]->dtype == KL_F32 && reads_four(io->in[k], shape))
-      fprintf(f, " | (uint64_t)in%d", k);
-  for (int k = 0; k < io->nout && vec_out; k++) fprintf(f, " | (uint64_t)out%d", k);
-  fprintf(f, ") & 15) == 0) {\n");
+    if (vec_in[k] && io->in[k]->dtype == KL_F32) fprintf(f, " | (uint64_t)in%d", k);
+  for (int k = 0; k < io->nout && vec_out; k++)
+    if (io->out[k]->dtype == KL_F32) fprintf(f, " | (uint64_t)out%d", k);
+  fprintf(f, ") & 15) == 0 && ((0ULL");
+  for (int k = 0; k < io->nin; k++)
+    if (vec_in[k] && io->in[k]->dtype != KL_F32) fprintf(f, " | (uint64_t)in%d", k);
+  for (int k = 0; k < io->nout && vec_out; k++)
+    if (io->out[k]->dtype != KL_F32) fprintf(f, " | (uint64_t)out%d", k);
+  fprintf(f, ") & 7) == 0) {\n");
   fprintf(f, "  for (int64_t i4 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i4 < %lldLL;\n"
              "       i4 += (int64_t)blockDim.x * gridDim.x) {\n    const int64_t i = i4 * 4;\n",
           (long long)(numel / 4));
   if (nloads) kl_cg_index_math(f, shape, loads, nloads);
   for (int q = 0; q < nloads; q++)
-    if (loads[q]->dtype == KL_F32 && reads_four(loads[q], shape))
-      fprintf(f, "    const float4 a%d = *(const float4 *)(in%d + o%d);\n", slot[q], slot[q], q);
-  for (int k = 0; k < io->nout && vec_out; k++) fprintf(f, "    float4 w%d;\n", k);
-  static const char lanes[] = "xyzw";
-  char buf[160], store[24], idx[16];
+    if (vec_in[slot[q]]) {
+      const char *vt = vec4_type(loads[q]->dtype, &align);
+      fprintf(f, "    const %s a%d = *(const %s *)(in%d + o%d);\n", vt, slot[q], vt, slot[q], q);
+    }
+  for (int k = 0; k < io->nout && vec_out; k++) fprintf(f, "    %s w%d;\n", vec4_type(io->out[k]->dtype, &align), k);
+  char buf[160], store[24], idx[16], name[16];
   for (int l = 0; l < 4; l++) {
     fprintf(f, "    {\n");
     for (int k = 0; k < io->nin; k++) {
@@ -569,23 +599,26 @@ static void vector_path(FILE *f, kl_node *const *nodes, int n, const kl_group_io
       const kl_value *v = io->in[k];
       int q = q_of[k];
       char src[48];
+      snprintf(name, sizeof name, "a%d", k);
       if (!reads_four(v, shape)) snprintf(src, sizeof src, "in%d[o%d]", k, q);
-      else if (v->dtype == KL_F32) snprintf(src, sizeof src, "a%d.%c", k, lanes[l]);
+      else if (vec_in[k]) vec4_lane(src, sizeof src, v->dtype, name, l);
       else snprintf(src, sizeof src, "in%d[o%d + %d]", k, q, l);
       fprintf(f, "    const %s x%d = %s;\n", kl_cg_compute_type(v->dtype), k,
               kl_cg_load(buf, sizeof buf, v->dtype, kl_cg_compute_type(v->dtype), src));
     }
-    if (vec_out) snprintf(store, sizeof store, "w%%d.%c", lanes[l]);
+    if (vec_out && all_f32) snprintf(store, sizeof store, "w%%d.%c", "xyzw"[l]);
+    else if (vec_out && no_f32) snprintf(store, sizeof store, "w%%d.v[%d]", l);
     else snprintf(store, sizeof store, "out%%d[i + %d]", l);
     snprintf(idx, sizeof idx, "(i + %d)", l);
     kl_cg_fused_members(f, nodes, n, io, store, idx, NULL);
     fprintf(f, "    }\n");
   }
-  for (int k = 0; k < io->nout && vec_out; k++)
-    fprintf(f, "    *(float4 *)(out%d + i) = w%d;\n", k, k);
+  for (int k = 0; k < io->nout && vec_out; k++) {
+    const char *vt = vec4_type(io->out[k]->dtype, &align);
+    fprintf(f, "    *(%s *)(out%d + i) = w%d;\n", vt, k, k);
+  }
   fprintf(f, "  }\n  return;\n  }\n");
 }
-
 
 /* ---- a convolution group, tiled (implicit GEMM) ---------------------------
  * The group's one convolution as a GEMM of the weights (OC x K, K = C x KH

@@ -113,6 +113,18 @@ __device__ __forceinline__ __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) 
 #define KL_CONV_LANES 1
 #endif
 
+/* Four halves in one 8-byte load or store (the vectorised path of
+ * elementwise kernels, as float4 is for f32). */
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+struct __align__(8) kl_half4 { __half v[4]; };
+struct __align__(8) kl_bf164 { __nv_bfloat16 v[4]; };
+typedef struct kl_half4 kl_half4;
+typedef struct kl_bf164 kl_bf164;
+#else
+typedef struct { _Alignas(8) __half v[4]; } kl_half4;
+typedef struct { _Alignas(8) __nv_bfloat16 v[4]; } kl_bf164;
+#endif
+
 /* The lanes of a warp at work in a kernel written over virtual lanes
  * (emit_attention.c's tiled kernel, where virtual lane j of a warp is
  * lane j % KL_LANES, slot j / KL_LANES of KL_VLANES): all 32 on a GPU;
