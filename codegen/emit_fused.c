@@ -530,6 +530,22 @@ static bool reads_four(const kl_value *v, const kl_shape *shape) {
   return v->shape.rank && v->shape.dims[v->shape.rank - 1] == shape->dims[shape->rank - 1];
 }
 
+/* Element i's offsets for the inputs a group reads element for element
+ * (o0.. in their order), and their values into the x registers. */
+static void load_element_inputs(FILE *f, const kl_group_io *io, const kl_shape *shape) {
+  const kl_value *loads[KL_MAX_GROUP_IO];
+  int nloads = 0, slot[KL_MAX_GROUP_IO];
+  char src[32], buf[256];
+  for (int k = 0; k < io->nin; k++)
+    if (io->elementwise_read[k]) slot[nloads] = k, loads[nloads++] = io->in[k];
+  if (nloads) kl_cg_index_math(f, shape, loads, nloads);
+  for (int q = 0; q < nloads; q++) {
+    snprintf(src, sizeof src, "in%d[o%d]", slot[q], q);
+    fprintf(f, "    const %s x%d = %s;\n", kl_cg_compute_type(loads[q]->dtype), slot[q],
+            kl_cg_load(buf, sizeof buf, loads[q]->dtype, kl_cg_compute_type(loads[q]->dtype), src));
+  }
+}
+
 /* The vector type of four elements of t (float4, or four halves in 8
  * bytes), NULL for other types; its alignment in bytes. */
 static const char *vec4_type(kl_dtype t, int *align) {
@@ -681,7 +697,7 @@ static kl_cg_grid tiled_conv_group(FILE *f, const char *name, kl_node *const *no
   int toc = ts.toc, tpx = ts.tpx, ppt = ts.ppt, tile_px = ts.tile_px, tk = !strcmp(acc, "double") ? 16 : 32;
   int64_t ptiles = ts.ptiles, ctiles = ts.ctiles;
   int kx = index_of(io->in, io->nin, x), kw = index_of(io->in, io->nin, w);
-  char lx[200], lw[160], text[160], buf[256], src[160];
+  char lx[200], lw[160], text[160], src[160];
   fprintf(f, "/* fused group of %d nodes -> %s, %s tiled (implicit GEMM, K = %lld; %d channels x %d pixels a block):",
           n, kl_shape_str(&y->shape, text, sizeof text), conv->name, (ll)K, toc, tile_px);
   for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
@@ -724,16 +740,7 @@ static kl_cg_grid tiled_conv_group(FILE *f, const char *name, kl_node *const *no
              "    if (co >= %lldLL || q >= %lldLL) continue;\n"
              "    const int64_t i = (q / %lldLL * %lldLL + co) * %lldLL + q %% %lldLL;\n",
           ppt, tile_px, tpx, (ll)yd[1], (ll)P, (ll)plane, (ll)yd[1], (ll)plane, (ll)plane);
-  const kl_value *loads[KL_MAX_GROUP_IO];
-  int nloads = 0, slot[KL_MAX_GROUP_IO];
-  for (int k = 0; k < io->nin; k++)
-    if (io->elementwise_read[k]) slot[nloads] = k, loads[nloads++] = io->in[k];
-  if (nloads) kl_cg_index_math(f, &y->shape, loads, nloads);
-  for (int q = 0; q < nloads; q++) {
-    snprintf(src, sizeof src, "in%d[o%d]", slot[q], q);
-    fprintf(f, "    const %s x%d = %s;\n", kl_cg_compute_type(loads[q]->dtype), slot[q],
-            kl_cg_load(buf, sizeof buf, loads[q]->dtype, kl_cg_compute_type(loads[q]->dtype), src));
-  }
+  load_element_inputs(f, io, &y->shape);
   tiled_conv = conv;
   kl_cg_fused_members(f, nodes, n, io, "out%d[i]", "i", NULL);
   tiled_conv = NULL;
@@ -763,7 +770,7 @@ static kl_cg_grid split_conv_group(FILE *f, const char *name, kl_node *const *no
                                    const kl_group_io *io, const kl_node *conv) {
   const kl_shape *shape = &conv->outputs[0]->shape;
   int64_t numel = kl_shape_numel(shape);
-  char text[160], buf[256];
+  char text[160];
   fprintf(f, "/* fused group of %d nodes -> %s, %s a warp an output:", n, kl_shape_str(shape, text, sizeof text),
           conv->name);
   for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
@@ -772,17 +779,7 @@ static kl_cg_grid split_conv_group(FILE *f, const char *name, kl_node *const *no
   fprintf(f, "  const int lane = (int)(threadIdx.x %% 32);\n  if (lane >= KL_CONV_LANES) return;\n"
              "  for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; i < %lldLL;\n"
              "       i += (int64_t)gridDim.x * (blockDim.x / 32)) {\n", (long long)numel);
-  const kl_value *loads[KL_MAX_GROUP_IO];
-  int nloads = 0, slot[KL_MAX_GROUP_IO];
-  for (int k = 0; k < io->nin; k++)
-    if (io->elementwise_read[k]) slot[nloads] = k, loads[nloads++] = io->in[k];
-  if (nloads) kl_cg_index_math(f, shape, loads, nloads);
-  for (int q = 0; q < nloads; q++) {
-    char src[32];
-    snprintf(src, sizeof src, "in%d[o%d]", slot[q], q);
-    fprintf(f, "    const %s x%d = %s;\n", kl_cg_compute_type(loads[q]->dtype), slot[q],
-            kl_cg_load(buf, sizeof buf, loads[q]->dtype, kl_cg_compute_type(loads[q]->dtype), src));
-  }
+  load_element_inputs(f, io, shape);
   split_conv = conv;
   kl_cg_fused_members(f, nodes, n, io, "if (lane == 0) out%d[i]", "i", NULL);
   split_conv = NULL;
@@ -819,7 +816,7 @@ static kl_cg_grid strip_group(FILE *f, const char *name, kl_node *const *nodes, 
   const kl_shape *shape = &core->outputs[0]->shape;
   int64_t numel = kl_shape_numel(shape), width = shape->dims[shape->rank - 1];
   const char *acc = kl_cg_real_type(core->inputs[0]->dtype);
-  char text[160], buf[256];
+  char text[160];
   fprintf(f, "/* fused group of %d nodes -> %s, a strip of KL_STRIP outputs a thread:", n,
           kl_shape_str(shape, text, sizeof text));
   for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
@@ -840,17 +837,7 @@ static kl_cg_grid strip_group(FILE *f, const char *name, kl_node *const *nodes, 
   fprintf(f, "    %s sout[KL_STRIP];\n    kl_strip_store_%s(sout, &sacc);\n"
              "    for (int sj = 0; sj < ns; sj++) {\n    const int64_t i = i0 + sj;\n", acc,
           strcmp(acc, "double") ? "f32" : "f64");
-  const kl_value *loads[KL_MAX_GROUP_IO];
-  int nloads = 0, slot[KL_MAX_GROUP_IO];
-  for (int k = 0; k < io->nin; k++)
-    if (io->elementwise_read[k]) slot[nloads] = k, loads[nloads++] = io->in[k];
-  if (nloads) kl_cg_index_math(f, shape, loads, nloads);
-  for (int q = 0; q < nloads; q++) {
-    char src[32];
-    snprintf(src, sizeof src, "in%d[o%d]", slot[q], q);
-    fprintf(f, "    const %s x%d = %s;\n", kl_cg_compute_type(loads[q]->dtype), slot[q],
-            kl_cg_load(buf, sizeof buf, loads[q]->dtype, kl_cg_compute_type(loads[q]->dtype), src));
-  }
+  load_element_inputs(f, io, shape);
   kl_cg_fused_members(f, nodes, n, io, "out%d[i]", "i", NULL);
   strip_core = NULL;
   fprintf(f, "    }\n  }\n}\n");
@@ -869,7 +856,7 @@ kl_cg_grid kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *no
   if (core) return strip_group(f, name, nodes, n, io, core);
   const kl_shape *shape = &nodes[n - 1]->outputs[0]->shape;
   int64_t numel = kl_shape_numel(shape);
-  char text[160], buf[256];
+  char text[160];
   fprintf(f, "/* fused elementwise group of %d nodes -> %s:", n, kl_shape_str(shape, text, sizeof text));
   for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
   fprintf(f, " */\n");
@@ -881,19 +868,7 @@ kl_cg_grid kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *no
     has_conv |= nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL || nodes[m]->op == KL_OP_CONV_TRANSPOSE2D;
   if (vectorizable(shape) && !has_conv) vector_path(f, nodes, n, io, shape);
   kl_cg_grid_stride_loop(f, numel);
-  /* offsets for the inputs read element for element (o0.. in their order) */
-  const kl_value *loads[KL_MAX_GROUP_IO];
-  int nloads = 0, slot[KL_MAX_GROUP_IO];
-  for (int k = 0; k < io->nin; k++)
-    if (io->elementwise_read[k]) slot[nloads] = k, loads[nloads++] = io->in[k];
-  if (nloads) kl_cg_index_math(f, shape, loads, nloads);
-  for (int q = 0; q < nloads; q++) {
-    const kl_value *v = loads[q];
-    char src[32];
-    snprintf(src, sizeof src, "in%d[o%d]", slot[q], q);
-    fprintf(f, "    const %s x%d = %s;\n", kl_cg_compute_type(v->dtype), slot[q],
-            kl_cg_load(buf, sizeof buf, v->dtype, kl_cg_compute_type(v->dtype), src));
-  }
+  load_element_inputs(f, io, shape);
   kl_cg_fused_members(f, nodes, n, io, "out%d[i]", "i", NULL);
   fprintf(f, "  }\n}\n");
   kl_cg_fused_entry(f, name, io);
