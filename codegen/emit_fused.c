@@ -263,19 +263,12 @@ static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool 
   const char *acc = kl_cg_real_type(x->dtype); /* f32 sums; f64 for f64 */
   int kx = index_of(io->in, io->nin, x), kw = index_of(io->in, io->nin, w);
   char lx[96], lw[96];
-  if (nd == tiled_conv) { /* tiled_conv_group summed it: its epilogue only */
+  if (nd == tiled_conv || nd == strip_core) { /* its kernel summed it first: the epilogue only */
     if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
-    fprintf(f, "    { /* %s: conv2d, tiled */\n      const int64_t co = (%s / %lldLL) %% %lldLL;\n"
-               "      (void)co;\n      %s sum = tacc[u][t8];\n",
-            nd->name, idx, (long long)(yd[2] * yd[3]), (long long)yd[1], acc);
-    bias_and_store(f, nd, io, later, store, acc);
-    return;
-  }
-  if (nd == strip_core) {
-    if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
-    fprintf(f, "    { /* %s: conv2d, summed for the strip */\n      const int64_t co = (%s / %lldLL) %% %lldLL;\n"
-               "      (void)co;\n      %s sum = sout[sj];\n",
-            nd->name, idx, (long long)(yd[2] * yd[3]), (long long)yd[1], acc);
+    fprintf(f, "    { /* %s: conv2d, %s */\n      const int64_t co = (%s / %lldLL) %% %lldLL;\n"
+               "      (void)co;\n      %s sum = %s;\n",
+            nd->name, nd == tiled_conv ? "tiled" : "summed for the strip", idx, (long long)(yd[2] * yd[3]),
+            (long long)yd[1], acc, nd == tiled_conv ? "tacc[u][t8]" : "sout[sj]");
     bias_and_store(f, nd, io, later, store, acc);
     return;
   }
