@@ -172,7 +172,7 @@ static void online_softmax(const tiled *t, bool scale_out) {
   fprintf(f, "      %s tm = xv[0];\n"
              "      for (int u = 1; u < KL_VLANES; u++) tm = (xv[u] != xv[u] || xv[u] > tm) ? xv[u] : tm;\n"
              "      for (int w = KL_LANES / 2; w > 0; w >>= 1) {\n"
-             "        const %s o = __shfl_xor_sync(0xffffffffu, tm, w);\n        tm = (o != o || o > tm) ? o : tm;\n      }\n",
+             "        const %s sh = __shfl_xor_sync(0xffffffffu, tm, w);\n        tm = (sh != sh || sh > tm) ? sh : tm;\n      }\n",
           ct, ct);
   /* NaN wins, as in the row kernel; a row masked so far to -inf subtracts
    * 0 (exp(-inf) = 0, not NaN) */

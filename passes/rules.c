@@ -169,9 +169,9 @@ bool kl_is_fusible(const kl_node *n, const kl_target *t) {
 /* The tiled attention kernel's shared memory (codegen/emit_attention.c):
  * Q's tile (4 warps of R rows, rows padded by one) and 32 keys of K
  * (transposed, 33 a head element: against bank conflicts), in the first
- * product's type; 32 rows of V and
- * each warp's probabilities (33 a row) in the second's.  Heads up to 128
- * wide: wider ones keep the row kernel or the library. */
+ * product's type; 32 rows of V and each warp's probabilities (33 a row)
+ * in the second's.  Heads up to 128 wide: wider ones keep the row kernel
+ * or the library. */
 int kl_attention_rows_per_warp(int64_t d, int64_t dv, int qk_bytes, int pv_bytes) {
   if (d < 1 || dv < 1 || d > 128 || dv > 128) return 0;
   for (int r = 8; r >= 1; r /= 2) {
