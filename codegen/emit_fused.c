@@ -183,6 +183,47 @@ static const char *strip_reader(kl_dtype t, const char *acc) {
   return t == KL_F32 ? "f32" : t == KL_F16 ? "f16" : t == KL_BF16 ? "bf16" : NULL;
 }
 
+/* The taps of a strip convolution over f16 or bf16 input (stride 1):
+ * each input row's span, the strip plus the window's width, is widened
+ * to floats once (four at a time on the host device) and every tap reads
+ * its floats there; where the span lies inside x it is read whole (a
+ * neighbouring row's values past an edge, cleared by the tap's lanes),
+ * else gathered with zeros. */
+static void strip_conv_half_rows(FILE *f, const kl_node *nd, const kl_group_io *io, const char *acc,
+                                 const char *lw, const char *reader) {
+  typedef long long ll;
+  const kl_value *x = nd->inputs[0], *w = nd->inputs[1];
+  const int64_t *xd = x->shape.dims, *wd = w->shape.dims;
+  int64_t st[2], dil[2], pad[2];
+  window_of(nd, st, dil, pad);
+  int64_t span = (wd[3] - 1) * dil[1];
+  char lx[200];
+  kl_cg_load(lx, sizeof lx, x->dtype, acc, "xr[b0 + j]");
+  fprintf(f, "        for (int64_t ky = 0; ky < %lldLL; ky++) {\n"
+             "          const int64_t iy = oy * %lldLL - %lldLL + ky * %lldLL;\n"
+             "          if (iy < 0 || iy >= %lldLL) continue;\n"
+             "          const %s *xr = xp + iy * %lldLL;\n          const %s *wr = wp + ky * %lldLL;\n",
+          (ll)wd[2], (ll)st[0], (ll)pad[0], (ll)dil[0], (ll)xd[2], kl_cg_storage(x->dtype), (ll)xd[3],
+          kl_cg_storage(w->dtype), (ll)wd[3]);
+  fprintf(f, "          %s xrow[KL_STRIP + %lld];\n          const int64_t b0 = ox0 - %lldLL;\n"
+             "          const int64_t at0 = (int64_t)(xr - in%d) + b0;\n"
+             "          if (at0 >= 0 && at0 + KL_STRIP + %lldLL <= %lldLL)\n"
+             "            kl_strip_widen_%s(xrow, xr + b0, KL_STRIP + %lld);\n"
+             "          else\n            for (int j = 0; j < KL_STRIP + %lld; j++)\n"
+             "              xrow[j] = b0 + j >= 0 && b0 + j < %lldLL ? %s : 0;\n",
+          acc, (ll)span, (ll)pad[1], index_of(io->in, io->nin, x), (ll)span, (ll)kl_shape_numel(&x->shape),
+          reader, (ll)span, (ll)span, (ll)xd[3], lx);
+  fprintf(f, "          for (int64_t kx = 0; kx < %lldLL; kx++) {\n            const %s wv = %s;\n"
+             "            const int64_t base = ox0 - %lldLL + kx * %lldLL;\n"
+             "            int64_t lo = base >= 0 ? 0 : -base;\n"
+             "            int64_t hi = base >= %lldLL ? 0 : %lldLL - base;\n"
+             "            if (hi > ns) hi = ns;\n            if (lo > hi) lo = hi;\n"
+             "            if (lo == 0 && hi == KL_STRIP) kl_strip_fma_f32(&sacc, xrow + kx * %lldLL, wv);\n"
+             "            else if (lo < hi) kl_strip_fma_keep_f32(&sacc, xrow + kx * %lldLL, wv, lo, hi);\n"
+             "          }\n        }\n      }\n    }\n",
+          (ll)wd[3], acc, lw, (ll)pad[1], (ll)dil[1], (ll)xd[3], (ll)xd[3], (ll)dil[1], (ll)dil[1]);
+}
+
 /* A strip's convolution sums: outputs i0 .. i0 + ns - 1, consecutive
  * columns of one output row; each tap's weight is loaded once for the
  * strip and the columns it reaches are a run whose bounds are worked out
@@ -215,6 +256,10 @@ static void strip_conv_core(FILE *f, const kl_node *nd, const kl_group_io *io, c
    * values of the sums' type, else gathered into xt */
   const char *sfx = strcmp(acc, "double") ? "f32" : "f64", *reader = strip_reader(x->dtype, acc);
   bool direct_load = st[1] == 1 && reader;
+  if (direct_load && (x->dtype == KL_F16 || x->dtype == KL_BF16)) {
+    strip_conv_half_rows(f, nd, io, acc, lw, reader);
+    return;
+  }
   char full[480];
   if (direct_load) snprintf(full, sizeof full, "kl_strip_fma_%s(&sacc, xr + base, wv);", reader);
   else

@@ -152,7 +152,8 @@ typedef struct { _Alignas(8) __nv_bfloat16 v[4]; } kl_bf164;
  * kl_strip_fma_keep_T(&acc, x, w, lo, hi): the same for lanes in [lo, hi),
  * the others adding an exact +0 (their product's bits cleared, so a padded
  * tap adds nothing even against an inf or NaN: as skipping it does);
- * kl_strip_store_T(dst, &acc): the lanes to dst[0 .. KL_STRIP). */
+ * kl_strip_store_T(dst, &acc): the lanes to dst[0 .. KL_STRIP);
+ * kl_strip_widen_T(dst, src, n): n halves (f16, bf16) to floats. */
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
 #define KL_STRIP 1
 #define KL_STRIP_ZERO 0
@@ -173,6 +174,12 @@ KL_STRIP_OPS(double, f64)
   }
 KL_STRIP_HALF_OPS(__half, f16, __half2float)
 KL_STRIP_HALF_OPS(__nv_bfloat16, bf16, __bfloat162float)
+__device__ __forceinline__ void kl_strip_widen_f16(float *dst, const __half *src, int n) {
+  for (int j = 0; j < n; j++) dst[j] = __half2float(src[j]);
+}
+__device__ __forceinline__ void kl_strip_widen_bf16(float *dst, const __nv_bfloat16 *src, int n) {
+  for (int j = 0; j < n; j++) dst[j] = __bfloat162float(src[j]);
+}
 #else
 #ifndef KL_STRIP /* a test may ask for another multiple of 4 */
 #define KL_STRIP 16
@@ -261,6 +268,20 @@ static inline __attribute__((always_inline)) kl_v4f32 kl_v4_bf16(const void *p) 
   }
 KL_STRIP_HALF_OPS(__half, f16)
 KL_STRIP_HALF_OPS(__nv_bfloat16, bf16)
+/* n halves of a row widened once into dst, four at a time: a strip
+ * convolution's taps then read floats (each half would be widened once a
+ * tap otherwise) */
+#define KL_STRIP_WIDEN(T, S, CVT)                                                            \
+  static inline void kl_strip_widen_##S(float *dst, const T *src, int n) {                   \
+    int j = 0;                                                                               \
+    for (; j + 4 <= n; j += 4) {                                                             \
+      kl_v4f32 v = kl_v4_##S(src + j);                                                       \
+      memcpy(dst + j, &v, sizeof v);                                                         \
+    }                                                                                        \
+    for (; j < n; j++) dst[j] = CVT(src[j]);                                                 \
+  }
+KL_STRIP_WIDEN(__half, f16, __half2float)
+KL_STRIP_WIDEN(__nv_bfloat16, bf16, __bfloat162float)
 #endif
 #endif /* KL_PRELUDE_CONVERSIONS_ONLY */
 

@@ -1072,6 +1072,15 @@ def gen_contract():
          [np.maximum(conv2d(x.astype(np.float64), w.astype(np.float64), bias.astype(np.float64),
                             pads=(1, 0, 1, 2), strides=(2, 1)), 0).astype(np.float16)],
          tol={"rtol": 2e-3, "atol": 2e-3})
+    # f16 rows wider than a host strip (16), dilated, padded on both sides:
+    # the strip kernel widens each input row once, its taps masked at the
+    # edges (a neighbouring row's values, never added)
+    x, w = randn(r, (1, 4, 5, 37), np.float16), randn(r, (6, 4, 3, 3), np.float16)
+    case("conv2d_f16_dilated_rows", [("x", x), ("w", w)],
+         "output y = conv2d(x, w, pads=[2, 2, 2, 2], dilations=[2, 2])",
+         [conv2d(x.astype(np.float64), w.astype(np.float64), pads=(2, 2, 2, 2),
+                 dilations=(2, 2)).astype(np.float16)],
+         tol={"rtol": 2e-3, "atol": 2e-3})
 
     # conv2d_weight_grad: the correlation of x with dy summed over the
     # batch, from the definition (each tap a sum of products), with dy's
