@@ -149,7 +149,8 @@ typedef struct { _Alignas(8) __nv_bfloat16 v[4]; } kl_bf164;
  *     or one wide vector, lives in memory).
  * kl_strip_fma_T(&acc, x, w): lane j += x[j] * w for the KL_STRIP lanes
  * (T: f32, f64, and f16 or bf16 into f32 sums);
- * kl_strip_fma_keep_T(&acc, x, w, lo, hi): the same for lanes in [lo, hi),
+ * kl_strip_fma_keep_T(&acc, x, w, lo, hi) (f32, f64): the same for lanes
+ * in [lo, hi),
  * the others adding an exact +0 (their product's bits cleared, so a padded
  * tap adds nothing even against an inf or NaN: as skipping it does);
  * kl_strip_store_T(dst, &acc): the lanes to dst[0 .. KL_STRIP);
@@ -168,10 +169,7 @@ typedef double kl_strip_f64;
 KL_STRIP_OPS(float, f32)
 KL_STRIP_OPS(double, f64)
 #define KL_STRIP_HALF_OPS(T, S, CVT)                                                         \
-  __device__ __forceinline__ void kl_strip_fma_##S(float *acc, const T *x, float w) { *acc += CVT(x[0]) * w; } \
-  __device__ __forceinline__ void kl_strip_fma_keep_##S(float *acc, const T *x, float w, int64_t lo, int64_t hi) { \
-    if (lo <= 0 && hi > 0) *acc += CVT(x[0]) * w;                                            \
-  }
+  __device__ __forceinline__ void kl_strip_fma_##S(float *acc, const T *x, float w) { *acc += CVT(x[0]) * w; }
 KL_STRIP_HALF_OPS(__half, f16, __half2float)
 KL_STRIP_HALF_OPS(__nv_bfloat16, bf16, __bfloat162float)
 __device__ __forceinline__ void kl_strip_widen_f16(float *dst, const __half *src, int n) {
@@ -254,17 +252,6 @@ static inline __attribute__((always_inline)) kl_v4f32 kl_v4_bf16(const void *p) 
 #define KL_STRIP_HALF_OPS(T, S)                                                              \
   static inline __attribute__((always_inline)) void kl_strip_fma_##S(kl_strip_f32 *acc, const T *x, float w) { \
     _Pragma("GCC unroll 16") for (int i = 0; i < KL_STRIP / 4; i++) acc->v[i] += kl_v4_##S(x + 4 * i) * w; \
-  }                                                                                          \
-  static inline __attribute__((always_inline)) void kl_strip_fma_keep_##S(kl_strip_f32 *acc, const T *x, float w, \
-                                                                          int64_t lo, int64_t hi) { \
-    _Pragma("GCC unroll 16") for (int i = 0; i < KL_STRIP / 4; i++) {                         \
-      kl_v4f32 t = kl_v4_##S(x + 4 * i) * w;                                                 \
-      kl_v4i32 lane = {4 * i, 4 * i + 1, 4 * i + 2, 4 * i + 3}, bits;                          \
-      memcpy(&bits, &t, sizeof t);                                                           \
-      bits &= (lane >= (int32_t)lo) & (lane < (int32_t)hi);                                  \
-      memcpy(&t, &bits, sizeof t);                                                           \
-      acc->v[i] += t;                                                                        \
-    }                                                                                        \
   }
 KL_STRIP_HALF_OPS(__half, f16)
 KL_STRIP_HALF_OPS(__nv_bfloat16, bf16)
