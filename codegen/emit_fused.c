@@ -137,6 +137,18 @@ static const kl_node *tiled_conv;
 /* The convolution a warp-an-output kernel is being written for. */
 static const kl_node *split_conv;
 
+/* Where output element idx of a convolution (output dims yd, mpg output
+ * and cpg input channels a group) sits: its column (named ox), row oy,
+ * channel co, batch item b, and c0, its group's first input channel. */
+static void out_position(FILE *f, const int64_t *yd, int64_t mpg, int64_t cpg, const char *idx, const char *ox) {
+  typedef long long ll;
+  fprintf(f, "      int64_t q = %s;\n      const int64_t %s = q %% %lldLL; q /= %lldLL;\n"
+             "      const int64_t oy = q %% %lldLL; q /= %lldLL;\n"
+             "      const int64_t co = q %% %lldLL, b = q / %lldLL;\n"
+             "      const int64_t c0 = co / %lldLL * %lldLL;\n",
+          idx, ox, (ll)yd[3], (ll)yd[3], (ll)yd[2], (ll)yd[2], (ll)yd[1], (ll)yd[1], (ll)mpg, (ll)cpg);
+}
+
 /* A split member: the lanes of a warp (KL_CONV_LANES of them: 32 on a GPU)
  * take every KL_CONV_LANES-th element of the dot product, flattened over
  * (input channel, ky, kx) as w's rows are, so a warp's weight loads are
@@ -158,11 +170,7 @@ static void split_conv_sum(FILE *f, const kl_node *nd, const kl_group_io *io, co
   snprintf(src, sizeof src, "in%d[co * %lldLL + k]", index_of(io->in, io->nin, w), (ll)K);
   kl_cg_load(lw, sizeof lw, w->dtype, acc, src);
   fprintf(f, "    { /* %s: conv2d, a warp an output (K = %lld) */\n", nd->name, (ll)K);
-  fprintf(f, "      int64_t q = %s;\n      const int64_t ox = q %% %lldLL; q /= %lldLL;\n"
-             "      const int64_t oy = q %% %lldLL; q /= %lldLL;\n"
-             "      const int64_t co = q %% %lldLL, b = q / %lldLL;\n"
-             "      const int64_t c0 = co / %lldLL * %lldLL;\n",
-          idx, (ll)yd[3], (ll)yd[3], (ll)yd[2], (ll)yd[2], (ll)yd[1], (ll)yd[1], (ll)mpg, (ll)cpg);
+  out_position(f, yd, mpg, cpg, idx, "ox");
   fprintf(f, "      %s sum = 0;\n      for (int64_t k = lane; k < %lldLL; k += KL_CONV_LANES) {\n"
              "        const int64_t ci = k / %lldLL, r = k %% %lldLL;\n"
              "        const int64_t iy = oy * %lldLL - %lldLL + r / %lldLL * %lldLL;\n"
@@ -242,11 +250,7 @@ static void strip_conv_core(FILE *f, const kl_node *nd, const kl_group_io *io, c
   else snprintf(src, sizeof src, "xr[base + sj * %lldLL]", (ll)st[1]);
   kl_cg_load(lx, sizeof lx, x->dtype, acc, src);
   fprintf(f, "    { /* %s: conv2d, a strip of columns */\n", nd->name);
-  fprintf(f, "      int64_t q = i0;\n      const int64_t ox0 = q %% %lldLL; q /= %lldLL;\n"
-             "      const int64_t oy = q %% %lldLL; q /= %lldLL;\n"
-             "      const int64_t co = q %% %lldLL, b = q / %lldLL;\n"
-             "      const int64_t c0 = co / %lldLL * %lldLL;\n",
-          (ll)yd[3], (ll)yd[3], (ll)yd[2], (ll)yd[2], (ll)yd[1], (ll)yd[1], (ll)mpg, (ll)cpg);
+  out_position(f, yd, mpg, cpg, "i0", "ox0");
   fprintf(f, "      for (int64_t ci = 0; ci < %lldLL; ci++) {\n"
              "        const %s *xp = in%d + ((b * %lldLL + c0 + ci) * %lldLL) * %lldLL;\n"
              "        const %s *wp = in%d + (co * %lldLL + ci) * %lldLL;\n",
@@ -328,11 +332,7 @@ static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool 
   typedef long long ll;
   if (later) fprintf(f, "    %s v%d;\n", kl_cg_compute_type(out->dtype), out->id);
   fprintf(f, "    { /* %s: conv2d, direct */\n", nd->name);
-  fprintf(f, "      int64_t q = %s;\n      const int64_t ox = q %% %lldLL; q /= %lldLL;\n"
-             "      const int64_t oy = q %% %lldLL; q /= %lldLL;\n"
-             "      const int64_t co = q %% %lldLL, b = q / %lldLL;\n"
-             "      const int64_t c0 = co / %lldLL * %lldLL;\n",
-          idx, (ll)yd[3], (ll)yd[3], (ll)yd[2], (ll)yd[2], (ll)yd[1], (ll)yd[1], (ll)mpg, (ll)cpg);
+  out_position(f, yd, mpg, cpg, idx, "ox");
   fprintf(f, "      %s sum = 0;\n      for (int64_t ci = 0; ci < %lldLL; ci++) {\n"
              "        const %s *xp = in%d + ((b * %lldLL + c0 + ci) * %lldLL) * %lldLL;\n"
              "        const %s *wp = in%d + (co * %lldLL + ci) * %lldLL;\n",
