@@ -801,9 +801,11 @@ static const kl_node *splittable_conv(kl_node *const *nodes, int n) {
   return kl_shape_equal(&conv->outputs[0]->shape, &nodes[n - 1]->outputs[0]->shape) ? conv : NULL;
 }
 
-/* A warp an output element (KL_CONV_LANES lanes of it at work: 32 on a
- * GPU, 1 on the host device, whose emulator would run every shuffle
- * through fibers; the other 31 threads of a host warp leave at once). */
+static void strip_body(FILE *f, kl_node *const *nodes, int n, const kl_group_io *io, const kl_node *core);
+
+/* A warp an output element, KL_CONV_LANES lanes of it at work (32 on a
+ * GPU).  With one lane (the host device, whose emulator would run every
+ * shuffle through fibers) the kernel is the strip form instead. */
 static kl_cg_grid split_conv_group(FILE *f, const char *name, kl_node *const *nodes, int n,
                                    const kl_group_io *io, const kl_node *conv) {
   const kl_shape *shape = &conv->outputs[0]->shape;
@@ -814,6 +816,9 @@ static kl_cg_grid split_conv_group(FILE *f, const char *name, kl_node *const *no
   for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
   fprintf(f, " */\n");
   kl_cg_fused_params(f, name, io);
+  /* one lane (the host device): the strip form instead, whose sums
+   * vectorise where lane 0 alone would sum K scalar products */
+  fprintf(f, "#if KL_CONV_LANES > 1\n");
   fprintf(f, "  const int lane = (int)(threadIdx.x %% 32);\n  if (lane >= KL_CONV_LANES) return;\n"
              "  for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; i < %lldLL;\n"
              "       i += (int64_t)gridDim.x * (blockDim.x / 32)) {\n", (long long)numel);
@@ -821,7 +826,9 @@ static kl_cg_grid split_conv_group(FILE *f, const char *name, kl_node *const *no
   split_conv = conv;
   kl_cg_fused_members(f, nodes, n, io, "if (lane == 0) out%d[i]", "i", NULL);
   split_conv = NULL;
-  fprintf(f, "  }\n}\n");
+  fprintf(f, "  }\n#else\n");
+  strip_body(f, nodes, n, io, conv);
+  fprintf(f, "#endif\n}\n");
   kl_cg_fused_entry(f, name, io);
   int64_t blocks = (numel * 32 + 255) / 256;
   kl_cg_grid g = {blocks < 65535 ? blocks : 65535, 256};
@@ -848,18 +855,12 @@ static const kl_node *strip_member(kl_node *const *nodes, int n) {
  * its C compiler vectorises the strip's multiply-adds (one thread an
  * output would be scalar code, 1 of 16 threads then has work).  Each
  * output sums in the order of a thread an output's. */
-static kl_cg_grid strip_group(FILE *f, const char *name, kl_node *const *nodes, int n, const kl_group_io *io,
-                              const kl_node *core) {
+/* A strip kernel's body, between its signature and its closing brace. */
+static void strip_body(FILE *f, kl_node *const *nodes, int n, const kl_group_io *io, const kl_node *core) {
   typedef long long ll;
   const kl_shape *shape = &core->outputs[0]->shape;
   int64_t numel = kl_shape_numel(shape), width = shape->dims[shape->rank - 1];
   const char *acc = kl_cg_real_type(core->inputs[0]->dtype);
-  char text[160];
-  fprintf(f, "/* fused group of %d nodes -> %s, a strip of KL_STRIP outputs a thread:", n,
-          kl_shape_str(shape, text, sizeof text));
-  for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
-  fprintf(f, " */\n");
-  kl_cg_fused_params(f, name, io);
   fprintf(f, "  const int64_t per_row = (%lldLL + KL_STRIP - 1) / KL_STRIP;\n"
              "  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < %lldLL * per_row;\n"
              "       t += (int64_t)blockDim.x * gridDim.x) {\n"
@@ -878,7 +879,19 @@ static kl_cg_grid strip_group(FILE *f, const char *name, kl_node *const *nodes, 
   load_element_inputs(f, io, shape);
   kl_cg_fused_members(f, nodes, n, io, "out%d[i]", "i", NULL);
   strip_core = NULL;
-  fprintf(f, "    }\n  }\n}\n");
+  fprintf(f, "    }\n  }\n");
+}
+
+static kl_cg_grid strip_group(FILE *f, const char *name, kl_node *const *nodes, int n, const kl_group_io *io,
+                              const kl_node *core) {
+  char text[160];
+  fprintf(f, "/* fused group of %d nodes -> %s, a strip of KL_STRIP outputs a thread:", n,
+          kl_shape_str(&core->outputs[0]->shape, text, sizeof text));
+  for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
+  fprintf(f, " */\n");
+  kl_cg_fused_params(f, name, io);
+  strip_body(f, nodes, n, io, core);
+  fprintf(f, "}\n");
   kl_cg_fused_entry(f, name, io);
   kl_cg_grid none = {0, 0};
   return none;

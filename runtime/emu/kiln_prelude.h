@@ -104,9 +104,9 @@ __device__ __forceinline__ __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) 
 
 /* The lanes of a warp that share one output's dot product in a
  * warp-an-output kernel (emit_fused.c): the whole warp on a GPU; one on
- * the host device, where every shuffle would switch the block to fibers,
- * so lane 0 sums it alone (in the direct loop's order) and the others
- * return at once. */
+ * the host device, where every shuffle would switch the block to fibers:
+ * there the kernel takes its strip form (KL_STRIP, below) instead.  A test
+ * may ask the host for 32. */
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
 #define KL_CONV_LANES 32
 #elif !defined(KL_CONV_LANES) /* a test may ask for a GPU's 32 */
