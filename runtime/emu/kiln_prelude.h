@@ -270,6 +270,147 @@ KL_STRIP_HALF_OPS(__nv_bfloat16, bf16)
 KL_STRIP_WIDEN(__half, f16, __half2float)
 KL_STRIP_WIDEN(__nv_bfloat16, bf16, __bfloat162float)
 #endif
+
+/* ---- warp matrix multiply-add (tensor cores) ------------------------------
+ * A warp computes C (16x8, f32) += A (16x16) * B (16x8) from halves (f16
+ * or bf16), the PTX shape mma.m16n8k16 (sm_80 on), the products exact and
+ * summed in f32.  The kernels (emit_attention.c, emit_fused.c) see only:
+ *   kl_mma_a, kl_mma_b, kl_mma_c: a warp's fragments of A, B and C;
+ *   kl_mma_load_a_T(&a, s, ld, lane): A from shared memory, row-major
+ *     (A(r, k) at s[r * ld + k]);
+ *   kl_mma_load_b_T(&b, s, ld, lane): B, column-major (B(k, n) at
+ *     s[n * ld + k]: K's rows for Q @ K^T);
+ *   kl_mma_T(&c, &a, &b): c += a * b (T: f16 or bf16);
+ *   kl_mma_zero(&c); KL_MMA_C entries c.c[i] a lane holds, at row
+ *   kl_mma_row(lane, i) and column kl_mma_col(lane, i) of C.
+ * (ld even and s 4-byte aligned.)  Three forms of one contract:
+ *   - a GPU, sm_80 on: the registers as the PTX ISA lays them out (lane l,
+ *     g = l / 4, t = l % 4; two halves a register, the lower column low):
+ *     A: (g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8); B: (k 2t,
+ *     n g), (k 2t + 8, n g); C: (g, 2t), (g, 2t + 1), (g + 8, 2t),
+ *     (g + 8, 2t + 1); one mma instruction;
+ *   - older GPUs, and the host device asked for 32 lanes (a test): the
+ *     same registers, the product gathered by shuffles from the lanes
+ *     that hold each operand (so the host checks the GPU's layout);
+ *   - the host device's one lane a warp (KL_LANES 1): lane 0 holds the
+ *     whole tiles as floats, C row-major, and sums with plain loops. */
+#if KL_LANES != 1 && KL_LANES != 32
+#error "kiln_prelude.h: the warp matrix multiply-add needs KL_LANES 1 or 32"
+#endif
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#define KL_UNROLL _Pragma("unroll")
+#else
+#define KL_UNROLL
+#endif
+#define KL_MMA_C (KL_LANES == 1 ? 128 : 4)
+#if KL_LANES == 32
+typedef struct { uint32_t r[4]; } kl_mma_a;
+typedef struct { uint32_t r[2]; } kl_mma_b;
+typedef struct { float c[4]; } kl_mma_c;
+__device__ __forceinline__ int kl_mma_row(int lane, int i) { return (lane >> 2) + 8 * (i >> 1); }
+__device__ __forceinline__ int kl_mma_col(int lane, int i) { return 2 * (lane & 3) + (i & 1); }
+__device__ __forceinline__ uint32_t kl_mma_pair(const void *s, int at) {
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+  return *(const uint32_t *)((const uint16_t *)s + at);
+#else
+  uint32_t v;
+  memcpy(&v, (const uint16_t *)s + at, sizeof v);
+  return v;
+#endif
+}
+/* the same registers for f16 and bf16: a pair of halves is a pair of bits */
+#define KL_MMA_LOADS(S)                                                                      \
+  __device__ __forceinline__ void kl_mma_load_a_##S(kl_mma_a *a, const void *s, int ld, int lane) { \
+    const int g = lane >> 2, t = lane & 3;                                                   \
+    a->r[0] = kl_mma_pair(s, g * ld + 2 * t);                                                \
+    a->r[1] = kl_mma_pair(s, (g + 8) * ld + 2 * t);                                          \
+    a->r[2] = kl_mma_pair(s, g * ld + 2 * t + 8);                                            \
+    a->r[3] = kl_mma_pair(s, (g + 8) * ld + 2 * t + 8);                                      \
+  }                                                                                          \
+  __device__ __forceinline__ void kl_mma_load_b_##S(kl_mma_b *b, const void *s, int ld, int lane) { \
+    const int g = lane >> 2, t = lane & 3;                                                   \
+    b->r[0] = kl_mma_pair(s, g * ld + 2 * t);                                                \
+    b->r[1] = kl_mma_pair(s, g * ld + 2 * t + 8);                                            \
+  }
+KL_MMA_LOADS(f16)
+KL_MMA_LOADS(bf16)
+__device__ __forceinline__ float kl_mma_lo_f16(uint32_t r) { return __half2float(__ushort_as_half((unsigned short)(r & 0xffffu))); }
+__device__ __forceinline__ float kl_mma_hi_f16(uint32_t r) { return __half2float(__ushort_as_half((unsigned short)(r >> 16))); }
+__device__ __forceinline__ float kl_mma_lo_bf16(uint32_t r) { return __uint_as_float(r << 16); }
+__device__ __forceinline__ float kl_mma_hi_bf16(uint32_t r) { return __uint_as_float(r & 0xffff0000u); }
+/* Lane (g, t) needs rows g and g + 8 of A (the registers of lanes 4g ..
+ * 4g + 3) and columns 2t and 2t + 1 of B (lanes 8t .. 8t + 3 and 8t + 4
+ * .. 8t + 7): source s gives k = 2s, 2s + 1, 2s + 8, 2s + 9.  Every lane
+ * shuffles alike (a warp collective). */
+#define KL_MMA_SHUFFLED(S)                                                                   \
+  __device__ __forceinline__ void kl_mma_shuffled_##S(kl_mma_c *c, const kl_mma_a *a, const kl_mma_b *b) { \
+    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3;                   \
+    float d[4] = {0, 0, 0, 0};                                                               \
+    for (int s = 0; s < 4; s++) {                                                            \
+      uint32_t ar[4], b0[2], b1[2];                                                          \
+      for (int q = 0; q < 4; q++) ar[q] = __shfl_sync(0xffffffffu, a->r[q], 4 * g + s);      \
+      for (int q = 0; q < 2; q++) {                                                          \
+        b0[q] = __shfl_sync(0xffffffffu, b->r[q], 8 * t + s);                                \
+        b1[q] = __shfl_sync(0xffffffffu, b->r[q], 8 * t + 4 + s);                            \
+      }                                                                                      \
+      for (int h = 0; h < 2; h++) { /* row g, then g + 8 */                                  \
+        const uint32_t lo = ar[h], hi = ar[2 + h];                                           \
+        d[2 * h] += kl_mma_lo_##S(lo) * kl_mma_lo_##S(b0[0]) + kl_mma_hi_##S(lo) * kl_mma_hi_##S(b0[0]) + \
+                    kl_mma_lo_##S(hi) * kl_mma_lo_##S(b0[1]) + kl_mma_hi_##S(hi) * kl_mma_hi_##S(b0[1]); \
+        d[2 * h + 1] += kl_mma_lo_##S(lo) * kl_mma_lo_##S(b1[0]) + kl_mma_hi_##S(lo) * kl_mma_hi_##S(b1[0]) + \
+                        kl_mma_lo_##S(hi) * kl_mma_lo_##S(b1[1]) + kl_mma_hi_##S(hi) * kl_mma_hi_##S(b1[1]); \
+      }                                                                                      \
+    }                                                                                        \
+    for (int q = 0; q < 4; q++) c->c[q] += d[q];                                             \
+  }
+KL_MMA_SHUFFLED(f16)
+KL_MMA_SHUFFLED(bf16)
+#if (defined(__CUDACC_RTC__) || defined(__CUDACC__)) && __CUDA_ARCH__ >= 800
+#define KL_MMA_INSTR(S, PTX)                                                                 \
+  __device__ __forceinline__ void kl_mma_##S(kl_mma_c *c, const kl_mma_a *a, const kl_mma_b *b) { \
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." PTX "." PTX ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};" \
+        : "+f"(c->c[0]), "+f"(c->c[1]), "+f"(c->c[2]), "+f"(c->c[3])                         \
+        : "r"(a->r[0]), "r"(a->r[1]), "r"(a->r[2]), "r"(a->r[3]), "r"(b->r[0]), "r"(b->r[1])); \
+  }
+KL_MMA_INSTR(f16, "f16")
+KL_MMA_INSTR(bf16, "bf16")
+#else
+#define kl_mma_f16 kl_mma_shuffled_f16
+#define kl_mma_bf16 kl_mma_shuffled_bf16
+#endif
+#else /* the host's one lane a warp: whole tiles */
+typedef struct { float m[16][16]; } kl_mma_a;
+typedef struct { float m[16][8]; } kl_mma_b; /* [k][n] */
+typedef struct { float c[128]; } kl_mma_c;   /* [row][col] */
+static inline int kl_mma_row(int lane, int i) { (void)lane; return i >> 3; }
+static inline int kl_mma_col(int lane, int i) { (void)lane; return i & 7; }
+#define KL_MMA_HOST(S, T)                                                                    \
+  static inline void kl_mma_load_a_##S(kl_mma_a *a, const void *s, int ld, int lane) {       \
+    (void)lane;                                                                              \
+    for (int r = 0; r < 16; r++) kl_strip_widen_##S(a->m[r], (const T *)s + r * ld, 16);     \
+  }                                                                                          \
+  static inline void kl_mma_load_b_##S(kl_mma_b *b, const void *s, int ld, int lane) {       \
+    (void)lane;                                                                              \
+    for (int n = 0; n < 8; n++) {                                                            \
+      float col[16];                                                                         \
+      kl_strip_widen_##S(col, (const T *)s + n * ld, 16);                                    \
+      for (int k = 0; k < 16; k++) b->m[k][n] = col[k];                                      \
+    }                                                                                        \
+  }                                                                                          \
+  static inline void kl_mma_##S(kl_mma_c *c, const kl_mma_a *a, const kl_mma_b *b) {         \
+    for (int r = 0; r < 16; r++) {                                                           \
+      float d[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                 \
+      for (int k = 0; k < 16; k++)                                                           \
+        for (int n = 0; n < 8; n++) d[n] += a->m[r][k] * b->m[k][n];                         \
+      for (int n = 0; n < 8; n++) c->c[8 * r + n] += d[n];                                   \
+    }                                                                                        \
+  }
+KL_MMA_HOST(f16, __half)
+KL_MMA_HOST(bf16, __nv_bfloat16)
+#endif
+__device__ __forceinline__ void kl_mma_zero(kl_mma_c *c) {
+  for (int i = 0; i < KL_MMA_C; i++) c->c[i] = 0;
+}
 #endif /* KL_PRELUDE_CONVERSIONS_ONLY */
 
 /* Integer power as the interpreter computes it (i_pow in

@@ -53,7 +53,13 @@ int main(int argc, char **argv) {
   const char *opts[MAX_OPTS] = {"--gpu-architecture=sm_90", "-default-device",
                                 "--std=c++17"};
   int nopt = 3;
-  for (int i = 2; i < argc && nopt < MAX_OPTS; i++) opts[nopt++] = argv[i];
+  const char *arch = "sm_90";
+  for (int i = 2; i < argc && nopt < MAX_OPTS; i++) {
+    if (!strncmp(argv[i], "--gpu-architecture=", 19)) /* replaces sm_90 */
+      opts[0] = argv[i], arch = argv[i] + 19;
+    else
+      opts[nopt++] = argv[i];
+  }
 
   nvrtcProgram prog;
   CHECK(nvrtcCreateProgram(&prog, src, path, 0, NULL, NULL));
@@ -68,7 +74,7 @@ int main(int argc, char **argv) {
   if (res == NVRTC_SUCCESS) {
     size_t ptxsz = 0;
     CHECK(nvrtcGetPTXSize(prog, &ptxsz));
-    printf("%s: NVRTC sm_90 ok, PTX %zu bytes%s\n", path, ptxsz, bad ? " (with warnings)" : "");
+    printf("%s: NVRTC %s ok, PTX %zu bytes%s\n", path, arch, ptxsz, bad ? " (with warnings)" : "");
   }
   free(log);
   nvrtcDestroyProgram(&prog);
