@@ -50,6 +50,7 @@ static const struct {
     {"direct_matmul_max_macs", offsetof(kl_target, direct_matmul_max_macs)},
     {"direct_conv_min_outputs_per_k", offsetof(kl_target, direct_conv_min_outputs_per_k)},
     {"direct_conv_split_below", offsetof(kl_target, direct_conv_split_below)},
+    {"tensor_cores", offsetof(kl_target, tensor_cores)},
 };
 
 static void set(kl_target *t, size_t offset, int64_t v) {
@@ -76,7 +77,7 @@ int kl_cg_apply_cutoffs(kl_target *t, const char *spec, char *why, size_t why_le
     if (!eq || i == sizeof knobs / sizeof knobs[0] || !end || *end || end == eq + 1 || v < 0) {
       snprintf(why, why_len, "'%s' is not NAME=COUNT with NAME one of direct_conv_max_k, "
                              "direct_matmul_max_k, attention_max_keys, tile_min_blocks, direct_conv_max_macs, "
-                             "direct_matmul_max_macs, direct_conv_min_outputs_per_k, direct_conv_split_below", item);
+                             "direct_matmul_max_macs, direct_conv_min_outputs_per_k, direct_conv_split_below, tensor_cores", item);
       return -1;
     }
     set(t, knobs[i].offset, v);

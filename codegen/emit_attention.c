@@ -95,7 +95,7 @@ typedef struct {
   const kl_group_io *io;
   const char *acc, *acc2, *ct, *sf;
   int R, nextra;
-  int64_t tq, tk, d, dv, bq, nc;
+  int64_t tq, tk, d, dv, bq, nc, batches;
 } tiled;
 
 /* The live threads of a block (4 warps of KL_LANES lanes) share the
@@ -127,22 +127,15 @@ static void tile_loads(const tiled *t, bool with_v) {
   fprintf(f, "    __syncthreads();\n");
 }
 
-/* The tile's scores for the warp's rows (virtual lane j = lane +
- * KL_LANES * u: key k0 + j), then opens the loop over its rows with xv[u],
- * the softmax's inputs (-inf where there is no score). */
-static void tile_scores(const tiled *t) {
+/* Opens the loop over the warp's rows with xv[u], the softmax's inputs
+ * (-inf where there is no score) for virtual lane j = lane + KL_LANES * u
+ * (key k0 + j), from dot, the score's product (an expression of rr and
+ * u). */
+static void tile_rows(const tiled *t, const char *dot) {
   typedef long long ll;
   FILE *f = t->f;
   const kl_value *s = t->a->qk->outputs[0], *x = t->a->softmax->inputs[0];
   char buf[256];
-  fprintf(f, "    %s dot[%d][KL_VLANES];\n    for (int rr = 0; rr < %d; rr++)\n"
-             "      for (int u = 0; u < KL_VLANES; u++) dot[rr][u] = 0;\n",
-          t->acc, t->R, t->R);
-  fprintf(f, "    for (int e = 0; e < %lld; e++) {\n      for (int rr = 0; rr < %d; rr++) {\n"
-             "        const %s qv = qs[(warp * %d + rr) * %lld + e];\n"
-             "        for (int u = 0; u < KL_VLANES; u++) dot[rr][u] += qv * ks[e * 33 + lane + KL_LANES * u];\n"
-             "      }\n    }\n",
-          (ll)t->d, t->R, t->acc, t->R, (ll)(t->d + 1));
   fprintf(f, "    for (int rr = 0; rr < %d; rr++) {\n      const int64_t iq = q0 + warp * %d + rr;\n"
              "      %s xv[KL_VLANES];\n      for (int u = 0; u < KL_VLANES; u++) {\n"
              "      const int64_t j = k0 + lane + KL_LANES * u;\n"
@@ -151,12 +144,28 @@ static void tile_scores(const tiled *t) {
   fprintf(f, "        const int64_t row = batch * %lldLL + iq, i = row * %lldLL + j;\n        (void)i;\n",
           (ll)t->tq, (ll)t->tk);
   fprintf(f, "        %s sd; ", kl_cg_storage(s->dtype));
-  kl_cg_store(f, s->dtype, "sd", "dot[rr][u]");
+  kl_cg_store(f, s->dtype, "sd", dot);
   fprintf(f, "        const %s v%d = %s;\n", kl_cg_compute_type(s->dtype), s->id,
           kl_cg_load(buf, sizeof buf, s->dtype, kl_cg_compute_type(s->dtype), "sd"));
   load_chain_inputs(f, t->a->pre, t->a->npre, t->io, t->nextra, &s->shape);
   kl_cg_fused_members(f, t->a->pre, t->a->npre, t->io, "out%d[i]", "i", x);
   fprintf(f, "        xv[u] = (%s)v%d;\n      }\n      }\n", t->ct, x->id);
+}
+
+/* The tile's scores for the warp's rows, summed from qs and ks, then
+ * the loop over its rows (tile_rows). */
+static void tile_scores(const tiled *t) {
+  typedef long long ll;
+  FILE *f = t->f;
+  fprintf(f, "    %s dot[%d][KL_VLANES];\n    for (int rr = 0; rr < %d; rr++)\n"
+             "      for (int u = 0; u < KL_VLANES; u++) dot[rr][u] = 0;\n",
+          t->acc, t->R, t->R);
+  fprintf(f, "    for (int e = 0; e < %lld; e++) {\n      for (int rr = 0; rr < %d; rr++) {\n"
+             "        const %s qv = qs[(warp * %d + rr) * %lld + e];\n"
+             "        for (int u = 0; u < KL_VLANES; u++) dot[rr][u] += qv * ks[e * 33 + lane + KL_LANES * u];\n"
+             "      }\n    }\n",
+          (ll)t->d, t->R, t->acc, t->R, (ll)(t->d + 1));
+  tile_rows(t, "dot[rr][u]");
 }
 
 /* The online max and sum of the row rr over this tile's scores: first
@@ -206,28 +215,28 @@ static void tile_product(const tiled *t, const char *pvalue) {
           t->R, t->acc2, t->R, (ll)t->dv, (ll)t->dv, t->acc2);
 }
 
-static kl_cg_grid tiled_kernel(FILE *f, const char *name, const kl_attention *a, const kl_view *q,
-                               const kl_view *k, const kl_view *v, const kl_view *out,
-                               const kl_group_io *io) {
-  typedef long long ll;
-  const kl_value *s = a->qk->outputs[0], *x = a->softmax->inputs[0], *p = a->softmax->outputs[0];
-  const kl_value *pl = a->pv->inputs[0], *y = a->pv->outputs[0];
+/* What both tiled kernels know of the attention before choosing tiles. */
+static tiled tile_init(FILE *f, const kl_attention *a, const kl_view *q, const kl_view *k, const kl_view *v,
+                       const kl_view *out, const kl_group_io *io) {
+  const kl_value *s = a->qk->outputs[0], *x = a->softmax->inputs[0], *y = a->pv->outputs[0];
   const kl_shape *S = &s->shape;
-  int r = S->rank, nb = r - 2;
+  int r = S->rank;
   tiled t = {.f = f, .a = a, .q = q, .k = k, .v = v, .out = out, .io = io};
   t.acc = kl_cg_real_type(s->dtype), t.acc2 = kl_cg_real_type(y->dtype);
   t.ct = kl_cg_compute_type(x->dtype), t.sf = !strcmp(t.ct, "double") ? "" : "f";
   t.nextra = io->nin - 3;
   t.tq = S->dims[r - 2], t.tk = S->dims[r - 1], t.d = q->shape.dims[q->shape.rank - 1];
   t.dv = v->shape.dims[v->shape.rank - 1];
-  t.R = kl_attention_rows_per_warp(t.d, t.dv, !strcmp(t.acc, "double") ? 8 : 4, !strcmp(t.acc2, "double") ? 8 : 4);
-  t.bq = 4 * t.R, t.nc = (t.dv + 31) / 32;
-  int64_t batches = kl_shape_numel(S) / (t.tq * t.tk), qtiles = (t.tq + t.bq - 1) / t.bq;
-  bool one_pass = a->softmax->op == KL_OP_SOFTMAX && a->npost == 0 && (pl->dtype == KL_F32 || pl->dtype == KL_F64);
-  int64_t sq[KL_MAX_RANK], sk[KL_MAX_RANK], sv[KL_MAX_RANK], so[KL_MAX_RANK];
-  batch_strides(q, nb, sq), batch_strides(k, nb, sk), batch_strides(v, nb, sv),
-      batch_strides(out, nb, so);
-  char text[160], buf[256], ld[200], src[160];
+  t.batches = kl_shape_numel(S) / (t.tq * t.tk);
+  return t;
+}
+
+/* The kernel's opening comment: its formula and shape. */
+static void tile_header(const tiled *t, const char *how) {
+  typedef long long ll;
+  FILE *f = t->f;
+  const kl_attention *a = t->a;
+  char text[160];
   fprintf(f, "/* attention %s .. %s, tiled: softmax(", a->qk->name, a->pv->name);
   for (int m = a->npre - 1; m >= 0; m--) fprintf(f, "%s(", kl_ops[a->pre[m]->op].name);
   fprintf(f, "Q @ K");
@@ -235,24 +244,30 @@ static kl_cg_grid tiled_kernel(FILE *f, const char *name, const kl_attention *a,
   fprintf(f, ")");
   for (int m = 0; m < a->npost; m++) fprintf(f, " -> %s", kl_ops[a->post[m]->op].name);
   fprintf(f, " @ V over the scores %s: a block per %lld query rows, keys 32 at a time, %s */\n",
-          kl_shape_str(S, text, sizeof text), (ll)t.bq, one_pass ? "one pass" : "two passes");
-  kl_cg_fused_params(f, name, io);
-  fprintf(f, "  KL_SHARED(%s, qs, [%lld]);\n  KL_SHARED(%s, ks, [%lld]);\n", t.acc, (ll)(t.bq * (t.d + 1)),
-          t.acc, (ll)(33 * t.d));
-  fprintf(f, "  KL_SHARED(%s, vs, [%lld]);\n  KL_SHARED(%s, ps, [%lld]);\n", t.acc2, (ll)(32 * t.dv), t.acc2,
-          (ll)(t.bq * 33));
-  /* the host device runs a warp as its lane 0 alone, over 32 virtual
-   * lanes (kiln_prelude.h's KL_LANES); the other threads leave, and
-   * count as arrived at every barrier */
-  fprintf(f, "#define NCV ((%lld + KL_LANES - 1) / KL_LANES)\n", (ll)t.dv);
+          kl_shape_str(&a->qk->outputs[0]->shape, text, sizeof text), (ll)t->bq, how);
+}
+
+/* The thread's lane, warp and rank among the block's live threads (the
+ * host device runs a warp as its lane 0 alone, over 32 virtual lanes:
+ * kiln_prelude.h's KL_LANES; the other threads leave, and count as
+ * arrived at every barrier), the block's batch and first query row, and
+ * where Q, K, V and the output start for that batch. */
+static void tile_origin(const tiled *t) {
+  typedef long long ll;
+  FILE *f = t->f;
+  const kl_shape *S = &t->a->qk->outputs[0]->shape;
+  int nb = S->rank - 2;
+  int64_t qtiles = (t->tq + t->bq - 1) / t->bq, batches = kl_shape_numel(S) / (t->tq * t->tk);
+  int64_t sq[KL_MAX_RANK], sk[KL_MAX_RANK], sv[KL_MAX_RANK], so[KL_MAX_RANK];
+  batch_strides(t->q, nb, sq), batch_strides(t->k, nb, sk), batch_strides(t->v, nb, sv),
+      batch_strides(t->out, nb, so);
   fprintf(f, "  const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);\n"
              "  if (lane >= KL_LANES) return;\n  const int tid = warp * KL_LANES + lane;\n");
   fprintf(f, "  const int64_t batch = blockIdx.x / %lldLL, q0 = (blockIdx.x %% %lldLL) * %lldLL;\n",
-          (ll)qtiles, (ll)qtiles, (ll)t.bq);
-  fprintf(f, "  int64_t oq = %lldLL, ok = %lldLL, ov = %lldLL, oo = %lldLL;\n", (ll)q->offset,
-          (ll)k->offset, (ll)v->offset, (ll)out->offset);
-  /* each batch dim's offsets into Q, K, V and the output (none when the
-   * scores have no batch) */
+          (ll)qtiles, (ll)qtiles, (ll)t->bq);
+  fprintf(f, "  int64_t oq = %lldLL, ok = %lldLL, ov = %lldLL, oo = %lldLL;\n", (ll)t->q->offset,
+          (ll)t->k->offset, (ll)t->v->offset, (ll)t->out->offset);
+  /* each batch dim's offsets (none when the scores have no batch) */
   if (batches > 1) fprintf(f, "  {\n    int64_t rest = batch;\n");
   for (int bd = nb - 1; bd >= 0 && batches > 1; bd--) {
     if (S->dims[bd] == 1) continue;
@@ -264,6 +279,53 @@ static kl_cg_grid tiled_kernel(FILE *f, const char *name, const kl_attention *a,
     fprintf(f, " }\n");
   }
   if (batches > 1) fprintf(f, "  }\n");
+}
+
+/* Inside the row loop of the second pass: pvv[u], the probabilities as
+ * the softmax kernel writes them (from the row's max and sum), through
+ * the post chain. */
+static void tile_probabilities(const tiled *t) {
+  typedef long long ll;
+  FILE *f = t->f;
+  const kl_attention *a = t->a;
+  const kl_value *p = a->softmax->outputs[0], *pl = a->pv->inputs[0];
+  char buf[256];
+  fprintf(f, "      %s pvv[KL_VLANES];\n      for (int u = 0; u < KL_VLANES; u++) {\n"
+             "      const int64_t j = k0 + lane + KL_LANES * u;\n      pvv[u] = 0;\n"
+             "      if (iq < %lldLL && j < %lldLL) {\n", t->acc2, (ll)t->tq, (ll)t->tk);
+  fprintf(f, "        const int64_t i = (batch * %lldLL + iq) * %lldLL + j;\n        (void)i;\n", (ll)t->tq, (ll)t->tk);
+  fprintf(f, "        const %s v = xv[u], m = rm[rr], sum = rl[rr];\n        %s sp; ", t->ct, kl_cg_storage(p->dtype));
+  kl_cg_store(f, p->dtype, "sp", kl_cg_softmax_value(a->softmax, !strcmp(t->ct, "double")));
+  fprintf(f, "        const %s v%d = %s;\n", kl_cg_compute_type(p->dtype), p->id,
+          kl_cg_load(buf, sizeof buf, p->dtype, kl_cg_compute_type(p->dtype), "sp"));
+  load_chain_inputs(f, a->post, a->npost, t->io, t->nextra, &a->qk->outputs[0]->shape);
+  kl_cg_fused_members(f, a->post, a->npost, t->io, "out%d[i]", "i", pl);
+  fprintf(f, "        pvv[u] = (%s)v%d;\n      }\n      }\n", t->acc2, pl->id);
+}
+
+static kl_cg_grid tiled_kernel(FILE *f, const char *name, const kl_attention *a, const kl_view *q,
+                               const kl_view *k, const kl_view *v, const kl_view *out,
+                               const kl_group_io *io) {
+  typedef long long ll;
+  const kl_value *pl = a->pv->inputs[0], *y = a->pv->outputs[0];
+  int r = a->qk->outputs[0]->shape.rank;
+  tiled t = tile_init(f, a, q, k, v, out, io);
+  t.R = kl_attention_rows_per_warp(t.d, t.dv, !strcmp(t.acc, "double") ? 8 : 4, !strcmp(t.acc2, "double") ? 8 : 4);
+  t.bq = 4 * t.R, t.nc = (t.dv + 31) / 32;
+  int64_t batches = t.batches, qtiles = (t.tq + t.bq - 1) / t.bq;
+  bool one_pass = a->softmax->op == KL_OP_SOFTMAX && a->npost == 0 && (pl->dtype == KL_F32 || pl->dtype == KL_F64);
+  char buf[256], ld[200], src[160];
+  tile_header(&t, one_pass ? "one pass" : "two passes");
+  kl_cg_fused_params(f, name, io);
+  fprintf(f, "  KL_SHARED(%s, qs, [%lld]);\n  KL_SHARED(%s, ks, [%lld]);\n", t.acc, (ll)(t.bq * (t.d + 1)),
+          t.acc, (ll)(33 * t.d));
+  fprintf(f, "  KL_SHARED(%s, vs, [%lld]);\n  KL_SHARED(%s, ps, [%lld]);\n", t.acc2, (ll)(32 * t.dv), t.acc2,
+          (ll)(t.bq * 33));
+  /* the host device runs a warp as its lane 0 alone, over 32 virtual
+   * lanes (kiln_prelude.h's KL_LANES); the other threads leave, and
+   * count as arrived at every barrier */
+  fprintf(f, "#define NCV ((%lld + KL_LANES - 1) / KL_LANES)\n", (ll)t.dv);
+  tile_origin(&t);
   int kq = io->nin - 3, qr = q->shape.rank;
   /* Q's tile, coalesced along the head */
   fprintf(f, "  for (int t = tid; t < %lld; t += 4 * KL_LANES) {\n"
@@ -295,17 +357,7 @@ static kl_cg_grid tiled_kernel(FILE *f, const char *name, const kl_attention *a,
     fprintf(f, "  for (int64_t k0 = 0; k0 < %lldLL; k0 += 32) {\n", (ll)t.tk);
     tile_loads(&t, true);
     tile_scores(&t);
-    fprintf(f, "      %s pvv[KL_VLANES];\n      for (int u = 0; u < KL_VLANES; u++) {\n"
-               "      const int64_t j = k0 + lane + KL_LANES * u;\n      pvv[u] = 0;\n"
-               "      if (iq < %lldLL && j < %lldLL) {\n", t.acc2, (ll)t.tq, (ll)t.tk);
-    fprintf(f, "        const int64_t i = (batch * %lldLL + iq) * %lldLL + j;\n        (void)i;\n", (ll)t.tq, (ll)t.tk);
-    fprintf(f, "        const %s v = xv[u], m = rm[rr], sum = rl[rr];\n        %s sp; ", t.ct, kl_cg_storage(p->dtype));
-    kl_cg_store(f, p->dtype, "sp", kl_cg_softmax_value(a->softmax, !strcmp(t.ct, "double")));
-    fprintf(f, "        const %s v%d = %s;\n", kl_cg_compute_type(p->dtype), p->id,
-            kl_cg_load(buf, sizeof buf, p->dtype, kl_cg_compute_type(p->dtype), "sp"));
-    load_chain_inputs(f, a->post, a->npost, io, t.nextra, S);
-    kl_cg_fused_members(f, a->post, a->npost, io, "out%d[i]", "i", pl);
-    fprintf(f, "        pvv[u] = (%s)v%d;\n      }\n      }\n", t.acc2, pl->id);
+    tile_probabilities(&t);
     tile_product(&t, "pvv[u]");
     fprintf(f, "  }\n");
   }
@@ -322,11 +374,147 @@ static kl_cg_grid tiled_kernel(FILE *f, const char *name, const kl_attention *a,
   return g;
 }
 
+/* ---- the tiled kernel on tensor cores (f16 and bf16) ----------------------
+ * Q, K and V in halves: the two products are warp matrix multiply-adds
+ * (kiln_prelude.h's kl_mma_*: the mma.m16n8k16 instruction, f32 sums).
+ * A warp owns 16 query rows, a block W warps; per tile of 32 keys:
+ *   1. the scores S = Q K^T, 16 x 32 a warp (four 16 x 8 products per 16
+ *      head elements), into shared memory as f32;
+ *   2. each row through the pre chain and softmax as in the scalar tiled
+ *      kernel (lane j: key k0 + j): the first pass the max and sum, the
+ *      second the probabilities as the softmax kernel stores them, through
+ *      the post chain, in their half type into shared memory;
+ *   3. (second pass) O += P V, 16 x dv a warp, in registers.
+ * Q, K and V tiles sit in shared memory in halves, rows padded by 8 (a
+ * row's 32-bit pairs then fall in distinct banks); K as loaded (key-major
+ * is the column-major B of Q K^T), V transposed (B of P V).  The halves
+ * always take two passes (their probabilities are stored in a half type),
+ * so O needs no rescaling. */
+/* Warps a block of the tensor-core kernel, 0 where it does not apply:
+ * Q, K, V and the probabilities in one half type, heads up to 128 (the
+ * scalar tiled kernel's bound), the target's tensor_cores on; 4 warps
+ * where the tiles fit in 48 KB of shared memory, else 2. */
+static int mma_warps(const kl_attention *a, const kl_view *q, const kl_view *k, const kl_view *v) {
+  kl_dtype h = v->base->dtype;
+  if ((h != KL_F16 && h != KL_BF16) || q->base->dtype != h || k->base->dtype != h ||
+      a->pv->inputs[0]->dtype != h || !kl_cg_plan_target || !kl_cg_plan_target->tensor_cores)
+    return 0;
+  int64_t d = q->shape.dims[q->shape.rank - 1], dv = v->shape.dims[v->shape.rank - 1];
+  if (d > 128 || dv > 128) return 0;
+  int64_t ldq = (d + 15) / 16 * 16 + 8, dv8 = (dv + 7) / 8 * 8;
+  for (int w = 4; w >= 2; w /= 2)
+    if ((16 * w * ldq + 32 * ldq + dv8 * 40 + 16 * w * 40) * 2 + 16 * w * 36 * 4 <= 48 * 1024) return w;
+  return 0;
+}
+
+static kl_cg_grid mma_kernel(FILE *f, const char *name, const kl_attention *a, const kl_view *q,
+                             const kl_view *k, const kl_view *v, const kl_view *out, const kl_group_io *io,
+                             int warps) {
+  typedef long long ll;
+  const kl_value *pl = a->pv->inputs[0], *y = a->pv->outputs[0];
+  int r = a->qk->outputs[0]->shape.rank;
+  tiled t = tile_init(f, a, q, k, v, out, io);
+  t.R = 16, t.bq = 16 * warps;
+  kl_dtype ht = v->base->dtype;
+  const char *hs = kl_cg_storage(ht), *sx = ht == KL_BF16 ? "bf16" : "f16";
+  int64_t d16 = (t.d + 15) / 16 * 16, ldq = d16 + 8, dv8 = (t.dv + 7) / 8 * 8, ntv = dv8 / 8;
+  int64_t qtiles = (t.tq + t.bq - 1) / t.bq;
+  char ld[200], src[160], dst[160];
+  tile_header(&t, "two passes, products on tensor cores");
+  kl_cg_fused_params(f, name, io);
+  fprintf(f, "  KL_SHARED(%s, qs, [%lld]);\n  KL_SHARED(%s, ks, [%lld]);\n  KL_SHARED(%s, vt, [%lld]);\n",
+          hs, (ll)(t.bq * ldq), hs, (ll)(32 * ldq), hs, (ll)(dv8 * 40));
+  fprintf(f, "  KL_SHARED(float, ss, [%lld]);\n  KL_SHARED(%s, ps, [%lld]);\n", (ll)(t.bq * 36), hs,
+          (ll)(t.bq * 40));
+  tile_origin(&t);
+  int kq = io->nin - 3, kk = io->nin - 2, kv = io->nin - 1;
+  int qr = q->shape.rank, kr = k->shape.rank, vr = v->shape.rank;
+  /* a half tile of rows x cols from global memory (coalesced along cols),
+   * zero outside [rows_in, cols_in): dst indexed by (rr, e) */
+  #define HALF_TILE(rows, cols, row0, rows_in, cols_in, src_expr, dst_expr)                                  \
+    do {                                                                                                     \
+      fprintf(f, "  for (int t = tid; t < %lld; t += %d * KL_LANES) {\n"                                     \
+                 "    const int rr = t / %lld, e = t %% %lld;\n    const int64_t at = %s + rr;\n",             \
+              (ll)((rows) * (cols)), warps, (ll)(cols), (ll)(cols), row0);                                    \
+      fprintf(f, "    if (at < %lldLL && e < %lld) %s = %s;\n    else ", (ll)(rows_in), (ll)(cols_in), dst_expr, \
+              src_expr);                                                                                     \
+      kl_cg_store(f, ht, dst_expr, "0.0f");                                                                  \
+      fprintf(f, "  }\n");                                                                                   \
+    } while (0)
+  /* Q's tile, once */
+  snprintf(src, sizeof src, "in%d[oq + at * %lldLL + e * %lldLL]", kq, (ll)q->strides[qr - 2], (ll)q->strides[qr - 1]);
+  snprintf(dst, sizeof dst, "qs[rr * %lld + e]", (ll)ldq);
+  HALF_TILE(t.bq, d16, "q0", t.tq, t.d, src, dst);
+  fprintf(f, "  %s rm[16], rl[16];\n  kl_mma_c oacc[%lld];\n", t.ct, (ll)ntv);
+  fprintf(f, "  for (int rr = 0; rr < 16; rr++) rm[rr] = -KL_INF, rl[rr] = 0;\n"
+             "  for (int c = 0; c < %lld; c++) kl_mma_zero(&oacc[c]);\n", (ll)ntv);
+  for (int pass = 1; pass <= 2; pass++) {
+    fprintf(f, "  /* pass %d: %s */\n  for (int64_t k0 = 0; k0 < %lldLL; k0 += 32) {\n  __syncthreads();\n", pass,
+            pass == 1 ? "each row's max and sum" : "the probabilities, the product", (ll)t.tk);
+    snprintf(src, sizeof src, "in%d[ok + at * %lldLL + e * %lldLL]", kk, (ll)k->strides[kr - 1], (ll)k->strides[kr - 2]);
+    snprintf(dst, sizeof dst, "ks[rr * %lld + e]", (ll)ldq);
+    HALF_TILE(32, d16, "k0", t.tk, t.d, src, dst);
+    if (pass == 2) {
+      snprintf(src, sizeof src, "in%d[ov + at * %lldLL + e * %lldLL]", kv, (ll)v->strides[vr - 2], (ll)v->strides[vr - 1]);
+      HALF_TILE(32, dv8, "k0", t.tk, t.dv, src, "vt[e * 40 + rr]");
+    }
+    fprintf(f, "  __syncthreads();\n");
+    /* 1. the warp's 16 x 32 scores */
+    fprintf(f, "    {\n      kl_mma_c sacc[4];\n      KL_UNROLL for (int nt = 0; nt < 4; nt++) kl_mma_zero(&sacc[nt]);\n"
+               "      for (int e0 = 0; e0 < %lld; e0 += 16) {\n        kl_mma_a fa;\n"
+               "        kl_mma_load_a_%s(&fa, qs + warp * %lld + e0, %lld, lane);\n"
+               "        KL_UNROLL for (int nt = 0; nt < 4; nt++) {\n          kl_mma_b fb;\n"
+               "          kl_mma_load_b_%s(&fb, ks + nt * %lld + e0, %lld, lane);\n"
+               "          kl_mma_%s(&sacc[nt], &fa, &fb);\n        }\n      }\n",
+            (ll)d16, sx, (ll)(16 * ldq), (ll)ldq, sx, (ll)(8 * ldq), (ll)ldq, sx);
+    fprintf(f, "      KL_UNROLL for (int nt = 0; nt < 4; nt++)\n        for (int c = 0; c < KL_MMA_C; c++)\n"
+               "          ss[(warp * 16 + kl_mma_row(lane, c)) * 36 + nt * 8 + kl_mma_col(lane, c)] = sacc[nt].c[c];\n"
+               "    }\n    __syncwarp(0xffffffffu);\n");
+    /* 2. the rows */
+    tile_rows(&t, "ss[(warp * 16 + rr) * 36 + lane + KL_LANES * u]");
+    if (pass == 1) {
+      online_softmax(&t, false);
+      fprintf(f, "    }\n  }\n");
+      continue;
+    }
+    tile_probabilities(&t);
+    fprintf(f, "      for (int u = 0; u < KL_VLANES; u++) {\n");
+    kl_cg_store(f, pl->dtype, "ps[(warp * 16 + rr) * 40 + lane + KL_LANES * u]", "pvv[u]");
+    fprintf(f, "      }\n    }\n    __syncwarp(0xffffffffu);\n");
+    /* 3. O += P V */
+    fprintf(f, "    {\n      kl_mma_a pa[2];\n      kl_mma_load_a_%s(&pa[0], ps + warp * 640, 40, lane);\n"
+               "      kl_mma_load_a_%s(&pa[1], ps + warp * 640 + 16, 40, lane);\n"
+               "      KL_UNROLL for (int c = 0; c < %lld; c++) {\n        kl_mma_b fb;\n"
+               "        kl_mma_load_b_%s(&fb, vt + c * 320, 40, lane);\n        kl_mma_%s(&oacc[c], &pa[0], &fb);\n"
+               "        kl_mma_load_b_%s(&fb, vt + c * 320 + 16, 40, lane);\n        kl_mma_%s(&oacc[c], &pa[1], &fb);\n"
+               "      }\n    }\n    __syncwarp(0xffffffffu);\n  }\n",
+            sx, sx, (ll)ntv, sx, sx, sx, sx);
+  }
+  #undef HALF_TILE
+  /* the warp's rows out */
+  fprintf(f, "  KL_UNROLL for (int c = 0; c < %lld; c++)\n    for (int i = 0; i < KL_MMA_C; i++) {\n"
+             "      const int64_t iq = q0 + warp * 16 + kl_mma_row(lane, i);\n"
+             "      const int e = c * 8 + kl_mma_col(lane, i);\n      if (iq >= %lldLL || e >= %lld) continue;\n"
+             "      %s so; ",
+          (ll)ntv, (ll)t.tq, (ll)t.dv, kl_cg_storage(y->dtype));
+  kl_cg_store(f, y->dtype, "so", "oacc[c].c[i]");
+  fprintf(f, "      out0[oo + iq * %lldLL + e * %lldLL] = so;\n    }\n}\n", (ll)out->strides[r - 2],
+          (ll)out->strides[r - 1]);
+  (void)ld;
+  kl_cg_fused_entry(f, name, io);
+  kl_cg_grid g = {t.batches * qtiles, 32 * warps};
+  return g;
+}
+
 kl_cg_grid kl_cg_attention_kernel(FILE *f, const char *name, const kl_attention *a,
                                   const kl_view *q, const kl_view *k, const kl_view *v,
                                   const kl_view *out, const kl_group_io *io) {
   typedef long long ll;
-  if (a->tiled) return tiled_kernel(f, name, a, q, k, v, out, io);
+  if (a->tiled) {
+    int warps = mma_warps(a, q, k, v);
+    if (warps) return mma_kernel(f, name, a, q, k, v, out, io, warps);
+    return tiled_kernel(f, name, a, q, k, v, out, io);
+  }
   const kl_value *s = a->qk->outputs[0], *x = a->softmax->inputs[0], *p = a->softmax->outputs[0];
   const kl_value *pl = a->pv->inputs[0], *y = a->pv->outputs[0];
   const kl_shape *S = &s->shape;

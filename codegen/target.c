@@ -24,6 +24,9 @@ const kl_target kl_cg_target = {
      * fewer tiles, one output a thread spreads wider (an H200 ran the
      * small cnn example 3x faster that way) */
     .tile_min_blocks = 264,
+    /* kiln_prelude.h's kl_mma_*: the mma instruction from sm_80, shuffles
+     * before it, plain loops on the host device */
+    .tensor_cores = 1,
     /* no bound on size but the cut-off table's */
     .direct_conv_max_macs = INT64_MAX,
     .direct_matmul_max_macs = INT64_MAX,

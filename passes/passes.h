@@ -212,6 +212,9 @@ struct kl_target {
    * busy that way, where one a thread leaves it idle */
   int64_t direct_conv_split_below;
   int64_t tile_min_blocks;      /* a tiled convolution needs this many blocks, else one output a thread */
+  /* nonzero: f16 and bf16 attention and convolutions on the tensor cores
+   * (warp matrix multiply-adds); 0: their scalar kernels (to compare) */
+  int64_t tensor_cores;
   int64_t attention_max_keys;   /* longest key row a fused attention takes */
   int64_t attention_row_max_keys, attention_max_head; /* the warp-per-row kernel's */
   int attention_max_chain;      /* elementwise nodes before / after its softmax */

@@ -940,6 +940,31 @@ def gen_contract():
         case("attention_" + n, [("q", q), ("k", k), ("v", v), ("mask", mask)],
              "output y = softmax((q @ k) * 0.35 + mask, axis=-1) @ v", [f32(want)],
              tol={"rtol": 1e-4, "atol": 1e-5} if sq[-1] > 64 else None)
+    # halves: the tensor-core kernel (both products warp matrix multiply-
+    # adds, f32 sums) with rows and keys past a tile, heads that are not a
+    # multiple of 16, K and V broadcast, heads of 128 (two warps a block).
+    # The reference rounds where the unfused kernels store (scores, scaled
+    # and masked scores, probabilities, output); the tolerance is the
+    # half's: a score one rounding apart moves its probability by ~u * |s|.
+    r = rng_for("attention_half")
+    rnd16 = lambda x: np.asarray(x, np.float64).astype(np.float16).astype(np.float64)  # noqa: E731
+    rnd_bf = lambda x: bf16(np.asarray(x, np.float32)).astype(np.float64)  # noqa: E731
+    for dt, rnd, t in [("f16", rnd16, 2e-3), ("bf16", rnd_bf, 1.5e-2)]:
+        for n, sq, sk, sv, nkeys in [("heads", (2, 3, 10, 8), (2, 3, 8, 12), (2, 3, 12, 6), 12),
+                                     ("tiles", (2, 70, 20), (2, 20, 45), (2, 45, 24), 45),
+                                     ("kv_bcast", (2, 4, 5, 16), (1, 16, 33), (4, 33, 9), 33),
+                                     ("head128", (1, 17, 128), (1, 128, 100), (1, 100, 128), 100)]:
+            q, k, v = randn(r, sq), randn(r, sk), randn(r, sv, scale=0.5)
+            q *= 1.0 / np.sqrt(sq[-1])
+            mask = np.where(r.random((sq[-2], nkeys)) < 0.3, -np.inf, 0).astype(np.float32)
+            mask[:, 0] = 0  # every row keeps a key
+            sc = rnd(rnd(rnd(rnd(q) @ rnd(k)) * 0.35) + mask)
+            want = rnd(rnd(softmax(sc)) @ rnd(v))
+            case("attention_%s_%s" % (dt, n), [("q", q), ("k", k), ("v", v), ("mask", mask)],
+                 "let qh = cast(q, to=%s)\nlet kh = cast(k, to=%s)\nlet vh = cast(v, to=%s)\n"
+                 "let mh = cast(mask, to=%s)\n"
+                 "output y = cast(softmax((qh @ kh) * 0.35 + mh, axis=-1) @ vh, to=f32)" % (dt, dt, dt, dt),
+                 [f32(want)], tol={"rtol": t, "atol": t})
     # f64 heads (the tiled kernel in double), and a post chain that is not
     # only casts (the row kernel: it needs the row's sum before the product)
     q, k, v = randn(r, (3, 7, 8), np.float64), randn(r, (3, 8, 70), np.float64), randn(r, (3, 70, 5), np.float64)
