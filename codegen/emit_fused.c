@@ -132,8 +132,11 @@ int64_t kl_cg_min_blocks = 264;
 
 const kl_target *kl_cg_plan_target = &kl_cg_target;
 
-/* The convolution a tiled kernel is being written for (its sums in tacc[u][t8]). */
+/* The convolution a tiled kernel is being written for, and where its
+ * kernel left the sum of the element at hand (tacc[u][t8]: the scalar
+ * tiles; cacc[nt].c[i]: the tensor cores'). */
 static const kl_node *tiled_conv;
+static const char *tiled_conv_sum = "tacc[u][t8]";
 /* The convolution a warp-an-output kernel is being written for. */
 static const kl_node *split_conv;
 
@@ -317,7 +320,7 @@ static void direct_conv(FILE *f, const kl_node *nd, const kl_group_io *io, bool 
     fprintf(f, "    { /* %s: conv2d, %s */\n      const int64_t co = (%s / %lldLL) %% %lldLL;\n"
                "      (void)co;\n      %s sum = %s;\n",
             nd->name, nd == tiled_conv ? "tiled" : "summed for the strip", idx, (long long)(yd[2] * yd[3]),
-            (long long)yd[1], acc, nd == tiled_conv ? "tacc[u][t8]" : "sout[sj]");
+            (long long)yd[1], acc, nd == tiled_conv ? tiled_conv_sum : "sout[sj]");
     bias_and_store(f, nd, io, later, store, acc);
     return;
   }
@@ -788,6 +791,122 @@ static kl_cg_grid tiled_conv_group(FILE *f, const char *name, kl_node *const *no
   return g;
 }
 
+/* ---- a convolution group on tensor cores (f16, bf16) ----------------------
+ * The implicit GEMM of tiled_conv_group with halves: C (channels x
+ * pixels) = W (channels x K) times the patches (K x pixels), as warp
+ * matrix multiply-adds (kiln_prelude.h's kl_mma_*, f32 sums).  A block of
+ * 8 warps takes up to 64 channels x 64..256 pixels; each warp 16 channels
+ * x 32 pixels (four 16 x 8 products a step of 16 along K).  Each step of
+ * 32 along K stages the weights (channel-major, the A of the product) and
+ * the patches (pixel-major, its column-major B), gathered with the padding
+ * and never in memory, in shared memory as halves, rows padded by 8 so a
+ * warp's 32-bit fragment loads fall in distinct banks.  Then the group's
+ * other members, the epilogue, on each sum where the product left it (a
+ * lane's entries of C: kl_mma_row / kl_mma_col). */
+typedef struct {
+  int toc, wm;     /* channels a block, warps across them (16 channels each) */
+  int64_t tpx;     /* pixels a block: 32 for each of the 8 / wm warps along them */
+  int64_t ctiles, ptiles;
+} mma_tiles;
+
+static mma_tiles mma_tiles_for(const kl_value *y) {
+  const int64_t *yd = y->shape.dims;
+  mma_tiles t;
+  t.toc = yd[1] >= 64 ? 64 : yd[1] > 16 ? 32 : 16, t.wm = t.toc / 16, t.tpx = 32 * (8 / t.wm);
+  t.ctiles = (yd[1] + t.toc - 1) / t.toc, t.ptiles = (yd[0] * yd[2] * yd[3] + t.tpx - 1) / t.tpx;
+  return t;
+}
+
+/* The group's one convolution in halves, of the group's shape, for the
+ * tensor cores; NULL where there is none. */
+static const kl_node *mma_conv(kl_node *const *nodes, int n) {
+  const kl_node *conv = NULL;
+  for (int m = 0; m < n; m++)
+    if (nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL || nodes[m]->op == KL_OP_CONV_TRANSPOSE2D) {
+      if (conv || nodes[m]->op != KL_OP_CONV2D) return NULL;
+      conv = nodes[m];
+    }
+  if (!conv || !kl_cg_plan_target->tensor_cores || kl_attr_int(conv, "groups", 1) != 1 ||
+      conv->inputs[0]->shape.rank != 4)
+    return NULL;
+  kl_dtype h = conv->inputs[0]->dtype;
+  if ((h != KL_F16 && h != KL_BF16) || conv->inputs[1]->dtype != h) return NULL;
+  return kl_shape_equal(&conv->outputs[0]->shape, &nodes[n - 1]->outputs[0]->shape) ? conv : NULL;
+}
+
+static kl_cg_grid mma_conv_group(FILE *f, const char *name, kl_node *const *nodes, int n,
+                                 const kl_group_io *io, const kl_node *conv) {
+  typedef long long ll;
+  const kl_value *x = conv->inputs[0], *w = conv->inputs[1], *y = conv->outputs[0];
+  const int64_t *xd = x->shape.dims, *yd = y->shape.dims, *wd = w->shape.dims;
+  int64_t st[2], dil[2], pad[2];
+  window_of(conv, st, dil, pad);
+  int64_t K = xd[1] * wd[2] * wd[3], win = wd[2] * wd[3], plane = yd[2] * yd[3], P = xd[0] * plane;
+  mma_tiles ts = mma_tiles_for(y);
+  const char *hs = kl_cg_storage(x->dtype), *sx = x->dtype == KL_BF16 ? "bf16" : "f16";
+  int kx = index_of(io->in, io->nin, x), kw = index_of(io->in, io->nin, w);
+  char text[160];
+  fprintf(f, "/* fused group of %d nodes -> %s, %s on tensor cores (implicit GEMM, K = %lld; %d channels x %lld "
+             "pixels a block):",
+          n, kl_shape_str(&y->shape, text, sizeof text), conv->name, (ll)K, ts.toc, (ll)ts.tpx);
+  for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
+  fprintf(f, " */\n");
+  kl_cg_fused_params(f, name, io);
+  fprintf(f, "  KL_SHARED(%s, ws, [%lld]);\n  KL_SHARED(%s, xs, [%lld]);\n", hs, (ll)(ts.toc * 40), hs,
+          (ll)(ts.tpx * 40));
+  /* the host device runs a warp as its lane 0 alone (KL_LANES) */
+  fprintf(f, "  const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);\n"
+             "  if (lane >= KL_LANES) return;\n  const int tid = warp * KL_LANES + lane;\n"
+             "  const int wm = warp %% %d, wn = warp / %d;\n"
+             "  const int64_t px0 = (int64_t)(blockIdx.x %% %lldLL) * %lld, oc0 = (int64_t)(blockIdx.x / %lldLL) * %d;\n"
+             "  kl_mma_c cacc[4];\n  KL_UNROLL for (int nt = 0; nt < 4; nt++) kl_mma_zero(&cacc[nt]);\n",
+          ts.wm, ts.wm, (ll)ts.ptiles, (ll)ts.tpx, (ll)ts.ptiles, ts.toc);
+  fprintf(f, "  for (int64_t k0 = 0; k0 < %lldLL; k0 += 32) {\n    __syncthreads();\n", (ll)K);
+  /* the weights: consecutive threads along K (a row of w) */
+  fprintf(f, "    for (int t = tid; t < %d; t += 8 * KL_LANES) {\n"
+             "      const int oc = t / 32, kk = t %% 32;\n      const int64_t k = k0 + kk, o = oc0 + oc;\n"
+             "      if (k < %lldLL && o < %lldLL) ws[oc * 40 + kk] = in%d[o * %lldLL + k];\n      else ",
+          ts.toc * 32, (ll)K, (ll)yd[1], kw, (ll)K);
+  kl_cg_store(f, x->dtype, "ws[oc * 40 + kk]", "0.0f");
+  fprintf(f, "    }\n");
+  /* the patches: consecutive threads on consecutive pixels */
+  fprintf(f, "    for (int t = tid; t < %lld; t += 8 * KL_LANES) {\n"
+             "      const int pp = (int)(t %% %lld), kk = (int)(t / %lld);\n"
+             "      const int64_t k = k0 + kk, q = px0 + pp;\n      bool inside = k < %lldLL && q < %lldLL;\n"
+             "      int64_t at = 0;\n      if (inside) {\n"
+             "        const int64_t b = q / %lldLL, op = q %% %lldLL, ci = k / %lldLL, r = k %% %lldLL;\n"
+             "        const int64_t iy = op / %lldLL * %lldLL - %lldLL + r / %lldLL * %lldLL;\n"
+             "        const int64_t ix = op %% %lldLL * %lldLL - %lldLL + r %% %lldLL * %lldLL;\n"
+             "        inside = iy >= 0 && iy < %lldLL && ix >= 0 && ix < %lldLL;\n"
+             "        at = ((b * %lldLL + ci) * %lldLL + iy) * %lldLL + ix;\n      }\n"
+             "      if (inside) xs[pp * 40 + kk] = in%d[at];\n      else ",
+          (ll)(32 * ts.tpx), (ll)ts.tpx, (ll)ts.tpx, (ll)K, (ll)P, (ll)plane, (ll)plane, (ll)win, (ll)win,
+          (ll)yd[3], (ll)st[0], (ll)pad[0], (ll)wd[3], (ll)dil[0], (ll)yd[3], (ll)st[1], (ll)pad[1], (ll)wd[3],
+          (ll)dil[1], (ll)xd[2], (ll)xd[3], (ll)xd[1], (ll)xd[2], (ll)xd[3], kx);
+  kl_cg_store(f, x->dtype, "xs[pp * 40 + kk]", "0.0f");
+  fprintf(f, "    }\n    __syncthreads();\n");
+  fprintf(f, "    for (int kk = 0; kk < 32; kk += 16) {\n      kl_mma_a fa;\n"
+             "      kl_mma_load_a_%s(&fa, ws + wm * 640 + kk, 40, lane);\n"
+             "      KL_UNROLL for (int nt = 0; nt < 4; nt++) {\n        kl_mma_b fb;\n"
+             "        kl_mma_load_b_%s(&fb, xs + (wn * 32 + nt * 8) * 40 + kk, 40, lane);\n"
+             "        kl_mma_%s(&cacc[nt], &fa, &fb);\n      }\n    }\n  }\n",
+          sx, sx, sx);
+  /* the epilogue, on each of the lane's sums */
+  fprintf(f, "  KL_UNROLL for (int nt = 0; nt < 4; nt++)\n  for (int e = 0; e < KL_MMA_C; e++) {\n"
+             "    const int64_t co = oc0 + wm * 16 + kl_mma_row(lane, e), q = px0 + wn * 32 + nt * 8 + kl_mma_col(lane, e);\n"
+             "    if (co >= %lldLL || q >= %lldLL) continue;\n"
+             "    const int64_t i = (q / %lldLL * %lldLL + co) * %lldLL + q %% %lldLL;\n",
+          (ll)yd[1], (ll)P, (ll)plane, (ll)yd[1], (ll)plane, (ll)plane);
+  load_element_inputs(f, io, &y->shape);
+  tiled_conv = conv, tiled_conv_sum = "cacc[nt].c[e]";
+  kl_cg_fused_members(f, nodes, n, io, "out%d[i]", "i", NULL);
+  tiled_conv = NULL, tiled_conv_sum = "tacc[u][t8]";
+  fprintf(f, "  }\n}\n");
+  kl_cg_fused_entry(f, name, io);
+  kl_cg_grid g = {ts.ptiles * ts.ctiles, 256};
+  return g;
+}
+
 /* The group's one convolution when the target has a warp sum each of
  * its outputs (few, long dot products) and the group is of its shape. */
 static const kl_node *splittable_conv(kl_node *const *nodes, int n) {
@@ -901,6 +1020,8 @@ kl_cg_grid kl_cg_fused_elementwise(FILE *f, const char *name, kl_node *const *no
                                    const kl_group_io *io) {
   const kl_node *split = splittable_conv(nodes, n);
   if (split) return split_conv_group(f, name, nodes, n, io, split);
+  const kl_node *halves = mma_conv(nodes, n);
+  if (halves) return mma_conv_group(f, name, nodes, n, io, halves);
   const kl_node *conv = tileable_conv(nodes, n);
   if (conv) return tiled_conv_group(f, name, nodes, n, io, conv);
   const kl_node *core = strip_member(nodes, n);

@@ -324,11 +324,20 @@ void *kiln_build_host(const kl_codegen_result *cg, const char *dir, int gpu_sm,
    * `kiln bench` and `kiln profile` time the code users ship (the
    * vectoriser the host device's strip and virtual-lane kernels are
    * written for runs from -O2; it costs 0.1-0.2 s more a model). */
+  /* -mf16c where this CPU has it: the code is for this process alone, and
+   * f16 conversions become one instruction (the same bits, kiln_emu.h).
+   * It brings AVX, whose 256-bit vectors made the host's tensor-core
+   * convolution slower on the test VM (conv_block fp16 24 ms against 19
+   * without AVX): the kernels were written for 16-byte vectors (14 ms). */
+  const char *f16c = "";
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (__builtin_cpu_supports("f16c")) f16c = "-mf16c -mprefer-vector-width=128 ";
+#endif
   snprintf(cmd, sizeof cmd,
-           "%s -std=gnu11 -O2 -fno-math-errno -fPIC -shared -DKILN_HOST_KERNELS "
+           "%s -std=gnu11 -O2 %s-fno-math-errno -fPIC -shared -DKILN_HOST_KERNELS "
            "%s -I%s -I%s/emu -DKILN_WEIGHTS_FILE='\"'%s/weights.bin'\"' "
            "-x c %s/kernels.cu -x c %s/model.c %s%s -o %s/model.so -lm >%s/build.log 2>&1",
-           kiln_c_compiler(), gpu && cg->nkernels ? "-DKILN_GPU_IMAGES" : "", qrt, qrt, qdir,
+           kiln_c_compiler(), f16c, gpu && cg->nkernels ? "-DKILN_GPU_IMAGES" : "", qrt, qrt, qdir,
            qdir, qdir, gpu && cg->nkernels ? qdir : "", gpu && cg->nkernels ? "/gpu_images.c" : "",
            qdir, qdir);
   int st = system(cmd);

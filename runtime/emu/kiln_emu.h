@@ -187,6 +187,20 @@ static inline uint32_t kl_shift_rne_(uint32_t m, int s) {
   return r + (rem > half || (rem == half && (r & 1u)));
 }
 
+#if defined(__F16C__)
+/* The CPU's conversion instructions where the build allows them (the
+ * in-process build asks for -mf16c on a CPU that has them): the same bits
+ * as the code below, the NaN made the GPU's canonical one. */
+#include <immintrin.h>
+static inline __half __float2half(float f) {
+  __half r = {f != f ? (unsigned short)0x7fffu : (unsigned short)_cvtss_sh(f, 0)};
+  return r;
+}
+static inline float __half2float(__half h) {
+  float f = _cvtsh_ss(h.kl_bits);
+  return f != f ? KL_NAN : f;
+}
+#else
 static inline __half __float2half(float f) {
   uint32_t x = __float_as_uint(f), ax = x & 0x7fffffffu;
   unsigned short sign = (unsigned short)((x >> 16) & 0x8000u), h;
@@ -216,6 +230,7 @@ static inline float __half2float(__half h) {
   }
   return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
 }
+#endif
 
 static inline __nv_bfloat16 __float2bfloat16(float f) {
   uint32_t x = __float_as_uint(f);

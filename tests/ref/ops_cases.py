@@ -1107,6 +1107,36 @@ def gen_contract():
                  dilations=(2, 2)).astype(np.float16)],
          tol={"rtol": 2e-3, "atol": 2e-3})
 
+    # halves on the tensor cores (warp matrix multiply-adds, f32 sums):
+    # channels past a 16/32/64 tile, K past a 32 step and not a multiple of
+    # 16, pixels over several tiles, strides, dilations, uneven pads, and
+    # the epilogue (bias, batch norm, residual, relu) on each sum where the
+    # product left it; bf16 through casts (no .npy type)
+    r = rng_for("conv2d_mma")
+    rnd16 = lambda a: np.asarray(a, np.float64).astype(np.float16).astype(np.float64)  # noqa: E731
+    rnd_bf = lambda a: bf16(np.asarray(a, np.float32)).astype(np.float64)  # noqa: E731
+    for n, sx, sw, kw in [("c70", (2, 5, 13, 11), (70, 5, 3, 3), dict(pads=(1, 1, 1, 1))),
+                          ("c20_stride", (1, 9, 17, 19), (20, 9, 3, 5), dict(pads=(2, 0, 1, 2), strides=(2, 3))),
+                          ("c7_dil", (3, 4, 12, 12), (7, 4, 3, 3), dict(pads=(2, 2, 2, 2), dilations=(2, 2))),
+                          ("c33_1x1", (2, 40, 9, 9), (33, 40, 1, 1), {})]:
+        x, w = randn(r, sx), randn(r, sw, scale=1.0 / np.sqrt(sw[1] * sw[2] * sw[3]))
+        bias, res = randn(r, (sw[0],)), randn(r, (1, sw[0], 1, 1))
+        mean, var = randn(r, (sw[0],)), unif(r, (sw[0],), 0.5, 2.0)
+        gam, bet = randn(r, (sw[0],)), randn(r, (sw[0],))
+        for dt, rnd, t in [("f16", rnd16, 4e-3), ("bf16", rnd_bf, 3e-2)]:
+            c = rnd(conv2d(rnd(x), rnd(w), rnd(bias), **kw))
+            bn = rnd((c - rnd(mean)[None, :, None, None]) / np.sqrt(rnd(var)[None, :, None, None] + 1e-5)
+                     * rnd(gam)[None, :, None, None] + rnd(bet)[None, :, None, None])
+            want = rnd(np.maximum(rnd(bn + rnd(res)), 0))
+            attrs = ", ".join("%s=[%s]" % (a, ", ".join(str(int(e)) for e in v)) for a, v in kw.items())
+            h = lambda nm: "let %sh = cast(%s, to=%s)\n" % (nm, nm, dt)  # noqa: E731
+            case("conv2d_mma_%s_%s" % (dt, n),
+                 [("x", x), ("w", w), ("b", bias), ("m", mean), ("v", var), ("g", gam), ("be", bet), ("res", res)],
+                 "".join(h(nm) for nm in ["x", "w", "b", "m", "v", "g", "be", "res"]) +
+                 "let c = conv2d(xh, wh, bh%s)\n" % (", " + attrs if attrs else "") +
+                 "output y = cast(relu(batch_norm(c, gh, beh, mh, vh, epsilon=1e-5) + resh), to=f32)",
+                 [f32(want)], tol={"rtol": t, "atol": t})
+
     # conv2d_weight_grad: the correlation of x with dy summed over the
     # batch, from the definition (each tap a sum of products), with dy's
     # spatial size free (rows past x read zeros)
