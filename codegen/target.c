@@ -45,6 +45,7 @@ const kl_target kl_cg_target = {
      * products the work, where cuBLAS's tiling pays more than the traffic
      * saved */
     .attention_max_keys = INT64_MAX,
+    .attention_mma_max_keys = INT64_MAX,
     .attention_row_max_keys = 1024,
     .attention_max_head = 256,
     .attention_max_chain = KL_MAX_CHAIN,

@@ -216,6 +216,7 @@ struct kl_target {
    * (warp matrix multiply-adds); 0: their scalar kernels (to compare) */
   int64_t tensor_cores;
   int64_t attention_max_keys;   /* longest key row a fused attention takes */
+  int64_t attention_mma_max_keys; /* ... in halves on the tensor cores */
   int64_t attention_row_max_keys, attention_max_head; /* the warp-per-row kernel's */
   int attention_max_chain;      /* elementwise nodes before / after its softmax */
   bool gemm_bias, gemm_residual, gemm_relu; /* epilogues the GEMM library does */

@@ -45,7 +45,12 @@ static bool match_attention(const kl_plan *p, const kl_node *qk, kl_attention *o
   const kl_shape *S = &s->shape;
   int r = S->rank;
   int64_t tk = S->dims[r - 1], d = qk->inputs[0]->shape.dims[qk->inputs[0]->shape.rank - 1];
-  if (kl_shape_numel(S) == 0 || tk > t->attention_max_keys || d < 1) return false;
+  /* halves on the tensor cores have a bound of their own (the kernel's
+   * products differ; codegen/emit_attention.c's mma_warps) */
+  const kl_value *qv = qk->inputs[0];
+  bool halves = t->tensor_cores && (qv->dtype == KL_F16 || qv->dtype == KL_BF16) && qk->inputs[1]->dtype == qv->dtype;
+  if (kl_shape_numel(S) == 0 || d < 1 || tk > (halves ? t->attention_mma_max_keys : t->attention_max_keys))
+    return false;
   out->qk = qk;
   const kl_value *cur = s;
   const kl_node *n;
@@ -69,7 +74,8 @@ static bool match_attention(const kl_plan *p, const kl_node *qk, kl_attention *o
   const kl_value *v = n->inputs[1], *o = n->outputs[0];
   int64_t dv = v->shape.dims[v->shape.rank - 1];
   if (v->shape.dims[v->shape.rank - 2] != tk || dv < 1 || o->shape.rank != r ||
-      v->dtype != o->dtype || cur->dtype != o->dtype)
+      v->dtype != o->dtype || cur->dtype != o->dtype ||
+      (halves && v->dtype != qv->dtype && tk > t->attention_max_keys))
     return false;
   for (int i = 0; i < r - 2; i++)
     if (o->shape.dims[i] != S->dims[i]) return false;
