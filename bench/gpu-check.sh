@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 dev=${KILN_GPU_CHECK_DEVICE:-cuda}
 # KILN_GPU_CHECK_ONLY=cutoffs,bench,...: only those parts (device, conformance,
-# examples, long, models, bench, cutoffs, split, profile, train, arch), to spend a short lease
+# examples, long, models, bench, cutoffs, tensor, split, profile, train, arch), to spend a short lease
 only=${KILN_GPU_CHECK_ONLY:-}
 want() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
 out=$(mktemp -d)
@@ -191,15 +191,16 @@ for ex in transformer cnn; do
 done
 fi
 
-if want cutoffs; then
-echo "== [${SECONDS}s] cut-offs: each choice between a direct kernel and the library, both sides"
-echo "   timed on $dev (kiln profile: the steps' device time summed, inputs resident)"
 # total device ms of one model under KILN_CUTOFFS=$1, the rest kiln profile's arguments
+if [ "$dev" = cuda ]; then prof_iters=20; else prof_iters=2; fi
 device_ms() {
   local spec=$1; shift
   KILN_CUTOFFS=$spec t 120 "$kiln" profile "$@" --device="$dev" --iters "$prof_iters" 2>>"$out/cutoffs.log" |
     tee -a "$out/cutoffs.log" | awk '/^total \(steps summed\)/ { print $(NF-1) }'
 }
+if want cutoffs; then
+echo "== [${SECONDS}s] cut-offs: each choice between a direct kernel and the library, both sides"
+echo "   timed on $dev (kiln profile: the steps' device time summed, inputs resident)"
 # sweep KNOB LABEL MODEL VALUE_DIM FACTOR "VALUES" FIXED_DIMS...: for each value
 # of the swept dim, the model's time with the knob at 0 (library side) and
 # at "everything" (direct side); prints a line per value and sets $crossover
@@ -227,7 +228,6 @@ sweep() {
           print best }')
 }
 if [ "$dev" = cuda ]; then
-  prof_iters=20
   # the dot product's length at a small layer's size (the cnn example's),
   # then the size at a fixed length (batches), then large layers
   ck_c="16 32 64 128 256"; ck_dims=(--dim B=8 --dim O=16 --dim S=16)
@@ -237,7 +237,6 @@ if [ "$dev" = cuda ]; then
   mm_m="256 1024 4096 16384"; mm_dims=(--dim K=64 --dim N=256)
   att_t="128 256 512 1024 2048 4096"; att_dims=(--dim B=4 --dim H=16)
 else
-  prof_iters=2
   ck_c="4 8"; ck_dims=(--dim B=1 --dim O=8 --dim S=4)
   cm_b="1 2"; cm_dims=(--dim C=4 --dim O=8 --dim S=4)
   big_c="4"; big_dims=(--dim B=1 --dim O=8 --dim S=8)
@@ -259,12 +258,55 @@ OPEN=1 sweep direct_matmul_max_macs "gemm+bias+gelu, ${mm_dims[1]}" bench/models
 mm_macs=$crossover
 sweep attention_max_keys "causal attention, D=64" bench/models/attention.kl T 1 "$att_t" "${att_dims[@]}"
 att_best=$crossover
+# attention in halves: the tensor-core kernel against cuBLAS + softmax
+sweep attention_mma_max_keys "fp16 causal attention, D=64" bench/models/attention.kl T 1 "$att_t" "${att_dims[@]}" --precision=fp16
+att_mma_best=$crossover
+fi
+
+if want tensor; then
+echo "== [${SECONDS}s] tensor cores (f16/bf16 attention and convolutions as warp matrix multiply-adds):"
+echo "   the reference cases in halves on $dev against NumPy, then each kernel against its scalar"
+echo "   form (tensor_cores=0) and the library, device ms (kiln profile)"
+"${PYTHON:-python3}" tests/ref/ops_cases.py "$out/ops" >/dev/null 2>&1
+t 300 "${PYTHON:-python3}" tests/ref/check.py "$kiln" "$out/ops" \
+  -k attention_f16,attention_bf16,conv2d_mma,conv2d_f16,attn_op_f16,matmul_f16 \
+  --kiln-arg=--device="$dev" >"$out/tensor-ops.txt" 2>&1 && r=PASS || r=FAIL
+grep -E '^FAIL' "$out/tensor-ops.txt" | head -5
+line="$r reference cases in halves on $dev (tensor cores): $(tail -1 "$out/tensor-ops.txt")"
+echo "  $line"; summary+=("$line")
+for prec in fp16 bf16; do
+  for ex in transformer cnn; do
+    t 120 "$kiln" check "examples/$ex.kl" --device="$dev" --precision=$prec >"$out/tensor-check-$ex-$prec.txt" 2>&1 &&
+      r=PASS || r=FAIL
+    line="$r kiln check $ex $prec on $dev: $(grep -E 'max abs err' "$out/tensor-check-$ex-$prec.txt" | head -1 | tr -s ' ')"
+    echo "  $line"; summary+=("$line")
+  done
+done
+if [ "$dev" = cuda ]; then tc_conv=(--dim B=32 --dim C=64 --dim O=128 --dim S=32); tc_att=(--dim B=4 --dim H=16 --dim T=1024)
+else tc_conv=(--dim B=1 --dim C=4 --dim O=8 --dim S=8); tc_att=(--dim B=1 --dim H=2 --dim T=40); fi
+for prec in fp16 bf16; do
+  for side in "tensor_cores=1" "tensor_cores=0" "direct_conv_max_k=0"; do
+    ms=$(device_ms "$side" bench/models/conv_block.kl --precision=$prec "${tc_conv[@]}")
+    line="conv3x3+bn+relu $prec ${tc_conv[*]}: $side ${ms:-?} ms"
+    echo "  $line"; summary+=("$line")
+  done
+  for side in "tensor_cores=1" "tensor_cores=0" "attention_mma_max_keys=0"; do
+    ms=$(device_ms "$side" bench/models/attention.kl --precision=$prec "${tc_att[@]}")
+    line="causal attention $prec ${tc_att[*]}: $side ${ms:-?} ms"
+    echo "  $line"; summary+=("$line")
+  done
+done
+fi
+
+if want cutoffs; then
 sm_here=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-row="    {${sm_here:-0}, $conv_k, $mm_k_best, $att_best, $conv_macs, $mm_macs, \"${gpu_name:-$dev}, $(date -u +%Y-%m-%d), bench/gpu-check.sh\"},"
+# direct_conv_min_outputs_per_k and direct_conv_split_below come from the
+# split section (-1 here: the default's)
+row="    {${sm_here:-0}, $conv_k, $mm_k_best, $att_best, $conv_macs, $mm_macs, -1, -1, $att_mma_best, \"${gpu_name:-$dev}, $(date -u +%Y-%m-%d), bench/gpu-check.sh\"},"
 echo "  the row for codegen/cutoffs.c: $row"
 echo "$row" >"$out/cutoffs-row.txt"
-summary+=("cut-off row for codegen/cutoffs.c (sm, conv K, matmul K, attention keys, conv MACs, matmul MACs): $row")
+summary+=("cut-off row for codegen/cutoffs.c (sm, conv K, matmul K, attention keys, conv MACs, matmul MACs, min outputs/K, split below, fp16 attention keys): $row")
 fi
 
 if want split; then
