@@ -869,22 +869,26 @@ static kl_cg_grid mma_conv_group(FILE *f, const char *name, kl_node *const *node
           ts.toc * 32, (ll)K, (ll)yd[1], kw, (ll)K);
   kl_cg_store(f, x->dtype, "ws[oc * 40 + kk]", "0.0f");
   fprintf(f, "    }\n");
-  /* the patches: consecutive threads on consecutive pixels */
-  fprintf(f, "    for (int t = tid; t < %lld; t += 8 * KL_LANES) {\n"
-             "      const int pp = (int)(t %% %lld), kk = (int)(t / %lld);\n"
-             "      const int64_t k = k0 + kk, q = px0 + pp;\n      bool inside = k < %lldLL && q < %lldLL;\n"
-             "      int64_t at = 0;\n      if (inside) {\n"
-             "        const int64_t b = q / %lldLL, op = q %% %lldLL, ci = k / %lldLL, r = k %% %lldLL;\n"
-             "        const int64_t iy = op / %lldLL * %lldLL - %lldLL + r / %lldLL * %lldLL;\n"
-             "        const int64_t ix = op %% %lldLL * %lldLL - %lldLL + r %% %lldLL * %lldLL;\n"
-             "        inside = iy >= 0 && iy < %lldLL && ix >= 0 && ix < %lldLL;\n"
-             "        at = ((b * %lldLL + ci) * %lldLL + iy) * %lldLL + ix;\n      }\n"
-             "      if (inside) xs[pp * 40 + kk] = in%d[at];\n      else ",
-          (ll)(32 * ts.tpx), (ll)ts.tpx, (ll)ts.tpx, (ll)K, (ll)P, (ll)plane, (ll)plane, (ll)win, (ll)win,
-          (ll)yd[3], (ll)st[0], (ll)pad[0], (ll)wd[3], (ll)dil[0], (ll)yd[3], (ll)st[1], (ll)pad[1], (ll)wd[3],
-          (ll)dil[1], (ll)xd[2], (ll)xd[3], (ll)xd[1], (ll)xd[2], (ll)xd[3], kx);
+  /* the patches: a thread a pixel (consecutive threads on consecutive
+   * pixels), its position found once, then the step's 32 elements of K
+   * walked through (input channel, ky, kx) by increments */
+  fprintf(f, "    for (int pp = tid; pp < %lld; pp += 8 * KL_LANES) {\n"
+             "      const int64_t q = px0 + pp;\n      int64_t base = -1, oy = 0, ox = 0;\n"
+             "      if (q < %lldLL) {\n        const int64_t b = q / %lldLL, op = q %% %lldLL;\n"
+             "        oy = op / %lldLL * %lldLL - %lldLL, ox = op %% %lldLL * %lldLL - %lldLL;\n"
+             "        base = b * %lldLL;\n      }\n"
+             "      int64_t ci = k0 / %lldLL;\n      int r = (int)(k0 %% %lldLL), ky = r / %lld, kx = r %% %lld;\n"
+             "      for (int kk = 0; kk < 32; kk++) {\n"
+             "        const int64_t iy = oy + ky * %lldLL, ix = ox + kx * %lldLL;\n"
+             "        if (base >= 0 && k0 + kk < %lldLL && iy >= 0 && iy < %lldLL && ix >= 0 && ix < %lldLL)\n"
+             "          xs[pp * 40 + kk] = in%d[((base + ci) * %lldLL + iy) * %lldLL + ix];\n        else ",
+          (ll)ts.tpx, (ll)P, (ll)plane, (ll)plane, (ll)yd[3], (ll)st[0], (ll)pad[0], (ll)yd[3], (ll)st[1], (ll)pad[1],
+          (ll)xd[1], (ll)win, (ll)win, (ll)wd[3], (ll)wd[3], (ll)dil[0], (ll)dil[1], (ll)K, (ll)xd[2], (ll)xd[3], kx,
+          (ll)xd[2], (ll)xd[3]);
   kl_cg_store(f, x->dtype, "xs[pp * 40 + kk]", "0.0f");
-  fprintf(f, "    }\n    __syncthreads();\n");
+  fprintf(f, "        if (++kx == %lld) {\n          kx = 0;\n          if (++ky == %lld) ky = 0, ci++;\n        }\n"
+             "      }\n    }\n    __syncthreads();\n",
+          (ll)wd[3], (ll)wd[2]);
   fprintf(f, "    for (int kk = 0; kk < 32; kk += 16) {\n      kl_mma_a fa;\n"
              "      kl_mma_load_a_%s(&fa, ws + wm * 640 + kk, 40, lane);\n"
              "      KL_UNROLL for (int nt = 0; nt < 4; nt++) {\n        kl_mma_b fb;\n"
