@@ -151,6 +151,10 @@ typedef struct {
   int64_t rows, len;
   int threads;        /* per row: 32 (a warp) or the whole block */
   int rows_per_block; /* up to 8 (a warp each), or 1 */
+  /* The row's threads as kiln_prelude.h's KL_ROW_LANES says: all of them
+   * on a GPU, one on the host device (which would switch fibers at every
+   * shuffle); false for a kernel whose own loops assume 32 lanes. */
+  bool device_lanes;
 } kl_cg_rows;
 kl_cg_rows kl_cg_plan_rows(int64_t rows, int64_t len);
 kl_cg_grid kl_cg_rows_grid(const kl_cg_rows *p);
@@ -158,9 +162,10 @@ kl_cg_grid kl_cg_rows_grid(const kl_cg_rows *p);
  * when a warp has the row). */
 void kl_cg_rows_shared(FILE *f, const kl_cg_rows *p, const char *type, const char *name);
 /* `row` (int64_t) and `lane` (int, 0..threads-1); threads past the last
- * row return. */
+ * row return, and with device_lanes the lanes past KL_ROW_SPAN(threads). */
 void kl_cg_rows_begin(FILE *f, const kl_cg_rows *p);
-/* Opens `for (int64_t j = lane; j < len; j += threads) {`. */
+/* Opens `for (int64_t j = lane; j < len; j += threads) {` (the stride
+ * KL_ROW_SPAN(threads) with device_lanes). */
 void kl_cg_rows_loop(FILE *f, const kl_cg_rows *p, const char *indent);
 /* Combines `acc` (a `type`) over the row's threads with `update`, a
  * statement of acc and v (v the other partial): every thread of the row

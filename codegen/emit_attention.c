@@ -528,6 +528,7 @@ kl_cg_grid kl_cg_attention_kernel(FILE *f, const char *name, const kl_attention 
   const char *acc2 = kl_cg_real_type(y->dtype);
   const char *sf = !strcmp(ct, "double") ? "" : "f";
   kl_cg_rows plan = kl_cg_plan_rows(rows, tk); /* tk <= 1024: a warp per row */
+  plan.device_lanes = false; /* its loops are over 32 lanes */
   /* each warp's probabilities in shared memory: at most 32 KB a block */
   int psize = pl->dtype == KL_F64 ? 8 : 4;
   while (plan.rows_per_block > 1 && (int64_t)plan.rows_per_block * tk * psize > 32768)

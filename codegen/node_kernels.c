@@ -395,7 +395,7 @@ static kl_cg_grid grid_stride(int64_t n) {
  * threads per row, or of 1024 for very long rows (a whole-tensor
  * reduction has one row). */
 kl_cg_rows kl_cg_plan_rows(int64_t rows, int64_t len) {
-  kl_cg_rows p = {rows, len, 32, rows > 0 && rows < 8 ? (int)rows : 8};
+  kl_cg_rows p = {rows, len, 32, rows > 0 && rows < 8 ? (int)rows : 8, true};
   if (len > 1024) {
     p.threads = len > 16384 ? 1024 : 256;
     p.rows_per_block = 1;
@@ -416,18 +416,24 @@ void kl_cg_rows_shared(FILE *f, const kl_cg_rows *p, const char *type, const cha
 void kl_cg_rows_begin(FILE *f, const kl_cg_rows *p) {
   if (p->threads > 32 || p->rows_per_block == 1) {
     fprintf(f, "  const int64_t row = blockIdx.x;\n  const int lane = (int)threadIdx.x;\n");
-    return;
+  } else {
+    fprintf(f, "  const int64_t row = (int64_t)blockIdx.x * %d + (threadIdx.x >> 5);\n",
+            p->rows_per_block);
+    if (p->rows % p->rows_per_block) /* whole warps leave: the shuffles stay full */
+      fprintf(f, "  if (row >= %lldLL) return;\n", (long long)p->rows);
+    fprintf(f, "  const int lane = (int)(threadIdx.x & 31);\n");
   }
-  fprintf(f, "  const int64_t row = (int64_t)blockIdx.x * %d + (threadIdx.x >> 5);\n",
-          p->rows_per_block);
-  if (p->rows % p->rows_per_block) /* whole warps leave: the shuffles stay full */
-    fprintf(f, "  if (row >= %lldLL) return;\n", (long long)p->rows);
-  fprintf(f, "  const int lane = (int)(threadIdx.x & 31);\n");
+  /* the host device: lane 0 takes the whole row (the others leave at once) */
+  if (p->device_lanes) fprintf(f, "  if (lane >= KL_ROW_SPAN(%d)) return;\n", p->threads);
 }
 
 void kl_cg_rows_loop(FILE *f, const kl_cg_rows *p, const char *indent) {
-  fprintf(f, "%sfor (int64_t j = lane; j < %lldLL; j += %d) {\n", indent, (long long)p->len,
-          p->threads);
+  if (p->device_lanes)
+    fprintf(f, "%sfor (int64_t j = lane; j < %lldLL; j += KL_ROW_SPAN(%d)) {\n", indent, (long long)p->len,
+            p->threads);
+  else
+    fprintf(f, "%sfor (int64_t j = lane; j < %lldLL; j += %d) {\n", indent, (long long)p->len,
+            p->threads);
 }
 
 /* Butterfly shuffles leave the warp's result in every lane; with a block
@@ -435,14 +441,16 @@ void kl_cg_rows_loop(FILE *f, const kl_cg_rows *p, const char *indent) {
  * combines them in the same order, so all agree bit for bit. */
 void kl_cg_rows_combine(FILE *f, const kl_cg_rows *p, const char *in, const char *type,
                         const char *update, const char *shared) {
-  fprintf(f, "%sfor (int o = 16; o > 0; o >>= 1) {\n"
+  fprintf(f, "%sfor (int o = %s / 2; o > 0; o >>= 1) {\n"
              "%s  const %s v = __shfl_xor_sync(0xffffffffu, acc, o);\n%s  %s\n%s}\n",
-          in, in, type, in, update, in);
+          in, p->device_lanes ? "KL_ROW_LANES" : "32", in, type, in, update, in);
   if (p->threads == 32) return;
+  if (p->device_lanes) fprintf(f, "#if KL_ROW_LANES > 1\n"); /* one thread has the row: no partials */
   fprintf(f, "%sif ((lane & 31) == 0) %s[lane >> 5] = acc;\n%s__syncthreads();\n%sacc = %s[0];\n",
           in, shared, in, in, shared);
   fprintf(f, "%sfor (int w = 1; w < %d; w++) {\n%s  const %s v = %s[w];\n%s  %s\n%s}\n", in,
           p->threads / 32, in, type, shared, in, update, in);
+  if (p->device_lanes) fprintf(f, "#endif\n");
 }
 
 /* An empty output: a kernel that is never launched (its index math would

@@ -138,6 +138,19 @@ typedef struct { _Alignas(8) __nv_bfloat16 v[4]; } kl_bf164;
 #endif
 #define KL_VLANES (32 / KL_LANES)
 
+/* The threads that share a row in a row kernel (softmax, norms,
+ * reductions, fused row groups: node_kernels.c's kl_cg_rows): all of them
+ * on a GPU (KL_ROW_LANES 32; KL_ROW_SPAN(n) = n, a warp or the block);
+ * one on the host device, which takes each row in a single thread, in
+ * order, where a warp's shuffles would switch fibers 32 times each.  A
+ * test may ask the host for 32. */
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#define KL_ROW_LANES 32
+#elif !defined(KL_ROW_LANES)
+#define KL_ROW_LANES 1
+#endif
+#define KL_ROW_SPAN(n) (KL_ROW_LANES == 1 ? 1 : (n))
+
 /* The outputs of a row one thread of a convolution's or GEMM's kernel
  * sums (emit_fused.c's strip kernels), and their sums as one value:
  *   - a GPU: one output a thread (threads are many), the sums a float or
