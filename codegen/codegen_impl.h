@@ -167,6 +167,9 @@ void kl_cg_rows_begin(FILE *f, const kl_cg_rows *p);
 /* Opens `for (int64_t j = lane; j < len; j += threads) {` (the stride
  * KL_ROW_SPAN(threads) with device_lanes). */
 void kl_cg_rows_loop(FILE *f, const kl_cg_rows *p, const char *indent);
+/* The same loop where its body folds the row into `acc`, for
+ * kl_cg_rows_combine (which closes it). */
+void kl_cg_rows_sum_loop(FILE *f, const kl_cg_rows *p, const char *indent);
 /* Combines `acc` (a `type`) over the row's threads with `update`, a
  * statement of acc and v (v the other partial): every thread of the row
  * ends with the same acc.  `shared` names the array of kl_cg_rows_shared. */

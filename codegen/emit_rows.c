@@ -193,7 +193,7 @@ static void pass(rows_ctx *c, const kl_value *want, const char *acc_t, const cha
   char shared[16];
   snprintf(shared, sizeof shared, "part%d", c->passes++);
   fprintf(f, "  {\n    %s acc = %s;\n", acc_t, init);
-  kl_cg_rows_loop(f, &c->plan, "    ");
+  kl_cg_rows_sum_loop(f, &c->plan, "    ");
   row_body(c, want, false);
   fprintf(f, "      const %s v = %s;\n      %s\n    }\n", acc_t, value, update);
   kl_cg_rows_combine(f, &c->plan, "    ", acc_t, update, shared);

@@ -436,20 +436,54 @@ void kl_cg_rows_loop(FILE *f, const kl_cg_rows *p, const char *indent) {
             p->threads);
 }
 
+/* A loop that folds the row into `acc`.  With device_lanes, the host
+ * device's one thread (KL_ROW_LANES 1) runs a GPU's threads of the row one
+ * after another, each from acc's first value, and kl_cg_rows_combine then
+ * meets their partials in the order of the GPU's shuffles and shared
+ * memory: a row sums in the same order on both devices. */
+void kl_cg_rows_sum_loop(FILE *f, const kl_cg_rows *p, const char *in) {
+  if (!p->device_lanes) {
+    kl_cg_rows_loop(f, p, in);
+    return;
+  }
+  fprintf(f, "#if KL_ROW_LANES == 1\n%s__typeof__(acc) const kl_init = acc;\n%s__typeof__(acc) kl_part[%d];\n"
+             "%sfor (int kl_vl = 0; kl_vl < %d; kl_vl++) {\n%sacc = kl_init;\n"
+             "%sfor (int64_t j = kl_vl; j < %lldLL; j += %d) {\n#else\n%s{\n"
+             "%sfor (int64_t j = lane; j < %lldLL; j += %d) {\n#endif\n",
+          in, in, p->threads, in, p->threads, in, in, (long long)p->len, p->threads, in, in, (long long)p->len,
+          p->threads);
+}
+
 /* Butterfly shuffles leave the warp's result in every lane; with a block
  * per row, each warp's result goes through shared memory and every thread
- * combines them in the same order, so all agree bit for bit. */
+ * combines them in the same order, so all agree bit for bit.  After a
+ * kl_cg_rows_sum_loop with device_lanes, the host device (KL_ROW_LANES 1)
+ * meets the partials of its sequential lanes the same way: the lower lane
+ * of each pair is acc, the other v. */
 void kl_cg_rows_combine(FILE *f, const kl_cg_rows *p, const char *in, const char *type,
                         const char *update, const char *shared) {
-  fprintf(f, "%sfor (int o = %s / 2; o > 0; o >>= 1) {\n"
+  if (p->device_lanes) {
+    fprintf(f, "#if KL_ROW_LANES == 1\n%s  kl_part[kl_vl] = acc;\n%s}\n"
+               "%sfor (int kl_w = 0; kl_w < %d; kl_w++)\n"
+               "%s  for (int kl_m = 16; kl_m > 0; kl_m >>= 1)\n"
+               "%s    for (int kl_u = 0; kl_u < kl_m; kl_u++) {\n"
+               "%s      acc = kl_part[kl_w * 32 + kl_u];\n"
+               "%s      { const %s v = kl_part[kl_w * 32 + kl_u + kl_m]; %s }\n"
+               "%s      kl_part[kl_w * 32 + kl_u] = acc;\n%s    }\n"
+               "%sacc = kl_part[0];\n%sfor (int kl_w = 1; kl_w < %d; kl_w++) {\n"
+               "%s  const %s v = kl_part[kl_w * 32];\n%s  %s\n%s}\n#else\n%s}\n",
+            in, in, in, p->threads / 32, in, in, in, in, type, update, in, in, in, in, p->threads / 32, in, type,
+            in, update, in, in);
+  }
+  fprintf(f, "%sfor (int o = 16; o > 0; o >>= 1) {\n"
              "%s  const %s v = __shfl_xor_sync(0xffffffffu, acc, o);\n%s  %s\n%s}\n",
-          in, p->device_lanes ? "KL_ROW_LANES" : "32", in, type, in, update, in);
-  if (p->threads == 32) return;
-  if (p->device_lanes) fprintf(f, "#if KL_ROW_LANES > 1\n"); /* one thread has the row: no partials */
-  fprintf(f, "%sif ((lane & 31) == 0) %s[lane >> 5] = acc;\n%s__syncthreads();\n%sacc = %s[0];\n",
-          in, shared, in, in, shared);
-  fprintf(f, "%sfor (int w = 1; w < %d; w++) {\n%s  const %s v = %s[w];\n%s  %s\n%s}\n", in,
-          p->threads / 32, in, type, shared, in, update, in);
+          in, in, type, in, update, in);
+  if (p->threads > 32) {
+    fprintf(f, "%sif ((lane & 31) == 0) %s[lane >> 5] = acc;\n%s__syncthreads();\n%sacc = %s[0];\n",
+            in, shared, in, in, shared);
+    fprintf(f, "%sfor (int w = 1; w < %d; w++) {\n%s  const %s v = %s[w];\n%s  %s\n%s}\n", in,
+            p->threads / 32, in, type, shared, in, update, in);
+  }
   if (p->device_lanes) fprintf(f, "#endif\n");
 }
 
@@ -610,13 +644,13 @@ static kl_cg_grid softmax_rows(FILE *f, const char *name, const kl_node *n, int6
   fprintf(f, "  const int64_t base = row * %lldLL;\n  %s m, sum;\n", (long long)len, ct);
   const char *max = "acc = (v != v || v > acc) ? v : acc;";
   fprintf(f, "  {\n    %s acc = -KL_INF;\n", ct);
-  kl_cg_rows_loop(f, &p, "    ");
+  kl_cg_rows_sum_loop(f, &p, "    ");
   fprintf(f, "      const %s v = ", ct);
   load(f, in->dtype, "in0[base + j]");
   fprintf(f, ";\n      %s\n    }\n", max);
   kl_cg_rows_combine(f, &p, "    ", ct, max, "part_max");
   fprintf(f, "    m = acc;\n  }\n  {\n    %s acc = 0;\n", ct);
-  kl_cg_rows_loop(f, &p, "    ");
+  kl_cg_rows_sum_loop(f, &p, "    ");
   fprintf(f, "      const %s v = ", ct);
   load(f, in->dtype, "in0[base + j]");
   fprintf(f, ";\n      acc += exp%s(v - m);\n    }\n", s);
@@ -759,7 +793,7 @@ static kl_cg_grid reduce_rows(FILE *f, const char *name, const kl_node *n, int64
   kl_cg_rows_shared(f, &p, r.acc, "part");
   kl_cg_rows_begin(f, &p);
   fprintf(f, "  %s acc = %s;\n", r.acc, r.init);
-  kl_cg_rows_loop(f, &p, "  ");
+  kl_cg_rows_sum_loop(f, &p, "  ");
   char at[64];
   snprintf(at, sizeof at, "in0[row * %lldLL + j]", (long long)len);
   reduce_load(f, "    ", n->inputs[0], &r, at);

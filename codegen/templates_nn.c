@@ -148,13 +148,13 @@ static int emit_norm(kl_cg_emitter *e, const kl_node *n) {
   fprintf(f, "  const int64_t base = row * %lldLL;\n  %s mean = 0, sq;\n", (ll)m, at);
   if (center) {
     fprintf(f, "  {\n    %s acc = 0;\n", at);
-    kl_cg_rows_loop(f, &p, "    ");
+    kl_cg_rows_sum_loop(f, &p, "    ");
     fprintf(f, "      acc += %s;\n    }\n", xj);
     kl_cg_rows_combine(f, &p, "    ", at, "acc += v;", "part_mean");
     fprintf(f, "    mean = acc / (%s)%lldLL;\n  }\n", at, (ll)m);
   }
   fprintf(f, "  {\n    %s acc = 0;\n", at);
-  kl_cg_rows_loop(f, &p, "    ");
+  kl_cg_rows_sum_loop(f, &p, "    ");
   fprintf(f, "      const %s d = %s - mean;\n      acc += d * d;\n    }\n", at, xj);
   kl_cg_rows_combine(f, &p, "    ", at, "acc += v;", "part_sq");
   fprintf(f, "    sq = acc;\n  }\n");
