@@ -677,6 +677,18 @@ static void vector_path(FILE *f, kl_node *const *nodes, int n, const kl_group_io
   fprintf(f, "  }\n  return;\n  }\n");
 }
 
+/* The group's one conv2d; NULL where it has none, or another convolution
+ * or GEMM beside it. */
+static const kl_node *only_conv(kl_node *const *nodes, int n) {
+  const kl_node *conv = NULL;
+  for (int m = 0; m < n; m++)
+    if (nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL || nodes[m]->op == KL_OP_CONV_TRANSPOSE2D) {
+      if (conv || nodes[m]->op != KL_OP_CONV2D) return NULL;
+      conv = nodes[m];
+    }
+  return conv;
+}
+
 /* ---- a convolution group, tiled (implicit GEMM) ---------------------------
  * The group's one convolution as a GEMM of the weights (OC x K, K = C x KH
  * x KW) by the input patches (K x P, P = batch x output pixels): a block
@@ -711,12 +723,7 @@ static conv_tiles tiles_for(const kl_value *y) {
 }
 
 static const kl_node *tileable_conv(kl_node *const *nodes, int n) {
-  const kl_node *conv = NULL;
-  for (int m = 0; m < n; m++)
-    if (nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL || nodes[m]->op == KL_OP_CONV_TRANSPOSE2D) {
-      if (conv || nodes[m]->op != KL_OP_CONV2D) return NULL;
-      conv = nodes[m];
-    }
+  const kl_node *conv = only_conv(nodes, n);
   if (!conv || kl_attr_int(conv, "groups", 1) != 1 || conv->inputs[0]->shape.rank != 4) return NULL;
   if (!kl_shape_equal(&conv->outputs[0]->shape, &nodes[n - 1]->outputs[0]->shape)) return NULL;
   /* too few tiles to fill the GPU: one output a thread spreads wider (an
@@ -820,12 +827,7 @@ static mma_tiles mma_tiles_for(const kl_value *y) {
 /* The group's one convolution in halves, of the group's shape, for the
  * tensor cores; NULL where there is none. */
 static const kl_node *mma_conv(kl_node *const *nodes, int n) {
-  const kl_node *conv = NULL;
-  for (int m = 0; m < n; m++)
-    if (nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL || nodes[m]->op == KL_OP_CONV_TRANSPOSE2D) {
-      if (conv || nodes[m]->op != KL_OP_CONV2D) return NULL;
-      conv = nodes[m];
-    }
+  const kl_node *conv = only_conv(nodes, n);
   if (!conv || !kl_cg_plan_target->tensor_cores || kl_attr_int(conv, "groups", 1) != 1 ||
       conv->inputs[0]->shape.rank != 4)
     return NULL;
@@ -914,12 +916,7 @@ static kl_cg_grid mma_conv_group(FILE *f, const char *name, kl_node *const *node
 /* The group's one convolution when the target has a warp sum each of
  * its outputs (few, long dot products) and the group is of its shape. */
 static const kl_node *splittable_conv(kl_node *const *nodes, int n) {
-  const kl_node *conv = NULL;
-  for (int m = 0; m < n; m++)
-    if (nodes[m]->op == KL_OP_CONV2D || nodes[m]->op == KL_OP_MATMUL || nodes[m]->op == KL_OP_CONV_TRANSPOSE2D) {
-      if (conv || nodes[m]->op != KL_OP_CONV2D) return NULL;
-      conv = nodes[m];
-    }
+  const kl_node *conv = only_conv(nodes, n);
   if (!conv || !kl_is_split_conv(conv, kl_cg_plan_target)) return NULL;
   return kl_shape_equal(&conv->outputs[0]->shape, &nodes[n - 1]->outputs[0]->shape) ? conv : NULL;
 }
