@@ -22,30 +22,25 @@ static float next_float(void) { /* in [-2, 2) */
   return (float)(seed >> 8) / 4194304.0f - 2.0f;
 }
 
+/* v's code in the half type, and its value back as a float */
+static uint16_t to_half(float v, bool bf16, float *back) {
+  if (bf16) {
+    __nv_bfloat16 h = __float2bfloat16(v);
+    *back = __bfloat162float(h);
+    return h.kl_bits;
+  }
+  __half h = __float2half(v);
+  *back = __half2float(h);
+  return h.kl_bits;
+}
+
 static void run(const kl_emu_kernel *k, bool bf16, int round) {
   uint16_t a[16 * MMA_LD], b[8 * MMA_LD];
   float fa[16 * MMA_LD], fb[8 * MMA_LD], c0[128], c[128];
-  for (int i = 0; i < 16 * MMA_LD; i++) {
-    float v = next_float();
-    if (round == 1 && i % 7 == 0) v = 0; /* zeros and exact small values */
-    if (bf16) {
-      __nv_bfloat16 h = __float2bfloat16(v);
-      a[i] = h.kl_bits, fa[i] = __bfloat162float(h);
-    } else {
-      __half h = __float2half(v);
-      a[i] = h.kl_bits, fa[i] = __half2float(h);
-    }
-  }
-  for (int i = 0; i < 8 * MMA_LD; i++) {
-    float v = next_float() * (round == 2 ? 1000.0f : 1.0f);
-    if (bf16) {
-      __nv_bfloat16 h = __float2bfloat16(v);
-      b[i] = h.kl_bits, fb[i] = __bfloat162float(h);
-    } else {
-      __half h = __float2half(v);
-      b[i] = h.kl_bits, fb[i] = __half2float(h);
-    }
-  }
+  for (int i = 0; i < 16 * MMA_LD; i++) /* round 1: zeros among them */
+    a[i] = to_half(round == 1 && i % 7 == 0 ? 0.0f : next_float(), bf16, &fa[i]);
+  for (int i = 0; i < 8 * MMA_LD; i++) /* round 2: large values */
+    b[i] = to_half(next_float() * (round == 2 ? 1000.0f : 1.0f), bf16, &fb[i]);
   for (int i = 0; i < 128; i++) c0[i] = next_float(), c[i] = NAN;
   const void *pa = a, *pb = b, *pc0 = c0;
   void *pc = c;
