@@ -411,20 +411,22 @@ static kl_cg_grid mma_kernel(FILE *f, const char *name, const kl_attention *a, c
                              const kl_view *k, const kl_view *v, const kl_view *out, const kl_group_io *io,
                              int warps) {
   typedef long long ll;
-  const kl_value *pl = a->pv->inputs[0], *y = a->pv->outputs[0];
+  const kl_value *y = a->pv->outputs[0];
   int r = a->qk->outputs[0]->shape.rank;
   tiled t = tile_init(f, a, q, k, v, out, io);
   t.R = 16, t.bq = 16 * warps;
-  kl_dtype ht = v->base->dtype;
-  const char *hs = kl_cg_storage(ht), *sx = ht == KL_BF16 ? "bf16" : "f16";
+  const char *sx = v->base->dtype == KL_BF16 ? "bf16" : "f16"; /* Q, K, V and P alike (mma_warps) */
   int64_t d16 = (t.d + 15) / 16 * 16, ldq = d16 + 8, dv8 = (t.dv + 7) / 8 * 8, ntv = dv8 / 8;
   int64_t qtiles = (t.tq + t.bq - 1) / t.bq;
   char ld[200], src[160], dst[160];
   tile_header(&t, "two passes, products on tensor cores");
   kl_cg_fused_params(f, name, io);
-  fprintf(f, "  KL_SHARED(%s, qs, [%lld]);\n  KL_SHARED(%s, ks, [%lld]);\n  KL_SHARED(%s, vt, [%lld]);\n",
-          hs, (ll)(t.bq * ldq), hs, (ll)(32 * ldq), hs, (ll)(dv8 * 40));
-  fprintf(f, "  KL_SHARED(float, ss, [%lld]);\n  KL_SHARED(%s, ps, [%lld]);\n", (ll)(t.bq * 36), hs,
+  /* halves staged as kiln_prelude.h's kl_mma_stage: their bits on a GPU,
+   * floats on the host device (widened once a block, not once a warp) */
+  fprintf(f, "  KL_SHARED(kl_mma_stage, qs, [%lld]);\n  KL_SHARED(kl_mma_stage, ks, [%lld]);\n"
+             "  KL_SHARED(kl_mma_stage, vt, [%lld]);\n",
+          (ll)(t.bq * ldq), (ll)(32 * ldq), (ll)(dv8 * 40));
+  fprintf(f, "  KL_SHARED(float, ss, [%lld]);\n  KL_SHARED(kl_mma_stage, ps, [%lld]);\n", (ll)(t.bq * 36),
           (ll)(t.bq * 40));
   tile_origin(&t);
   int kq = io->nin - 3, kk = io->nin - 2, kv = io->nin - 1;
@@ -436,10 +438,8 @@ static kl_cg_grid mma_kernel(FILE *f, const char *name, const kl_attention *a, c
       fprintf(f, "  for (int t = tid; t < %lld; t += %d * KL_LANES) {\n"                                     \
                  "    const int rr = t / %lld, e = t %% %lld;\n    const int64_t at = %s + rr;\n",             \
               (ll)((rows) * (cols)), warps, (ll)(cols), (ll)(cols), row0);                                    \
-      fprintf(f, "    if (at < %lldLL && e < %lld) %s = %s;\n    else ", (ll)(rows_in), (ll)(cols_in), dst_expr, \
-              src_expr);                                                                                     \
-      kl_cg_store(f, ht, dst_expr, "0.0f");                                                                  \
-      fprintf(f, "  }\n");                                                                                   \
+      fprintf(f, "    %s = at < %lldLL && e < %lld ? kl_mma_stage_%s(%s) : kl_mma_stage_zero;\n  }\n",          \
+              dst_expr, (ll)(rows_in), (ll)(cols_in), sx, src_expr);                                         \
     } while (0)
   /* Q's tile, once */
   snprintf(src, sizeof src, "in%d[oq + at * %lldLL + e * %lldLL]", kq, (ll)q->strides[qr - 2], (ll)q->strides[qr - 1]);
@@ -479,7 +479,7 @@ static kl_cg_grid mma_kernel(FILE *f, const char *name, const kl_attention *a, c
     }
     tile_probabilities(&t);
     fprintf(f, "      for (int u = 0; u < KL_VLANES; u++) {\n");
-    kl_cg_store(f, pl->dtype, "ps[(warp * 16 + rr) * 40 + lane + KL_LANES * u]", "pvv[u]");
+    fprintf(f, "        ps[(warp * 16 + rr) * 40 + lane + KL_LANES * u] = kl_mma_stage_round_%s(pvv[u]);\n", sx);
     fprintf(f, "      }\n    }\n    __syncwarp(0xffffffffu);\n");
     /* 3. O += P V */
     fprintf(f, "    {\n      kl_mma_a pa[2];\n      kl_mma_load_a_%s(&pa[0], ps + warp * 640, 40, lane);\n"

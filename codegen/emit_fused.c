@@ -845,7 +845,7 @@ static kl_cg_grid mma_conv_group(FILE *f, const char *name, kl_node *const *node
   window_of(conv, st, dil, pad);
   int64_t K = xd[1] * wd[2] * wd[3], win = wd[2] * wd[3], plane = yd[2] * yd[3], P = xd[0] * plane;
   mma_tiles ts = mma_tiles_for(y);
-  const char *hs = kl_cg_storage(x->dtype), *sx = x->dtype == KL_BF16 ? "bf16" : "f16";
+  const char *sx = x->dtype == KL_BF16 ? "bf16" : "f16";
   int kx = index_of(io->in, io->nin, x), kw = index_of(io->in, io->nin, w);
   char text[160];
   fprintf(f, "/* fused group of %d nodes -> %s, %s on tensor cores (implicit GEMM, K = %lld; %d channels x %lld "
@@ -854,7 +854,9 @@ static kl_cg_grid mma_conv_group(FILE *f, const char *name, kl_node *const *node
   for (int m = 0; m < n; m++) fprintf(f, " %s(%s)", nodes[m]->name, kl_ops[nodes[m]->op].name);
   fprintf(f, " */\n");
   kl_cg_fused_params(f, name, io);
-  fprintf(f, "  KL_SHARED(%s, ws, [%lld]);\n  KL_SHARED(%s, xs, [%lld]);\n", hs, (ll)(ts.toc * 40), hs,
+  /* halves staged as kiln_prelude.h's kl_mma_stage: their bits on a GPU,
+   * floats on the host device (widened once a block, not once a warp) */
+  fprintf(f, "  KL_SHARED(kl_mma_stage, ws, [%lld]);\n  KL_SHARED(kl_mma_stage, xs, [%lld]);\n", (ll)(ts.toc * 40),
           (ll)(ts.tpx * 40));
   /* the host device runs a warp as its lane 0 alone (KL_LANES) */
   fprintf(f, "  const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);\n"
@@ -867,10 +869,9 @@ static kl_cg_grid mma_conv_group(FILE *f, const char *name, kl_node *const *node
   /* the weights: consecutive threads along K (a row of w) */
   fprintf(f, "    for (int t = tid; t < %d; t += 8 * KL_LANES) {\n"
              "      const int oc = t / 32, kk = t %% 32;\n      const int64_t k = k0 + kk, o = oc0 + oc;\n"
-             "      if (k < %lldLL && o < %lldLL) ws[oc * 40 + kk] = in%d[o * %lldLL + k];\n      else ",
-          ts.toc * 32, (ll)K, (ll)yd[1], kw, (ll)K);
-  kl_cg_store(f, x->dtype, "ws[oc * 40 + kk]", "0.0f");
-  fprintf(f, "    }\n");
+             "      ws[oc * 40 + kk] = k < %lldLL && o < %lldLL ? kl_mma_stage_%s(in%d[o * %lldLL + k]) : kl_mma_stage_zero;\n"
+             "    }\n",
+          ts.toc * 32, (ll)K, (ll)yd[1], sx, kw, (ll)K);
   /* the patches: a thread a pixel (consecutive threads on consecutive
    * pixels), its position found once, then the step's 32 elements of K
    * walked through (input channel, ky, kx) by increments */
@@ -883,11 +884,11 @@ static kl_cg_grid mma_conv_group(FILE *f, const char *name, kl_node *const *node
              "      for (int kk = 0; kk < 32; kk++) {\n"
              "        const int64_t iy = oy + ky * %lldLL, ix = ox + kx * %lldLL;\n"
              "        if (base >= 0 && k0 + kk < %lldLL && iy >= 0 && iy < %lldLL && ix >= 0 && ix < %lldLL)\n"
-             "          xs[pp * 40 + kk] = in%d[((base + ci) * %lldLL + iy) * %lldLL + ix];\n        else ",
+             "          xs[pp * 40 + kk] = kl_mma_stage_%s(in%d[((base + ci) * %lldLL + iy) * %lldLL + ix]);\n"
+             "        else xs[pp * 40 + kk] = kl_mma_stage_zero;\n",
           (ll)ts.tpx, (ll)P, (ll)plane, (ll)plane, (ll)yd[3], (ll)st[0], (ll)pad[0], (ll)yd[3], (ll)st[1], (ll)pad[1],
-          (ll)xd[1], (ll)win, (ll)win, (ll)wd[3], (ll)wd[3], (ll)dil[0], (ll)dil[1], (ll)K, (ll)xd[2], (ll)xd[3], kx,
-          (ll)xd[2], (ll)xd[3]);
-  kl_cg_store(f, x->dtype, "xs[pp * 40 + kk]", "0.0f");
+          (ll)xd[1], (ll)win, (ll)win, (ll)wd[3], (ll)wd[3], (ll)dil[0], (ll)dil[1], (ll)K, (ll)xd[2], (ll)xd[3], sx,
+          kx, (ll)xd[2], (ll)xd[3]);
   fprintf(f, "        if (++kx == %lld) {\n          kx = 0;\n          if (++ky == %lld) ky = 0, ci++;\n        }\n"
              "      }\n    }\n    __syncthreads();\n",
           (ll)wd[3], (ll)wd[2]);

@@ -316,6 +316,26 @@ KL_STRIP_WIDEN(__nv_bfloat16, bf16, __bfloat162float)
 #define KL_UNROLL
 #endif
 #define KL_MMA_C (KL_LANES == 1 ? 128 : 4)
+/* How a kernel stages halves in shared memory for the loads below
+ * (kl_mma_stage arrays): kl_mma_stage_T(h) of a half, kl_mma_stage_zero,
+ * kl_mma_stage_round_T(v) of a float rounded to the half type.  Their bits
+ * on a GPU; floats on the host device, widened once when staged rather
+ * than at every warp's load. */
+#if KL_LANES == 32
+typedef uint16_t kl_mma_stage;
+#define kl_mma_stage_f16(h) __half_as_ushort(h)
+#define kl_mma_stage_bf16(h) __bfloat16_as_ushort(h)
+#define kl_mma_stage_zero ((uint16_t)0)
+#define kl_mma_stage_round_f16(v) __half_as_ushort(__float2half(v))
+#define kl_mma_stage_round_bf16(v) __bfloat16_as_ushort(__float2bfloat16(v))
+#else
+typedef float kl_mma_stage;
+#define kl_mma_stage_f16(h) __half2float(h)
+#define kl_mma_stage_bf16(h) __bfloat162float(h)
+#define kl_mma_stage_zero 0.0f
+#define kl_mma_stage_round_f16(v) __half2float(__float2half(v))
+#define kl_mma_stage_round_bf16(v) __bfloat162float(__float2bfloat16(v))
+#endif
 #if KL_LANES == 32
 typedef struct { uint32_t r[4]; } kl_mma_a;
 typedef struct { uint32_t r[2]; } kl_mma_b;
@@ -397,25 +417,32 @@ typedef struct { float m[16][8]; } kl_mma_b; /* [k][n] */
 typedef struct { float c[128]; } kl_mma_c;   /* [row][col] */
 static inline int kl_mma_row(int lane, int i) { (void)lane; return i >> 3; }
 static inline int kl_mma_col(int lane, int i) { (void)lane; return i & 7; }
+/* (the staged tiles are floats already: f16 and bf16 load alike) */
 #define KL_MMA_HOST(S, T)                                                                    \
   static inline void kl_mma_load_a_##S(kl_mma_a *a, const void *s, int ld, int lane) {       \
     (void)lane;                                                                              \
-    for (int r = 0; r < 16; r++) kl_strip_widen_##S(a->m[r], (const T *)s + r * ld, 16);     \
+    for (int r = 0; r < 16; r++) memcpy(a->m[r], (const float *)s + r * ld, sizeof a->m[r]); \
   }                                                                                          \
   static inline void kl_mma_load_b_##S(kl_mma_b *b, const void *s, int ld, int lane) {       \
     (void)lane;                                                                              \
-    for (int n = 0; n < 8; n++) {                                                            \
-      float col[16];                                                                         \
-      kl_strip_widen_##S(col, (const T *)s + n * ld, 16);                                    \
-      for (int k = 0; k < 16; k++) b->m[k][n] = col[k];                                      \
-    }                                                                                        \
+    for (int n = 0; n < 8; n++)                                                              \
+      for (int k = 0; k < 16; k++) b->m[k][n] = ((const float *)s)[n * ld + k];              \
   }                                                                                          \
   static inline void kl_mma_##S(kl_mma_c *c, const kl_mma_a *a, const kl_mma_b *b) {         \
-    for (int r = 0; r < 16; r++) {                                                           \
-      float d[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                 \
-      for (int k = 0; k < 16; k++)                                                           \
-        for (int n = 0; n < 8; n++) d[n] += a->m[r][k] * b->m[k][n];                         \
-      for (int n = 0; n < 8; n++) c->c[8 * r + n] += d[n];                                   \
+    /* two rows at a time: four independent vector sums (one would wait on \
+     * its own additions); each entry still sums k in order, then joins C */ \
+    for (int r = 0; r < 16; r += 2) {                                                        \
+      kl_v4f32 d00 = {0, 0, 0, 0}, d01 = d00, d10 = d00, d11 = d00, b0, b1, t;               \
+      for (int k = 0; k < 16; k++) {                                                         \
+        memcpy(&b0, &b->m[k][0], sizeof b0);                                                 \
+        memcpy(&b1, &b->m[k][4], sizeof b1);                                                 \
+        d00 += a->m[r][k] * b0, d01 += a->m[r][k] * b1;                                      \
+        d10 += a->m[r + 1][k] * b0, d11 += a->m[r + 1][k] * b1;                              \
+      }                                                                                      \
+      memcpy(&t, &c->c[8 * r], sizeof t), t += d00, memcpy(&c->c[8 * r], &t, sizeof t);      \
+      memcpy(&t, &c->c[8 * r + 4], sizeof t), t += d01, memcpy(&c->c[8 * r + 4], &t, sizeof t); \
+      memcpy(&t, &c->c[8 * r + 8], sizeof t), t += d10, memcpy(&c->c[8 * r + 8], &t, sizeof t); \
+      memcpy(&t, &c->c[8 * r + 12], sizeof t), t += d11, memcpy(&c->c[8 * r + 12], &t, sizeof t); \
     }                                                                                        \
   }
 KL_MMA_HOST(f16, __half)

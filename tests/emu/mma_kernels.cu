@@ -11,12 +11,12 @@
 #define MMA_KERNEL(S, T)                                                                      \
   KL_KERNEL void mma_##S(const T *__restrict__ a, const T *__restrict__ b,                    \
                          const float *__restrict__ c0, float *__restrict__ c) {               \
-    KL_SHARED(T, as, [16 * MMA_LD]);                                                          \
-    KL_SHARED(T, bs, [8 * MMA_LD]);                                                           \
+    KL_SHARED(kl_mma_stage, as, [16 * MMA_LD]);                                               \
+    KL_SHARED(kl_mma_stage, bs, [8 * MMA_LD]);                                                \
     const int lane = (int)(threadIdx.x & 31);                                                 \
     if (lane >= KL_LANES) return;                                                             \
-    for (int t = lane; t < 16 * MMA_LD; t += KL_LANES) as[t] = a[t];                          \
-    for (int t = lane; t < 8 * MMA_LD; t += KL_LANES) bs[t] = b[t];                           \
+    for (int t = lane; t < 16 * MMA_LD; t += KL_LANES) as[t] = kl_mma_stage_##S(a[t]);        \
+    for (int t = lane; t < 8 * MMA_LD; t += KL_LANES) bs[t] = kl_mma_stage_##S(b[t]);         \
     __syncwarp(0xffffffffu);                                                                  \
     kl_mma_c acc;                                                                             \
     for (int i = 0; i < KL_MMA_C; i++) acc.c[i] = c0[kl_mma_row(lane, i) * 8 + kl_mma_col(lane, i)]; \
