@@ -289,14 +289,14 @@ KL_STRIP_WIDEN(__nv_bfloat16, bf16, __bfloat162float)
  * or bf16), the PTX shape mma.m16n8k16 (sm_80 on), the products exact and
  * summed in f32.  The kernels (emit_attention.c, emit_fused.c) see only:
  *   kl_mma_a, kl_mma_b, kl_mma_c: a warp's fragments of A, B and C;
- *   kl_mma_load_a_T(&a, s, ld, lane): A from shared memory, row-major
- *     (A(r, k) at s[r * ld + k]);
+ *   kl_mma_load_a_T(&a, s, ld, lane): A from a kl_mma_stage array in
+ *     shared memory (below), row-major (A(r, k) at s[r * ld + k]);
  *   kl_mma_load_b_T(&b, s, ld, lane): B, column-major (B(k, n) at
  *     s[n * ld + k]: K's rows for Q @ K^T);
  *   kl_mma_T(&c, &a, &b): c += a * b (T: f16 or bf16);
  *   kl_mma_zero(&c); KL_MMA_C entries c.c[i] a lane holds, at row
  *   kl_mma_row(lane, i) and column kl_mma_col(lane, i) of C.
- * (ld even and s 4-byte aligned.)  Three forms of one contract:
+ * (ld even, s 4-byte aligned.)  Three forms of one contract:
  *   - a GPU, sm_80 on: the registers as the PTX ISA lays them out (lane l,
  *     g = l / 4, t = l % 4; two halves a register, the lower column low):
  *     A: (g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8); B: (k 2t,
