@@ -418,7 +418,7 @@ static kl_cg_grid mma_kernel(FILE *f, const char *name, const kl_attention *a, c
   const char *sx = v->base->dtype == KL_BF16 ? "bf16" : "f16"; /* Q, K, V and P alike (mma_warps) */
   int64_t d16 = (t.d + 15) / 16 * 16, ldq = d16 + 8, dv8 = (t.dv + 7) / 8 * 8, ntv = dv8 / 8;
   int64_t qtiles = (t.tq + t.bq - 1) / t.bq;
-  char ld[200], src[160], dst[160];
+  char src[160], dst[160];
   tile_header(&t, "two passes, products on tensor cores");
   kl_cg_fused_params(f, name, io);
   /* halves staged as kiln_prelude.h's kl_mma_stage: their bits on a GPU,
@@ -500,7 +500,6 @@ static kl_cg_grid mma_kernel(FILE *f, const char *name, const kl_attention *a, c
   kl_cg_store(f, y->dtype, "so", "oacc[c].c[i]");
   fprintf(f, "      out0[oo + iq * %lldLL + e * %lldLL] = so;\n    }\n}\n", (ll)out->strides[r - 2],
           (ll)out->strides[r - 1]);
-  (void)ld;
   kl_cg_fused_entry(f, name, io);
   kl_cg_grid g = {t.batches * qtiles, 32 * warps};
   return g;
